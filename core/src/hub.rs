@@ -1,0 +1,803 @@
+//! The consumer hub: who is subscribed, what is in flight, what to scan next.
+//!
+//! The hub is a synchronous state machine driven by the dispatcher task. It never reads a
+//! clock (every call takes `now_ms`) and never does I/O: storage scans are described by
+//! [`ScanRequest`] and their results fed back through [`Hub::apply_scan`]; deliveries go to
+//! each consumer's [`Sink`], which must not block.
+//!
+//! # Delivery model
+//! - Each due message is offered once to every *recipient* of its topic: each consumer group
+//!   (one member, round-robin among members with room) and each universal consumer.
+//! - A message in memory is an *entry*; each recipient of an entry is pending (sent to one
+//!   consumer, with a deadline), waiting (needs a (re)delivery), acked, or dropped (its group
+//!   or universal consumer went away).
+//! - When every recipient is acked or dropped the entry ends: if anyone acked, the key goes to
+//!   the delete queue; if nobody did, the message is released and rescanned later.
+//! - NACK and in-flight timeout make that recipient waiting again (attempt + 1 on resend).
+//!
+//! # Invariants
+//! - A consumer never holds more than its `max_in_flight` unacknowledged deliveries.
+//! - A key that is in memory or pending deletion is never offered again by a scan.
+//! - A message is never delivered before it is due nor once its TTL has passed.
+//! - Memory per topic is bounded by [`Hub::entry_cap`], whatever the number of pending messages.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use crate::deleter::DeleteQueue;
+use crate::key::{bucket_of, bucket_start_ms, topic_hash, EventKey};
+use crate::message::StoredMessage;
+
+/// Identifies one subscription (one Subscribe stream).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConsumerId(pub u64);
+
+/// Most keys one scan may return; bounds the work of one dispatcher pass per topic.
+pub const SCAN_BATCH_MAX: usize = 512;
+/// Lower bound of a topic's entry cap, so a topic with small consumers still pipelines.
+pub const TOPIC_ENTRIES_MIN: usize = 1024;
+
+/// One delivery of a message to a consumer.
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    /// The storage key, sent as the delivery tag.
+    pub key: EventKey,
+    /// The message.
+    pub message: Arc<StoredMessage>,
+    /// 1 on first delivery to this recipient, +1 on each redelivery.
+    pub attempt: u32,
+}
+
+/// Where the hub puts a consumer's deliveries. Must not block.
+pub trait Sink {
+    /// Hands `d` to the consumer; `false` when it cannot take it now (the consumer is gone or
+    /// its queue is full), in which case the hub keeps the delivery for later.
+    fn try_send(&self, d: Delivery) -> bool;
+}
+
+/// Timing configuration of the hub.
+#[derive(Debug, Clone, Copy)]
+pub struct HubConfig {
+    /// How long a delivery may stay unacknowledged before it is redelivered.
+    pub in_flight_timeout_ms: i64,
+    /// Size of a storage time bucket in ms (`delivery.timeBucket`).
+    pub bucket_ms: u64,
+}
+
+/// What a subscriber asked for.
+#[derive(Debug, Clone)]
+pub struct Subscription {
+    /// Topic name.
+    pub topic: String,
+    /// Group; empty = universal consumer.
+    pub group: String,
+    /// Most unacknowledged deliveries at once (>= 1).
+    pub max_in_flight: u32,
+}
+
+/// A storage range the hub wants read: due keys of one topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScanRequest {
+    /// Topic hash.
+    pub topic_hash: u64,
+    /// First key to examine (inclusive).
+    pub from: EventKey,
+    /// End of the due range (exclusive): the start of the bucket after `bucket(now)`.
+    pub upper: EventKey,
+    /// Most keys to return.
+    pub limit: usize,
+}
+
+/// What storage found for a [`ScanRequest`].
+#[derive(Debug, Clone, Default)]
+pub struct ScanResult {
+    /// Keys in `[from, upper)`, in order, with their messages.
+    pub items: Vec<(EventKey, Arc<StoredMessage>)>,
+    /// True when the range held no more keys than `items`.
+    pub exhausted: bool,
+    /// The first key of the topic at or after `upper`, if any (the next bucket with work).
+    pub next_key: Option<EventKey>,
+}
+
+/// Result of an ACK or NACK frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckOutcome {
+    /// The tag was not in flight on this consumer: ignored.
+    Ignored,
+    /// ACK accepted.
+    Acked,
+    /// NACK accepted: the message is due again at once.
+    Nacked,
+    /// ACK could not be recorded (delete queue full): treated as a NACK.
+    Refused,
+}
+
+/// Counters the glue exports as metrics.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HubCounters {
+    /// Deliveries handed to consumers (first deliveries and redeliveries).
+    pub dispatched: u64,
+    /// Of those, redeliveries.
+    pub redelivered: u64,
+    /// Redeliveries caused by in-flight timeouts.
+    pub timeouts: u64,
+    /// Messages found expired by the dispatcher.
+    pub expired: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum RecipientId {
+    Group(String),
+    Universal(ConsumerId),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RState {
+    Pending {
+        consumer: ConsumerId,
+        deadline_ms: i64,
+    },
+    Waiting,
+    Acked,
+    Dropped,
+}
+
+#[derive(Debug)]
+struct Recipient {
+    id: RecipientId,
+    state: RState,
+    attempts: u32,
+}
+
+#[derive(Debug)]
+struct Entry {
+    message: Arc<StoredMessage>,
+    recipients: Vec<Recipient>,
+}
+
+#[derive(Debug, Default)]
+struct Group {
+    members: Vec<ConsumerId>,
+    next: usize,
+}
+
+#[derive(Debug)]
+struct Topic {
+    groups: BTreeMap<String, Group>,
+    universal: Vec<ConsumerId>,
+    /// Next key a scan examines (inclusive).
+    resume: EventKey,
+    /// When the topic should be scanned next; `None` = nothing known to fall due.
+    next_scan_ms: Option<i64>,
+    /// Keys with waiting recipients (may hold keys whose entry has since ended).
+    waiting: VecDeque<EventKey>,
+    /// Entries of this topic in memory.
+    entries: usize,
+    /// Sum of the topic's consumers' `max_in_flight`.
+    capacity: usize,
+}
+
+struct Consumer<S> {
+    topic_hash: u64,
+    group: String,
+    max_in_flight: u32,
+    in_flight: HashSet<EventKey>,
+    sink: S,
+}
+
+impl<S> Consumer<S> {
+    fn has_room(&self) -> bool {
+        self.in_flight.len() < self.max_in_flight as usize
+    }
+}
+
+/// The hub. `S` is the per-consumer delivery sink.
+pub struct Hub<S> {
+    cfg: HubConfig,
+    topics: HashMap<u64, Topic>,
+    consumers: HashMap<ConsumerId, Consumer<S>>,
+    entries: HashMap<EventKey, Entry>,
+    timeouts: BTreeSet<(i64, EventKey, ConsumerId)>,
+    deletes: DeleteQueue,
+    next_consumer: u64,
+    counters: HubCounters,
+}
+
+impl<S: Sink> Hub<S> {
+    /// An empty hub.
+    #[must_use]
+    pub fn new(cfg: HubConfig) -> Self {
+        Hub {
+            cfg,
+            topics: HashMap::new(),
+            consumers: HashMap::new(),
+            entries: HashMap::new(),
+            timeouts: BTreeSet::new(),
+            deletes: DeleteQueue::default(),
+            next_consumer: 1,
+            counters: HubCounters::default(),
+        }
+    }
+
+    /// Counters since start.
+    #[must_use]
+    pub fn counters(&self) -> HubCounters {
+        self.counters
+    }
+
+    /// Deliveries currently unacknowledged, over all consumers.
+    #[must_use]
+    pub fn in_flight(&self) -> usize {
+        self.consumers.values().map(|c| c.in_flight.len()).sum()
+    }
+
+    /// Connected consumers.
+    #[must_use]
+    pub fn consumer_count(&self) -> usize {
+        self.consumers.len()
+    }
+
+    /// Keys waiting for (or in) a delete flush.
+    #[must_use]
+    pub fn pending_deletes(&self) -> usize {
+        self.deletes.len()
+    }
+
+    /// Most entries a topic keeps in memory: twice its consumers' combined in-flight budget,
+    /// at least [`TOPIC_ENTRIES_MIN`].
+    #[must_use]
+    pub fn entry_cap(capacity: usize) -> usize {
+        (capacity * 2).max(TOPIC_ENTRIES_MIN)
+    }
+
+    /// Adds a consumer; its topic is scanned from the start at the next pass.
+    pub fn register(&mut self, sub: &Subscription, sink: S, now_ms: i64) -> ConsumerId {
+        let id = ConsumerId(self.next_consumer);
+        self.next_consumer += 1;
+        let h = topic_hash(&sub.topic);
+        let t = self.topics.entry(h).or_insert_with(|| Topic {
+            groups: BTreeMap::new(),
+            universal: Vec::new(),
+            resume: EventKey::topic_start(h),
+            next_scan_ms: Some(now_ms),
+            waiting: VecDeque::new(),
+            entries: 0,
+            capacity: 0,
+        });
+        if sub.group.is_empty() {
+            t.universal.push(id);
+        } else {
+            t.groups
+                .entry(sub.group.clone())
+                .or_default()
+                .members
+                .push(id);
+        }
+        let max = sub.max_in_flight.max(1);
+        t.capacity += max as usize;
+        // A new recipient may want messages the scan already passed.
+        t.resume = EventKey::topic_start(h);
+        t.next_scan_ms = Some(now_ms);
+        self.consumers.insert(
+            id,
+            Consumer {
+                topic_hash: h,
+                group: sub.group.clone(),
+                max_in_flight: max,
+                in_flight: HashSet::new(),
+                sink,
+            },
+        );
+        id
+    }
+
+    /// Removes a consumer. Its in-flight deliveries become due again at once (to its group's
+    /// other members); a group or universal consumer that is gone is dropped from entries.
+    pub fn unregister(&mut self, id: ConsumerId, now_ms: i64) {
+        let Some(c) = self.consumers.remove(&id) else {
+            return;
+        };
+        let h = c.topic_hash;
+        let Some(t) = self.topics.get_mut(&h) else {
+            return;
+        };
+        t.capacity -= c.max_in_flight as usize;
+        let gone = if c.group.is_empty() {
+            t.universal.retain(|u| *u != id);
+            Some(RecipientId::Universal(id))
+        } else if let Some(g) = t.groups.get_mut(&c.group) {
+            g.members.retain(|m| *m != id);
+            if g.members.is_empty() {
+                t.groups.remove(&c.group);
+                Some(RecipientId::Group(c.group.clone()))
+            } else {
+                None
+            }
+        } else {
+            None
+        };
+        for key in c.in_flight {
+            let Some(e) = self.entries.get_mut(&key) else {
+                continue;
+            };
+            for r in &mut e.recipients {
+                if let RState::Pending {
+                    consumer,
+                    deadline_ms,
+                } = r.state
+                {
+                    if consumer == id {
+                        self.timeouts.remove(&(deadline_ms, key, id));
+                        if gone.is_some() {
+                            r.state = RState::Dropped;
+                        } else {
+                            r.state = RState::Waiting;
+                            t.waiting.push_back(key);
+                        }
+                    }
+                }
+            }
+        }
+        if let Some(gone) = gone {
+            for key in &t.waiting {
+                if let Some(e) = self.entries.get_mut(key) {
+                    for r in &mut e.recipients {
+                        if r.id == gone && r.state == RState::Waiting {
+                            r.state = RState::Dropped;
+                        }
+                    }
+                }
+            }
+        }
+        let keys: Vec<EventKey> = self
+            .entries
+            .iter()
+            .filter(|(k, _)| k.topic_hash() == h)
+            .map(|(k, _)| *k)
+            .collect();
+        for k in keys {
+            self.finish_if_done(k, now_ms);
+        }
+        if let Some(t) = self.topics.get(&h) {
+            if t.groups.is_empty() && t.universal.is_empty() {
+                debug_assert_eq!(
+                    t.entries, 0,
+                    "every entry ends when its topic has no consumers"
+                );
+                self.topics.remove(&h);
+            }
+        }
+    }
+
+    /// A storage commit stored messages of topic `h`, the smallest key being `min_key`: make
+    /// sure the scan cursor has not passed it and the topic is scanned when it falls due.
+    pub fn on_published(&mut self, min_key: EventKey) {
+        let bucket_ms = self.cfg.bucket_ms;
+        if let Some(t) = self.topics.get_mut(&min_key.topic_hash()) {
+            if min_key < t.resume {
+                t.resume = min_key;
+            }
+            let due = bucket_start_ms(min_key.bucket(), bucket_ms);
+            t.next_scan_ms = Some(t.next_scan_ms.map_or(due, |n| n.min(due)));
+        }
+    }
+
+    /// Keys were deleted by someone else (TTL sweep): forget them.
+    pub fn on_deleted(&mut self, keys: &[EventKey]) {
+        for key in keys {
+            if let Some(e) = self.entries.remove(key) {
+                self.drop_entry_tracking(*key, &e);
+            }
+        }
+    }
+
+    fn drop_entry_tracking(&mut self, key: EventKey, e: &Entry) {
+        for r in &e.recipients {
+            if let RState::Pending {
+                consumer,
+                deadline_ms,
+            } = r.state
+            {
+                self.timeouts.remove(&(deadline_ms, key, consumer));
+                if let Some(c) = self.consumers.get_mut(&consumer) {
+                    c.in_flight.remove(&key);
+                }
+            }
+        }
+        if let Some(t) = self.topics.get_mut(&key.topic_hash()) {
+            t.entries -= 1;
+        }
+    }
+
+    /// Handles an ACK (`success`) or NACK frame of consumer `id` for `key`.
+    pub fn ack(&mut self, id: ConsumerId, key: EventKey, success: bool, now_ms: i64) -> AckOutcome {
+        let Some(c) = self.consumers.get_mut(&id) else {
+            return AckOutcome::Ignored;
+        };
+        if !c.in_flight.remove(&key) {
+            return AckOutcome::Ignored;
+        }
+        let Some(e) = self.entries.get_mut(&key) else {
+            return AckOutcome::Ignored;
+        };
+        let Some(r) = e
+            .recipients
+            .iter_mut()
+            .find(|r| matches!(r.state, RState::Pending { consumer, .. } if consumer == id))
+        else {
+            return AckOutcome::Ignored;
+        };
+        if let RState::Pending { deadline_ms, .. } = r.state {
+            self.timeouts.remove(&(deadline_ms, key, id));
+        }
+        // An ACK is only recorded when its delete can be queued; otherwise redeliver.
+        let outcome = if success && self.deletes.len() < crate::deleter::DELETE_PENDING_MAX {
+            r.state = RState::Acked;
+            AckOutcome::Acked
+        } else {
+            r.state = RState::Waiting;
+            if let Some(t) = self.topics.get_mut(&key.topic_hash()) {
+                t.waiting.push_front(key);
+            }
+            if success {
+                AckOutcome::Refused
+            } else {
+                AckOutcome::Nacked
+            }
+        };
+        self.finish_if_done(key, now_ms);
+        outcome
+    }
+
+    /// Ends `key`'s entry if no recipient is pending or waiting.
+    fn finish_if_done(&mut self, key: EventKey, now_ms: i64) {
+        let Some(e) = self.entries.get(&key) else {
+            return;
+        };
+        let open = e
+            .recipients
+            .iter()
+            .any(|r| matches!(r.state, RState::Pending { .. } | RState::Waiting));
+        if open {
+            return;
+        }
+        let acked = e.recipients.iter().any(|r| r.state == RState::Acked);
+        let e = self.entries.remove(&key).expect("entry present");
+        self.drop_entry_tracking(key, &e);
+        if acked {
+            // Capacity was checked when the ACK was accepted.
+            let _ = self.deletes.push(key);
+        } else if let Some(t) = self.topics.get_mut(&key.topic_hash()) {
+            // Nobody took it: leave it in storage and let the scan find it again.
+            if key < t.resume {
+                t.resume = key;
+            }
+            t.next_scan_ms = Some(t.next_scan_ms.map_or(now_ms, |n| n.min(now_ms)));
+        }
+    }
+
+    /// Moves deliveries whose ACK deadline passed back to waiting.
+    pub fn expire_in_flight(&mut self, now_ms: i64) {
+        while let Some(&(deadline, key, consumer)) = self.timeouts.first() {
+            if deadline > now_ms {
+                break;
+            }
+            self.timeouts.pop_first();
+            if let Some(c) = self.consumers.get_mut(&consumer) {
+                c.in_flight.remove(&key);
+            }
+            let Some(e) = self.entries.get_mut(&key) else {
+                continue;
+            };
+            for r in &mut e.recipients {
+                if r.state
+                    == (RState::Pending {
+                        consumer,
+                        deadline_ms: deadline,
+                    })
+                {
+                    r.state = RState::Waiting;
+                    self.counters.timeouts += 1;
+                    if let Some(t) = self.topics.get_mut(&key.topic_hash()) {
+                        t.waiting.push_back(key);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Picks the consumer for a recipient: a universal consumer itself, or the next group
+    /// member (round-robin) with room.
+    fn pick(
+        topics: &mut HashMap<u64, Topic>,
+        consumers: &HashMap<ConsumerId, Consumer<S>>,
+        h: u64,
+        rid: &RecipientId,
+    ) -> Option<ConsumerId> {
+        match rid {
+            RecipientId::Universal(c) => consumers.get(c).filter(|c| c.has_room()).map(|_| *c),
+            RecipientId::Group(name) => {
+                let g = topics.get_mut(&h)?.groups.get_mut(name)?;
+                let n = g.members.len();
+                for i in 0..n {
+                    let m = g.members[(g.next + i) % n];
+                    if consumers.get(&m).is_some_and(Consumer::has_room) {
+                        g.next = (g.next + i + 1) % n;
+                        return Some(m);
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    /// Sends recipient `ri` of `key`'s entry if a consumer has room; true when sent.
+    fn try_deliver(&mut self, key: EventKey, ri: usize, now_ms: i64) -> bool {
+        let h = key.topic_hash();
+        let Some(e) = self.entries.get_mut(&key) else {
+            return false;
+        };
+        let Some(cid) = Self::pick(&mut self.topics, &self.consumers, h, &e.recipients[ri].id)
+        else {
+            return false;
+        };
+        let c = self
+            .consumers
+            .get_mut(&cid)
+            .expect("picked consumer exists");
+        let r = &mut e.recipients[ri];
+        let d = Delivery {
+            key,
+            message: Arc::clone(&e.message),
+            attempt: r.attempts + 1,
+        };
+        if !c.sink.try_send(d) {
+            return false;
+        }
+        r.attempts += 1;
+        let deadline_ms = now_ms.saturating_add(self.cfg.in_flight_timeout_ms);
+        r.state = RState::Pending {
+            consumer: cid,
+            deadline_ms,
+        };
+        c.in_flight.insert(key);
+        self.timeouts.insert((deadline_ms, key, cid));
+        self.counters.dispatched += 1;
+        if r.attempts > 1 {
+            self.counters.redelivered += 1;
+        }
+        true
+    }
+
+    /// Retries every waiting recipient that can be served now; expired messages are deleted.
+    pub fn drain_waiting(&mut self, now_ms: i64) {
+        let hashes: Vec<u64> = self
+            .topics
+            .iter()
+            .filter(|(_, t)| !t.waiting.is_empty())
+            .map(|(h, _)| *h)
+            .collect();
+        for h in hashes {
+            let queue = std::mem::take(&mut self.topics.get_mut(&h).expect("listed").waiting);
+            let mut keep = VecDeque::new();
+            let mut seen = HashSet::new();
+            for key in queue {
+                if !seen.insert(key) {
+                    continue;
+                }
+                let Some(e) = self.entries.get(&key) else {
+                    continue;
+                };
+                if e.message.is_expired(now_ms) {
+                    self.expire_entry(key);
+                    continue;
+                }
+                let waiting: Vec<usize> = e
+                    .recipients
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, r)| r.state == RState::Waiting)
+                    .map(|(i, _)| i)
+                    .collect();
+                let mut left = false;
+                for ri in waiting {
+                    if !self.try_deliver(key, ri, now_ms) {
+                        left = true;
+                    }
+                }
+                if left {
+                    keep.push_back(key);
+                }
+            }
+            if let Some(t) = self.topics.get_mut(&h) {
+                keep.extend(t.waiting.drain(..));
+                t.waiting = keep;
+            }
+        }
+    }
+
+    fn expire_entry(&mut self, key: EventKey) {
+        if let Some(e) = self.entries.remove(&key) {
+            self.drop_entry_tracking(key, &e);
+        }
+        if self.deletes.push(key).is_ok() {
+            self.counters.expired += 1;
+        }
+    }
+
+    fn topic_has_room(&self, t: &Topic) -> bool {
+        if t.entries >= Self::entry_cap(t.capacity) {
+            return false;
+        }
+        let room = |c: &ConsumerId| self.consumers.get(c).is_some_and(Consumer::has_room);
+        t.universal.iter().any(room) || t.groups.values().any(|g| g.members.iter().any(room))
+    }
+
+    /// The scans to run now: topics with consumers that have room and whose next work is due.
+    #[must_use]
+    pub fn scans_due(&self, now_ms: i64) -> Vec<ScanRequest> {
+        let upper_bucket = bucket_of(now_ms, self.cfg.bucket_ms).saturating_add(1);
+        self.topics
+            .iter()
+            .filter(|(_, t)| t.next_scan_ms.is_some_and(|n| n <= now_ms) && self.topic_has_room(t))
+            .map(|(h, t)| ScanRequest {
+                topic_hash: *h,
+                from: t.resume,
+                upper: EventKey::bucket_start(*h, upper_bucket),
+                limit: SCAN_BATCH_MAX,
+            })
+            .collect()
+    }
+
+    /// Feeds a scan's result: delivers what is due, queues expired keys for deletion, and
+    /// moves the topic's cursor and next scan time.
+    pub fn apply_scan(&mut self, req: &ScanRequest, res: ScanResult, now_ms: i64) {
+        let h = req.topic_hash;
+        let Some(t) = self.topics.get(&h) else { return };
+        let resume_at_start = t.resume;
+        let mut stop: Option<(EventKey, i64)> = None;
+        let mut last = None;
+        for (key, msg) in res.items {
+            last = Some(key);
+            if self.entries.contains_key(&key) || self.deletes.contains(&key) {
+                continue;
+            }
+            if msg.is_expired(now_ms) {
+                if self.deletes.push(key).is_ok() {
+                    self.counters.expired += 1;
+                }
+                continue;
+            }
+            if msg.due_at_ms() > now_ms {
+                // A coarse bucket holds a message that is not due yet: come back then.
+                stop = Some((key, msg.due_at_ms()));
+                break;
+            }
+            if !self.dispatch_new(h, key, msg, now_ms) {
+                // No recipient has room: retry from this key once one does.
+                stop = Some((key, now_ms));
+                break;
+            }
+        }
+        let bucket_ms = self.cfg.bucket_ms;
+        let t = self.topics.get_mut(&h).expect("checked above");
+        let (resume, next) = match stop {
+            Some((key, at)) => (key, Some(at)),
+            None if !res.exhausted => (
+                last.and_then(|k| k.successor()).unwrap_or(req.upper),
+                Some(now_ms),
+            ),
+            None => (
+                req.upper,
+                res.next_key.map(|k| bucket_start_ms(k.bucket(), bucket_ms)),
+            ),
+        };
+        if t.resume == resume_at_start {
+            t.resume = resume;
+            t.next_scan_ms = next;
+        } else {
+            // A rewind (release, publish) happened while the scan ran: keep the lower cursor.
+            t.resume = t.resume.min(resume);
+            t.next_scan_ms = match (t.next_scan_ms, next) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+    }
+
+    /// Creates the entry for a newly due message and sends it to every recipient with room.
+    /// Returns false (and creates nothing) when no recipient has room.
+    fn dispatch_new(
+        &mut self,
+        h: u64,
+        key: EventKey,
+        msg: Arc<StoredMessage>,
+        now_ms: i64,
+    ) -> bool {
+        let Some(t) = self.topics.get(&h) else {
+            return false;
+        };
+        if !self.topic_has_room(t) {
+            return false;
+        }
+        let mut recipients: Vec<Recipient> = t
+            .groups
+            .keys()
+            .map(|g| Recipient {
+                id: RecipientId::Group(g.clone()),
+                state: RState::Waiting,
+                attempts: 0,
+            })
+            .collect();
+        recipients.extend(t.universal.iter().map(|u| Recipient {
+            id: RecipientId::Universal(*u),
+            state: RState::Waiting,
+            attempts: 0,
+        }));
+        let n = recipients.len();
+        self.entries.insert(
+            key,
+            Entry {
+                message: msg,
+                recipients,
+            },
+        );
+        self.topics.get_mut(&h).expect("present").entries += 1;
+        let mut sent = 0;
+        for ri in 0..n {
+            if self.try_deliver(key, ri, now_ms) {
+                sent += 1;
+            }
+        }
+        if sent == 0 {
+            let e = self.entries.remove(&key).expect("just inserted");
+            self.drop_entry_tracking(key, &e);
+            return false;
+        }
+        if sent < n {
+            self.topics
+                .get_mut(&h)
+                .expect("present")
+                .waiting
+                .push_back(key);
+        }
+        true
+    }
+
+    /// The earliest instant the dispatcher has work: a scan, a waiting recipient with room, or
+    /// an in-flight deadline. `None` = nothing until an event arrives.
+    #[must_use]
+    pub fn next_wakeup(&self, now_ms: i64) -> Option<i64> {
+        let mut at = self.timeouts.first().map(|(d, _, _)| *d);
+        let mut merge = |v: i64| at = Some(at.map_or(v, |a| a.min(v)));
+        for t in self.topics.values() {
+            if !t.waiting.is_empty() && self.waiting_servable(t) {
+                merge(now_ms);
+            }
+            if let Some(n) = t.next_scan_ms {
+                if self.topic_has_room(t) {
+                    merge(n);
+                }
+            }
+        }
+        at
+    }
+
+    fn waiting_servable(&self, t: &Topic) -> bool {
+        let room = |c: &ConsumerId| self.consumers.get(c).is_some_and(Consumer::has_room);
+        t.universal.iter().any(room) || t.groups.values().any(|g| g.members.iter().any(room))
+    }
+
+    /// Starts a delete flush: the keys to delete now, if any and none is running.
+    pub fn take_delete_batch(&mut self) -> Option<Vec<EventKey>> {
+        self.deletes.take_batch()
+    }
+
+    /// Ends the running delete flush.
+    pub fn finish_delete_batch(&mut self, committed: bool) {
+        self.deletes.finish_batch(committed);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,393 @@
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use bytes::Bytes;
+use proptest::prelude::*;
+
+use super::*;
+
+/// A sink that records deliveries; `open = false` simulates a gone consumer.
+#[derive(Clone, Default)]
+struct MemSink {
+    got: Rc<RefCell<Vec<Delivery>>>,
+    open: Rc<RefCell<bool>>,
+}
+
+impl MemSink {
+    fn new() -> Self {
+        let s = MemSink::default();
+        *s.open.borrow_mut() = true;
+        s
+    }
+    fn take(&self) -> Vec<Delivery> {
+        std::mem::take(&mut self.got.borrow_mut())
+    }
+}
+
+impl Sink for MemSink {
+    fn try_send(&self, d: Delivery) -> bool {
+        if *self.open.borrow() {
+            self.got.borrow_mut().push(d);
+        }
+        *self.open.borrow()
+    }
+}
+
+const CFG: HubConfig = HubConfig {
+    in_flight_timeout_ms: 1000,
+    bucket_ms: 1,
+};
+
+fn msg(topic: &str, enq: i64, delay: i64, ttl: i64) -> Arc<StoredMessage> {
+    Arc::new(StoredMessage {
+        topic: topic.into(),
+        payload: Bytes::from_static(b"x"),
+        enqueued_at_ms: enq,
+        delay_ms: delay,
+        ttl_ms: ttl,
+        indexes: vec![],
+    })
+}
+
+fn key(topic: &str, due: i64, id: u64) -> EventKey {
+    EventKey::new(topic_hash(topic), bucket_of(due, 1), id)
+}
+
+fn sub(topic: &str, group: &str, max: u32) -> Subscription {
+    Subscription {
+        topic: topic.into(),
+        group: group.into(),
+        max_in_flight: max,
+    }
+}
+
+/// A tiny in-memory store that answers scans like the real one.
+#[derive(Default)]
+struct Store(BTreeMap<EventKey, Arc<StoredMessage>>);
+
+impl Store {
+    fn put(&mut self, id: u64, m: Arc<StoredMessage>) -> EventKey {
+        let k = key(&m.topic, m.due_at_ms(), id);
+        self.0.insert(k, m);
+        k
+    }
+    fn scan(&self, r: &ScanRequest) -> ScanResult {
+        let mut items: Vec<_> = self
+            .0
+            .range(r.from..r.upper)
+            .take(r.limit + 1)
+            .map(|(k, m)| (*k, m.clone()))
+            .collect();
+        let exhausted = items.len() <= r.limit;
+        items.truncate(r.limit);
+        let end = EventKey::topic_start(r.topic_hash.wrapping_add(1));
+        let next_key =
+            self.0.range(r.upper..).next().map(|(k, _)| *k).filter(|k| {
+                k.topic_hash() == r.topic_hash && (r.topic_hash == u64::MAX || *k < end)
+            });
+        ScanResult {
+            items,
+            exhausted,
+            next_key,
+        }
+    }
+}
+
+/// Runs the dispatcher's pass at `now`: timeouts, waiting recipients, then due scans.
+fn pass(hub: &mut Hub<MemSink>, store: &mut Store, now: i64) {
+    hub.expire_in_flight(now);
+    hub.drain_waiting(now);
+    for _ in 0..100 {
+        let reqs = hub.scans_due(now);
+        if reqs.is_empty() {
+            break;
+        }
+        for r in reqs {
+            let res = store.scan(&r);
+            hub.apply_scan(&r, res, now);
+        }
+    }
+    if let Some(keys) = hub.take_delete_batch() {
+        for k in &keys {
+            store.0.remove(k);
+        }
+        hub.finish_delete_batch(true);
+    }
+}
+
+#[test]
+fn delivers_only_when_due_and_wakes_at_due_time() {
+    let mut hub = Hub::new(CFG);
+    let mut store = Store::default();
+    let s = MemSink::new();
+    hub.register(&sub("t", "", 10), s.clone(), 1000);
+    store.put(1, msg("t", 1000, 500, 0));
+    pass(&mut hub, &mut store, 1000);
+    assert!(s.take().is_empty());
+    assert_eq!(hub.next_wakeup(1000), Some(1500));
+    pass(&mut hub, &mut store, 1499);
+    assert!(s.take().is_empty());
+    pass(&mut hub, &mut store, 1500);
+    let got = s.take();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].attempt, 1);
+}
+
+#[test]
+fn coarse_bucket_never_delivers_early() {
+    let mut hub = Hub::new(HubConfig {
+        bucket_ms: 1000,
+        ..CFG
+    });
+    let mut store = Store::default();
+    let s = MemSink::new();
+    hub.register(&sub("t", "", 10), s.clone(), 0);
+    let m = msg("t", 1000, 700, 0);
+    store.0.insert(EventKey::new(topic_hash("t"), 1, 1), m);
+    pass(&mut hub, &mut store, 1200);
+    assert!(
+        s.take().is_empty(),
+        "bucket 1 is due at 1000 but the message at 1700"
+    );
+    assert_eq!(hub.next_wakeup(1200), Some(1700));
+    pass(&mut hub, &mut store, 1700);
+    assert_eq!(s.take().len(), 1);
+}
+
+#[test]
+fn groups_compete_and_universals_each_get_everything() {
+    let mut hub = Hub::new(CFG);
+    let mut store = Store::default();
+    let (a1, a2, b, u1, u2) = (
+        MemSink::new(),
+        MemSink::new(),
+        MemSink::new(),
+        MemSink::new(),
+        MemSink::new(),
+    );
+    hub.register(&sub("t", "a", 100), a1.clone(), 0);
+    hub.register(&sub("t", "a", 100), a2.clone(), 0);
+    hub.register(&sub("t", "b", 100), b.clone(), 0);
+    hub.register(&sub("t", "", 100), u1.clone(), 0);
+    hub.register(&sub("t", "", 100), u2.clone(), 0);
+    for i in 0..10 {
+        store.put(i + 1, msg("t", 0, 0, 0));
+    }
+    pass(&mut hub, &mut store, 10);
+    assert_eq!(a1.take().len(), 5, "round-robin within a group");
+    assert_eq!(a2.take().len(), 5);
+    assert_eq!(b.take().len(), 10);
+    assert_eq!(u1.take().len(), 10);
+    assert_eq!(u2.take().len(), 10);
+}
+
+#[test]
+fn other_topics_are_not_delivered() {
+    let mut hub = Hub::new(CFG);
+    let mut store = Store::default();
+    let s = MemSink::new();
+    hub.register(&sub("t", "", 10), s.clone(), 0);
+    store.put(1, msg("other", 0, 0, 0));
+    pass(&mut hub, &mut store, 10);
+    assert!(s.take().is_empty());
+}
+
+#[test]
+fn full_consumer_is_skipped_without_blocking_others() {
+    let mut hub = Hub::new(CFG);
+    let mut store = Store::default();
+    let (slow, fast) = (MemSink::new(), MemSink::new());
+    let slow_id = hub.register(&sub("t", "g", 2), slow.clone(), 0);
+    let fast_id = hub.register(&sub("t", "g", 100), fast.clone(), 0);
+    for i in 0..20 {
+        store.put(i + 1, msg("t", 0, 0, 0));
+    }
+    pass(&mut hub, &mut store, 1);
+    let s = slow.take();
+    let f = fast.take();
+    assert_eq!(s.len(), 2, "bounded by max_in_flight");
+    assert_eq!(f.len(), 18);
+    // Acks free room; nothing is delivered twice.
+    for d in &f {
+        assert_eq!(hub.ack(fast_id, d.key, true, 2), AckOutcome::Acked);
+    }
+    pass(&mut hub, &mut store, 3);
+    assert!(slow.take().is_empty() && fast.take().is_empty());
+    assert_eq!(hub.ack(slow_id, s[0].key, true, 4), AckOutcome::Acked);
+    pass(&mut hub, &mut store, 5);
+    assert_eq!(store.0.len(), 1, "acked messages are deleted");
+}
+
+#[test]
+fn nack_timeout_and_disconnect_redeliver() {
+    let mut hub = Hub::new(CFG);
+    let mut store = Store::default();
+    let (a, b) = (MemSink::new(), MemSink::new());
+    let ida = hub.register(&sub("t", "g", 1), a.clone(), 0);
+    store.put(1, msg("t", 0, 0, 0));
+    pass(&mut hub, &mut store, 1);
+    let d = a.take().pop().unwrap();
+    // NACK: due again at once, attempt + 1.
+    assert_eq!(hub.ack(ida, d.key, false, 2), AckOutcome::Nacked);
+    pass(&mut hub, &mut store, 2);
+    let d2 = a.take().pop().unwrap();
+    assert_eq!((d2.key, d2.attempt), (d.key, 2));
+    // Timeout after in_flight_timeout_ms.
+    pass(&mut hub, &mut store, 2 + 999);
+    assert!(a.take().is_empty());
+    assert_eq!(hub.next_wakeup(1001), Some(1002));
+    pass(&mut hub, &mut store, 1002);
+    assert_eq!(a.take().pop().unwrap().attempt, 3);
+    // Disconnect: the other member gets it at once.
+    let idb = hub.register(&sub("t", "g", 1), b.clone(), 1003);
+    hub.unregister(ida, 1003);
+    pass(&mut hub, &mut store, 1003);
+    let d4 = b.take().pop().unwrap();
+    assert_eq!((d4.key, d4.attempt), (d.key, 4));
+    assert_eq!(hub.ack(idb, d4.key, true, 1004), AckOutcome::Acked);
+    pass(&mut hub, &mut store, 1005);
+    assert!(store.0.is_empty());
+    assert_eq!(hub.counters().timeouts, 1);
+}
+
+#[test]
+fn acks_for_foreign_or_repeated_tags_are_ignored() {
+    let mut hub = Hub::new(CFG);
+    let mut store = Store::default();
+    let (a, b) = (MemSink::new(), MemSink::new());
+    let ida = hub.register(&sub("t", "", 5), a.clone(), 0);
+    let idb = hub.register(&sub("t", "x", 5), b.clone(), 0);
+    let k = store.put(1, msg("t", 0, 0, 0));
+    let never_sent = key("t", 0, 99);
+    pass(&mut hub, &mut store, 1);
+    assert_eq!(hub.ack(ida, never_sent, true, 1), AckOutcome::Ignored);
+    assert_eq!(hub.ack(ConsumerId(999), k, true, 1), AckOutcome::Ignored);
+    assert_eq!(hub.ack(ida, k, true, 1), AckOutcome::Acked);
+    assert_eq!(hub.ack(ida, k, true, 1), AckOutcome::Ignored, "duplicate");
+    pass(&mut hub, &mut store, 2);
+    assert_eq!(store.0.len(), 1, "group x has not acked yet");
+    assert_eq!(hub.ack(idb, k, true, 3), AckOutcome::Acked);
+    pass(&mut hub, &mut store, 4);
+    assert!(store.0.is_empty());
+}
+
+#[test]
+fn expired_messages_are_never_delivered_and_get_deleted() {
+    let mut hub = Hub::new(CFG);
+    let mut store = Store::default();
+    let s = MemSink::new();
+    hub.register(&sub("t", "", 5), s.clone(), 0);
+    store.put(1, msg("t", 0, 100, 50));
+    pass(&mut hub, &mut store, 100);
+    assert!(s.take().is_empty());
+    assert!(store.0.is_empty());
+    assert_eq!(hub.counters().expired, 1);
+}
+
+#[test]
+fn released_message_waits_for_the_next_subscriber() {
+    let mut hub = Hub::new(CFG);
+    let mut store = Store::default();
+    let a = MemSink::new();
+    let ida = hub.register(&sub("t", "g", 5), a.clone(), 0);
+    store.put(1, msg("t", 0, 0, 0));
+    pass(&mut hub, &mut store, 1);
+    assert_eq!(a.take().len(), 1);
+    hub.unregister(ida, 2);
+    assert_eq!(store.0.len(), 1);
+    let b = MemSink::new();
+    hub.register(&sub("t", "g", 5), b.clone(), 3);
+    pass(&mut hub, &mut store, 3);
+    assert_eq!(b.take().len(), 1);
+}
+
+#[test]
+fn publish_behind_the_cursor_is_found() {
+    let mut hub = Hub::new(CFG);
+    let mut store = Store::default();
+    let s = MemSink::new();
+    hub.register(&sub("t", "", 50), s.clone(), 0);
+    pass(&mut hub, &mut store, 100);
+    assert_eq!(
+        hub.next_wakeup(100),
+        None,
+        "nothing pending: sleep until an event"
+    );
+    // A message stamped at 90 (before the last scan) commits late.
+    let k = store.put(5, msg("t", 90, 0, 0));
+    hub.on_published(k);
+    assert_eq!(hub.next_wakeup(100), Some(90));
+    pass(&mut hub, &mut store, 101);
+    assert_eq!(s.take().len(), 1);
+}
+
+#[test]
+fn memory_is_bounded_by_consumer_capacity_not_backlog() {
+    let mut hub = Hub::new(CFG);
+    let mut store = Store::default();
+    let s = MemSink::new();
+    hub.register(&sub("t", "", 4), s.clone(), 0);
+    for i in 0..5000 {
+        store.put(i + 1, msg("t", 0, 0, 0));
+    }
+    pass(&mut hub, &mut store, 1);
+    assert_eq!(s.take().len(), 4);
+    assert!(hub.entries.len() <= 4);
+}
+
+proptest! {
+    /// Random schedules of publishes, acks, nacks, disconnects and time: no delivery is early
+    /// or expired, no consumer exceeds its budget, and acked messages leave the store.
+    #[test]
+    fn random_schedules_keep_the_invariants(ops in proptest::collection::vec((0u8..6, 0u64..40, 0i64..30), 1..120)) {
+        let mut hub = Hub::new(HubConfig { in_flight_timeout_ms: 50, bucket_ms: 10 });
+        let mut store = Store::default();
+        let mut sinks: Vec<(ConsumerId, MemSink, u32)> = Vec::new();
+        let mut now = 0i64;
+        let mut id = 0u64;
+        for (op, a, b) in ops {
+            match op {
+                0 => { id += 1; store.put(id, msg("t", now, b * 3, if a % 4 == 0 { b } else { 0 })); }
+                1 => {
+                    let s = MemSink::new();
+                    let max = (a % 3 + 1) as u32;
+                    let group = ["", "g", "h"][(a % 3) as usize];
+                    let c = hub.register(&sub("t", group, max), s.clone(), now);
+                    sinks.push((c, s, max));
+                }
+                2 if !sinks.is_empty() => {
+                    let (c, s, _) = sinks.remove((a as usize) % sinks.len());
+                    s.take();
+                    hub.unregister(c, now);
+                }
+                3 => now += b,
+                _ => {}
+            }
+            pass(&mut hub, &mut store, now);
+            for (c, s, max) in &sinks {
+                for d in s.take() {
+                    prop_assert!(d.message.due_at_ms() <= now, "early delivery");
+                    prop_assert!(!d.message.is_expired(now), "expired delivery");
+                    if (d.key.event_id() + u64::from(d.attempt)) % 3 != 0 {
+                        hub.ack(*c, d.key, true, now);
+                    } else {
+                        hub.ack(*c, d.key, false, now);
+                    }
+                }
+                prop_assert!(hub.consumers[c].in_flight.len() <= *max as usize);
+            }
+        }
+        // With one universal consumer left and time passing, everything drains.
+        for (c, s, _) in sinks.drain(..) { s.take(); hub.unregister(c, now); }
+        prop_assert_eq!(hub.in_flight(), 0);
+        prop_assert!(hub.entries.is_empty());
+        let s = MemSink::new();
+        let c = hub.register(&sub("t", "", 1000), s.clone(), now);
+        now += 10_000;
+        pass(&mut hub, &mut store, now);
+        for d in s.take() { hub.ack(c, d.key, true, now); }
+        pass(&mut hub, &mut store, now + 1);
+        pass(&mut hub, &mut store, now + 2);
+        prop_assert!(store.0.is_empty(), "left: {:?}", store.0.keys().collect::<Vec<_>>());
+    }
+}

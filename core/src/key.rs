@@ -1,0 +1,197 @@
+//! The 24-byte event key: `topicHash (u64 BE) · bucket (u64 BE) · eventId (u64 BE)`.
+//!
+//! The key is also the opaque `delivery_tag` handed to consumers. Byte-wise order is
+//! topic → bucket → id, so "every due message of a topic" is one contiguous range.
+
+use std::fmt;
+
+/// Length of an event key in bytes.
+pub const KEY_LEN: usize = 24;
+
+/// xxHash64 (seed 0) of the topic's UTF-8 bytes.
+#[must_use]
+pub fn topic_hash(topic: &str) -> u64 {
+    xxhash_rust::xxh64::xxh64(topic.as_bytes(), 0)
+}
+
+/// The time bucket of an instant: `fire_at_ms / bucket_ms`; non-positive instants map to 0
+/// and a bucket size of 0 means raw milliseconds.
+#[must_use]
+pub fn bucket_of(fire_at_ms: i64, bucket_ms: u64) -> u64 {
+    if fire_at_ms <= 0 {
+        return 0;
+    }
+    // fire_at_ms > 0 here, so the cast is lossless.
+    let t = fire_at_ms as u64;
+    t.checked_div(bucket_ms).unwrap_or(t)
+}
+
+/// The first instant (Unix ms) that falls in `bucket`.
+#[must_use]
+pub fn bucket_start_ms(bucket: u64, bucket_ms: u64) -> i64 {
+    let ms = bucket.saturating_mul(bucket_ms.max(1));
+    i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
+/// A 24-byte event key.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EventKey(pub [u8; KEY_LEN]);
+
+/// A slice that is not a 24-byte key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("key length must be 24, got {0}")]
+pub struct BadKeyLength(pub usize);
+
+impl EventKey {
+    /// Builds a key from its three parts.
+    #[must_use]
+    pub fn new(topic_hash: u64, bucket: u64, event_id: u64) -> Self {
+        let mut k = [0u8; KEY_LEN];
+        k[0..8].copy_from_slice(&topic_hash.to_be_bytes());
+        k[8..16].copy_from_slice(&bucket.to_be_bytes());
+        k[16..24].copy_from_slice(&event_id.to_be_bytes());
+        EventKey(k)
+    }
+
+    /// Parses a key from untrusted bytes (a delivery tag from a client).
+    ///
+    /// # Errors
+    /// [`BadKeyLength`] when `b` is not exactly 24 bytes.
+    pub fn from_slice(b: &[u8]) -> Result<Self, BadKeyLength> {
+        let arr: [u8; KEY_LEN] = b.try_into().map_err(|_| BadKeyLength(b.len()))?;
+        Ok(EventKey(arr))
+    }
+
+    fn part(&self, i: usize) -> u64 {
+        let mut p = [0u8; 8];
+        p.copy_from_slice(&self.0[i * 8..i * 8 + 8]);
+        u64::from_be_bytes(p)
+    }
+
+    /// The topic hash part.
+    #[must_use]
+    pub fn topic_hash(&self) -> u64 {
+        self.part(0)
+    }
+
+    /// The bucket part.
+    #[must_use]
+    pub fn bucket(&self) -> u64 {
+        self.part(1)
+    }
+
+    /// The event id part.
+    #[must_use]
+    pub fn event_id(&self) -> u64 {
+        self.part(2)
+    }
+
+    /// The smallest key of a topic.
+    #[must_use]
+    pub fn topic_start(topic_hash: u64) -> Self {
+        EventKey::new(topic_hash, 0, 0)
+    }
+
+    /// The smallest key of `topic_hash` whose bucket is `bucket`: every key below it (and at
+    /// or above [`EventKey::topic_start`]) has a bucket `< bucket`.
+    #[must_use]
+    pub fn bucket_start(topic_hash: u64, bucket: u64) -> Self {
+        EventKey::new(topic_hash, bucket, 0)
+    }
+
+    /// The key immediately after this one in byte order, or `None` at the very end.
+    #[must_use]
+    pub fn successor(&self) -> Option<Self> {
+        let mut k = self.0;
+        for i in (0..KEY_LEN).rev() {
+            if k[i] == u8::MAX {
+                k[i] = 0;
+            } else {
+                k[i] += 1;
+                return Some(EventKey(k));
+            }
+        }
+        None
+    }
+}
+
+impl fmt::Debug for EventKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "EventKey({:016x}/{}/{})",
+            self.topic_hash(),
+            self.bucket(),
+            self.event_id()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn bucket_rules() {
+        assert_eq!(bucket_of(-5, 10), 0);
+        assert_eq!(bucket_of(0, 10), 0);
+        assert_eq!(bucket_of(1234, 0), 1234);
+        assert_eq!(bucket_of(1234, 1), 1234);
+        assert_eq!(bucket_of(1234, 100), 12);
+        assert_eq!(bucket_start_ms(12, 100), 1200);
+    }
+
+    #[test]
+    fn topic_hash_is_xxh64_seed0() {
+        // Reference value of XXH64("", 0).
+        assert_eq!(topic_hash(""), 0xef46_db37_51d8_e999);
+    }
+
+    #[test]
+    fn parse_rejects_wrong_lengths() {
+        assert_eq!(EventKey::from_slice(&[0; 23]), Err(BadKeyLength(23)));
+        assert_eq!(EventKey::from_slice(&[0; 25]), Err(BadKeyLength(25)));
+        assert!(EventKey::from_slice(&[7; 24]).is_ok());
+    }
+
+    #[test]
+    fn successor_carries() {
+        let k = EventKey::new(1, 2, u64::MAX);
+        assert_eq!(k.successor(), Some(EventKey::new(1, 3, 0)));
+        assert_eq!(EventKey([0xff; 24]).successor(), None);
+    }
+
+    proptest! {
+        #[test]
+        fn parts_round_trip(h: u64, b: u64, id: u64) {
+            let k = EventKey::new(h, b, id);
+            prop_assert_eq!((k.topic_hash(), k.bucket(), k.event_id()), (h, b, id));
+            prop_assert_eq!(EventKey::from_slice(&k.0).unwrap(), k);
+        }
+
+        #[test]
+        fn order_is_topic_bucket_id(a: (u64, u64, u64), b: (u64, u64, u64)) {
+            let ka = EventKey::new(a.0, a.1, a.2);
+            let kb = EventKey::new(b.0, b.1, b.2);
+            prop_assert_eq!(ka.cmp(&kb), a.cmp(&b));
+        }
+
+        #[test]
+        fn due_range_holds_exactly_due_buckets(h: u64, b in 0u64..u64::MAX - 1, x: u64, id: u64) {
+            // A key of topic h is below bucket_start(h, b + 1) iff its bucket is <= b.
+            let k = EventKey::new(h, x, id);
+            let upper = EventKey::bucket_start(h, b + 1);
+            prop_assert_eq!(k < upper, x <= b);
+            prop_assert!(k >= EventKey::topic_start(h));
+        }
+
+        #[test]
+        fn successor_is_next(k: [u8; 24]) {
+            let k = EventKey(k);
+            if let Some(s) = k.successor() {
+                prop_assert!(s > k);
+            }
+        }
+    }
+}

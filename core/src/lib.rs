@@ -1,0 +1,27 @@
+//! futureq-core: the broker's logic with no I/O, no clock and no runtime.
+//!
+//! Everything here is synchronous and deterministic; time is passed in as Unix
+//! milliseconds. The glommio/redb/h2 glue lives in other crates and calls into this one.
+//!
+//! Layout:
+//! - [`key`]: the 24-byte event key (`topicHash · bucket · eventId`) and its range bounds.
+//! - [`message`]: the stored message and its versioned binary encoding.
+//! - [`publish`]: ack levels, publish limits and per-message validation.
+//! - [`hub`]: consumers, groups, in-flight tracking, redelivery and the scan cursor per topic.
+//! - [`deleter`]: the batched, retry-safe queue of acknowledged keys awaiting deletion.
+//!
+//! # Invariants
+//! - A message is never handed to a consumer before `enqueued_at + delay` nor after its TTL.
+//! - Keys sort byte-wise as topic → bucket → id; a scan of due messages never needs a key
+//!   of a later bucket than `bucket(now)`.
+//! - Every queue and map that grows with traffic has a named bound.
+
+pub mod deleter;
+pub mod hub;
+pub mod key;
+pub mod message;
+pub mod publish;
+
+pub use key::{bucket_of, topic_hash, EventKey, KEY_LEN};
+pub use message::{DecodeError, IndexValue, StoredMessage};
+pub use publish::{AckLevel, ValidationError};

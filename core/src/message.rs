@@ -1,0 +1,362 @@
+//! The stored message and its versioned binary encoding.
+//!
+//! Layout of version 1 (all integers little-endian):
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 1 | version = 1 |
+//! | 8 | `enqueued_at_ms` (i64) |
+//! | 8 | `delay_ms` (i64) |
+//! | 8 | `ttl_ms` (i64, 0 = never expires) |
+//! | 2 + n | topic: u16 length, UTF-8 bytes |
+//! | 2 | index count (u16) |
+//! | … | per index: u8 kind (1 = int64, 2 = string); int64: 8 bytes; string: u32 length + UTF-8 |
+//! | 4 + n | payload: u32 length, bytes |
+//!
+//! Nothing may follow the payload. Decoding never panics and never allocates more than the
+//! input holds.
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+/// Current encoding version.
+pub const FORMAT_VERSION: u8 = 1;
+/// Longest topic in bytes (the API contract says 1..=255).
+pub const TOPIC_LEN_MAX: usize = 255;
+/// Most indexes one message may carry (bounded by the u16 count).
+pub const INDEXES_MAX: usize = u16::MAX as usize;
+
+const KIND_INT64: u8 = 1;
+const KIND_STRING: u8 = 2;
+
+/// A secondary index value carried with a message.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum IndexValue {
+    /// `Index.int64_value`.
+    Int64(i64),
+    /// `Index.string_value`.
+    String(String),
+}
+
+impl IndexValue {
+    /// The bytes this index contributes to an index-table key: a kind byte, then an
+    /// order-preserving encoding of the value (sign-flipped big-endian for integers).
+    #[must_use]
+    pub fn index_key(&self) -> Vec<u8> {
+        match self {
+            IndexValue::Int64(v) => {
+                let mut out = Vec::with_capacity(9);
+                out.push(KIND_INT64);
+                out.extend_from_slice(&((*v as u64) ^ (1 << 63)).to_be_bytes());
+                out
+            }
+            IndexValue::String(s) => {
+                let mut out = Vec::with_capacity(1 + s.len());
+                out.push(KIND_STRING);
+                out.extend_from_slice(s.as_bytes());
+                out
+            }
+        }
+    }
+}
+
+/// A message as the broker stores it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredMessage {
+    /// Topic, 1..=255 bytes of UTF-8.
+    pub topic: String,
+    /// Opaque payload.
+    pub payload: Bytes,
+    /// Broker wall clock (Unix ms) when the batch was received.
+    pub enqueued_at_ms: i64,
+    /// Requested delay (ms, >= 0).
+    pub delay_ms: i64,
+    /// Time to live (ms, >= 0; 0 = never expires).
+    pub ttl_ms: i64,
+    /// Secondary indexes.
+    pub indexes: Vec<IndexValue>,
+}
+
+/// Why stored bytes could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DecodeError {
+    /// The input ended inside a field.
+    #[error("stored message truncated while reading {0}")]
+    Truncated(&'static str),
+    /// The version byte is not one this build knows.
+    #[error("unknown stored message version {0}")]
+    UnknownVersion(u8),
+    /// A string field is not UTF-8.
+    #[error("stored message {0} is not valid UTF-8")]
+    BadUtf8(&'static str),
+    /// An index kind byte is unknown.
+    #[error("unknown index kind {0}")]
+    BadIndexKind(u8),
+    /// Bytes follow the payload.
+    #[error("{0} trailing bytes after stored message")]
+    Trailing(usize),
+}
+
+impl StoredMessage {
+    /// The instant (Unix ms) at which the message falls due.
+    #[must_use]
+    pub fn due_at_ms(&self) -> i64 {
+        self.enqueued_at_ms.saturating_add(self.delay_ms)
+    }
+
+    /// The instant (Unix ms) at which the message expires, if it has a TTL.
+    #[must_use]
+    pub fn expires_at_ms(&self) -> Option<i64> {
+        (self.ttl_ms > 0).then(|| self.enqueued_at_ms.saturating_add(self.ttl_ms))
+    }
+
+    /// True when the TTL has passed at `now_ms`.
+    #[must_use]
+    pub fn is_expired(&self, now_ms: i64) -> bool {
+        self.expires_at_ms().is_some_and(|e| now_ms >= e)
+    }
+
+    /// Encodes the message.
+    ///
+    /// # Panics
+    /// When the topic or an index string exceeds its length field; validation
+    /// ([`crate::publish::validate_message`]) rules this out for every accepted message.
+    #[must_use]
+    pub fn encode(&self) -> Bytes {
+        let idx_len: usize = self
+            .indexes
+            .iter()
+            .map(|i| match i {
+                IndexValue::Int64(_) => 9,
+                IndexValue::String(s) => 5 + s.len(),
+            })
+            .sum();
+        let mut b = BytesMut::with_capacity(
+            1 + 24 + 2 + self.topic.len() + 2 + idx_len + 4 + self.payload.len(),
+        );
+        b.put_u8(FORMAT_VERSION);
+        b.put_i64_le(self.enqueued_at_ms);
+        b.put_i64_le(self.delay_ms);
+        b.put_i64_le(self.ttl_ms);
+        let tl = u16::try_from(self.topic.len()).expect("topic length validated");
+        b.put_u16_le(tl);
+        b.put_slice(self.topic.as_bytes());
+        let n = u16::try_from(self.indexes.len()).expect("index count validated");
+        b.put_u16_le(n);
+        for i in &self.indexes {
+            match i {
+                IndexValue::Int64(v) => {
+                    b.put_u8(KIND_INT64);
+                    b.put_i64_le(*v);
+                }
+                IndexValue::String(s) => {
+                    b.put_u8(KIND_STRING);
+                    b.put_u32_le(u32::try_from(s.len()).expect("index length validated"));
+                    b.put_slice(s.as_bytes());
+                }
+            }
+        }
+        b.put_u32_le(u32::try_from(self.payload.len()).expect("payload length validated"));
+        b.put_slice(&self.payload);
+        b.freeze()
+    }
+
+    /// Decodes untrusted stored bytes; the payload shares `buf`'s memory.
+    ///
+    /// # Errors
+    /// [`DecodeError`] for anything but a complete, well-formed version-1 record.
+    pub fn decode(buf: &Bytes) -> Result<Self, DecodeError> {
+        let mut r = Reader { buf, pos: 0 };
+        let version = r.u8("version")?;
+        if version != FORMAT_VERSION {
+            return Err(DecodeError::UnknownVersion(version));
+        }
+        let enqueued_at_ms = r.i64("enqueued_at")?;
+        let delay_ms = r.i64("delay")?;
+        let ttl_ms = r.i64("ttl")?;
+        let tl = usize::from(r.u16("topic length")?);
+        let topic = r.string(tl, "topic")?;
+        let n = usize::from(r.u16("index count")?);
+        // Each index takes at least 5 bytes: never reserve more than the input could hold.
+        let mut indexes = Vec::with_capacity(n.min(r.remaining() / 5));
+        for _ in 0..n {
+            match r.u8("index kind")? {
+                KIND_INT64 => indexes.push(IndexValue::Int64(r.i64("index value")?)),
+                KIND_STRING => {
+                    let len = r.u32("index length")? as usize;
+                    indexes.push(IndexValue::String(r.string(len, "index value")?));
+                }
+                k => return Err(DecodeError::BadIndexKind(k)),
+            }
+        }
+        let pl = r.u32("payload length")? as usize;
+        let payload = r.bytes(pl, "payload")?;
+        if r.remaining() != 0 {
+            return Err(DecodeError::Trailing(r.remaining()));
+        }
+        Ok(StoredMessage {
+            topic,
+            payload,
+            enqueued_at_ms,
+            delay_ms,
+            ttl_ms,
+            indexes,
+        })
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a Bytes,
+    pos: usize,
+}
+
+impl Reader<'_> {
+    fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&[u8], DecodeError> {
+        if self.remaining() < n {
+            return Err(DecodeError::Truncated(what));
+        }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    fn u8(&mut self, what: &'static str) -> Result<u8, DecodeError> {
+        Ok(self.take(1, what)?[0])
+    }
+
+    fn u16(&mut self, what: &'static str) -> Result<u16, DecodeError> {
+        let s = self.take(2, what)?;
+        Ok(u16::from_le_bytes([s[0], s[1]]))
+    }
+
+    fn u32(&mut self, what: &'static str) -> Result<u32, DecodeError> {
+        let s = self.take(4, what)?;
+        Ok(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
+    }
+
+    fn i64(&mut self, what: &'static str) -> Result<i64, DecodeError> {
+        let s = self.take(8, what)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(s);
+        Ok(i64::from_le_bytes(a))
+    }
+
+    fn string(&mut self, n: usize, what: &'static str) -> Result<String, DecodeError> {
+        let s = self.take(n, what)?;
+        String::from_utf8(s.to_vec()).map_err(|_| DecodeError::BadUtf8(what))
+    }
+
+    fn bytes(&mut self, n: usize, what: &'static str) -> Result<Bytes, DecodeError> {
+        if self.remaining() < n {
+            return Err(DecodeError::Truncated(what));
+        }
+        let b = self.buf.slice(self.pos..self.pos + n);
+        self.pos += n;
+        Ok(b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn arb_index() -> impl Strategy<Value = IndexValue> {
+        prop_oneof![
+            any::<i64>().prop_map(IndexValue::Int64),
+            ".{0,20}".prop_map(IndexValue::String),
+        ]
+    }
+
+    fn arb_msg() -> impl Strategy<Value = StoredMessage> {
+        (
+            "[a-z./-]{1,40}",
+            proptest::collection::vec(any::<u8>(), 0..300),
+            any::<i64>(),
+            any::<i64>(),
+            any::<i64>(),
+            proptest::collection::vec(arb_index(), 0..5),
+        )
+            .prop_map(|(topic, payload, e, d, t, indexes)| StoredMessage {
+                topic,
+                payload: Bytes::from(payload),
+                enqueued_at_ms: e,
+                delay_ms: d,
+                ttl_ms: t,
+                indexes,
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn round_trip(m in arb_msg()) {
+            let enc = m.encode();
+            prop_assert_eq!(StoredMessage::decode(&enc).unwrap(), m);
+        }
+
+        #[test]
+        fn every_truncation_is_an_error(m in arb_msg()) {
+            let enc = m.encode();
+            for cut in 0..enc.len() {
+                prop_assert!(StoredMessage::decode(&enc.slice(..cut)).is_err());
+            }
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = StoredMessage::decode(&Bytes::from(b));
+        }
+
+        #[test]
+        fn int_index_keys_keep_order(a: i64, b: i64) {
+            let ka = IndexValue::Int64(a).index_key();
+            let kb = IndexValue::Int64(b).index_key();
+            prop_assert_eq!(ka.cmp(&kb), a.cmp(&b));
+        }
+    }
+
+    #[test]
+    fn trailing_and_version_are_rejected() {
+        let m = StoredMessage {
+            topic: "t".into(),
+            payload: Bytes::from_static(b"p"),
+            enqueued_at_ms: 1,
+            delay_ms: 2,
+            ttl_ms: 0,
+            indexes: vec![],
+        };
+        let mut v = m.encode().to_vec();
+        v.push(0);
+        assert_eq!(
+            StoredMessage::decode(&Bytes::from(v.clone())),
+            Err(DecodeError::Trailing(1))
+        );
+        v[0] = 9;
+        assert_eq!(
+            StoredMessage::decode(&Bytes::from(v)),
+            Err(DecodeError::UnknownVersion(9))
+        );
+    }
+
+    #[test]
+    fn due_and_expiry() {
+        let m = StoredMessage {
+            topic: "t".into(),
+            payload: Bytes::new(),
+            enqueued_at_ms: 1000,
+            delay_ms: 50,
+            ttl_ms: 100,
+            indexes: vec![],
+        };
+        assert_eq!(m.due_at_ms(), 1050);
+        assert_eq!(m.expires_at_ms(), Some(1100));
+        assert!(!m.is_expired(1099));
+        assert!(m.is_expired(1100));
+        let forever = StoredMessage { ttl_ms: 0, ..m };
+        assert!(!forever.is_expired(i64::MAX));
+    }
+}

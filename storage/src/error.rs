@@ -1,0 +1,48 @@
+//! Storage errors.
+
+/// Why a storage operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// redb reported an error (I/O, corruption, …).
+    #[error("storage engine: {0}")]
+    Engine(#[from] redb::Error),
+    /// A metadata value has the wrong shape.
+    #[error("corrupt metadata {key}: {reason}")]
+    CorruptMeta {
+        /// The metadata key.
+        key: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The storage threads have stopped (shutdown or a fatal error).
+    #[error("storage is closed")]
+    Closed,
+    /// Creating the data directory failed.
+    #[error("cannot create data directory {path}: {source}")]
+    DataDir {
+        /// The directory.
+        path: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+macro_rules! from_redb {
+    ($($t:ty),*) => {$(
+        impl From<$t> for StoreError {
+            fn from(e: $t) -> Self {
+                StoreError::Engine(e.into())
+            }
+        }
+    )*};
+}
+
+from_redb!(
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError,
+    redb::SetDurabilityError
+);

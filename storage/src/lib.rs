@@ -1,0 +1,24 @@
+//! futureq-storage: the durable message store on redb, and the threads that own it.
+//!
+//! Layout:
+//! - [`store`]: the synchronous store: schema, group-committed publishes, deletes, TTL
+//!   sweeps and due-range scans.
+//! - [`service`]: the store's writer and reader threads with an async, channel-based API,
+//!   so that no redb call ever runs on an executor's reactor.
+//! - `error`: the crate error type, `StoreError`.
+//!
+//! # Invariants
+//! - Event ids never regress: the highest id handed out is persisted (`last-id`) in the same
+//!   transaction as the messages that carry it, and ids start above it after a restart.
+//! - A batch is atomic: all of its messages, index entries and expiry entries commit in one
+//!   transaction, or none do.
+//! - A durable commit (`Durability::Immediate`) has been fsynced when its reply is sent.
+//! - Index and expiry entries exist exactly as long as their message.
+
+pub mod error;
+pub mod service;
+pub mod store;
+
+pub use error::StoreError;
+pub use service::{StoreService, WriteStats};
+pub use store::{NewMessage, Store, StoreMode};

@@ -1,0 +1,151 @@
+//! Store and store-service behaviour on a real redb file.
+
+use bytes::Bytes;
+use futureq_core::hub::ScanRequest;
+use futureq_core::{bucket_of, topic_hash, EventKey, IndexValue, StoredMessage};
+use futureq_storage::{NewMessage, Store, StoreMode, StoreService};
+use futures::executor::block_on;
+
+fn new_message(
+    topic: &str,
+    enq: i64,
+    delay: i64,
+    ttl: i64,
+    indexes: Vec<IndexValue>,
+) -> NewMessage {
+    let m = StoredMessage {
+        topic: topic.into(),
+        payload: Bytes::from_static(b"payload"),
+        enqueued_at_ms: enq,
+        delay_ms: delay,
+        ttl_ms: ttl,
+        indexes,
+    };
+    NewMessage {
+        topic_hash: topic_hash(topic),
+        bucket: bucket_of(m.due_at_ms(), 1),
+        expires_at_ms: m.expires_at_ms(),
+        index_keys: m.indexes.iter().map(IndexValue::index_key).collect(),
+        value: m.encode(),
+    }
+}
+
+fn scan_all(s: &Store, topic: &str, now: i64) -> futureq_core::hub::ScanResult {
+    let h = topic_hash(topic);
+    s.scan(&ScanRequest {
+        topic_hash: h,
+        from: EventKey::topic_start(h),
+        upper: EventKey::bucket_start(h, bucket_of(now, 1) + 1),
+        limit: 100,
+    })
+    .unwrap()
+}
+
+#[test]
+fn ids_are_monotonic_and_never_regress_across_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let mode = StoreMode::Disk(dir.path().to_path_buf());
+    let mut last = 0;
+    for _ in 0..3 {
+        let (svc, threads) = StoreService::start(&mode, Box::new(|_| {})).unwrap();
+        let keys = block_on(svc.publish(vec![new_message("t", 1, 0, 0, vec![]); 3], true)).unwrap();
+        for k in &keys {
+            assert!(k.event_id() > last, "id {} after {last}", k.event_id());
+            last = k.event_id();
+        }
+        assert_eq!(svc.store().last_id().unwrap(), last);
+        drop(svc);
+        threads.join();
+    }
+}
+
+#[test]
+fn scan_reads_only_the_due_range_and_reports_the_next_key() {
+    let (svc, _t) = StoreService::start(&StoreMode::Memory, Box::new(|_| {})).unwrap();
+    block_on(svc.publish(
+        vec![
+            new_message("a", 1000, 0, 0, vec![]),
+            new_message("a", 1000, 500, 0, vec![]),
+            new_message("b", 1000, 0, 0, vec![]),
+        ],
+        true,
+    ))
+    .unwrap();
+    let r = scan_all(svc.store(), "a", 1200);
+    assert_eq!(r.items.len(), 1);
+    assert!(r.exhausted);
+    assert_eq!(r.next_key.map(|k| k.bucket()), Some(1500));
+    let r = scan_all(svc.store(), "a", 1500);
+    assert_eq!(r.items.len(), 2);
+    assert_eq!(r.next_key, None, "topic b is not part of topic a's range");
+}
+
+#[test]
+fn delete_and_sweep_remove_index_and_expiry_entries() {
+    let (svc, _t) = StoreService::start(&StoreMode::Memory, Box::new(|_| {})).unwrap();
+    let idx = vec![IndexValue::Int64(7), IndexValue::String("order-1".into())];
+    let keys = block_on(svc.publish(
+        vec![
+            new_message("t", 1000, 0, 100, idx.clone()),
+            new_message("t", 1000, 0, 5000, idx.clone()),
+            new_message("t", 1000, 0, 0, idx),
+        ],
+        true,
+    ))
+    .unwrap();
+    assert_eq!(svc.store().counts().unwrap(), (3, 6, 2));
+    let expired = block_on(svc.sweep_expired(1099, 100)).unwrap();
+    assert!(expired.is_empty());
+    let expired = block_on(svc.sweep_expired(1100, 100)).unwrap();
+    assert_eq!(expired, vec![keys[0]]);
+    assert_eq!(svc.store().counts().unwrap(), (2, 4, 1));
+    let deleted = block_on(svc.delete(vec![keys[1], keys[0]])).unwrap();
+    assert_eq!(
+        deleted,
+        vec![keys[1]],
+        "an already deleted key is not reported"
+    );
+    assert_eq!(svc.store().counts().unwrap(), (1, 2, 0));
+}
+
+#[test]
+fn commit_hook_sees_the_smallest_key_per_topic() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (svc, _t) = StoreService::start(
+        &StoreMode::Memory,
+        Box::new(move |mins| {
+            tx.send(mins.to_vec()).unwrap();
+        }),
+    )
+    .unwrap();
+    let keys = block_on(svc.publish(
+        vec![
+            new_message("t", 1000, 50, 0, vec![]),
+            new_message("t", 1000, 10, 0, vec![]),
+        ],
+        false,
+    ))
+    .unwrap();
+    let mins = rx.recv().unwrap();
+    assert_eq!(mins, vec![keys[1]]);
+}
+
+#[test]
+fn concurrent_publishes_share_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let (svc, _t) =
+        StoreService::start(&StoreMode::Disk(dir.path().to_path_buf()), Box::new(|_| {})).unwrap();
+    let futs: Vec<_> = (0..200)
+        .map(|_| svc.publish(vec![new_message("t", 1, 0, 0, vec![])], true))
+        .collect();
+    let all = block_on(futures::future::join_all(futs));
+    assert!(all.iter().all(Result::is_ok));
+    let commits = svc
+        .stats()
+        .commits
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        commits < 200,
+        "200 concurrent batches took {commits} commits"
+    );
+}
