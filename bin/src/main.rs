@@ -1,1 +1,344 @@
-fn main() {}
+//! `futureq`: the delayed-message broker.
+//!
+//! `futureq start [-c config.yaml]` runs the broker; `futureq leave --seed host:port` asks a
+//! cluster to remove this node (clustered mode only).
+
+mod broker;
+mod config;
+mod dispatcher;
+mod metrics;
+mod runtime;
+
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use futureq_core::hub::HubConfig;
+use futureq_net::grpc::ServerConfig;
+use futureq_net::http::HttpResponse;
+use futureq_net::Shutdown;
+use futureq_storage::{StoreMode, StoreService};
+use glommio::{LocalExecutorBuilder, Placement};
+
+use crate::broker::Ctx;
+use crate::config::Settings;
+use crate::dispatcher::{DispatcherConfig, HubCmd, HUB_QUEUE_MAX};
+use crate::metrics::Metrics;
+
+/// How long shutdown may take before the process gives up waiting.
+const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(9);
+
+#[derive(Parser)]
+#[command(
+    name = "futureq",
+    version,
+    about = "futureq: a clustered delayed-message broker"
+)]
+struct Cli {
+    /// Configuration file (YAML, configVersion: 1). Without it: built-in defaults + FUTUREQ_* env.
+    #[arg(short = 'c', long = "config", global = true)]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the broker.
+    Start {
+        /// Cluster seed to join (repeatable); overrides cluster.joinSeeds.
+        #[arg(long = "join")]
+        join: Vec<String>,
+    },
+    /// Ask the cluster (via a seed) to remove this node.
+    Leave {
+        /// gRPC address of a cluster member.
+        #[arg(long)]
+        seed: String,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let env = |k: &str| std::env::var(k).ok();
+    let (_, settings) = match config::load(cli.config.as_deref(), &env) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("futureq: invalid configuration: {e}");
+            std::process::exit(2);
+        }
+    };
+    init_tracing(&settings.log_level);
+    let result = match cli.cmd {
+        Command::Start { join } => {
+            if join.is_empty() {
+                start(settings)
+            } else {
+                Err(anyhow::anyhow!("--join needs clustering (cluster.enabled: true), which this build does not have yet"))
+            }
+        }
+        Command::Leave { seed: _ } => Err(anyhow::anyhow!(
+            "leave needs a clustered node (cluster.enabled: true); this node runs standalone"
+        )),
+    };
+    if let Err(e) = result {
+        tracing::error!(target: "app", "{e:#}");
+        eprintln!("futureq: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn init_tracing(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Installs SIGTERM/SIGINT handling: the first signal starts a graceful shutdown (bounded by
+/// [`SHUTDOWN_DEADLINE`]); a second one exits at once.
+fn install_signals(shutdown: Shutdown) -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])
+        .context("installing signal handlers")?;
+    std::thread::Builder::new().name("futureq-signals".into()).spawn(move || {
+        let mut first = true;
+        for sig in signals.forever() {
+            if first {
+                first = false;
+                tracing::info!(target: "app", signal = sig, "shutting down");
+                shutdown.trigger();
+                std::thread::spawn(|| {
+                    std::thread::sleep(SHUTDOWN_DEADLINE);
+                    tracing::error!(target: "app", "graceful shutdown did not finish in time; exiting");
+                    std::process::exit(1);
+                });
+            } else {
+                tracing::warn!(target: "app", signal = sig, "second signal: exiting now");
+                std::process::exit(130);
+            }
+        }
+    })?;
+    Ok(())
+}
+
+fn metrics_handler(metrics: Arc<Metrics>, shutdown: Shutdown) -> futureq_net::http::HttpHandler {
+    Rc::new(move |path: &str| match path {
+        "/metrics" => HttpResponse {
+            status: 200,
+            content_type: "text/plain; version=0.0.4",
+            body: metrics.render(),
+        },
+        "/healthz" if !shutdown.is_triggered() => HttpResponse {
+            status: 200,
+            content_type: "text/plain",
+            body: "ok\n".into(),
+        },
+        "/healthz" => HttpResponse {
+            status: 503,
+            content_type: "text/plain",
+            body: "shutting down\n".into(),
+        },
+        _ => HttpResponse {
+            status: 404,
+            content_type: "text/plain",
+            body: "not found\n".into(),
+        },
+    })
+}
+
+fn start(settings: Settings) -> anyhow::Result<()> {
+    let settings = Arc::new(settings);
+    let cpus = runtime::allowed_cpus();
+    let cores = if settings.cores == 0 {
+        cpus.len()
+    } else {
+        settings.cores as usize
+    };
+    let memlock = runtime::raise_memlock(cores)?;
+    tracing::debug!(target: "app", memlock, cores, "runtime limits");
+
+    let (hub_tx, hub_rx) = flume::bounded::<HubCmd>(HUB_QUEUE_MAX);
+    let mode = if settings.memory_storage {
+        StoreMode::Memory
+    } else {
+        StoreMode::Disk(settings.data_dir.clone())
+    };
+    let commit_tx = hub_tx.clone();
+    let (store, store_threads) = StoreService::start(
+        &mode,
+        Box::new(move |keys| {
+            let _ = commit_tx.send(HubCmd::Published(keys.to_vec()));
+        }),
+    )
+    .with_context(|| format!("opening storage ({mode:?})"))?;
+    let next_id = Arc::new(AtomicU64::new(store.last_id_at_open() + 1));
+    let metrics = Arc::new(Metrics::default());
+    let shutdown = Shutdown::new();
+    install_signals(shutdown.clone())?;
+
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let mut handles = Vec::new();
+    let mut hub_rx = Some(hub_rx);
+    for core in 0..cores {
+        let cpu = cpus[core % cpus.len()];
+        let ctx_parts = (
+            Arc::clone(&settings),
+            store.clone(),
+            hub_tx.clone(),
+            Arc::clone(&metrics),
+            shutdown.clone(),
+            Arc::clone(&next_id),
+        );
+        let hub_rx = if core == 0 { hub_rx.take() } else { None };
+        let ready = ready_tx.clone();
+        let h = LocalExecutorBuilder::new(Placement::Fixed(cpu))
+            .name(&format!("futureq-core{core}"))
+            .io_memory(runtime::IO_MEMORY_PER_EXECUTOR)
+            .spawn(move || async move { core_main(core, ctx_parts, hub_rx, ready).await })
+            .map_err(|e| anyhow::anyhow!("starting executor {core} on CPU {cpu}: {e}"))?;
+        handles.push(h);
+    }
+    drop(ready_tx);
+    drop(hub_tx);
+    for _ in 0..cores {
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                shutdown.trigger();
+                for h in handles {
+                    let _ = h.join();
+                }
+                bail!(e);
+            }
+            Err(_) => bail!("an executor stopped during start-up"),
+        }
+    }
+    tracing::info!(
+        target: "app",
+        grpc = %settings.grpc_listen,
+        metrics = ?settings.metrics_listen.map(|a| a.to_string()),
+        storage = ?mode,
+        cores,
+        "futureq serving (standalone)"
+    );
+    for h in handles {
+        if let Err(e) = h.join() {
+            tracing::error!(target: "app", error = %e, "executor failed");
+        }
+    }
+    drop(store);
+    store_threads.join();
+    tracing::info!(target: "app", "stopped");
+    Ok(())
+}
+
+type CtxParts = (
+    Arc<Settings>,
+    StoreService,
+    flume::Sender<HubCmd>,
+    Arc<Metrics>,
+    Shutdown,
+    Arc<AtomicU64>,
+);
+
+/// One executor: its gRPC listener, and on core 0 the dispatcher, TTL sweeper and metrics.
+async fn core_main(
+    core: usize,
+    (settings, store, hub, metrics, shutdown, next_id): CtxParts,
+    hub_rx: Option<flume::Receiver<HubCmd>>,
+    ready: std::sync::mpsc::Sender<Result<(), String>>,
+) {
+    let listener = match glommio::net::TcpListener::bind(settings.grpc_listen) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = ready.send(Err(format!(
+                "cannot listen on api.grpc.listen {}: {e}",
+                settings.grpc_listen
+            )));
+            return;
+        }
+    };
+    let mut background = Vec::new();
+    if let Some(rx) = hub_rx {
+        if let Some(addr) = settings.metrics_listen {
+            match glommio::net::TcpListener::bind(addr) {
+                Ok(l) => {
+                    let h = metrics_handler(Arc::clone(&metrics), shutdown.clone());
+                    background.push(glommio::spawn_local(futureq_net::http::serve(
+                        l,
+                        h,
+                        shutdown.clone(),
+                    )));
+                }
+                Err(e) => {
+                    let _ = ready.send(Err(format!(
+                        "cannot listen on observability.metrics.listen {addr}: {e}"
+                    )));
+                    return;
+                }
+            }
+        }
+        let cfg = DispatcherConfig {
+            hub: HubConfig {
+                in_flight_timeout_ms: i64::try_from(settings.in_flight_timeout.as_millis())
+                    .unwrap_or(i64::MAX),
+                bucket_ms: settings.time_bucket_ms,
+                scan_limit: settings.scan_max_keys,
+            },
+            delete_interval: settings.delete_batch_interval,
+        };
+        background.push(glommio::spawn_local(dispatcher::sweep_ttl(
+            settings.ttl_sweep_interval,
+            store.clone(),
+            hub.clone(),
+            Arc::clone(&metrics),
+            shutdown.clone(),
+        )));
+        background.push(glommio::spawn_local(dispatcher::run(
+            cfg,
+            rx,
+            hub.clone(),
+            store.clone(),
+            Arc::clone(&metrics),
+            shutdown.clone(),
+        )));
+    }
+    let server_cfg = ServerConfig {
+        max_recv_message_len: settings.max_recv_message_len,
+        max_send_message_len: settings.max_send_message_len,
+        max_concurrent_streams: settings.max_concurrent_streams,
+        ..ServerConfig::default()
+    };
+    let ctx = Rc::new(Ctx {
+        settings,
+        store,
+        hub,
+        metrics,
+        shutdown: shutdown.clone(),
+        next_id,
+    });
+    let _ = ready.send(Ok(()));
+    tracing::debug!(target: "app", core, "executor serving");
+    futureq_net::grpc::serve(
+        listener,
+        broker::handler(Rc::clone(&ctx)),
+        server_cfg,
+        shutdown,
+    )
+    .await;
+    // Let streams finish (they end themselves on shutdown), then stop the background tasks.
+    for task in background {
+        task.await;
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while Rc::strong_count(&ctx) > 1 && std::time::Instant::now() < deadline {
+        glommio::timer::sleep(Duration::from_millis(10)).await;
+    }
+}

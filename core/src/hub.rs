@@ -62,6 +62,8 @@ pub struct HubConfig {
     pub in_flight_timeout_ms: i64,
     /// Size of a storage time bucket in ms (`delivery.timeBucket`).
     pub bucket_ms: u64,
+    /// Keys read per topic per scan (`delivery.scanMaxKeys`), at most [`SCAN_BATCH_MAX`].
+    pub scan_limit: usize,
 }
 
 /// What a subscriber asked for.
@@ -644,7 +646,7 @@ impl<S: Sink> Hub<S> {
                 topic_hash: *h,
                 from: t.resume,
                 upper: EventKey::bucket_start(*h, upper_bucket),
-                limit: SCAN_BATCH_MAX,
+                limit: self.cfg.scan_limit.clamp(1, SCAN_BATCH_MAX),
             })
             .collect()
     }

@@ -82,6 +82,7 @@ pub struct StoreService {
     read_tx: flume::Sender<ReadOp>,
     stats: Arc<WriteStats>,
     store: Store,
+    last_id_at_open: u64,
 }
 
 /// Called by the writer after each successful commit with the smallest new key per topic.
@@ -111,7 +112,7 @@ impl StoreService {
         on_commit: CommitHook,
     ) -> Result<(Self, StoreThreads), StoreError> {
         let store = Store::open(mode)?;
-        let next_id = store.last_id()? + 1;
+        let last_id = store.last_id()?;
         let (write_tx, write_rx) = flume::bounded(WRITE_QUEUE_MAX);
         let (read_tx, read_rx) = flume::bounded(READ_QUEUE_MAX);
         let stats = Arc::new(WriteStats::default());
@@ -120,7 +121,7 @@ impl StoreService {
             let stats = Arc::clone(&stats);
             std::thread::Builder::new()
                 .name("futureq-store-w".into())
-                .spawn(move || writer(&store, &write_rx, next_id, &on_commit, &stats))
+                .spawn(move || writer(&store, &write_rx, last_id, &on_commit, &stats))
                 .map_err(|e| StoreError::DataDir {
                     path: "writer thread".into(),
                     source: e,
@@ -142,11 +143,18 @@ impl StoreService {
                 read_tx,
                 stats,
                 store,
+                last_id_at_open: last_id,
             },
             StoreThreads {
                 handles: vec![w, r],
             },
         ))
+    }
+
+    /// The highest event id stored when the store was opened: new ids must start above it.
+    #[must_use]
+    pub fn last_id_at_open(&self) -> u64 {
+        self.last_id_at_open
     }
 
     /// Commit statistics.
@@ -162,7 +170,7 @@ impl StoreService {
     }
 
     /// Stores one batch atomically and returns its keys once committed (fsynced when
-    /// `durable`).
+    /// `durable`). Ids must be fresh: above [`StoreService::last_id_at_open`] and unique.
     ///
     /// # Errors
     /// The commit failed (nothing of the batch is stored) or the store is closed.
@@ -250,7 +258,7 @@ impl StoreService {
 fn writer(
     store: &Store,
     rx: &flume::Receiver<WriteOp>,
-    mut next_id: u64,
+    mut last_id: u64,
     on_commit: &CommitHook,
     stats: &WriteStats,
 ) {
@@ -288,7 +296,7 @@ fn writer(
                 }
             }
         }
-        let result = store.commit_group(&batches, &deletes, sweep, &mut next_id, durable);
+        let result = store.commit_group(&batches, &deletes, sweep, &mut last_id, durable);
         stats.ops.fetch_add(group.len() as u64, Ordering::Relaxed);
         match result {
             Ok(out) => {

@@ -39,13 +39,11 @@ pub enum StoreMode {
     Memory,
 }
 
-/// A message ready to store, encoded by the ingress core.
+/// A message ready to store, encoded by the ingress core (which also assigned its id).
 #[derive(Debug, Clone)]
 pub struct NewMessage {
-    /// Topic hash (first key part).
-    pub topic_hash: u64,
-    /// Time bucket (second key part).
-    pub bucket: u64,
+    /// The event key: topic hash, time bucket, event id.
+    pub key: EventKey,
     /// Expiry instant (Unix ms) when the message has a TTL.
     pub expires_at_ms: Option<i64>,
     /// Index keys ([`futureq_core::IndexValue::index_key`]).
@@ -118,9 +116,9 @@ impl Store {
         Ok(meta.get(LAST_ID)?.map_or(0, |v| v.value()))
     }
 
-    /// Commits a group of operations in one transaction: publish batches (ids taken from
-    /// `next_id`, which only grows), then deletes, then a TTL sweep. Returns the keys of each
-    /// batch in order, the keys deleted, and the keys expired.
+    /// Commits a group of operations in one transaction: publish batches, then deletes, then
+    /// a TTL sweep. `last_id` is the persisted id high-water mark: it is raised (in the same
+    /// transaction) to the largest id stored, and never lowered.
     ///
     /// # Errors
     /// Any storage error; then nothing of the group is committed.
@@ -129,7 +127,7 @@ impl Store {
         batches: &[&[NewMessage]],
         deletes: &[EventKey],
         sweep: Option<(i64, usize)>,
-        next_id: &mut u64,
+        last_id: &mut u64,
         durable: bool,
     ) -> Result<GroupOutcome, StoreError> {
         let mut txn = self.db.begin_write()?;
@@ -143,12 +141,12 @@ impl Store {
             let mut messages = txn.open_table(MESSAGES)?;
             let mut indexes = txn.open_table(INDEXES)?;
             let mut expiry = txn.open_table(EXPIRY)?;
+            let mut max_id = *last_id;
             for batch in batches {
                 let mut keys = Vec::with_capacity(batch.len());
                 for m in *batch {
-                    let id = *next_id;
-                    *next_id += 1;
-                    let key = EventKey::new(m.topic_hash, m.bucket, id);
+                    let key = m.key;
+                    max_id = max_id.max(key.event_id());
                     messages.insert(key.0.as_slice(), m.value.as_ref())?;
                     for ik in &m.index_keys {
                         indexes.insert(index_entry(ik, &key).as_slice(), ())?;
@@ -183,12 +181,14 @@ impl Store {
                     out.expired.push(key);
                 }
             }
-            if !batches.is_empty() {
+            if max_id > *last_id {
                 let mut meta = txn.open_table(META)?;
-                meta.insert(LAST_ID, next_id.saturating_sub(1))?;
+                meta.insert(LAST_ID, max_id)?;
             }
+            out.last_id = max_id;
         }
         txn.commit()?;
+        *last_id = out.last_id;
         Ok(out)
     }
 
@@ -269,6 +269,8 @@ pub struct GroupOutcome {
     pub deleted: Vec<EventKey>,
     /// Keys removed by the TTL sweep.
     pub expired: Vec<EventKey>,
+    /// The id high-water mark after this commit.
+    pub last_id: u64,
 }
 
 impl GroupOutcome {

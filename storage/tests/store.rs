@@ -1,5 +1,7 @@
 //! Store and store-service behaviour on a real redb file.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use bytes::Bytes;
 use futureq_core::hub::ScanRequest;
 use futureq_core::{bucket_of, topic_hash, EventKey, IndexValue, StoredMessage};
@@ -13,6 +15,8 @@ fn new_message(
     ttl: i64,
     indexes: Vec<IndexValue>,
 ) -> NewMessage {
+    static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let m = StoredMessage {
         topic: topic.into(),
         payload: Bytes::from_static(b"payload"),
@@ -22,8 +26,7 @@ fn new_message(
         indexes,
     };
     NewMessage {
-        topic_hash: topic_hash(topic),
-        bucket: bucket_of(m.due_at_ms(), 1),
+        key: EventKey::new(topic_hash(topic), bucket_of(m.due_at_ms(), 1), id),
         expires_at_ms: m.expires_at_ms(),
         index_keys: m.indexes.iter().map(IndexValue::index_key).collect(),
         value: m.encode(),
@@ -45,14 +48,22 @@ fn scan_all(s: &Store, topic: &str, now: i64) -> futureq_core::hub::ScanResult {
 fn ids_are_monotonic_and_never_regress_across_restarts() {
     let dir = tempfile::tempdir().unwrap();
     let mode = StoreMode::Disk(dir.path().to_path_buf());
-    let mut last = 0;
+    let mut last = 0u64;
     for _ in 0..3 {
         let (svc, threads) = StoreService::start(&mode, Box::new(|_| {})).unwrap();
-        let keys = block_on(svc.publish(vec![new_message("t", 1, 0, 0, vec![]); 3], true)).unwrap();
-        for k in &keys {
-            assert!(k.event_id() > last, "id {} after {last}", k.event_id());
-            last = k.event_id();
-        }
+        assert_eq!(
+            svc.last_id_at_open(),
+            last,
+            "the high-water mark survives the restart"
+        );
+        let batch: Vec<_> = (0..3).map(|_| new_message("t", 1, 0, 0, vec![])).collect();
+        let keys = block_on(svc.publish(batch.clone(), true)).unwrap();
+        last = keys.iter().map(EventKey::event_id).max().unwrap();
+        assert_eq!(svc.store().last_id().unwrap(), last);
+        // An older id committed later never lowers the mark.
+        let mut old = new_message("t", 1, 0, 0, vec![]);
+        old.key = EventKey::new(old.key.topic_hash(), old.key.bucket(), 1);
+        block_on(svc.publish(vec![old], true)).unwrap();
         assert_eq!(svc.store().last_id().unwrap(), last);
         drop(svc);
         threads.join();

@@ -36,6 +36,7 @@ impl Sink for MemSink {
 const CFG: HubConfig = HubConfig {
     in_flight_timeout_ms: 1000,
     bucket_ms: 1,
+    scan_limit: 7,
 };
 
 fn msg(topic: &str, enq: i64, delay: i64, ttl: i64) -> Arc<StoredMessage> {
@@ -340,7 +341,7 @@ proptest! {
     /// or expired, no consumer exceeds its budget, and acked messages leave the store.
     #[test]
     fn random_schedules_keep_the_invariants(ops in proptest::collection::vec((0u8..6, 0u64..40, 0i64..30), 1..120)) {
-        let mut hub = Hub::new(HubConfig { in_flight_timeout_ms: 50, bucket_ms: 10 });
+        let mut hub = Hub::new(HubConfig { in_flight_timeout_ms: 50, bucket_ms: 10, scan_limit: 3 });
         let mut store = Store::default();
         let mut sinks: Vec<(ConsumerId, MemSink, u32)> = Vec::new();
         let mut now = 0i64;

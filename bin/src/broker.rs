@@ -1,0 +1,79 @@
+//! The broker's gRPC services, wired to the store and the dispatcher.
+//!
+//! Layout:
+//! - `producer`: `FutureQProducer.PublishStream`.
+//! - `consumer`: `FutureQConsumer.Subscribe`.
+//! - `cluster`: `FutureQCluster.*` (standalone answers) and `grpc.health.v1.Health/Check`.
+//!
+//! Every error the client caused is answered with the status the API contract names and a
+//! message naming the message and field.
+
+mod cluster;
+mod consumer;
+mod producer;
+
+use std::rc::Rc;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use futureq_net::grpc::{Call, Code, Handler, Outbound, Status};
+use futureq_net::Shutdown;
+use futureq_storage::StoreService;
+
+use crate::config::Settings;
+use crate::dispatcher::HubCmd;
+use crate::metrics::Metrics;
+
+/// What every request handler on a core can reach.
+pub struct Ctx {
+    /// Validated configuration.
+    pub settings: Arc<Settings>,
+    /// The store threads.
+    pub store: StoreService,
+    /// The dispatcher's command queue.
+    pub hub: flume::Sender<HubCmd>,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Process-wide shutdown.
+    pub shutdown: Shutdown,
+    /// Next event id, shared by every core. Event ids never regress: it starts above the
+    /// persisted high-water mark and only grows.
+    pub next_id: Arc<AtomicU64>,
+}
+
+/// Builds the request router.
+pub fn handler(ctx: Rc<Ctx>) -> Handler {
+    Rc::new(move |call: Call, out: &mut Outbound| {
+        let ctx = Rc::clone(&ctx);
+        Box::pin(async move {
+            match call.path.as_str() {
+                "/futureq.FutureQProducer/PublishStream" => {
+                    producer::publish_stream(&ctx, call, out).await
+                }
+                "/futureq.FutureQConsumer/Subscribe" => consumer::subscribe(&ctx, call, out).await,
+                "/futureq.FutureQCluster/GetClusterInfo" => {
+                    cluster::get_cluster_info(&ctx, call, out).await
+                }
+                "/futureq.FutureQCluster/JoinCluster"
+                | "/futureq.FutureQCluster/LeaveCluster"
+                | "/futureq.FutureQCluster/JoinMetadata"
+                | "/futureq.FutureQCluster/LeaveMetadata" => {
+                    cluster::standalone_membership(call).await
+                }
+                "/grpc.health.v1.Health/Check" => cluster::health_check(&ctx, call, out).await,
+                path => Status::new(Code::Unimplemented, format!("unknown method {path}")),
+            }
+        })
+    })
+}
+
+/// Reads the single request message of a unary call.
+async fn unary_request<M: prost::Message + Default>(call: &mut Call) -> Result<M, Status> {
+    match call.inbound.next::<M>().await? {
+        Some(m) => Ok(m),
+        None => Err(Status::new(
+            Code::InvalidArgument,
+            "missing request message",
+        )),
+    }
+}

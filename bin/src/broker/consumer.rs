@@ -1,0 +1,199 @@
+//! `FutureQConsumer.Subscribe`: the first frame subscribes, later frames ACK or NACK, and due
+//! messages are pushed as they come from the dispatcher.
+
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use futureq_core::hub::{ConsumerId, Delivery, Subscription};
+use futureq_core::message::TOPIC_LEN_MAX;
+use futureq_core::EventKey;
+use futureq_net::grpc::{Call, Code, Outbound, Status};
+use futureq_net::pb::{consumer_frame, ConsumerFrame, QueueMessage};
+use futures::channel::oneshot;
+use futures_lite::future;
+
+use super::Ctx;
+use crate::dispatcher::{now_ms, ConsumerSink, HubCmd};
+
+/// Largest `max_in_flight` a consumer may ask for.
+pub const MAX_IN_FLIGHT_MAX: u32 = 65_536;
+
+/// Unregisters the consumer however the stream ends (also when the task is dropped).
+struct Registration<'a> {
+    ctx: &'a Ctx,
+    id: ConsumerId,
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        self.ctx
+            .metrics
+            .active_consumers
+            .fetch_sub(1, Ordering::Relaxed);
+        let cmd = HubCmd::Unregister(self.id);
+        if let Err(flume::TrySendError::Full(cmd)) = self.ctx.hub.try_send(cmd) {
+            let hub = self.ctx.hub.clone();
+            glommio::spawn_local(async move {
+                let _ = hub.send_async(cmd).await;
+            })
+            .detach();
+        }
+    }
+}
+
+fn queue_message(d: &Delivery) -> QueueMessage {
+    QueueMessage {
+        topic: d.message.topic.clone(),
+        payload: d.message.payload.clone(),
+        delivery_tag: Bytes::copy_from_slice(&d.key.0),
+        enqueued_at_unix_ms: d.message.enqueued_at_ms,
+        delay_ms: d.message.delay_ms,
+        attempt: d.attempt,
+    }
+}
+
+enum Event {
+    Deliver(Delivery),
+    Frame(Result<Option<ConsumerFrame>, Status>),
+    Stop,
+}
+
+/// Serves one Subscribe stream.
+pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
+    let init = match call.inbound.next::<ConsumerFrame>().await {
+        Ok(None) => return Status::ok(),
+        Err(s) => return s,
+        Ok(Some(ConsumerFrame {
+            frame: Some(consumer_frame::Frame::Init(init)),
+        })) => init,
+        Ok(Some(_)) => {
+            return Status::new(
+                Code::InvalidArgument,
+                "the first ConsumerFrame must be init (SubscribeInit)",
+            );
+        }
+    };
+    if init.topic.is_empty() {
+        return Status::new(
+            Code::InvalidArgument,
+            "SubscribeInit.topic must not be empty",
+        );
+    }
+    if init.topic.len() > TOPIC_LEN_MAX {
+        return Status::new(
+            Code::InvalidArgument,
+            format!(
+                "SubscribeInit.topic is {} bytes, the limit is {TOPIC_LEN_MAX}",
+                init.topic.len()
+            ),
+        );
+    }
+    if init.max_in_flight > MAX_IN_FLIGHT_MAX {
+        return Status::new(
+            Code::InvalidArgument,
+            format!(
+                "SubscribeInit.max_in_flight {} exceeds {MAX_IN_FLIGHT_MAX}",
+                init.max_in_flight
+            ),
+        );
+    }
+    let max_in_flight = if init.max_in_flight == 0 {
+        ctx.settings.consumer_queue_size
+    } else {
+        init.max_in_flight
+    };
+    let (tx, rx) = flume::bounded::<Delivery>(max_in_flight as usize);
+    let (reply_tx, reply_rx) = oneshot::channel();
+    let sub = Subscription {
+        topic: init.topic.clone(),
+        group: init.group_id.clone(),
+        max_in_flight,
+    };
+    if ctx
+        .hub
+        .send_async(HubCmd::Register {
+            sub,
+            sink: ConsumerSink(tx),
+            reply: reply_tx,
+        })
+        .await
+        .is_err()
+    {
+        return Status::new(Code::Unavailable, "server is shutting down");
+    }
+    let Ok(id) = reply_rx.await else {
+        return Status::new(Code::Unavailable, "server is shutting down");
+    };
+    ctx.metrics.active_consumers.fetch_add(1, Ordering::Relaxed);
+    let _registration = Registration { ctx, id };
+    tracing::debug!(target: "consumer", consumer = id.0, topic = %init.topic, group = %init.group_id, "consumer connected");
+    // Open the response now so the client knows it is subscribed.
+    if let Err(s) = out.start() {
+        return s;
+    }
+    loop {
+        let event = {
+            let deliver = async {
+                match rx.recv_async().await {
+                    Ok(d) => Event::Deliver(d),
+                    Err(_) => Event::Stop,
+                }
+            };
+            let frame = async { Event::Frame(call.inbound.next::<ConsumerFrame>().await) };
+            let stop = async {
+                ctx.shutdown.wait().await;
+                Event::Stop
+            };
+            future::or(future::or(deliver, frame), stop).await
+        };
+        match event {
+            Event::Deliver(d) => {
+                let lateness = now_ms() - d.message.due_at_ms();
+                #[allow(clippy::cast_precision_loss)]
+                ctx.metrics
+                    .delivery_send_lateness_ms
+                    .observe(lateness.max(0) as f64);
+                if let Err(s) = out.send(&queue_message(&d)).await {
+                    return s;
+                }
+                ctx.metrics
+                    .delivery_grpc_sends
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Event::Frame(Ok(Some(ConsumerFrame {
+                frame: Some(consumer_frame::Frame::Ack(a)),
+            }))) => {
+                ctx.metrics
+                    .consumer_acks
+                    .add(&[if a.success { "true" } else { "false" }], 1);
+                match EventKey::from_slice(&a.delivery_tag) {
+                    Ok(key) => {
+                        let cmd = HubCmd::Ack {
+                            consumer: id,
+                            key,
+                            success: a.success,
+                        };
+                        if ctx.hub.send_async(cmd).await.is_err() {
+                            return Status::new(Code::Unavailable, "server is shutting down");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!(target: "consumer", consumer = id.0, error = %e, "ignoring ACK with a malformed delivery tag");
+                    }
+                }
+            }
+            Event::Frame(Ok(Some(ConsumerFrame {
+                frame: Some(consumer_frame::Frame::Init(_)),
+            }))) => {
+                return Status::new(
+                    Code::InvalidArgument,
+                    "SubscribeInit may only be the first ConsumerFrame",
+                );
+            }
+            Event::Frame(Ok(Some(ConsumerFrame { frame: None }))) => {}
+            Event::Frame(Ok(None)) => return Status::ok(),
+            Event::Frame(Err(s)) => return s,
+            Event::Stop => return Status::new(Code::Unavailable, "server is shutting down"),
+        }
+    }
+}

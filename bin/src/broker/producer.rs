@@ -1,0 +1,248 @@
+//! `FutureQProducer.PublishStream`: batches in, one ack per batch out.
+//!
+//! Batches are pipelined: up to [`PIPELINE_MAX`] may be outstanding per stream. Acks of the
+//! durable levels (QUORUM, LEADER) come back in the order their batches arrived, and so do
+//! NO_ACK acks; a NO_ACK ack never waits behind a durable commit.
+
+use std::sync::atomic::Ordering;
+use std::task::Poll;
+use std::time::Instant;
+
+use bytes::Bytes;
+use futureq_core::publish::{validate_batch, validate_message, PublishLimits};
+use futureq_core::{
+    bucket_of, topic_hash, AckLevel, EventKey, IndexValue, StoredMessage, ValidationError,
+};
+use futureq_net::grpc::{Call, Code, Outbound, Status};
+use futureq_net::pb::{self, index, PublishBatchAck};
+use futureq_storage::NewMessage;
+use futures::stream::{FuturesOrdered, StreamExt};
+use futures_lite::future;
+
+use super::Ctx;
+use crate::dispatcher::now_ms;
+
+/// Most batches outstanding (received, not yet acked) on one stream. Beyond it the stream
+/// stops reading, and HTTP/2 flow control pushes back on the client.
+pub const PIPELINE_MAX: usize = 1024;
+
+type AckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = PublishBatchAck>>>;
+
+fn reject(batch_id: u64, code: Code, message: String) -> PublishBatchAck {
+    PublishBatchAck {
+        success: false,
+        error_message: message,
+        batch_id,
+        error_code: code as u32,
+        delivery_tags: Vec::new(),
+        leader_address: String::new(),
+    }
+}
+
+fn index_value(i: usize, j: usize, idx: pb::Index) -> Result<IndexValue, ValidationError> {
+    match idx.value {
+        Some(index::Value::Int64Value(v)) => Ok(IndexValue::Int64(v)),
+        Some(index::Value::StringValue(s)) => Ok(IndexValue::String(s)),
+        None => Err(ValidationError::Field {
+            index: i,
+            field: "indexes",
+            reason: format!("indexes[{j}] has no value (set int64_value or string_value)"),
+        }),
+    }
+}
+
+/// Validates a batch and encodes its messages; ids are assigned only to a valid batch.
+fn prepare(
+    ctx: &Ctx,
+    batch: pb::PublishBatch,
+    level: AckLevel,
+    enqueued_at_ms: i64,
+) -> Result<(Vec<NewMessage>, String), ValidationError> {
+    let s = &ctx.settings;
+    let limits = PublishLimits {
+        max_delay_ms: i64::try_from(s.max_delay.as_millis()).unwrap_or(i64::MAX),
+        min_ack_level: s.min_ack_level,
+    };
+    validate_batch(batch.messages.len(), level, &limits)?;
+    for (i, m) in batch.messages.iter().enumerate() {
+        validate_message(i, &m.topic, m.delay_ms, m.ttl_ms, m.indexes.len(), &limits)?;
+    }
+    let n = batch.messages.len() as u64;
+    let first_id = ctx.next_id.fetch_add(n, Ordering::Relaxed);
+    // Distinct topics of the batch for the metrics label (bounded to keep labels small).
+    let mut topics: Vec<String> = Vec::new();
+    let mut items = Vec::with_capacity(batch.messages.len());
+    for (i, m) in batch.messages.into_iter().enumerate() {
+        let indexes = m
+            .indexes
+            .into_iter()
+            .enumerate()
+            .map(|(j, x)| index_value(i, j, x))
+            .collect::<Result<Vec<_>, _>>()?;
+        let stored = StoredMessage {
+            topic: m.topic,
+            payload: m.payload,
+            enqueued_at_ms,
+            delay_ms: m.delay_ms,
+            ttl_ms: m.ttl_ms,
+            indexes,
+        };
+        let key = EventKey::new(
+            topic_hash(&stored.topic),
+            bucket_of(stored.due_at_ms(), s.time_bucket_ms),
+            first_id + i as u64,
+        );
+        if topics.len() < 8 && !topics.contains(&stored.topic) {
+            topics.push(stored.topic.clone());
+        }
+        items.push(NewMessage {
+            key,
+            expires_at_ms: stored.expires_at_ms(),
+            index_keys: stored.indexes.iter().map(IndexValue::index_key).collect(),
+            value: stored.encode(),
+        });
+    }
+    Ok((items, topics.join("|")))
+}
+
+fn process(ctx: &Ctx, batch: pb::PublishBatch, received: Instant) -> (AckLevel, AckFuture) {
+    let level = AckLevel::from_wire(batch.ack_level);
+    let batch_id = batch.batch_id;
+    let n = batch.messages.len();
+    let metrics = std::sync::Arc::clone(&ctx.metrics);
+    let (items, topics) = match prepare(ctx, batch, level, now_ms()) {
+        Ok(x) => x,
+        Err(e) => {
+            metrics
+                .publish_requests
+                .add(&["", level.label(), "rejected"], 1);
+            return (
+                level,
+                Box::pin(future::ready(reject(
+                    batch_id,
+                    Code::InvalidArgument,
+                    e.to_string(),
+                ))),
+            );
+        }
+    };
+    let tags: Vec<Bytes> = items
+        .iter()
+        .map(|m| Bytes::copy_from_slice(&m.key.0))
+        .collect();
+    let store = ctx.store.clone();
+    let timeout = ctx.settings.proposal_timeout;
+    let fut = async move {
+        let outcome = if level.is_durable() {
+            let commit = async { Some(store.publish(items, true).await.map(|_| ())) };
+            let deadline = async {
+                glommio::timer::sleep(timeout).await;
+                None
+            };
+            future::or(commit, deadline).await
+        } else {
+            Some(store.publish_no_wait(items).await)
+        };
+        let ack = match outcome {
+            Some(Ok(())) => {
+                metrics.messages_published.add(&[&topics, level.label()], n as u64);
+                PublishBatchAck {
+                    success: true,
+                    error_message: String::new(),
+                    batch_id,
+                    error_code: 0,
+                    delivery_tags: tags,
+                    leader_address: String::new(),
+                }
+            }
+            Some(Err(e)) => {
+                tracing::warn!(target: "producer", error = %e, batch_id, "batch not stored");
+                reject(batch_id, Code::Unavailable, format!("storage failure, batch not stored: {e}"))
+            }
+            None => reject(
+                batch_id,
+                Code::DeadlineExceeded,
+                format!("batch not committed within publish.proposalTimeout ({timeout:?}); outcome unknown"),
+            ),
+        };
+        let result = if ack.success { "success" } else { "error" };
+        metrics
+            .publish_requests
+            .add(&[&topics, level.label(), result], 1);
+        #[allow(clippy::cast_precision_loss)]
+        metrics.publish_batch_size.observe(n as f64);
+        metrics.publish_latency_ms[level as usize].observe(received.elapsed().as_secs_f64() * 1e3);
+        ack
+    };
+    (level, Box::pin(fut))
+}
+
+enum Event {
+    Batch(Result<Option<pb::PublishBatch>, Status>),
+    Ack(PublishBatchAck),
+    Stop,
+}
+
+/// Serves one PublishStream until the client half-closes (OK), a protocol fault, or shutdown.
+pub async fn publish_stream(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
+    let mut durable: FuturesOrdered<AckFuture> = FuturesOrdered::new();
+    let mut no_ack: FuturesOrdered<AckFuture> = FuturesOrdered::new();
+    let mut reading = true;
+    let mut end = Status::ok();
+    loop {
+        let outstanding = durable.len() + no_ack.len();
+        if !reading && outstanding == 0 {
+            return end;
+        }
+        let event = {
+            let acks = future::poll_fn(|cx| {
+                for q in [&mut durable, &mut no_ack] {
+                    if let Poll::Ready(Some(a)) = q.poll_next_unpin(cx) {
+                        return Poll::Ready(Event::Ack(a));
+                    }
+                }
+                Poll::Pending
+            });
+            let recv = async {
+                if reading && outstanding < PIPELINE_MAX {
+                    Event::Batch(call.inbound.next::<pb::PublishBatch>().await)
+                } else {
+                    future::pending().await
+                }
+            };
+            let stop = async {
+                if reading {
+                    ctx.shutdown.wait().await;
+                    Event::Stop
+                } else {
+                    future::pending().await
+                }
+            };
+            future::or(future::or(acks, recv), stop).await
+        };
+        match event {
+            Event::Ack(a) => {
+                if let Err(s) = out.send(&a).await {
+                    return s;
+                }
+            }
+            Event::Batch(Ok(Some(b))) => {
+                let (level, fut) = process(ctx, b, Instant::now());
+                if level.is_durable() {
+                    durable.push_back(fut);
+                } else {
+                    no_ack.push_back(fut);
+                }
+            }
+            Event::Batch(Ok(None)) => reading = false,
+            Event::Batch(Err(s)) => {
+                reading = false;
+                end = s;
+            }
+            Event::Stop => {
+                reading = false;
+                end = Status::new(Code::Unavailable, "server is shutting down");
+            }
+        }
+    }
+}

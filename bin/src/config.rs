@@ -1,0 +1,695 @@
+//! Configuration: built-in defaults → YAML file → `FUTUREQ_*` environment, then validation
+//! into typed [`Settings`]. Unknown keys are errors; every error names its key.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futureq_core::AckLevel;
+use serde::{Deserialize, Serialize};
+use serde_yaml::Value;
+
+/// A configuration error; the message names the key.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+fn err<T>(key: &str, msg: impl std::fmt::Display) -> Result<T, ConfigError> {
+    Err(ConfigError(format!("{key}: {msg}")))
+}
+
+/// The configuration file as written (camelCase YAML).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct Config {
+    pub config_version: u32,
+    pub api: Api,
+    pub cluster: Cluster,
+    pub storage: Storage,
+    pub publish: Publish,
+    pub delivery: Delivery,
+    pub observability: Observability,
+    pub runtime: Runtime,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct Api {
+    pub grpc: Grpc,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct Grpc {
+    pub listen: String,
+    pub advertise: String,
+    pub max_concurrent_streams: u32,
+    pub max_receive_message_size: String,
+    pub max_send_message_size: String,
+    pub keepalive_timeout: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct Cluster {
+    pub enabled: bool,
+    pub node_id: u64,
+    pub shard_id: u64,
+    pub join_seeds: Vec<String>,
+    pub raft: Raft,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct Raft {
+    pub listen: String,
+    pub advertise: String,
+    pub data_dir: String,
+    pub initial_members: BTreeMap<u64, String>,
+    pub rtt: String,
+    pub snapshot_entries: u64,
+    pub compaction_overhead: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct Storage {
+    pub data_dir: String,
+    pub mode: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct Publish {
+    pub min_ack_level: String,
+    pub proposal_timeout: String,
+    pub max_delay: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct Delivery {
+    pub consumer_queue_size: u32,
+    pub time_bucket: String,
+    pub dispatch_poll_interval: String,
+    pub in_flight_timeout: String,
+    pub delete_batch_interval: String,
+    pub ttl_sweep_interval: String,
+    pub prepare_batch_size: u32,
+    pub prepare_batch_bytes: String,
+    pub scan_max_keys: u32,
+    pub scan_work_budget: String,
+    pub prepare_timeout: String,
+    pub prepare_workers: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct Observability {
+    pub logging: Logging,
+    pub metrics: Metrics,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct Logging {
+    pub level: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct Metrics {
+    pub listen: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct Runtime {
+    pub cores: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            config_version: 1,
+            api: Api {
+                grpc: Grpc {
+                    listen: "127.0.0.1:8443".into(),
+                    advertise: String::new(),
+                    max_concurrent_streams: 10,
+                    max_receive_message_size: "4MiB".into(),
+                    max_send_message_size: "4MiB".into(),
+                    keepalive_timeout: "5s".into(),
+                },
+            },
+            cluster: Cluster {
+                enabled: false,
+                node_id: 1,
+                shard_id: 1,
+                join_seeds: Vec::new(),
+                raft: Raft {
+                    listen: "0.0.0.0:50005".into(),
+                    advertise: String::new(),
+                    data_dir: "./raft-data".into(),
+                    initial_members: BTreeMap::new(),
+                    rtt: "200ms".into(),
+                    snapshot_entries: 10_000,
+                    compaction_overhead: 5_000,
+                },
+            },
+            storage: Storage {
+                data_dir: "./data".into(),
+                mode: "disk".into(),
+            },
+            publish: Publish {
+                min_ack_level: "quorum".into(),
+                proposal_timeout: "5s".into(),
+                max_delay: "365d".into(),
+            },
+            delivery: Delivery {
+                consumer_queue_size: 1024,
+                time_bucket: "1ms".into(),
+                dispatch_poll_interval: "5ms".into(),
+                in_flight_timeout: "5s".into(),
+                delete_batch_interval: "500ms".into(),
+                ttl_sweep_interval: "1m".into(),
+                prepare_batch_size: 64,
+                prepare_batch_bytes: "256KiB".into(),
+                scan_max_keys: 256,
+                scan_work_budget: "5ms".into(),
+                prepare_timeout: "250ms".into(),
+                prepare_workers: 2,
+            },
+            observability: Observability {
+                logging: Logging {
+                    level: "info".into(),
+                },
+                metrics: Metrics {
+                    listen: "127.0.0.1:9090".into(),
+                },
+            },
+            runtime: Runtime { cores: 0 },
+        }
+    }
+}
+
+/// Parses a duration such as `500ms`, `5s`, `1m`, `2h`, `365d` (also `us`, `ns`).
+///
+/// # Errors
+/// Not a non-negative integer followed by a known unit.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{s:?} has no unit (e.g. 500ms, 5s)"))?;
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (e.g. 500ms, 5s)"))?;
+    Ok(match unit {
+        "ns" => Duration::from_nanos(n),
+        "us" | "µs" => Duration::from_micros(n),
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        "d" => Duration::from_secs(n.saturating_mul(86_400)),
+        _ => {
+            return Err(format!(
+                "{s:?} has unknown unit {unit:?} (ns, us, ms, s, m, h, d)"
+            ))
+        }
+    })
+}
+
+/// Parses a size such as `4MiB` (units B, KiB, MiB, GiB; binary).
+///
+/// # Errors
+/// Not a positive integer followed by a known unit.
+pub fn parse_size(s: &str) -> Result<usize, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{s:?} has no unit (B, KiB, MiB, GiB)"))?;
+    let (num, unit) = s.split_at(split);
+    let n: usize = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 4MiB)"))?;
+    let mult = match unit {
+        "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        _ => {
+            return Err(format!(
+                "{s:?} has unknown unit {unit:?} (B, KiB, MiB, GiB)"
+            ))
+        }
+    };
+    if n == 0 {
+        return Err(format!("{s:?} must be greater than zero"));
+    }
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// Validated settings the broker runs on.
+#[derive(Debug, Clone)]
+#[allow(missing_docs)]
+pub struct Settings {
+    pub grpc_listen: SocketAddr,
+    pub grpc_advertise: String,
+    pub max_concurrent_streams: u32,
+    pub max_recv_message_len: usize,
+    pub max_send_message_len: usize,
+    pub node_id: u64,
+    pub data_dir: PathBuf,
+    pub memory_storage: bool,
+    pub min_ack_level: AckLevel,
+    pub proposal_timeout: Duration,
+    pub max_delay: Duration,
+    pub consumer_queue_size: u32,
+    pub time_bucket_ms: u64,
+    pub in_flight_timeout: Duration,
+    pub delete_batch_interval: Duration,
+    pub ttl_sweep_interval: Duration,
+    pub scan_max_keys: usize,
+    pub log_level: String,
+    pub metrics_listen: Option<SocketAddr>,
+    pub cores: u32,
+}
+
+fn addr(key: &str, v: &str) -> Result<SocketAddr, ConfigError> {
+    match v.parse::<SocketAddr>() {
+        Ok(a) if a.port() != 0 => Ok(a),
+        Ok(_) => err(key, format!("{v:?}: port must be 1..65535")),
+        Err(_) => err(key, format!("{v:?} is not host:port (e.g. 127.0.0.1:8443)")),
+    }
+}
+
+fn dur(key: &str, v: &str) -> Result<Duration, ConfigError> {
+    match parse_duration(v) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => err(key, "must be greater than zero"),
+        Err(e) => err(key, e),
+    }
+}
+
+fn size(key: &str, v: &str) -> Result<usize, ConfigError> {
+    parse_size(v).or_else(|e| err(key, e))
+}
+
+impl Config {
+    /// Checks every key and builds [`Settings`].
+    ///
+    /// # Errors
+    /// The first invalid key, named in the message.
+    #[allow(clippy::too_many_lines)]
+    pub fn validate(&self) -> Result<Settings, ConfigError> {
+        if self.config_version != 1 {
+            return err(
+                "configVersion",
+                format!("must be 1, got {}", self.config_version),
+            );
+        }
+        let g = &self.api.grpc;
+        let grpc_listen = addr("api.grpc.listen", &g.listen)?;
+        if !g.advertise.is_empty() {
+            let a = addr("api.grpc.advertise", &g.advertise)?;
+            if a.ip().is_unspecified() {
+                return err(
+                    "api.grpc.advertise",
+                    "must not be a wildcard address (0.0.0.0 or ::)",
+                );
+            }
+        }
+        if g.max_concurrent_streams == 0 {
+            return err("api.grpc.maxConcurrentStreams", "must be greater than zero");
+        }
+        let max_recv_message_len = size(
+            "api.grpc.maxReceiveMessageSize",
+            &g.max_receive_message_size,
+        )?;
+        let max_send_message_len = size("api.grpc.maxSendMessageSize", &g.max_send_message_size)?;
+        dur("api.grpc.keepaliveTimeout", &g.keepalive_timeout)?;
+        let c = &self.cluster;
+        if c.enabled {
+            return err(
+                "cluster.enabled",
+                "clustering is not available in this build yet; run standalone (cluster.enabled: false)",
+            );
+        }
+        if !c.join_seeds.is_empty() && !c.raft.initial_members.is_empty() {
+            return err(
+                "cluster.joinSeeds",
+                "cluster.joinSeeds and cluster.raft.initialMembers cannot both be set",
+            );
+        }
+        let rtt = dur("cluster.raft.rtt", &c.raft.rtt)?;
+        if rtt.subsec_nanos() % 1_000_000 != 0 {
+            return err("cluster.raft.rtt", "must be whole milliseconds");
+        }
+        if c.raft.snapshot_entries == 0 {
+            return err("cluster.raft.snapshotEntries", "must be greater than zero");
+        }
+        if c.raft.compaction_overhead == 0 {
+            return err(
+                "cluster.raft.compactionOverhead",
+                "must be greater than zero",
+            );
+        }
+        let memory_storage = match self.storage.mode.as_str() {
+            "disk" => false,
+            "memory" => true,
+            m => return err("storage.mode", format!("{m:?} must be disk or memory")),
+        };
+        if !memory_storage && self.storage.data_dir.trim().is_empty() {
+            return err("storage.dataDir", "is required when storage.mode is disk");
+        }
+        let p = &self.publish;
+        let min_ack_level = match p.min_ack_level.as_str() {
+            "quorum" => AckLevel::Quorum,
+            "leader" => AckLevel::Leader,
+            "noAck" => AckLevel::NoAck,
+            v => {
+                return err(
+                    "publish.minAckLevel",
+                    format!("{v:?} must be quorum, leader or noAck"),
+                )
+            }
+        };
+        let proposal_timeout = dur("publish.proposalTimeout", &p.proposal_timeout)?;
+        let max_delay = dur("publish.maxDelay", &p.max_delay)?;
+        let d = &self.delivery;
+        if !(1..=65_536).contains(&d.consumer_queue_size) {
+            return err(
+                "delivery.consumerQueueSize",
+                format!("{} must be 1..65536", d.consumer_queue_size),
+            );
+        }
+        let tb = parse_duration(&d.time_bucket).or_else(|e| err("delivery.timeBucket", e))?;
+        if !tb.is_zero() && tb < Duration::from_millis(1) {
+            return err("delivery.timeBucket", "must be 0 or at least 1ms");
+        }
+        dur("delivery.dispatchPollInterval", &d.dispatch_poll_interval)?;
+        let in_flight_timeout = dur("delivery.inFlightTimeout", &d.in_flight_timeout)?;
+        let delete_batch_interval = dur("delivery.deleteBatchInterval", &d.delete_batch_interval)?;
+        let ttl_sweep_interval = dur("delivery.ttlSweepInterval", &d.ttl_sweep_interval)?;
+        if !(1..=64).contains(&d.prepare_batch_size) {
+            return err(
+                "delivery.prepareBatchSize",
+                format!("{} must be 1..64", d.prepare_batch_size),
+            );
+        }
+        let pbb = size("delivery.prepareBatchBytes", &d.prepare_batch_bytes)?;
+        if pbb > 256 << 10 {
+            return err("delivery.prepareBatchBytes", "must be at most 256KiB");
+        }
+        if d.scan_max_keys < d.prepare_batch_size || d.scan_max_keys < 2 {
+            return err(
+                "delivery.scanMaxKeys",
+                "must be at least 2 and at least delivery.prepareBatchSize",
+            );
+        }
+        if dur("delivery.scanWorkBudget", &d.scan_work_budget)? > Duration::from_millis(100) {
+            return err("delivery.scanWorkBudget", "must be at most 100ms");
+        }
+        if dur("delivery.prepareTimeout", &d.prepare_timeout)? > Duration::from_secs(1) {
+            return err("delivery.prepareTimeout", "must be at most 1s");
+        }
+        if d.prepare_workers == 0 {
+            return err("delivery.prepareWorkers", "must be at least 1");
+        }
+        let level = self.observability.logging.level.as_str();
+        if !["trace", "debug", "info", "warn", "error"].contains(&level) {
+            return err(
+                "observability.logging.level",
+                format!("{level:?} must be trace, debug, info, warn or error"),
+            );
+        }
+        let ml = &self.observability.metrics.listen;
+        let metrics_listen = if ml.is_empty() {
+            None
+        } else {
+            Some(addr("observability.metrics.listen", ml)?)
+        };
+        Ok(Settings {
+            grpc_listen,
+            grpc_advertise: if g.advertise.is_empty() {
+                g.listen.clone()
+            } else {
+                g.advertise.clone()
+            },
+            max_concurrent_streams: g.max_concurrent_streams,
+            max_recv_message_len,
+            max_send_message_len,
+            node_id: c.node_id,
+            data_dir: PathBuf::from(&self.storage.data_dir),
+            memory_storage,
+            min_ack_level,
+            proposal_timeout,
+            max_delay,
+            consumer_queue_size: d.consumer_queue_size,
+            time_bucket_ms: u64::try_from(tb.as_millis()).unwrap_or(u64::MAX),
+            in_flight_timeout,
+            delete_batch_interval,
+            ttl_sweep_interval,
+            scan_max_keys: d.scan_max_keys as usize,
+            log_level: level.to_owned(),
+            metrics_listen,
+            cores: self.runtime.cores,
+        })
+    }
+}
+
+/// Reports keys of `file` that the defaults do not have (maps with free keys excepted).
+fn unknown_keys(defaults: &Value, file: &Value, path: &str, out: &mut Vec<String>) {
+    let (Value::Mapping(d), Value::Mapping(f)) = (defaults, file) else {
+        return;
+    };
+    if d.is_empty() {
+        return; // free-form map such as cluster.raft.initialMembers
+    }
+    for (k, v) in f {
+        let name = k.as_str().map_or_else(|| format!("{k:?}"), str::to_owned);
+        let full = if path.is_empty() {
+            name.clone()
+        } else {
+            format!("{path}.{name}")
+        };
+        match d.get(k) {
+            None => out.push(full),
+            Some(dv) => unknown_keys(dv, v, &full, out),
+        }
+    }
+}
+
+fn merge(base: &mut Value, over: Value) {
+    match (base, over) {
+        (Value::Mapping(b), Value::Mapping(o)) if !b.is_empty() => {
+            for (k, v) in o {
+                match b.get_mut(&k) {
+                    Some(bv) => merge(bv, v),
+                    None => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (b, o) => *b = o,
+    }
+}
+
+/// Applies `FUTUREQ_*` variables to every leaf of the tree (key path upper-cased, dots and
+/// dashes → underscores). Lists are comma-separated; maps and scalars are parsed as YAML.
+fn apply_env(
+    v: &mut Value,
+    path: &str,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(), ConfigError> {
+    if let Value::Mapping(m) = v {
+        if !m.is_empty() {
+            for (k, child) in m.iter_mut() {
+                let name = k.as_str().unwrap_or_default();
+                let full = if path.is_empty() {
+                    name.to_owned()
+                } else {
+                    format!("{path}.{name}")
+                };
+                apply_env(child, &full, env)?;
+            }
+            return Ok(());
+        }
+    }
+    let var = format!("FUTUREQ_{}", path.to_uppercase().replace(['.', '-'], "_"));
+    let Some(raw) = env(&var) else { return Ok(()) };
+    *v = match v {
+        Value::String(_) => Value::String(raw),
+        Value::Sequence(_) => Value::Sequence(
+            raw.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(|s| Value::String(s.into()))
+                .collect(),
+        ),
+        _ => serde_yaml::from_str(&raw)
+            .or_else(|e| err(path, format!("environment {var}={raw:?}: {e}")))?,
+    };
+    Ok(())
+}
+
+/// Loads the configuration: defaults, then the file (if any), then the environment.
+///
+/// # Errors
+/// Unreadable file, bad YAML, unknown key, wrong type, or a failed validation; the message
+/// names the key.
+pub fn load(
+    path: Option<&std::path::Path>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(Config, Settings), ConfigError> {
+    let defaults = serde_yaml::to_value(Config::default()).expect("defaults serialize");
+    let mut tree = defaults.clone();
+    if let Some(p) = path {
+        let text = std::fs::read_to_string(p)
+            .map_err(|e| ConfigError(format!("cannot read {}: {e}", p.display())))?;
+        let file: Value = serde_yaml::from_str(&text)
+            .map_err(|e| ConfigError(format!("{}: {e}", p.display())))?;
+        let file = if file.is_null() {
+            Value::Mapping(serde_yaml::Mapping::new())
+        } else {
+            file
+        };
+        if !file.is_mapping() {
+            return Err(ConfigError(format!(
+                "{}: the top level must be a mapping",
+                p.display()
+            )));
+        }
+        let mut unknown = Vec::new();
+        unknown_keys(&defaults, &file, "", &mut unknown);
+        if let Some(k) = unknown.first() {
+            return err(k, "unknown configuration key");
+        }
+        if file.get("configVersion").is_none() {
+            return err(
+                "configVersion",
+                "is required in a configuration file (configVersion: 1)",
+            );
+        }
+        merge(&mut tree, file);
+    }
+    apply_env(&mut tree, "", env)?;
+    let cfg: Config = serde_path_to_error::deserialize(tree)
+        .map_err(|e| ConfigError(format!("{}: {}", e.path(), e.inner())))?;
+    let settings = cfg.validate()?;
+    Ok((cfg, settings))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn load_str(yaml: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Settings, ConfigError> {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.yaml");
+        std::fs::write(&p, yaml).unwrap();
+        load(Some(&p), env).map(|(_, s)| s)
+    }
+
+    #[test]
+    fn example_file_equals_the_defaults() {
+        let text = include_str!("../../config.example.yaml");
+        let example: Value = serde_yaml::from_str(text).unwrap();
+        assert_eq!(example, serde_yaml::to_value(Config::default()).unwrap());
+        assert!(Config::default().validate().is_ok());
+    }
+
+    #[test]
+    fn defaults_without_a_file() {
+        let (_, s) = load(None, &no_env).unwrap();
+        assert_eq!(s.grpc_listen.to_string(), "127.0.0.1:8443");
+        assert_eq!(s.metrics_listen.unwrap().to_string(), "127.0.0.1:9090");
+        assert_eq!(s.max_recv_message_len, 4 << 20);
+        assert_eq!(s.consumer_queue_size, 1024);
+        assert_eq!(s.in_flight_timeout, Duration::from_secs(5));
+        assert_eq!(s.max_delay, Duration::from_secs(365 * 86_400));
+        assert!(!s.memory_storage);
+    }
+
+    #[test]
+    fn file_then_env_override() {
+        let env = |k: &str| match k {
+            "FUTUREQ_API_GRPC_LISTEN" => Some("127.0.0.1:7000".to_owned()),
+            "FUTUREQ_OBSERVABILITY_METRICS_LISTEN" => Some(String::new()),
+            "FUTUREQ_DELIVERY_CONSUMERQUEUESIZE" => Some("7".to_owned()),
+            _ => None,
+        };
+        let s = load_str("configVersion: 1\napi:\n  grpc:\n    listen: 127.0.0.1:6000\nstorage:\n  mode: memory\n", &env).unwrap();
+        assert_eq!(s.grpc_listen.to_string(), "127.0.0.1:7000");
+        assert_eq!(
+            s.metrics_listen, None,
+            "an empty env value disables metrics"
+        );
+        assert_eq!(s.consumer_queue_size, 7);
+        assert!(s.memory_storage);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let cases = [
+            ("configVersion: 2\n", "configVersion"),
+            ("api: {}\n", "configVersion"),
+            ("configVersion: 1\nserver: {}\n", "server"),
+            ("configVersion: 1\napi:\n  grpc:\n    bogus: 1\n", "api.grpc.bogus"),
+            ("configVersion: 1\napi:\n  grpc:\n    maxSendMessageSize: 0B\n", "maxSendMessageSize"),
+            ("configVersion: 1\napi:\n  grpc:\n    listen: nowhere\n", "api.grpc.listen"),
+            ("configVersion: 1\napi:\n  grpc:\n    advertise: 0.0.0.0:1\n", "api.grpc.advertise"),
+            ("configVersion: 1\ndelivery:\n  consumerQueueSize: 0\n", "consumerQueueSize"),
+            ("configVersion: 1\ndelivery:\n  consumerQueueSize: many\n", "consumerQueueSize"),
+            ("configVersion: 1\ndelivery:\n  inFlightTimeout: 0s\n", "delivery.inFlightTimeout"),
+            ("configVersion: 1\ndelivery:\n  prepareBatchSize: 65\n", "prepareBatchSize"),
+            ("configVersion: 1\nstorage:\n  mode: tape\n", "storage.mode"),
+            ("configVersion: 1\npublish:\n  minAckLevel: maybe\n", "publish.minAckLevel"),
+            ("configVersion: 1\npublish:\n  maxDelay: 5 parsecs\n", "publish.maxDelay"),
+            ("configVersion: 1\ncluster:\n  joinSeeds: [a:1]\n  raft:\n    initialMembers: {1: b:2}\n", "cannot both be set"),
+        ];
+        for (yaml, want) in cases {
+            let e = load_str(yaml, &no_env).unwrap_err().to_string();
+            assert!(e.contains(want), "{yaml:?}: {e:?} should mention {want}");
+        }
+        let env = |k: &str| (k == "FUTUREQ_CLUSTER_NODEID").then(|| "abc".to_owned());
+        let e = load_str("configVersion: 1\n", &env)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("nodeId"), "{e}");
+    }
+
+    #[test]
+    fn durations_and_sizes() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1m"), Ok(Duration::from_secs(60)));
+        assert!(parse_duration("5").is_err());
+        assert!(parse_duration("5y").is_err());
+        assert_eq!(parse_size("4MiB"), Ok(4 << 20));
+        assert_eq!(parse_size("100KiB"), Ok(100 << 10));
+        assert!(parse_size("0B").is_err());
+        assert!(parse_size("4MB").is_err());
+    }
+}

@@ -1,0 +1,354 @@
+//! The dispatcher task: owns the [`Hub`] on one core and turns its decisions into I/O.
+//!
+//! It sleeps until the earliest instant with work — a topic's next due message (among topics
+//! with consumers), a waiting redelivery, an in-flight deadline, a delete flush — or until a
+//! command arrives (a consumer, an ack, a commit that stored an earlier message). Topics
+//! without consumers are never scanned, and a scan reads only keys of due buckets.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futureq_core::hub::{ConsumerId, Delivery, Hub, HubConfig, Sink, Subscription};
+use futureq_core::EventKey;
+use futureq_net::Shutdown;
+use futureq_storage::StoreService;
+use futures::channel::oneshot;
+use futures_lite::future;
+
+use crate::metrics::Metrics;
+
+/// Capacity of the dispatcher's command queue.
+pub const HUB_QUEUE_MAX: usize = 65_536;
+/// Keys per TTL sweep transaction.
+pub const SWEEP_BATCH_MAX: usize = 10_000;
+/// Pending deletes that trigger a flush before the interval ends.
+pub const DELETE_FLUSH_EARLY: usize = 16_384;
+/// Delay before retrying after a failed scan.
+const SCAN_RETRY: Duration = Duration::from_millis(100);
+/// How long the dispatcher keeps serving acks after shutdown starts, while consumers leave.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+/// Current wall clock in Unix ms.
+#[must_use]
+pub fn now_ms() -> i64 {
+    i64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis(),
+    )
+    .unwrap_or(i64::MAX)
+}
+
+/// The instant at which the wall clock reads `at_ms`.
+fn instant_of(at_ms: i64) -> Instant {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let target = Duration::from_millis(u64::try_from(at_ms).unwrap_or(0));
+    Instant::now() + target.saturating_sub(now)
+}
+
+/// A consumer's delivery queue, bounded by its `max_in_flight`.
+pub struct ConsumerSink(pub flume::Sender<Delivery>);
+
+impl Sink for ConsumerSink {
+    fn try_send(&self, d: Delivery) -> bool {
+        self.0.try_send(d).is_ok()
+    }
+}
+
+/// What other tasks and threads tell the dispatcher.
+pub enum HubCmd {
+    /// A Subscribe stream started.
+    Register {
+        /// What it asked for.
+        sub: Subscription,
+        /// Where its deliveries go.
+        sink: ConsumerSink,
+        /// Its id.
+        reply: oneshot::Sender<ConsumerId>,
+    },
+    /// An ACK or NACK frame.
+    Ack {
+        /// The stream.
+        consumer: ConsumerId,
+        /// The delivery tag.
+        key: EventKey,
+        /// ACK (true) or NACK.
+        success: bool,
+    },
+    /// A Subscribe stream ended.
+    Unregister(ConsumerId),
+    /// A commit stored messages; the smallest key per topic.
+    Published(Vec<EventKey>),
+    /// The TTL sweeper deleted these keys.
+    Expired(Vec<EventKey>),
+    /// A delete flush finished.
+    DeleteFlushed {
+        /// Whether it committed.
+        committed: bool,
+    },
+}
+
+/// The dispatcher's configuration.
+pub struct DispatcherConfig {
+    /// Hub timing.
+    pub hub: HubConfig,
+    /// `delivery.deleteBatchInterval`.
+    pub delete_interval: Duration,
+}
+
+struct Dispatcher {
+    hub: Hub<ConsumerSink>,
+    store: StoreService,
+    tx: flume::Sender<HubCmd>,
+    metrics: Arc<Metrics>,
+    flushing: bool,
+    last_counters: futureq_core::hub::HubCounters,
+}
+
+impl Dispatcher {
+    fn apply(&mut self, cmd: HubCmd) {
+        match cmd {
+            HubCmd::Register { sub, sink, reply } => {
+                let id = self.hub.register(&sub, sink, now_ms());
+                tracing::debug!(target: "dispatcher", consumer = id.0, topic = %sub.topic, group = %sub.group, "consumer registered");
+                let _ = reply.send(id);
+            }
+            HubCmd::Ack {
+                consumer,
+                key,
+                success,
+            } => {
+                let outcome = self.hub.ack(consumer, key, success, now_ms());
+                if outcome == futureq_core::hub::AckOutcome::Ignored {
+                    tracing::debug!(target: "dispatcher", consumer = consumer.0, ?key, "ignoring ACK for a delivery not in flight on this consumer");
+                }
+            }
+            HubCmd::Unregister(id) => {
+                self.hub.unregister(id, now_ms());
+                tracing::debug!(target: "dispatcher", consumer = id.0, "consumer unregistered");
+            }
+            HubCmd::Published(keys) => {
+                for k in keys {
+                    self.hub.on_published(k);
+                }
+            }
+            HubCmd::Expired(keys) => self.hub.on_deleted(&keys),
+            HubCmd::DeleteFlushed { committed } => {
+                self.hub.finish_delete_batch(committed);
+                self.flushing = false;
+                if !committed {
+                    self.metrics.delete_failures.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    fn start_flush(&mut self) {
+        if self.flushing {
+            return;
+        }
+        let Some(batch) = self.hub.take_delete_batch() else {
+            return;
+        };
+        self.flushing = true;
+        #[allow(clippy::cast_precision_loss)]
+        self.metrics.delete_batch_size.observe(batch.len() as f64);
+        let store = self.store.clone();
+        let tx = self.tx.clone();
+        glommio::spawn_local(async move {
+            let committed = match store.delete(batch).await {
+                Ok(_) => true,
+                Err(e) => {
+                    tracing::error!(target: "deleter", error = %e, "delete flush failed; will retry");
+                    false
+                }
+            };
+            let _ = tx.send_async(HubCmd::DeleteFlushed { committed }).await;
+        })
+        .detach();
+    }
+
+    fn export(&mut self) {
+        let m = &self.metrics;
+        let c = self.hub.counters();
+        let r = Ordering::Relaxed;
+        m.messages_dispatched.store(c.dispatched, r);
+        m.messages_redelivered.store(c.redelivered, r);
+        m.in_flight_timeouts.store(c.timeouts, r);
+        if c.expired > self.last_counters.expired {
+            m.messages_expired
+                .add(&["dispatcher"], c.expired - self.last_counters.expired);
+        }
+        self.last_counters = c;
+        m.messages_in_flight
+            .store(i64::try_from(self.hub.in_flight()).unwrap_or(i64::MAX), r);
+        m.pending_deletes.store(
+            i64::try_from(self.hub.pending_deletes()).unwrap_or(i64::MAX),
+            r,
+        );
+        m.store_commits.store(self.store.stats().commits.load(r), r);
+        m.store_commit_ops.store(self.store.stats().ops.load(r), r);
+    }
+
+    /// One pass: timeouts, waiting redeliveries, due scans. Returns false if a scan failed.
+    async fn pass(&mut self) -> bool {
+        let now = now_ms();
+        self.hub.expire_in_flight(now);
+        self.hub.drain_waiting(now);
+        for req in self.hub.scans_due(now) {
+            match self.store.scan(req.clone()).await {
+                Ok(res) => self.hub.apply_scan(&req, res, now_ms()),
+                Err(e) => {
+                    tracing::error!(target: "dispatcher", error = %e, "scan failed; retrying");
+                    return false;
+                }
+            }
+        }
+        true
+    }
+}
+
+/// Runs the dispatcher until shutdown, then flushes the pending deletes.
+pub async fn run(
+    cfg: DispatcherConfig,
+    rx: flume::Receiver<HubCmd>,
+    tx: flume::Sender<HubCmd>,
+    store: StoreService,
+    metrics: Arc<Metrics>,
+    shutdown: Shutdown,
+) {
+    let mut d = Dispatcher {
+        hub: Hub::new(cfg.hub),
+        store,
+        tx,
+        metrics,
+        flushing: false,
+        last_counters: futureq_core::hub::HubCounters::default(),
+    };
+    let mut next_flush = Instant::now() + cfg.delete_interval;
+    let mut stop_by: Option<Instant> = None;
+    loop {
+        while let Ok(cmd) = rx.try_recv() {
+            d.apply(cmd);
+        }
+        let scanned = d.pass().await;
+        if Instant::now() >= next_flush || d.hub.pending_deletes() >= DELETE_FLUSH_EARLY {
+            next_flush = Instant::now() + cfg.delete_interval;
+            d.start_flush();
+        }
+        d.export();
+        if stop_by.is_none() && shutdown.is_triggered() {
+            stop_by = Some(Instant::now() + SHUTDOWN_GRACE);
+        }
+        if let Some(t) = stop_by {
+            if d.hub.consumer_count() == 0 || Instant::now() >= t {
+                break;
+            }
+        }
+        let mut wake = d.hub.next_wakeup(now_ms()).map(instant_of);
+        let mut merge = |i: Instant| wake = Some(wake.map_or(i, |w| w.min(i)));
+        if d.hub.pending_deletes() > 0 && !d.flushing {
+            merge(next_flush);
+        }
+        if !scanned {
+            merge(Instant::now() + SCAN_RETRY);
+        }
+        if let Some(t) = stop_by {
+            merge(t.min(Instant::now() + Duration::from_millis(50)));
+        }
+        let sleep = async {
+            match wake {
+                Some(w) => {
+                    glommio::timer::Timer::new(w.saturating_duration_since(Instant::now())).await;
+                }
+                None => future::pending::<()>().await,
+            }
+            None
+        };
+        let stop = async {
+            if stop_by.is_none() {
+                shutdown.wait().await;
+            } else {
+                future::pending::<()>().await;
+            }
+            None
+        };
+        let cmd = future::or(
+            future::or(async { rx.recv_async().await.ok() }, sleep),
+            stop,
+        )
+        .await;
+        if let Some(cmd) = cmd {
+            d.apply(cmd);
+        }
+    }
+    // Final flush: wait for a running one, then flush the rest (a few retries).
+    for _ in 0..50 {
+        while let Ok(cmd) = rx.try_recv() {
+            d.apply(cmd);
+        }
+        if !d.flushing && d.hub.pending_deletes() == 0 {
+            break;
+        }
+        d.start_flush();
+        if d.flushing {
+            if let Ok(cmd) = rx.recv_async().await {
+                d.apply(cmd);
+            }
+        } else {
+            glommio::timer::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    d.export();
+    tracing::info!(target: "dispatcher", pending_deletes = d.hub.pending_deletes(), "dispatcher stopped");
+}
+
+/// Deletes expired messages every `interval` (expiry index: no full scan) and tells the
+/// dispatcher which keys went away.
+pub async fn sweep_ttl(
+    interval: Duration,
+    store: StoreService,
+    tx: flume::Sender<HubCmd>,
+    metrics: Arc<Metrics>,
+    shutdown: Shutdown,
+) {
+    loop {
+        let stop = future::or(
+            async {
+                glommio::timer::sleep(interval).await;
+                false
+            },
+            async {
+                shutdown.wait().await;
+                true
+            },
+        )
+        .await;
+        if stop {
+            return;
+        }
+        loop {
+            match store.sweep_expired(now_ms(), SWEEP_BATCH_MAX).await {
+                Ok(keys) => {
+                    let n = keys.len();
+                    if n > 0 {
+                        metrics.messages_expired.add(&["sweeper"], n as u64);
+                        tracing::info!(target: "ttl_sweeper", expired = n, "deleted expired messages");
+                        let _ = tx.send_async(HubCmd::Expired(keys)).await;
+                    }
+                    if n < SWEEP_BATCH_MAX {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(target: "ttl_sweeper", error = %e, "TTL sweep failed; retrying next interval");
+                    break;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,352 @@
+//! Broker metrics in Prometheus text format (`futureq_` prefix), shared by every core.
+//!
+//! Counters and histograms are atomics (lock-free on the hot path) except labelled series,
+//! which take a short mutex keyed by their label values.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::Mutex;
+
+/// A histogram with fixed upper bounds.
+pub struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<AtomicU64>,
+    sum_micros: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            counts: (0..bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum_micros: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    /// Records one observation.
+    pub fn observe(&self, v: f64) {
+        for (i, b) in self.bounds.iter().enumerate() {
+            if v <= *b {
+                self.counts[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        // Stored as millionths so the sum stays an integer atomic.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        self.sum_micros
+            .fetch_add((v.max(0.0) * 1e6) as u64, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, labels: &str) {
+        let sep = if labels.is_empty() { "" } else { "," };
+        for (i, b) in self.bounds.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {}",
+                self.counts[i].load(Ordering::Relaxed)
+            );
+        }
+        let n = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {n}");
+        #[allow(clippy::cast_precision_loss)]
+        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let braces = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        let _ = writeln!(out, "{name}_sum{braces} {sum}");
+        let _ = writeln!(out, "{name}_count{braces} {n}");
+    }
+}
+
+/// Buckets for latencies in ms.
+pub const LATENCY_MS: &[f64] = &[
+    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0,
+];
+/// Buckets for batch sizes.
+pub const SIZES: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0,
+];
+
+type Labels = Vec<String>;
+
+/// A counter with labels.
+pub struct LabeledCounter {
+    names: &'static [&'static str],
+    series: Mutex<BTreeMap<Labels, u64>>,
+}
+
+impl LabeledCounter {
+    fn new(names: &'static [&'static str]) -> Self {
+        LabeledCounter {
+            names,
+            series: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Adds `n` to the series with these label values.
+    pub fn add(&self, values: &[&str], n: u64) {
+        let mut s = self
+            .series
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *s.entry(values.iter().map(|v| (*v).to_owned()).collect())
+            .or_insert(0) += n;
+    }
+
+    fn render(&self, out: &mut String, name: &str) {
+        let s = self
+            .series
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (vals, n) in s.iter() {
+            let labels: Vec<String> = self
+                .names
+                .iter()
+                .zip(vals)
+                .map(|(k, v)| {
+                    format!(
+                        "{k}=\"{}\"",
+                        v.replace('\\', "\\\\")
+                            .replace('"', "\\\"")
+                            .replace('\n', "\\n")
+                    )
+                })
+                .collect();
+            let _ = writeln!(out, "{name}{{{}}} {n}", labels.join(","));
+        }
+    }
+}
+
+/// Every metric the broker exports.
+#[allow(missing_docs)]
+pub struct Metrics {
+    pub publish_requests: LabeledCounter,
+    pub messages_published: LabeledCounter,
+    pub publish_batch_size: Histogram,
+    pub publish_latency_ms: [Histogram; 3],
+    pub active_consumers: AtomicI64,
+    pub consumer_acks: LabeledCounter,
+    pub messages_in_flight: AtomicI64,
+    pub messages_dispatched: AtomicU64,
+    pub messages_redelivered: AtomicU64,
+    pub in_flight_timeouts: AtomicU64,
+    pub messages_expired: LabeledCounter,
+    pub delivery_send_lateness_ms: Histogram,
+    pub delivery_grpc_sends: AtomicU64,
+    pub delete_batch_size: Histogram,
+    pub delete_failures: AtomicU64,
+    pub pending_deletes: AtomicI64,
+    pub store_commits: AtomicU64,
+    pub store_commit_ops: AtomicU64,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            publish_requests: LabeledCounter::new(&["topic", "ack_level", "result"]),
+            messages_published: LabeledCounter::new(&["topic", "ack_level"]),
+            publish_batch_size: Histogram::new(SIZES),
+            publish_latency_ms: [
+                Histogram::new(LATENCY_MS),
+                Histogram::new(LATENCY_MS),
+                Histogram::new(LATENCY_MS),
+            ],
+            active_consumers: AtomicI64::new(0),
+            consumer_acks: LabeledCounter::new(&["success"]),
+            messages_in_flight: AtomicI64::new(0),
+            messages_dispatched: AtomicU64::new(0),
+            messages_redelivered: AtomicU64::new(0),
+            in_flight_timeouts: AtomicU64::new(0),
+            messages_expired: LabeledCounter::new(&["source"]),
+            delivery_send_lateness_ms: Histogram::new(LATENCY_MS),
+            delivery_grpc_sends: AtomicU64::new(0),
+            delete_batch_size: Histogram::new(SIZES),
+            delete_failures: AtomicU64::new(0),
+            pending_deletes: AtomicI64::new(0),
+            store_commits: AtomicU64::new(0),
+            store_commit_ops: AtomicU64::new(0),
+        }
+    }
+}
+
+fn scalar(out: &mut String, name: &str, kind: &str, help: &str, v: impl std::fmt::Display) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
+    );
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+impl Metrics {
+    /// Renders every metric in Prometheus text format.
+    #[must_use]
+    pub fn render(&self) -> String {
+        let mut o = String::with_capacity(8 << 10);
+        let r = Ordering::Relaxed;
+        header(
+            &mut o,
+            "futureq_publish_requests_total",
+            "counter",
+            "Publish batches by outcome.",
+        );
+        self.publish_requests
+            .render(&mut o, "futureq_publish_requests_total");
+        header(
+            &mut o,
+            "futureq_messages_published_total",
+            "counter",
+            "Messages accepted for storage.",
+        );
+        self.messages_published
+            .render(&mut o, "futureq_messages_published_total");
+        header(
+            &mut o,
+            "futureq_publish_batch_size",
+            "histogram",
+            "Messages per publish batch.",
+        );
+        self.publish_batch_size
+            .render(&mut o, "futureq_publish_batch_size", "");
+        header(
+            &mut o,
+            "futureq_publish_latency_ms",
+            "histogram",
+            "Broker-side batch latency from receipt to ack.",
+        );
+        for (i, l) in ["quorum", "leader", "no_ack"].iter().enumerate() {
+            self.publish_latency_ms[i].render(
+                &mut o,
+                "futureq_publish_latency_ms",
+                &format!("ack_level=\"{l}\""),
+            );
+        }
+        scalar(
+            &mut o,
+            "futureq_active_consumers",
+            "gauge",
+            "Connected consumers.",
+            self.active_consumers.load(r),
+        );
+        header(
+            &mut o,
+            "futureq_consumer_ack_total",
+            "counter",
+            "ACK (success=true) and NACK frames.",
+        );
+        self.consumer_acks
+            .render(&mut o, "futureq_consumer_ack_total");
+        scalar(
+            &mut o,
+            "futureq_messages_in_flight",
+            "gauge",
+            "Delivered, not yet acknowledged.",
+            self.messages_in_flight.load(r),
+        );
+        scalar(
+            &mut o,
+            "futureq_messages_dispatched_total",
+            "counter",
+            "Deliveries handed to consumers.",
+            self.messages_dispatched.load(r),
+        );
+        scalar(
+            &mut o,
+            "futureq_messages_redelivered_total",
+            "counter",
+            "Of those, redeliveries.",
+            self.messages_redelivered.load(r),
+        );
+        scalar(
+            &mut o,
+            "futureq_in_flight_timeouts_total",
+            "counter",
+            "Deliveries not acknowledged within delivery.inFlightTimeout.",
+            self.in_flight_timeouts.load(r),
+        );
+        header(
+            &mut o,
+            "futureq_messages_expired_total",
+            "counter",
+            "Messages removed because their TTL passed.",
+        );
+        self.messages_expired
+            .render(&mut o, "futureq_messages_expired_total");
+        header(
+            &mut o,
+            "futureq_delivery_send_lateness_ms",
+            "histogram",
+            "Send time minus due time.",
+        );
+        self.delivery_send_lateness_ms
+            .render(&mut o, "futureq_delivery_send_lateness_ms", "");
+        scalar(
+            &mut o,
+            "futureq_delivery_grpc_sends_total",
+            "counter",
+            "Messages written to consumer streams.",
+            self.delivery_grpc_sends.load(r),
+        );
+        header(
+            &mut o,
+            "futureq_delete_batch_size",
+            "histogram",
+            "Keys per delete flush.",
+        );
+        self.delete_batch_size
+            .render(&mut o, "futureq_delete_batch_size", "");
+        scalar(
+            &mut o,
+            "futureq_delete_failures_total",
+            "counter",
+            "Failed delete flushes (retried).",
+            self.delete_failures.load(r),
+        );
+        scalar(
+            &mut o,
+            "futureq_pending_deletes",
+            "gauge",
+            "Acknowledged keys awaiting their delete flush.",
+            self.pending_deletes.load(r),
+        );
+        scalar(
+            &mut o,
+            "futureq_store_commits_total",
+            "counter",
+            "Storage transactions committed.",
+            self.store_commits.load(r),
+        );
+        scalar(
+            &mut o,
+            "futureq_store_commit_ops_total",
+            "counter",
+            "Operations in those transactions (group commit).",
+            self.store_commit_ops.load(r),
+        );
+        o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_prometheus_text() {
+        let m = Metrics::default();
+        m.publish_requests.add(&["a\"b", "quorum", "success"], 2);
+        m.publish_latency_ms[0].observe(0.3);
+        let t = m.render();
+        assert!(t.contains("futureq_publish_requests_total{topic=\"a\\\"b\",ack_level=\"quorum\",result=\"success\"} 2"), "{t}");
+        assert!(t.contains("futureq_publish_latency_ms_bucket{ack_level=\"quorum\",le=\"0.5\"} 1"));
+        assert!(t.contains("futureq_publish_latency_ms_bucket{ack_level=\"quorum\",le=\"0.25\"} 0"));
+        assert!(t.contains("futureq_publish_latency_ms_count{ack_level=\"quorum\"} 1"));
+    }
+}

@@ -1,0 +1,449 @@
+//! The gRPC server: h2 over a glommio TCP stream, one task per request.
+//!
+//! Each connection's `accept()` loop drives the whole HTTP/2 connection (frames, pings,
+//! flushes); each request runs as its own task on the same executor. A handler gets the
+//! request's [`Call`] (path, headers, [`Inbound`] messages) and an [`Outbound`] to write
+//! messages, and returns the final [`Status`]; the server writes it as trailers (or as a
+//! Trailers-Only response when nothing was sent) and enforces `grpc-timeout`.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_lite::future;
+use glommio::net::{TcpListener, TcpStream};
+use h2::server::SendResponse;
+use h2::{RecvStream, SendStream};
+use http::{HeaderMap, HeaderValue, Request, Response};
+use tokio_util::compat::FuturesAsyncReadCompatExt;
+
+use super::codec::{encode_message, FrameDecoder};
+use super::status::{percent_encode, Code, Status};
+use crate::shutdown::Shutdown;
+
+/// Server limits (from `api.grpc.*`).
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Largest message accepted from a client.
+    pub max_recv_message_len: usize,
+    /// Largest message sent to a client.
+    pub max_send_message_len: usize,
+    /// Concurrent streams per connection.
+    pub max_concurrent_streams: u32,
+    /// Initial per-stream receive window.
+    pub stream_window: u32,
+    /// Initial connection receive window.
+    pub connection_window: u32,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_recv_message_len: 4 << 20,
+            max_send_message_len: 4 << 20,
+            max_concurrent_streams: 1024,
+            stream_window: 1 << 20,
+            connection_window: 4 << 20,
+        }
+    }
+}
+
+/// A request as the handler sees it.
+pub struct Call {
+    /// `/package.Service/Method`.
+    pub path: String,
+    /// Request headers.
+    pub headers: HeaderMap,
+    /// The request's message stream.
+    pub inbound: Inbound,
+}
+
+/// A boxed, single-threaded handler future.
+pub type HandlerFuture<'a> = Pin<Box<dyn Future<Output = Status> + 'a>>;
+
+/// Serves one request: reads `call.inbound`, writes to the [`Outbound`], returns the status.
+pub type Handler = Rc<dyn for<'a> Fn(Call, &'a mut Outbound) -> HandlerFuture<'a>>;
+
+/// Reads length-prefixed messages from the request body, releasing flow-control capacity
+/// as bytes are consumed.
+pub struct Inbound {
+    body: RecvStream,
+    decoder: FrameDecoder,
+    eos: bool,
+}
+
+impl Inbound {
+    /// The next raw message, or `None` after the client half-closed.
+    ///
+    /// Cancel-safe: bytes already received stay buffered if the future is dropped.
+    ///
+    /// # Errors
+    /// RESOURCE_EXHAUSTED (too large), INTERNAL (compressed or truncated), CANCELLED (reset).
+    pub async fn next_raw(&mut self) -> Result<Option<Bytes>, Status> {
+        loop {
+            if let Some(m) = self.decoder.decode()? {
+                return Ok(Some(m));
+            }
+            if self.eos {
+                if self.decoder.has_partial() {
+                    return Err(Status::new(
+                        Code::Internal,
+                        "request ended inside a message",
+                    ));
+                }
+                return Ok(None);
+            }
+            match self.body.data().await {
+                Some(Ok(chunk)) => {
+                    let _ = self.body.flow_control().release_capacity(chunk.len());
+                    self.decoder.push(&chunk);
+                }
+                Some(Err(e)) => {
+                    return Err(Status::new(Code::Cancelled, format!("request stream: {e}")));
+                }
+                None => self.eos = true,
+            }
+        }
+    }
+
+    /// The next message decoded as `M`.
+    ///
+    /// # Errors
+    /// As [`Inbound::next_raw`], plus INVALID_ARGUMENT when the bytes are not an `M`.
+    pub async fn next<M: prost::Message + Default>(&mut self) -> Result<Option<M>, Status> {
+        match self.next_raw().await? {
+            None => Ok(None),
+            Some(b) => M::decode(b).map(Some).map_err(|e| {
+                Status::new(
+                    Code::InvalidArgument,
+                    format!(
+                        "cannot decode {}: {e}",
+                        std::any::type_name::<M>()
+                            .rsplit("::")
+                            .next()
+                            .unwrap_or("message")
+                    ),
+                )
+            }),
+        }
+    }
+}
+
+enum OutState {
+    Idle(SendResponse<Bytes>),
+    Streaming(SendStream<Bytes>),
+    Done,
+}
+
+/// Writes response messages with send flow control: `send` waits for window capacity, so
+/// a client that does not read pushes back instead of filling memory.
+pub struct Outbound {
+    state: OutState,
+    max_len: usize,
+}
+
+fn grpc_response(status: Option<&Status>) -> Response<()> {
+    let mut r = Response::builder()
+        .status(200)
+        .header("content-type", "application/grpc")
+        .body(())
+        .expect("static response parts are valid");
+    if let Some(s) = status {
+        add_status(r.headers_mut(), s);
+    }
+    r
+}
+
+fn add_status(h: &mut HeaderMap, s: &Status) {
+    h.insert("grpc-status", HeaderValue::from(s.code as u32));
+    if !s.message.is_empty() {
+        if let Ok(v) = HeaderValue::from_str(&percent_encode(&s.message)) {
+            h.insert("grpc-message", v);
+        }
+    }
+    for (k, v) in &s.metadata {
+        if let Ok(v) = HeaderValue::from_str(v) {
+            h.insert(*k, v);
+        }
+    }
+}
+
+impl Outbound {
+    fn stream(&mut self) -> Result<&mut SendStream<Bytes>, Status> {
+        if let OutState::Idle(_) = self.state {
+            let OutState::Idle(mut respond) = std::mem::replace(&mut self.state, OutState::Done)
+            else {
+                unreachable!("checked above")
+            };
+            let s = respond
+                .send_response(grpc_response(None), false)
+                .map_err(|e| Status::new(Code::Cancelled, format!("send headers: {e}")))?;
+            self.state = OutState::Streaming(s);
+        }
+        match &mut self.state {
+            OutState::Streaming(s) => Ok(s),
+            _ => Err(Status::new(Code::Cancelled, "response already finished")),
+        }
+    }
+
+    /// Sends one message, waiting for flow-control capacity.
+    ///
+    /// # Errors
+    /// RESOURCE_EXHAUSTED when the message exceeds `maxSendMessageSize`; CANCELLED when
+    /// the client went away.
+    pub async fn send<M: prost::Message>(&mut self, m: &M) -> Result<(), Status> {
+        let len = m.encoded_len();
+        if len > self.max_len {
+            return Err(Status::new(
+                Code::ResourceExhausted,
+                format!(
+                    "response message of {len} bytes exceeds the limit of {} bytes \
+                     (api.grpc.maxSendMessageSize)",
+                    self.max_len
+                ),
+            ));
+        }
+        let mut data = encode_message(m);
+        let s = self.stream()?;
+        while !data.is_empty() {
+            s.reserve_capacity(data.len());
+            let cap = future::poll_fn(|cx| s.poll_capacity(cx)).await;
+            match cap {
+                Some(Ok(0)) => {}
+                Some(Ok(n)) => {
+                    let chunk = data.split_to(n.min(data.len()));
+                    s.send_data(chunk, false)
+                        .map_err(|e| Status::new(Code::Cancelled, format!("send: {e}")))?;
+                }
+                Some(Err(e)) => return Err(Status::new(Code::Cancelled, format!("send: {e}"))),
+                None => return Err(Status::new(Code::Cancelled, "stream closed by the client")),
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends the response headers now (a streaming call's "subscribed" signal).
+    ///
+    /// # Errors
+    /// CANCELLED when the client went away.
+    pub fn start(&mut self) -> Result<(), Status> {
+        self.stream().map(|_| ())
+    }
+
+    /// True once headers were sent.
+    #[must_use]
+    pub fn started(&self) -> bool {
+        matches!(self.state, OutState::Streaming(_))
+    }
+
+    /// Ends the response with `status` (trailers, or Trailers-Only if nothing was sent).
+    fn finish(&mut self, status: &Status) {
+        match std::mem::replace(&mut self.state, OutState::Done) {
+            OutState::Idle(mut respond) => {
+                let _ = respond.send_response(grpc_response(Some(status)), true);
+            }
+            OutState::Streaming(mut s) => {
+                let mut t = HeaderMap::new();
+                add_status(&mut t, status);
+                let _ = s.send_trailers(t);
+            }
+            OutState::Done => {}
+        }
+    }
+}
+
+/// Parses `grpc-timeout` (`<1..8 digits><H|M|S|m|u|n>`).
+#[must_use]
+pub fn parse_timeout(v: &str) -> Option<Duration> {
+    if v.len() < 2 || v.len() > 9 {
+        return None;
+    }
+    let (num, unit) = v.split_at(v.len() - 1);
+    let n: u64 = num.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+async fn handle_request(
+    req: Request<RecvStream>,
+    mut respond: SendResponse<Bytes>,
+    handler: Handler,
+    cfg: Rc<ServerConfig>,
+) {
+    let (parts, body) = req.into_parts();
+    let is_grpc = parts
+        .headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"));
+    if parts.method != http::Method::POST || !is_grpc {
+        let r = Response::builder()
+            .status(415)
+            .body(())
+            .expect("static response");
+        let _ = respond.send_response(r, true);
+        return;
+    }
+    let timeout = parts
+        .headers
+        .get("grpc-timeout")
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_timeout);
+    let call = Call {
+        path: parts.uri.path().to_owned(),
+        headers: parts.headers,
+        inbound: Inbound {
+            body,
+            decoder: FrameDecoder::new(cfg.max_recv_message_len),
+            eos: false,
+        },
+    };
+    let mut out = Outbound {
+        state: OutState::Idle(respond),
+        max_len: cfg.max_send_message_len,
+    };
+    let status = {
+        let fut = handler(call, &mut out);
+        match timeout {
+            None => fut.await,
+            Some(d) => {
+                future::or(fut, async move {
+                    glommio::timer::Timer::new(d).await;
+                    Status::new(Code::DeadlineExceeded, "deadline (grpc-timeout) exceeded")
+                })
+                .await
+            }
+        }
+    };
+    out.finish(&status);
+}
+
+fn is_quiet_disconnect(e: &h2::Error) -> bool {
+    if e.is_go_away() || e.is_reset() {
+        return true;
+    }
+    e.get_io().is_some_and(|io| {
+        matches!(
+            io.kind(),
+            std::io::ErrorKind::NotConnected
+                | std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::BrokenPipe
+                | std::io::ErrorKind::UnexpectedEof
+        )
+    })
+}
+
+async fn serve_connection(
+    stream: TcpStream,
+    handler: Handler,
+    cfg: Rc<ServerConfig>,
+    shutdown: Shutdown,
+) {
+    let peer = stream.peer_addr().ok();
+    let _ = stream.set_nodelay(true);
+    let mut builder = h2::server::Builder::new();
+    builder
+        .initial_window_size(cfg.stream_window)
+        .initial_connection_window_size(cfg.connection_window)
+        .max_concurrent_streams(cfg.max_concurrent_streams)
+        .max_frame_size(1 << 20)
+        .max_header_list_size(64 << 10);
+    let mut conn = match builder.handshake::<_, Bytes>(stream.compat()).await {
+        Ok(c) => c,
+        Err(e) => {
+            if !is_quiet_disconnect(&e) {
+                tracing::debug!(target: "net.grpc", ?peer, error = %e, "HTTP/2 handshake failed");
+            }
+            return;
+        }
+    };
+    let mut closing = false;
+    loop {
+        let next = if closing {
+            conn.accept().await
+        } else {
+            let stop = async {
+                shutdown.wait().await;
+                None
+            };
+            match future::or(async { Some(conn.accept().await) }, stop).await {
+                Some(n) => n,
+                None => {
+                    conn.graceful_shutdown();
+                    closing = true;
+                    continue;
+                }
+            }
+        };
+        match next {
+            Some(Ok((req, respond))) => {
+                glommio::spawn_local(handle_request(
+                    req,
+                    respond,
+                    Rc::clone(&handler),
+                    Rc::clone(&cfg),
+                ))
+                .detach();
+            }
+            Some(Err(e)) => {
+                if !is_quiet_disconnect(&e) {
+                    tracing::warn!(target: "net.grpc", ?peer, error = %e, "connection error");
+                }
+                break;
+            }
+            None => break,
+        }
+    }
+}
+
+/// Accepts connections on `listener` until `shutdown`, serving each on this executor.
+pub async fn serve(listener: TcpListener, handler: Handler, cfg: ServerConfig, shutdown: Shutdown) {
+    let cfg = Rc::new(cfg);
+    loop {
+        let accepted = future::or(async { Some(listener.accept().await) }, async {
+            shutdown.wait().await;
+            None
+        })
+        .await;
+        match accepted {
+            None => break,
+            Some(Ok(stream)) => {
+                glommio::spawn_local(serve_connection(
+                    stream,
+                    Rc::clone(&handler),
+                    Rc::clone(&cfg),
+                    shutdown.clone(),
+                ))
+                .detach();
+            }
+            Some(Err(e)) => {
+                tracing::warn!(target: "net.grpc", error = %e, "accept failed");
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_parse() {
+        assert_eq!(parse_timeout("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_timeout("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(parse_timeout("2H"), Some(Duration::from_secs(7200)));
+        assert_eq!(parse_timeout("123456789S"), None);
+        assert_eq!(parse_timeout("S"), None);
+        assert_eq!(parse_timeout("5x"), None);
+    }
+}
