@@ -189,6 +189,10 @@ pub async fn publish_stream(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> St
     let mut no_ack: FuturesOrdered<AckFuture> = FuturesOrdered::new();
     let mut reading = true;
     let mut end = Status::ok();
+    // Response headers go out at once: clients such as tonic wait for them before sending.
+    if let Err(s) = out.start() {
+        return s;
+    }
     loop {
         let outstanding = durable.len() + no_ack.len();
         if !reading && outstanding == 0 {

@@ -1,0 +1,352 @@
+//! Test harness: starts the real `futureq` binary on free 127.0.0.1 ports and talks to it
+//! with tonic (an independent gRPC implementation).
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use futureq_bench::health::health_client::HealthClient;
+use futureq_bench::health::HealthCheckRequest;
+use futureq_bench::pb::future_q_consumer_client::FutureQConsumerClient;
+use futureq_bench::pb::future_q_producer_client::FutureQProducerClient;
+use futureq_bench::pb::{
+    consumer_frame, AckRequest, ConsumerFrame, PublishBatch, PublishBatchAck, PublishMessage,
+    QueueMessage, SubscribeInit,
+};
+use futures::channel::mpsc;
+use tonic::transport::Channel;
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// A broker process with its own data directory and ports.
+pub struct Broker {
+    pub dir: tempfile::TempDir,
+    pub grpc_port: u16,
+    pub metrics_port: u16,
+    pub extra: String,
+    child: Option<Child>,
+}
+
+impl Broker {
+    /// Starts a broker; `extra` is YAML appended to the generated config (top-level keys).
+    pub async fn start(extra: &str) -> Broker {
+        let mut b = Broker {
+            dir: tempfile::tempdir().unwrap(),
+            grpc_port: free_port(),
+            metrics_port: free_port(),
+            extra: extra.to_owned(),
+            child: None,
+        };
+        b.spawn().await;
+        b
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("futureq.yaml")
+    }
+
+    fn write_config(&self) {
+        let data = self.dir.path().join("data");
+        let mut yaml = format!(
+            "configVersion: 1\napi:\n  grpc:\n    listen: 127.0.0.1:{}\n    maxConcurrentStreams: 100\n\
+             observability:\n  logging:\n    level: info\n  metrics:\n    listen: 127.0.0.1:{}\n\
+             runtime:\n  cores: 2\n",
+            self.grpc_port, self.metrics_port
+        );
+        if !self.extra.contains("storage:") {
+            yaml.push_str(&format!("storage:\n  dataDir: {}\n", data.display()));
+        }
+        yaml.push_str(&self.extra);
+        std::fs::write(self.config_path(), yaml).unwrap();
+    }
+
+    /// (Re)starts the process on the same ports and data and waits until it serves.
+    pub async fn spawn(&mut self) {
+        self.write_config();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("broker.log"))
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_futureq"))
+            .args(["start", "-c"])
+            .arg(self.config_path())
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(mut h) = HealthClient::connect(self.url()).await {
+                if let Ok(r) = h
+                    .check(HealthCheckRequest {
+                        service: String::new(),
+                    })
+                    .await
+                {
+                    if r.into_inner().status == 1 {
+                        return;
+                    }
+                }
+            }
+            if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("broker exited during start-up ({st}); log:\n{}", self.log());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "broker did not become healthy; log:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("broker.log")).unwrap_or_default()
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.grpc_port)
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    /// SIGKILL, no chance to flush anything.
+    pub fn kill9(&mut self) {
+        let mut c = self.child.take().unwrap();
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+
+    /// SIGTERM and wait (bounded) for the exit status.
+    pub fn sigterm(&mut self, within: Duration) -> ExitStatus {
+        let mut c = self.child.take().unwrap();
+        Command::new("kill")
+            .args(["-TERM", &c.id().to_string()])
+            .status()
+            .unwrap();
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(st) = c.try_wait().unwrap() {
+                return st;
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                panic!(
+                    "broker did not exit within {within:?}; log:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub async fn channel(&self) -> Channel {
+        Channel::from_shared(self.url())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap()
+    }
+
+    /// GET on the metrics listener.
+    pub async fn http_get(&self, path: &str) -> (u16, String) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.metrics_port))
+            .await
+            .unwrap();
+        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).await.unwrap();
+        let code = buf.split(' ').nth(1).unwrap_or("0").parse().unwrap_or(0);
+        let body = buf
+            .split_once("\r\n\r\n")
+            .map(|x| x.1.to_owned())
+            .unwrap_or_default();
+        (code, body)
+    }
+
+    /// The value of one metric series (exact line prefix match), or 0.
+    pub async fn metric(&self, series: &str) -> f64 {
+        let (_, body) = self.http_get("/metrics").await;
+        body.lines()
+            .find_map(|l| {
+                l.strip_prefix(series)
+                    .and_then(|r| r.strip_prefix(' '))
+                    .map(|v| v.parse().unwrap_or(0.0))
+            })
+            .unwrap_or(0.0)
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn msg(topic: &str, payload: &str, delay_ms: i64, ttl_ms: i64) -> PublishMessage {
+    PublishMessage {
+        topic: topic.into(),
+        payload: payload.as_bytes().to_vec().into(),
+        delay_ms,
+        ttl_ms,
+        indexes: vec![],
+    }
+}
+
+pub fn batch(id: u64, level: i32, messages: Vec<PublishMessage>) -> PublishBatch {
+    PublishBatch {
+        messages,
+        ack_level: level,
+        batch_id: id,
+    }
+}
+
+/// One PublishStream: send batches, read acks.
+pub struct Publisher {
+    tx: mpsc::UnboundedSender<PublishBatch>,
+    acks: tonic::Streaming<PublishBatchAck>,
+}
+
+impl Publisher {
+    pub async fn open(ch: Channel) -> Publisher {
+        let (tx, rx) = mpsc::unbounded();
+        let acks = FutureQProducerClient::new(ch)
+            .publish_stream(rx)
+            .await
+            .unwrap()
+            .into_inner();
+        Publisher { tx, acks }
+    }
+
+    pub fn send(&self, b: PublishBatch) {
+        self.tx.unbounded_send(b).unwrap();
+    }
+
+    pub async fn ack(&mut self) -> PublishBatchAck {
+        tokio::time::timeout(Duration::from_secs(10), self.acks.message())
+            .await
+            .expect("ack within 10 s")
+            .expect("stream healthy")
+            .expect("stream not ended")
+    }
+
+    pub async fn publish(&mut self, b: PublishBatch) -> PublishBatchAck {
+        self.send(b);
+        self.ack().await
+    }
+
+    /// Half-closes and returns the final status of the stream.
+    pub async fn close(mut self) -> Result<Option<PublishBatchAck>, tonic::Status> {
+        self.tx.close_channel();
+        self.acks.message().await
+    }
+
+    pub async fn end_status(&mut self) -> tonic::Status {
+        loop {
+            match tokio::time::timeout(Duration::from_secs(10), self.acks.message())
+                .await
+                .expect("status within 10 s")
+            {
+                Ok(Some(_)) => continue,
+                Ok(None) => return tonic::Status::ok(""),
+                Err(s) => return s,
+            }
+        }
+    }
+}
+
+/// One Subscribe stream.
+pub struct Subscriber {
+    tx: mpsc::UnboundedSender<ConsumerFrame>,
+    pub rx: tonic::Streaming<QueueMessage>,
+}
+
+impl Subscriber {
+    pub async fn open(ch: Channel, topic: &str, group: &str, max_in_flight: u32) -> Subscriber {
+        let (tx, rx) = mpsc::unbounded();
+        tx.unbounded_send(ConsumerFrame {
+            frame: Some(consumer_frame::Frame::Init(SubscribeInit {
+                topic: topic.into(),
+                group_id: group.into(),
+                read_from_replica: false,
+                max_in_flight,
+            })),
+        })
+        .unwrap();
+        let rx = FutureQConsumerClient::new(ch)
+            .subscribe(rx)
+            .await
+            .unwrap()
+            .into_inner();
+        Subscriber { tx, rx }
+    }
+
+    /// The next message within `within`, or None.
+    pub async fn next(&mut self, within: Duration) -> Option<QueueMessage> {
+        match tokio::time::timeout(within, self.rx.message()).await {
+            Ok(Ok(m)) => m,
+            Ok(Err(s)) => panic!("subscribe stream failed: {s:?}"),
+            Err(_) => None,
+        }
+    }
+
+    pub fn ack(&self, tag: &[u8], success: bool) {
+        self.tx
+            .unbounded_send(ConsumerFrame {
+                frame: Some(consumer_frame::Frame::Ack(AckRequest {
+                    success,
+                    delivery_tag: tag.to_vec().into(),
+                })),
+            })
+            .unwrap();
+    }
+
+    /// Collects messages until `quiet` passes with none.
+    pub async fn drain(&mut self, quiet: Duration) -> Vec<QueueMessage> {
+        let mut out = Vec::new();
+        while let Some(m) = self.next(quiet).await {
+            out.push(m);
+        }
+        out
+    }
+
+    pub async fn end_status(&mut self) -> tonic::Status {
+        loop {
+            match tokio::time::timeout(Duration::from_secs(10), self.rx.message())
+                .await
+                .expect("status within 10 s")
+            {
+                Ok(Some(_)) => continue,
+                Ok(None) => return tonic::Status::ok(""),
+                Err(s) => return s,
+            }
+        }
+    }
+}

@@ -1,0 +1,276 @@
+//! End-to-end delivery through the real binary: timing, groups, acks, redelivery, TTL.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const QUORUM: i32 = 0;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_then_deliver_on_time_with_matching_tags() {
+    let b = Broker::start("").await;
+    let mut sub = Subscriber::open(b.channel().await, "orders", "", 0).await;
+    let mut p = Publisher::open(b.channel().await).await;
+    let before = now_ms();
+    let ack = p
+        .publish(batch(
+            7,
+            QUORUM,
+            vec![msg("orders", "a", 0, 0), msg("orders", "b", 400, 0)],
+        ))
+        .await;
+    assert!(ack.success, "{ack:?}");
+    assert_eq!(ack.batch_id, 7);
+    assert_eq!(ack.error_code, 0);
+    assert_eq!(ack.delivery_tags.len(), 2);
+    assert!(ack.delivery_tags.iter().all(|t| t.len() == 24));
+
+    let first = sub
+        .next(Duration::from_secs(5))
+        .await
+        .expect("immediate message");
+    assert_eq!(&first.payload[..], b"a");
+    assert_eq!(first.delivery_tag, ack.delivery_tags[0]);
+    assert_eq!(first.attempt, 1);
+    assert_eq!(first.topic, "orders");
+    assert!(first.enqueued_at_unix_ms >= before - 5);
+    sub.ack(&first.delivery_tag, true);
+
+    let second = sub
+        .next(Duration::from_secs(5))
+        .await
+        .expect("delayed message");
+    let now = now_ms();
+    let due = second.enqueued_at_unix_ms + second.delay_ms;
+    assert_eq!(&second.payload[..], b"b");
+    assert_eq!(second.delay_ms, 400);
+    assert!(now >= due, "delivered {}ms early", due - now);
+    assert!(now - due < 1000, "delivered {}ms late", now - due);
+    assert_eq!(second.delivery_tag, ack.delivery_tags[1]);
+    sub.ack(&second.delivery_tag, true);
+    assert!(sub.next(Duration::from_millis(300)).await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nack_timeout_and_ack_drive_redelivery() {
+    let b =
+        Broker::start("delivery:\n  inFlightTimeout: 600ms\n  deleteBatchInterval: 50ms\n").await;
+    let mut sub = Subscriber::open(b.channel().await, "t", "workers", 0).await;
+    let mut p = Publisher::open(b.channel().await).await;
+    assert!(
+        p.publish(batch(1, QUORUM, vec![msg("t", "x", 0, 0)]))
+            .await
+            .success
+    );
+    let m1 = sub.next(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(m1.attempt, 1);
+    let t = Instant::now();
+    sub.ack(&m1.delivery_tag, false);
+    let m2 = sub.next(Duration::from_secs(5)).await.unwrap();
+    assert_eq!((m2.attempt, &m2.delivery_tag), (2, &m1.delivery_tag));
+    assert!(
+        t.elapsed() < Duration::from_millis(500),
+        "NACK makes it due at once"
+    );
+    // No ack: redelivered after inFlightTimeout.
+    let t = Instant::now();
+    let m3 = sub.next(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(m3.attempt, 3);
+    assert!(
+        t.elapsed() >= Duration::from_millis(450),
+        "redelivered after {:?}",
+        t.elapsed()
+    );
+    sub.ack(&m3.delivery_tag, true);
+    assert!(
+        sub.next(Duration::from_millis(1200)).await.is_none(),
+        "acked message is gone"
+    );
+    // And it stays gone for a new subscriber.
+    drop(sub);
+    let mut again = Subscriber::open(b.channel().await, "t", "workers", 0).await;
+    assert!(again.next(Duration::from_millis(800)).await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_compete_universals_get_everything() {
+    let b = Broker::start("").await;
+    let mut g1 = Subscriber::open(b.channel().await, "t", "g", 0).await;
+    let mut g2 = Subscriber::open(b.channel().await, "t", "g", 0).await;
+    let mut h = Subscriber::open(b.channel().await, "t", "h", 0).await;
+    let mut u = Subscriber::open(b.channel().await, "t", "", 0).await;
+    // Subscriptions register asynchronously; give them a moment before the messages fall due.
+    let mut p = Publisher::open(b.channel().await).await;
+    let msgs = (0..20).map(|i| msg("t", &i.to_string(), 300, 0)).collect();
+    assert!(p.publish(batch(1, QUORUM, msgs)).await.success);
+    let quiet = Duration::from_millis(700);
+    let (a, bb, hh, uu) = tokio::join!(
+        g1.drain(quiet),
+        g2.drain(quiet),
+        h.drain(quiet),
+        u.drain(quiet)
+    );
+    let group: Vec<_> = a
+        .iter()
+        .chain(bb.iter())
+        .map(|m| m.payload.clone())
+        .collect();
+    let distinct: HashSet<_> = group.iter().collect();
+    assert_eq!(group.len(), 20, "group g gets each message once");
+    assert_eq!(distinct.len(), 20);
+    assert!(
+        !a.is_empty() && !bb.is_empty(),
+        "both members share the work ({} / {})",
+        a.len(),
+        bb.len()
+    );
+    assert_eq!(hh.len(), 20, "group h gets every message");
+    assert_eq!(uu.len(), 20, "the universal consumer gets every message");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_in_flight_bounds_each_consumer() {
+    let b = Broker::start("").await;
+    let mut slow = Subscriber::open(b.channel().await, "t", "", 3).await;
+    let mut p = Publisher::open(b.channel().await).await;
+    let msgs = (0..10).map(|i| msg("t", &i.to_string(), 0, 0)).collect();
+    assert!(p.publish(batch(1, QUORUM, msgs)).await.success);
+    let got = slow.drain(Duration::from_millis(500)).await;
+    assert_eq!(got.len(), 3, "only max_in_flight unacked deliveries");
+    for m in &got {
+        slow.ack(&m.delivery_tag, true);
+    }
+    let more = slow.drain(Duration::from_millis(500)).await;
+    assert_eq!(more.len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_messages_are_never_delivered_and_get_swept() {
+    let b = Broker::start("delivery:\n  ttlSweepInterval: 200ms\n").await;
+    let mut p = Publisher::open(b.channel().await).await;
+    // Nobody subscribes to "lonely": the sweeper must delete it anyway.
+    assert!(
+        p.publish(batch(1, QUORUM, vec![msg("lonely", "x", 0, 100)]))
+            .await
+            .success
+    );
+    // "t" has a consumer, but the message expires before it falls due.
+    assert!(
+        p.publish(batch(
+            2,
+            QUORUM,
+            vec![msg("t", "late", 300, 150), msg("t", "ok", 300, 5000)]
+        ))
+        .await
+        .success
+    );
+    let mut sub = Subscriber::open(b.channel().await, "t", "", 0).await;
+    let got = sub.drain(Duration::from_millis(900)).await;
+    let payloads: Vec<_> = got
+        .iter()
+        .map(|m| String::from_utf8_lossy(&m.payload).into_owned())
+        .collect();
+    assert_eq!(payloads, vec!["ok"]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let swept = b
+            .metric("futureq_messages_expired_total{source=\"sweeper\"}")
+            .await;
+        let inline = b
+            .metric("futureq_messages_expired_total{source=\"dispatcher\"}")
+            .await;
+        if swept + inline >= 2.0 && swept >= 1.0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "expired: sweeper {swept}, dispatcher {inline}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_for_tags_not_delivered_on_the_stream_are_ignored() {
+    let b = Broker::start("delivery:\n  deleteBatchInterval: 50ms\n").await;
+    let mut p = Publisher::open(b.channel().await).await;
+    let ack = p
+        .publish(batch(1, QUORUM, vec![msg("t", "keep", 400, 0)]))
+        .await;
+    // A stranger acks the tag before it was delivered to anyone: ignored.
+    let stranger = Subscriber::open(b.channel().await, "other", "", 0).await;
+    stranger.ack(&ack.delivery_tags[0], true);
+    stranger.ack(b"not-a-24-byte-tag", true);
+    let mut sub = Subscriber::open(b.channel().await, "t", "", 0).await;
+    let m = sub
+        .next(Duration::from_secs(5))
+        .await
+        .expect("still delivered");
+    assert_eq!(m.delivery_tag, ack.delivery_tags[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_releases_in_flight_at_once() {
+    let b = Broker::start("delivery:\n  inFlightTimeout: 30s\n").await;
+    let mut a = Subscriber::open(b.channel().await, "t", "g", 0).await;
+    let mut p = Publisher::open(b.channel().await).await;
+    assert!(
+        p.publish(batch(1, QUORUM, vec![msg("t", "x", 0, 0)]))
+            .await
+            .success
+    );
+    let m = a.next(Duration::from_secs(5)).await.unwrap();
+    drop(a);
+    let mut bsub = Subscriber::open(b.channel().await, "t", "g", 0).await;
+    let t = Instant::now();
+    let again = bsub
+        .next(Duration::from_secs(5))
+        .await
+        .expect("redelivered after disconnect");
+    assert_eq!(again.delivery_tag, m.delivery_tag);
+    assert!(
+        t.elapsed() < Duration::from_secs(3),
+        "not after the 30 s timeout"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_pipelined_batches_all_acked_in_order() {
+    let b = Broker::start("publish:\n  minAckLevel: noAck\n").await;
+    let mut p = Publisher::open(b.channel().await).await;
+    for i in 0..300u64 {
+        let level = (i % 3) as i32;
+        p.send(batch(
+            i,
+            level,
+            (0..20)
+                .map(|j| msg(&format!("t{}", j % 4), "payload", 60_000, 0))
+                .collect(),
+        ));
+    }
+    let mut last: HashMap<bool, u64> = HashMap::new();
+    let mut ids = HashSet::new();
+    for _ in 0..300 {
+        let a = p.ack().await;
+        assert!(a.success, "{a:?}");
+        let durable = a.batch_id % 3 != 2;
+        if let Some(prev) = last.insert(durable, a.batch_id) {
+            assert!(
+                a.batch_id > prev,
+                "acks of one ack level come back in order"
+            );
+        }
+        for t in &a.delivery_tags {
+            assert!(ids.insert(t.clone()), "tags are unique");
+        }
+    }
+    assert_eq!(ids.len(), 6000);
+    let status = p.close().await;
+    assert!(
+        matches!(status, Ok(None)),
+        "half-close ends with OK: {status:?}"
+    );
+}
