@@ -62,12 +62,11 @@ impl Broker {
 
     fn write_config(&self) {
         let data = self.dir.path().join("data");
-        let mut yaml = format!(
-            "configVersion: 1\napi:\n  grpc:\n    listen: 127.0.0.1:{}\n    maxConcurrentStreams: 100\n\
-             observability:\n  logging:\n    level: info\n  metrics:\n    listen: 127.0.0.1:{}\n\
-             runtime:\n  cores: 2\n",
-            self.grpc_port, self.metrics_port
-        );
+        // Ports come from the environment so that `extra` may hold any section.
+        let mut yaml = String::from("configVersion: 1\n");
+        if !self.extra.contains("runtime:") {
+            yaml.push_str("runtime:\n  cores: 2\n");
+        }
         if !self.extra.contains("storage:") {
             yaml.push_str(&format!("storage:\n  dataDir: {}\n", data.display()));
         }
@@ -86,6 +85,16 @@ impl Broker {
         let child = Command::new(env!("CARGO_BIN_EXE_futureq"))
             .args(["start", "-c"])
             .arg(self.config_path())
+            .env(
+                "FUTUREQ_API_GRPC_LISTEN",
+                format!("127.0.0.1:{}", self.grpc_port),
+            )
+            .env("FUTUREQ_API_GRPC_MAXCONCURRENTSTREAMS", "100")
+            .env(
+                "FUTUREQ_OBSERVABILITY_METRICS_LISTEN",
+                format!("127.0.0.1:{}", self.metrics_port),
+            )
+            .env_remove("RUST_LOG")
             .current_dir(self.dir.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -213,7 +222,7 @@ impl Drop for Broker {
 pub fn msg(topic: &str, payload: &str, delay_ms: i64, ttl_ms: i64) -> PublishMessage {
     PublishMessage {
         topic: topic.into(),
-        payload: payload.as_bytes().to_vec().into(),
+        payload: payload.as_bytes().to_vec(),
         delay_ms,
         ttl_ms,
         indexes: vec![],
@@ -322,7 +331,7 @@ impl Subscriber {
             .unbounded_send(ConsumerFrame {
                 frame: Some(consumer_frame::Frame::Ack(AckRequest {
                     success,
-                    delivery_tag: tag.to_vec().into(),
+                    delivery_tag: tag.to_vec(),
                 })),
             })
             .unwrap();

@@ -1,0 +1,273 @@
+//! End-to-end API contract: every bad input gets its status and a precise message, the
+//! stream stays open, and the broker keeps serving.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use futureq_bench::health::health_client::HealthClient;
+use futureq_bench::health::HealthCheckRequest;
+use futureq_bench::pb::future_q_cluster_client::FutureQClusterClient;
+use futureq_bench::pb::future_q_consumer_client::FutureQConsumerClient;
+use futureq_bench::pb::{
+    consumer_frame, index, AckRequest, ClusterInfoRequest, ConsumerFrame, Index, JoinRequest,
+    SubscribeInit,
+};
+use tonic::Code;
+
+const QUORUM: i32 = 0;
+const LEADER: i32 = 1;
+const NO_ACK: i32 = 2;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_batches_are_rejected_precisely_and_the_stream_stays_open() {
+    let b = Broker::start("publish:\n  minAckLevel: leader\n  maxDelay: 1h\n").await;
+    let mut p = Publisher::open(b.channel().await).await;
+    let no_value = futureq_bench::pb::PublishMessage {
+        indexes: vec![Index { value: None }],
+        ..msg("t", "x", 0, 0)
+    };
+    let cases: Vec<(futureq_bench::pb::PublishBatch, &str)> = vec![
+        (
+            batch(1, QUORUM, vec![]),
+            "PublishBatch.messages must not be empty",
+        ),
+        (
+            batch(2, QUORUM, vec![msg("t", "ok", 0, 0), msg("", "x", 0, 0)]),
+            "messages[1].topic",
+        ),
+        (
+            batch(3, QUORUM, vec![msg(&"x".repeat(256), "x", 0, 0)]),
+            "messages[0].topic",
+        ),
+        (
+            batch(4, QUORUM, vec![msg("t", "x", -1, 0)]),
+            "messages[0].delay_ms",
+        ),
+        (
+            batch(5, QUORUM, vec![msg("t", "x", 0, -1)]),
+            "messages[0].ttl_ms",
+        ),
+        (
+            batch(6, QUORUM, vec![msg("t", "x", 3_600_001, 0)]),
+            "publish.maxDelay",
+        ),
+        (
+            batch(7, NO_ACK, vec![msg("t", "x", 0, 0)]),
+            "publish.minAckLevel",
+        ),
+        (batch(8, QUORUM, vec![no_value]), "messages[0].indexes"),
+    ];
+    for (bt, want) in cases {
+        let id = bt.batch_id;
+        let a = p.publish(bt).await;
+        assert!(!a.success, "batch {id} must be rejected");
+        assert_eq!(a.batch_id, id);
+        assert_eq!(
+            a.error_code,
+            Code::InvalidArgument as u32,
+            "batch {id}: {a:?}"
+        );
+        assert!(
+            a.error_message.contains(want),
+            "batch {id}: {:?} should mention {want}",
+            a.error_message
+        );
+        assert!(a.delivery_tags.is_empty());
+    }
+    // The stream is still usable, and nothing of the rejected batches was stored.
+    let ok = p
+        .publish(batch(
+            9,
+            LEADER,
+            vec![futureq_bench::pb::PublishMessage {
+                indexes: vec![Index {
+                    value: Some(index::Value::StringValue("order-1".into())),
+                }],
+                ..msg("t", "good", 0, 0)
+            }],
+        ))
+        .await;
+    assert!(ok.success, "{ok:?}");
+    // An unknown ack level counts as QUORUM.
+    assert!(
+        p.publish(batch(10, 42, vec![msg("t", "good2", 0, 0)]))
+            .await
+            .success
+    );
+    let mut sub = Subscriber::open(b.channel().await, "t", "", 0).await;
+    let got: Vec<_> = sub
+        .drain(Duration::from_millis(500))
+        .await
+        .into_iter()
+        .map(|m| m.payload)
+        .collect();
+    assert_eq!(
+        got,
+        vec![&b"good"[..], &b"good2"[..]],
+        "batch 2's valid first message was not stored"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_frames_end_the_stream_with_resource_exhausted() {
+    let b = Broker::start("api:\n  grpc:\n    maxReceiveMessageSize: 16KiB\n").await;
+    let mut p = Publisher::open(b.channel().await).await;
+    p.send(batch(1, QUORUM, vec![msg("t", &"x".repeat(20_000), 0, 0)]));
+    let s = p.end_status().await;
+    assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+    assert!(s.message().contains("maxReceiveMessageSize"), "{s:?}");
+    // The broker keeps serving.
+    let mut p2 = Publisher::open(b.channel().await).await;
+    assert!(
+        p2.publish(batch(2, QUORUM, vec![msg("t", "small", 0, 0)]))
+            .await
+            .success
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribe_rejects_bad_first_frames() {
+    let b = Broker::start("").await;
+    let frames = [
+        (
+            ConsumerFrame {
+                frame: Some(consumer_frame::Frame::Ack(AckRequest {
+                    success: true,
+                    delivery_tag: vec![0; 24],
+                })),
+            },
+            "first ConsumerFrame must be init",
+        ),
+        (
+            ConsumerFrame { frame: None },
+            "first ConsumerFrame must be init",
+        ),
+        (
+            ConsumerFrame {
+                frame: Some(consumer_frame::Frame::Init(SubscribeInit {
+                    topic: String::new(),
+                    group_id: String::new(),
+                    read_from_replica: false,
+                    max_in_flight: 0,
+                })),
+            },
+            "SubscribeInit.topic must not be empty",
+        ),
+    ];
+    for (f, want) in frames {
+        let req = futures::stream::iter(vec![f]).chain(futures::stream::pending());
+        let s = match FutureQConsumerClient::new(b.channel().await)
+            .subscribe(req)
+            .await
+        {
+            Err(s) => s,
+            Ok(r) => {
+                let mut st = r.into_inner();
+                tokio::time::timeout(Duration::from_secs(5), st.message())
+                    .await
+                    .unwrap()
+                    .unwrap_err()
+            }
+        };
+        assert_eq!(s.code(), Code::InvalidArgument, "{s:?}");
+        assert!(s.message().contains(want), "{s:?} should mention {want}");
+    }
+}
+
+use futures::StreamExt;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_rpcs_health_and_unknown_methods() {
+    let b = Broker::start("").await;
+    let mut c = FutureQClusterClient::new(b.channel().await);
+    let info = c
+        .get_cluster_info(ClusterInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(info.leader_node_id, 1);
+    assert_eq!(info.leader_address, format!("127.0.0.1:{}", b.grpc_port));
+    assert_eq!(info.nodes.len(), 1);
+    assert!(info.nodes[0].is_leader && info.nodes[0].is_alive && info.nodes[0].is_voter);
+    let join = c
+        .join_cluster(JoinRequest {
+            node_id: 2,
+            raft_address: "127.0.0.1:1".into(),
+            grpc_address: "127.0.0.1:2".into(),
+        })
+        .await;
+    let s = join.unwrap_err();
+    assert_eq!(s.code(), Code::FailedPrecondition, "{s:?}");
+    assert!(s.message().contains("cluster"), "{s:?}");
+
+    let mut h = HealthClient::new(b.channel().await);
+    for svc in ["", "futureq.FutureQProducer"] {
+        assert_eq!(
+            h.check(HealthCheckRequest {
+                service: svc.into()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status,
+            1
+        );
+    }
+    let s = h
+        .check(HealthCheckRequest {
+            service: "nope".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), Code::NotFound);
+    // Watch is not served: the server answers UNIMPLEMENTED for methods it does not know.
+    let s = h
+        .watch(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), Code::Unimplemented, "{s:?}");
+    assert!(s.message().contains("/grpc.health.v1.Health/Watch"));
+
+    // Metrics and health probes on the metrics listener.
+    let (code, body) = b.http_get("/healthz").await;
+    assert_eq!((code, body.as_str()), (200, "ok\n"));
+    let (code, body) = b.http_get("/metrics").await;
+    assert_eq!(code, 200);
+    assert!(body.contains("futureq_publish_requests_total"));
+    assert_eq!(b.http_get("/nope").await.0, 404);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_timeout_is_enforced() {
+    let b = Broker::start("").await;
+    let (tx, rx) = futures::channel::mpsc::unbounded::<futureq_bench::pb::PublishBatch>();
+    let mut req = tonic::Request::new(rx);
+    req.set_timeout(Duration::from_millis(300));
+    let mut client =
+        futureq_bench::pb::future_q_producer_client::FutureQProducerClient::new(b.channel().await);
+    let t = std::time::Instant::now();
+    let res = client.publish_stream(req).await;
+    let status = match res {
+        Err(s) => s,
+        Ok(r) => {
+            let mut st = r.into_inner();
+            loop {
+                match tokio::time::timeout(Duration::from_secs(5), st.message())
+                    .await
+                    .unwrap()
+                {
+                    Ok(Some(_)) => continue,
+                    Ok(None) => panic!("stream ended OK"),
+                    Err(s) => break s,
+                }
+            }
+        }
+    };
+    drop(tx);
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    assert!(t.elapsed() < Duration::from_secs(3));
+}

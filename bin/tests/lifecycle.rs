@@ -1,0 +1,196 @@
+//! End-to-end process lifecycle: crash recovery, id monotonicity, graceful shutdown.
+
+mod common;
+
+use std::collections::HashSet;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+const QUORUM: i32 = 0;
+
+fn event_id(tag: &[u8]) -> u64 {
+    u64::from_be_bytes(tag[16..24].try_into().unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_loses_no_acked_batch_and_ids_never_regress() {
+    let mut b = Broker::start("").await;
+    let mut acked = HashSet::new();
+    let mut max_id = 0;
+    {
+        let mut p = Publisher::open(b.channel().await).await;
+        // Pipeline batches and kill the broker while some are still in flight.
+        for i in 0..200u64 {
+            p.send(batch(
+                i,
+                QUORUM,
+                (0..10)
+                    .map(|j| msg("crash", &format!("{i}-{j}"), 1500, 0))
+                    .collect(),
+            ));
+        }
+        for _ in 0..100 {
+            let a = p.ack().await;
+            assert!(a.success, "{a:?}");
+            for t in a.delivery_tags {
+                max_id = max_id.max(event_id(&t));
+                acked.insert(t);
+            }
+        }
+        b.kill9();
+    }
+    assert_eq!(acked.len(), 1000);
+    b.spawn().await;
+    let mut sub = Subscriber::open(b.channel().await, "crash", "", 65_536).await;
+    let mut seen = HashSet::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while !acked.is_subset(&seen) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {} acked messages delivered",
+            acked.intersection(&seen).count(),
+            acked.len()
+        );
+        if let Some(m) = sub.next(Duration::from_millis(500)).await {
+            seen.insert(m.delivery_tag);
+        }
+    }
+    // New ids start above every id handed out before the crash.
+    let mut p = Publisher::open(b.channel().await).await;
+    let a = p
+        .publish(batch(1, QUORUM, vec![msg("after", "x", 0, 0)]))
+        .await;
+    assert!(
+        event_id(&a.delivery_tags[0]) > max_id,
+        "id {} after {max_id}",
+        event_id(&a.delivery_tags[0])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acked_deletes_survive_a_graceful_restart() {
+    let mut b = Broker::start("delivery:\n  deleteBatchInterval: 5s\n").await;
+    let mut p = Publisher::open(b.channel().await).await;
+    assert!(
+        p.publish(batch(
+            1,
+            QUORUM,
+            vec![msg("t", "a", 0, 0), msg("t", "b", 0, 0)]
+        ))
+        .await
+        .success
+    );
+    let mut sub = Subscriber::open(b.channel().await, "t", "", 0).await;
+    let got = sub.drain(Duration::from_millis(400)).await;
+    assert_eq!(got.len(), 2);
+    sub.ack(&got[0].delivery_tag, true);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // SIGTERM flushes the pending delete although the 5 s interval has not passed.
+    let st = b.sigterm(Duration::from_secs(10));
+    assert!(st.success(), "exit status {st}; log:\n{}", b.log());
+    b.spawn().await;
+    let mut sub = Subscriber::open(b.channel().await, "t", "", 0).await;
+    let again = sub.drain(Duration::from_millis(600)).await;
+    let payloads: Vec<_> = again.iter().map(|m| m.payload.clone()).collect();
+    assert_eq!(
+        payloads,
+        vec![got[1].payload.clone()],
+        "only the unacked message comes back"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_open_streams_exits_zero_promptly() {
+    let mut b = Broker::start("").await;
+    let mut sub = Subscriber::open(b.channel().await, "t", "g", 0).await;
+    let mut p = Publisher::open(b.channel().await).await;
+    assert!(
+        p.publish(batch(1, QUORUM, vec![msg("t", "x", 0, 0)]))
+            .await
+            .success
+    );
+    assert!(sub.next(Duration::from_secs(5)).await.is_some());
+    let t = std::time::Instant::now();
+    let st = b.sigterm(Duration::from_secs(10));
+    assert!(st.success(), "exit status {st}; log:\n{}", b.log());
+    assert!(t.elapsed() < Duration::from_secs(10));
+    let s = sub.end_status().await;
+    assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}");
+    assert!(b.log().contains("stopped"), "{}", b.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_without_config_file_uses_defaults_and_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let (grpc, metrics) = (free_port(), free_port());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_futureq"))
+        .arg("start")
+        .current_dir(dir.path())
+        .env("FUTUREQ_API_GRPC_LISTEN", format!("127.0.0.1:{grpc}"))
+        .env(
+            "FUTUREQ_OBSERVABILITY_METRICS_LISTEN",
+            format!("127.0.0.1:{metrics}"),
+        )
+        .env("FUTUREQ_RUNTIME_CORES", "1")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{grpc}");
+    let mut ok = false;
+    for _ in 0..200 {
+        if let Ok(ch) = tonic::transport::Channel::from_shared(url.clone())
+            .unwrap()
+            .connect()
+            .await
+        {
+            let mut p = Publisher::open(ch).await;
+            ok = p
+                .publish(batch(1, QUORUM, vec![msg("t", "x", 0, 0)]))
+                .await
+                .success;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(ok, "broker on defaults accepted a publish");
+    assert!(
+        dir.path().join("data/futureq.redb").exists(),
+        "default storage.dataDir is ./data"
+    );
+}
+
+#[test]
+fn bad_config_and_busy_port_fail_with_clear_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(
+        &cfg,
+        "configVersion: 1\ndelivery:\n  consumerQueueSize: 0\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_futureq"))
+        .args(["start", "-c"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("delivery.consumerQueueSize"));
+
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = busy.local_addr().unwrap().port();
+    std::fs::write(&cfg, format!("configVersion: 1\napi:\n  grpc:\n    listen: 127.0.0.1:{port}\nobservability:\n  metrics:\n    listen: \"\"\nstorage:\n  mode: memory\n")).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_futureq"))
+        .args(["start", "-c"])
+        .arg(&cfg)
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("api.grpc.listen"), "{err}");
+}
