@@ -1,0 +1,34 @@
+//! Protobuf decoding of every client-sent API message from arbitrary bytes, and delivery
+//! tag parsing: never panics.
+#![no_main]
+
+use futureq_core::EventKey;
+use futureq_net::pb;
+use libfuzzer_sys::fuzz_target;
+use prost::Message;
+
+fuzz_target!(|data: &[u8]| {
+    if let Ok(b) = pb::PublishBatch::decode(data) {
+        for m in &b.messages {
+            let _ = futureq_core::publish::validate_message(
+                0,
+                &m.topic,
+                m.delay_ms,
+                m.ttl_ms,
+                m.indexes.len(),
+                &futureq_core::publish::PublishLimits {
+                    max_delay_ms: i64::MAX,
+                    min_ack_level: futureq_core::AckLevel::NoAck,
+                },
+            );
+        }
+    }
+    if let Ok(f) = pb::ConsumerFrame::decode(data) {
+        if let Some(pb::consumer_frame::Frame::Ack(a)) = f.frame {
+            let _ = EventKey::from_slice(&a.delivery_tag);
+        }
+    }
+    let _ = pb::ClusterInfoRequest::decode(data);
+    let _ = pb::JoinRequest::decode(data);
+    let _ = pb::health::HealthCheckRequest::decode(data);
+});

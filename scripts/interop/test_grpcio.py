@@ -1,0 +1,197 @@
+"""futureq interop suite with Python grpcio: publish, subscribe, errors, health, shutdown.
+
+Starts the broker binary given as argv[1] on free loopback ports with in-memory storage,
+runs each check with a deadline, and prints one line per check plus 'N passed, M failed'.
+"""
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import grpc
+import futureq_pb2 as pb
+import futureq_pb2_grpc as pbg
+import health_pb2
+import health_pb2_grpc
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Broker:
+    def __init__(self, binary):
+        self.dir = tempfile.TemporaryDirectory()
+        self.port = free_port()
+        env = dict(os.environ)
+        env.update({
+            "FUTUREQ_API_GRPC_LISTEN": f"127.0.0.1:{self.port}",
+            "FUTUREQ_OBSERVABILITY_METRICS_LISTEN": "",
+            "FUTUREQ_STORAGE_MODE": "memory",
+            "FUTUREQ_RUNTIME_CORES": "2",
+            "FUTUREQ_DELIVERY_INFLIGHTTIMEOUT": "1s",
+        })
+        env.pop("RUST_LOG", None)
+        self.log = open(os.path.join(self.dir.name, "broker.log"), "w+")
+        self.proc = subprocess.Popen([binary, "start"], cwd=self.dir.name, env=env,
+                                     stdout=subprocess.DEVNULL, stderr=self.log)
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+        grpc.channel_ready_future(self.channel).result(timeout=20)
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.channel.close()
+
+
+def batch(batch_id, msgs, level=pb.ACK_LEVEL_QUORUM):
+    return pb.PublishBatch(batch_id=batch_id, ack_level=level, messages=msgs)
+
+
+def publish(b, batches):
+    stub = pbg.FutureQProducerStub(b.channel)
+    return list(stub.PublishStream(iter(batches), timeout=10))
+
+
+class Consumer:
+    """A Subscribe stream whose request iterator is fed from a queue (for ACK frames)."""
+
+    def __init__(self, b, topic, group=""):
+        self.q = queue.Queue()
+        self.q.put(pb.ConsumerFrame(init=pb.SubscribeInit(topic=topic, group_id=group)))
+        self.stream = pbg.FutureQConsumerStub(b.channel).Subscribe(self._frames(), timeout=20)
+        self.got = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _frames(self):
+        while True:
+            f = self.q.get()
+            if f is None:
+                return
+            yield f
+
+    def _read(self):
+        try:
+            for m in self.stream:
+                self.got.put(m)
+        except grpc.RpcError as e:
+            self.got.put(e)
+
+    def next(self, timeout):
+        try:
+            return self.got.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def ack(self, tag, success=True):
+        self.q.put(pb.ConsumerFrame(ack=pb.AckRequest(success=success, delivery_tag=tag)))
+
+    def close(self):
+        self.q.put(None)
+        self.stream.cancel()
+
+
+def check_health(b):
+    stub = health_pb2_grpc.HealthStub(b.channel)
+    r = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+    assert r.status == health_pb2.HealthCheckResponse.SERVING, r
+    try:
+        stub.Check(health_pb2.HealthCheckRequest(service="nope"), timeout=5)
+        raise AssertionError("unknown service must fail")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.NOT_FOUND, e
+
+
+def check_publish_and_subscribe(b):
+    c = Consumer(b, "py-orders")
+    time.sleep(0.2)
+    acks = publish(b, [batch(1, [pb.PublishMessage(topic="py-orders", payload=b"hello", delay_ms=200)])])
+    assert len(acks) == 1 and acks[0].success and acks[0].batch_id == 1, acks
+    assert len(acks[0].delivery_tags[0]) == 24
+    m = c.next(5)
+    assert isinstance(m, pb.QueueMessage), m
+    assert m.payload == b"hello" and m.attempt == 1 and m.delivery_tag == acks[0].delivery_tags[0], m
+    now = int(time.time() * 1000)
+    assert now >= m.enqueued_at_unix_ms + m.delay_ms, "delivered early"
+    c.ack(m.delivery_tag, False)  # NACK: redelivered at once
+    m2 = c.next(5)
+    assert isinstance(m2, pb.QueueMessage) and m2.attempt == 2, m2
+    c.ack(m2.delivery_tag, True)
+    assert c.next(1.5) is None, "acked message must not come back"
+    c.close()
+
+
+def check_publish_errors(b):
+    acks = publish(b, [
+        batch(1, []),
+        batch(2, [pb.PublishMessage(topic="", payload=b"x")]),
+        batch(3, [pb.PublishMessage(topic="t", payload=b"x", delay_ms=-5)]),
+        batch(4, [pb.PublishMessage(topic="t", payload=b"x")]),
+    ])
+    assert [a.batch_id for a in acks] == [1, 2, 3, 4], acks
+    assert [a.success for a in acks] == [False, False, False, True], acks
+    assert all(a.error_code == grpc.StatusCode.INVALID_ARGUMENT.value[0] for a in acks[:3]), acks
+    assert "messages[0].topic" in acks[1].error_message, acks[1]
+    assert "messages[0].delay_ms" in acks[2].error_message, acks[2]
+
+
+def check_subscribe_error(b):
+    stub = pbg.FutureQConsumerStub(b.channel)
+    try:
+        list(stub.Subscribe(iter([pb.ConsumerFrame(init=pb.SubscribeInit(topic=""))]), timeout=5))
+        raise AssertionError("empty topic must fail")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
+        assert "topic" in e.details(), e.details()
+
+
+def check_cluster_info(b):
+    r = pbg.FutureQClusterStub(b.channel).GetClusterInfo(pb.ClusterInfoRequest(), timeout=5)
+    assert r.leader_address == f"127.0.0.1:{b.port}" and len(r.nodes) == 1, r
+
+
+def check_sigterm(b):
+    c = Consumer(b, "py-shutdown")
+    time.sleep(0.2)
+    b.proc.send_signal(signal.SIGTERM)
+    code = b.proc.wait(timeout=10)
+    assert code == 0, f"exit code {code}"
+    end = c.next(5)
+    assert isinstance(end, grpc.RpcError) and end.code() == grpc.StatusCode.UNAVAILABLE, end
+
+
+def main():
+    binary = sys.argv[1]
+    b = Broker(binary)
+    passed = failed = 0
+    checks = [check_health, check_publish_and_subscribe, check_publish_errors,
+              check_subscribe_error, check_cluster_info, check_sigterm]
+    try:
+        for check in checks:
+            t = time.time()
+            try:
+                check(b)
+                passed += 1
+                print(f"ok   {check.__name__} ({time.time() - t:.2f}s)")
+            except Exception as e:  # noqa: BLE001 - report every failure and go on
+                failed += 1
+                print(f"FAIL {check.__name__}: {e!r}")
+    finally:
+        b.close()
+        if failed:
+            b.log.seek(0)
+            print("--- broker log ---\n" + b.log.read())
+    print(f"interop: {passed} passed, {failed} failed")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
