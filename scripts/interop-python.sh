@@ -18,6 +18,7 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import grpc, grpc_too
   "$py" -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check -r "$root/scripts/interop/requirements.txt"
 fi
+bin="$(realpath "$bin")"
 gen="$root/target/interop-gen"
 rm -rf "$gen" && mkdir -p "$gen"
 "$venv/bin/python" -m grpc_tools.protoc -I "$root/net/proto" --python_out="$gen" --grpc_python_out="$gen" \

@@ -10,6 +10,7 @@ if ! command -v systemd-analyze >/dev/null; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null
 fi
 [ -x "$bin" ] || (cd "$root" && cargo build -q -p futureq)
+bin="$(realpath "$bin")"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 sed "s#/usr/local/bin/futureq#$bin#" "$root/scripts/futureq.service" > "$tmp/futureq.service"
