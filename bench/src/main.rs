@@ -1,0 +1,343 @@
+//! `futureq-bench`: load generator for a running futureq broker.
+//!
+//! - `publish`: closed-loop publish throughput and per-batch latency (N streams, W batches in
+//!   flight each) at one ack level.
+//! - `lateness`: delivery lateness (receive time − due time) for a burst of messages due at
+//!   one instant, or a steady rate of messages falling due.
+//!
+//! Every latency figure comes from an HDR histogram; results print as a markdown table.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand, ValueEnum};
+use futureq_bench::pb::future_q_consumer_client::FutureQConsumerClient;
+use futureq_bench::pb::future_q_producer_client::FutureQProducerClient;
+use futureq_bench::pb::{
+    consumer_frame, AckRequest, ConsumerFrame, PublishBatch, PublishMessage, SubscribeInit,
+};
+use hdrhistogram::Histogram;
+use tokio::sync::Mutex;
+use tonic::transport::Channel;
+
+#[derive(Parser)]
+#[command(about = "futureq load generator")]
+struct Cli {
+    /// Broker gRPC address.
+    #[arg(long, default_value = "http://127.0.0.1:8443", global = true)]
+    addr: String,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+#[allow(clippy::enum_variant_names)]
+enum Ack {
+    Quorum,
+    Leader,
+    NoAck,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Closed-loop publish throughput and latency.
+    Publish {
+        /// Concurrent PublishStreams (each on its own HTTP/2 connection).
+        #[arg(long, default_value_t = 8)]
+        streams: usize,
+        /// Batches in flight per stream.
+        #[arg(long, default_value_t = 4)]
+        window: usize,
+        /// Messages per batch.
+        #[arg(long, default_value_t = 100)]
+        batch: usize,
+        /// Payload bytes per message.
+        #[arg(long, default_value_t = 100)]
+        size: usize,
+        /// Measured duration in seconds (after 1 s of warm-up).
+        #[arg(long, default_value_t = 10)]
+        seconds: u64,
+        #[arg(long, value_enum, default_value_t = Ack::Quorum)]
+        ack: Ack,
+        /// Delay of every message (ms): far in the future keeps the dispatcher out of the way.
+        #[arg(long, default_value_t = 3_600_000)]
+        delay_ms: i64,
+    },
+    /// Delivery lateness: messages falling due in a burst or at a steady rate.
+    Lateness {
+        /// Messages.
+        #[arg(long, default_value_t = 10_000)]
+        count: usize,
+        /// Due rate in msgs/s; 0 = all due at the same instant.
+        #[arg(long, default_value_t = 0)]
+        rate: u64,
+        /// Lead time between the end of publishing and the first due instant (ms).
+        #[arg(long, default_value_t = 1000)]
+        lead_ms: i64,
+    },
+}
+
+fn now_us() -> i64 {
+    i64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_micros(),
+    )
+    .unwrap_or(i64::MAX)
+}
+
+fn hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds")
+}
+
+fn row(name: &str, h: &Histogram<u64>) -> String {
+    #[allow(clippy::cast_precision_loss)]
+    let ms = |v: u64| v as f64 / 1000.0;
+    format!(
+        "| {name} | {} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} |",
+        h.len(),
+        ms(h.value_at_quantile(0.5)),
+        ms(h.value_at_quantile(0.9)),
+        ms(h.value_at_quantile(0.99)),
+        ms(h.value_at_quantile(0.999)),
+        ms(h.max())
+    )
+}
+
+const HEADER: &str =
+    "| series | n | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms |\n|---|---|---|---|---|---|---|";
+
+async fn connect(addr: &str) -> anyhow::Result<Channel> {
+    Channel::from_shared(addr.to_owned())?
+        .connect()
+        .await
+        .with_context(|| format!("connecting to {addr}"))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn publish(
+    addr: &str,
+    streams: usize,
+    window: usize,
+    batch: usize,
+    size: usize,
+    seconds: u64,
+    ack: Ack,
+    delay_ms: i64,
+) -> anyhow::Result<()> {
+    let payload = vec![b'x'; size];
+    let level = ack as i32;
+    let start = Instant::now();
+    let warm = start + Duration::from_secs(1);
+    let end = warm + Duration::from_secs(seconds);
+    let lat = Arc::new(Mutex::new(hist()));
+    let mut tasks = Vec::new();
+    for s in 0..streams {
+        let ch = connect(addr).await?;
+        let payload = payload.clone();
+        let lat = Arc::clone(&lat);
+        tasks.push(tokio::spawn(async move {
+            let (tx, rx) = tokio::sync::mpsc::channel::<PublishBatch>(window * 2);
+            let mut acks = FutureQProducerClient::new(ch)
+                .publish_stream(tokio_stream(rx))
+                .await?
+                .into_inner();
+            let mut sent_at = std::collections::VecDeque::new();
+            let mut local = hist();
+            let mut msgs = 0u64;
+            let mut next_id = 0u64;
+            let mk = |id: u64| PublishBatch {
+                messages: (0..batch)
+                    .map(|i| PublishMessage {
+                        topic: format!("bench-{}", (s + i) % 4),
+                        payload: payload.clone(),
+                        delay_ms,
+                        ttl_ms: 0,
+                        indexes: vec![],
+                    })
+                    .collect(),
+                ack_level: level,
+                batch_id: id,
+            };
+            for _ in 0..window {
+                sent_at.push_back(Instant::now());
+                tx.send(mk(next_id)).await?;
+                next_id += 1;
+            }
+            while let Some(a) = acks.message().await? {
+                let t0 = sent_at.pop_front().unwrap_or_else(Instant::now);
+                if !a.success {
+                    bail!("batch {} rejected: {}", a.batch_id, a.error_message);
+                }
+                let now = Instant::now();
+                if now >= warm && now < end {
+                    local.record(
+                        u64::try_from(now.duration_since(t0).as_micros())
+                            .unwrap_or(u64::MAX)
+                            .max(1),
+                    )?;
+                    msgs += batch as u64;
+                }
+                if now >= end {
+                    break;
+                }
+                sent_at.push_back(Instant::now());
+                tx.send(mk(next_id)).await?;
+                next_id += 1;
+            }
+            lat.lock().await.add(&local)?;
+            Ok::<u64, anyhow::Error>(msgs)
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await??;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let rate = total as f64 / seconds as f64;
+    let h = lat.lock().await;
+    println!(
+        "publish: {streams} streams × {window} in flight, {batch} msgs/batch, {size} B payload, ack level {level}\n"
+    );
+    println!(
+        "throughput: {rate:.0} msgs/s ({:.1} MB/s payload)\n",
+        rate * size as f64 / 1e6
+    );
+    println!("{HEADER}\n{}", row("publish ack latency (per batch)", &h));
+    Ok(())
+}
+
+fn tokio_stream<T: Send + 'static>(
+    mut rx: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures::Stream<Item = T> + Send + 'static {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+async fn lateness(addr: &str, count: usize, rate: u64, lead_ms: i64) -> anyhow::Result<()> {
+    let topic = format!("lateness-{}", now_us());
+    // Subscribe first (universal consumer, room for everything).
+    let (ack_tx, ack_rx) = tokio::sync::mpsc::unbounded_channel::<ConsumerFrame>();
+    ack_tx.send(ConsumerFrame {
+        frame: Some(consumer_frame::Frame::Init(SubscribeInit {
+            topic: topic.clone(),
+            group_id: String::new(),
+            read_from_replica: false,
+            max_in_flight: 65_536,
+        })),
+    })?;
+    let mut ack_rx = ack_rx;
+    let frames = futures::stream::poll_fn(move |cx| ack_rx.poll_recv(cx));
+    let mut deliveries = FutureQConsumerClient::new(connect(addr).await?)
+        .subscribe(frames)
+        .await?
+        .into_inner();
+
+    // Publish: every message carries its own delay so that due times land where we want.
+    let publish_start_ms = now_us() / 1000;
+    let first_due_ms =
+        publish_start_ms + lead_ms + i64::try_from(count / 20_000).unwrap_or(0) * 1000;
+    let (tx, rx) = tokio::sync::mpsc::channel::<PublishBatch>(64);
+    let mut acks = FutureQProducerClient::new(connect(addr).await?)
+        .publish_stream(tokio_stream(rx))
+        .await?
+        .into_inner();
+    let n_batches = count.div_ceil(100);
+    let sender = tokio::spawn(async move {
+        for b in 0..n_batches {
+            let now_ms = now_us() / 1000;
+            let messages = (b * 100..((b + 1) * 100).min(count))
+                .map(|i| {
+                    let offset_ms = (i as u64 * 1000)
+                        .checked_div(rate)
+                        .map_or(0, |v| i64::try_from(v).unwrap_or(0));
+                    PublishMessage {
+                        topic: topic.clone(),
+                        payload: vec![0u8; 100],
+                        delay_ms: (first_due_ms + offset_ms - now_ms).max(0),
+                        ttl_ms: 0,
+                        indexes: vec![],
+                    }
+                })
+                .collect();
+            if tx
+                .send(PublishBatch {
+                    messages,
+                    ack_level: 0,
+                    batch_id: b as u64,
+                })
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+    });
+    for _ in 0..n_batches {
+        let a = acks.message().await?.context("publish stream ended")?;
+        if !a.success {
+            bail!("batch rejected: {}", a.error_message);
+        }
+    }
+    sender.await?;
+    if now_us() / 1000 > first_due_ms {
+        bail!("publishing took longer than the lead time; raise --lead-ms");
+    }
+    let mut h = hist();
+    let mut early = 0u64;
+    let deadline = Instant::now() + Duration::from_secs(60 + count as u64 / rate.max(1));
+    while h.len() + early < count as u64 {
+        let m = tokio::time::timeout_at(deadline.into(), deliveries.message())
+            .await
+            .context("timed out waiting for deliveries")??
+            .context("subscribe stream ended")?;
+        let due_us = (m.enqueued_at_unix_ms + m.delay_ms) * 1000;
+        let late = now_us() - due_us;
+        if late < 0 {
+            early += 1;
+        } else {
+            h.record(u64::try_from(late).unwrap_or(0).max(1))?;
+        }
+        ack_tx.send(ConsumerFrame {
+            frame: Some(consumer_frame::Frame::Ack(AckRequest {
+                success: true,
+                delivery_tag: m.delivery_tag,
+            })),
+        })?;
+    }
+    let shape = if rate == 0 {
+        format!("burst of {count} due at one instant")
+    } else {
+        format!("{count} msgs due at {rate} msgs/s")
+    };
+    println!("lateness (receive − due), {shape}; early deliveries: {early}\n");
+    println!("{HEADER}\n{}", row("delivery lateness", &h));
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.cmd {
+        Cmd::Publish {
+            streams,
+            window,
+            batch,
+            size,
+            seconds,
+            ack,
+            delay_ms,
+        } => {
+            publish(
+                &cli.addr, streams, window, batch, size, seconds, ack, delay_ms,
+            )
+            .await
+        }
+        Cmd::Lateness {
+            count,
+            rate,
+            lead_ms,
+        } => lateness(&cli.addr, count, rate, lead_ms).await,
+    }
+}
