@@ -4,6 +4,6 @@ pub mod codec;
 pub mod server;
 pub mod status;
 
-pub use codec::{encode_message, FrameDecoder};
+pub use codec::{encode_into, encode_message, FrameDecoder};
 pub use server::{serve, Call, Handler, Inbound, Outbound, ServerConfig};
 pub use status::{Code, Status};

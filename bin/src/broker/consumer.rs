@@ -15,6 +15,9 @@ use futures_lite::future;
 use super::Ctx;
 use crate::dispatcher::{now_ms, ConsumerSink, HubCmd};
 
+/// Most queued deliveries written to the stream in one go.
+const SEND_BATCH_MAX: usize = 64;
+
 /// Largest `max_in_flight` a consumer may ask for.
 pub const MAX_IN_FLIGHT_MAX: u32 = 65_536;
 
@@ -148,17 +151,32 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
         };
         match event {
             Event::Deliver(d) => {
-                let lateness = now_ms() - d.message.due_at_ms();
-                #[allow(clippy::cast_precision_loss)]
-                ctx.metrics
-                    .delivery_send_lateness_ms
-                    .observe(lateness.max(0) as f64);
-                if let Err(s) = out.send(&queue_message(&d)).await {
+                // Send whatever else is already queued in the same write.
+                let mut batch = vec![d];
+                while batch.len() < SEND_BATCH_MAX {
+                    match rx.try_recv() {
+                        Ok(d) => batch.push(d),
+                        Err(_) => break,
+                    }
+                }
+                let now = now_ms();
+                let msgs: Vec<QueueMessage> = batch
+                    .iter()
+                    .map(|d| {
+                        let lateness = now - d.message.due_at_ms();
+                        #[allow(clippy::cast_precision_loss)]
+                        ctx.metrics
+                            .delivery_send_lateness_ms
+                            .observe(lateness.max(0) as f64);
+                        queue_message(d)
+                    })
+                    .collect();
+                if let Err(s) = out.send_all(&msgs).await {
                     return s;
                 }
                 ctx.metrics
                     .delivery_grpc_sends
-                    .fetch_add(1, Ordering::Relaxed);
+                    .fetch_add(msgs.len() as u64, Ordering::Relaxed);
             }
             Event::Frame(Ok(Some(ConsumerFrame {
                 frame: Some(consumer_frame::Frame::Ack(a)),

@@ -77,13 +77,19 @@ impl FrameDecoder {
 
 /// Encodes one message with its prefix.
 pub fn encode_message<M: prost::Message>(m: &M) -> Bytes {
+    let mut b = BytesMut::with_capacity(PREFIX_LEN + m.encoded_len());
+    encode_into(&mut b, m);
+    b.freeze()
+}
+
+/// Appends one prefixed message to `b`.
+pub fn encode_into<M: prost::Message>(b: &mut BytesMut, m: &M) {
     let len = m.encoded_len();
-    let mut b = BytesMut::with_capacity(PREFIX_LEN + len);
+    b.reserve(PREFIX_LEN + len);
     b.put_u8(0);
     b.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
     // Encoding into a buffer with enough capacity cannot fail.
-    m.encode(&mut b).expect("buffer sized by encoded_len");
-    b.freeze()
+    m.encode(b).expect("buffer reserved for encoded_len");
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use std::pin::Pin;
 use std::rc::Rc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use futures_lite::future;
 use glommio::net::{TcpListener, TcpStream};
 use h2::server::SendResponse;
@@ -19,7 +19,7 @@ use h2::{RecvStream, SendStream};
 use http::{HeaderMap, HeaderValue, Request, Response};
 use tokio_util::compat::FuturesAsyncReadCompatExt;
 
-use super::codec::{encode_message, FrameDecoder};
+use super::codec::{encode_into, FrameDecoder};
 use super::status::{percent_encode, Code, Status};
 use crate::shutdown::Shutdown;
 
@@ -194,18 +194,31 @@ impl Outbound {
     /// RESOURCE_EXHAUSTED when the message exceeds `maxSendMessageSize`; CANCELLED when
     /// the client went away.
     pub async fn send<M: prost::Message>(&mut self, m: &M) -> Result<(), Status> {
-        let len = m.encoded_len();
-        if len > self.max_len {
-            return Err(Status::new(
-                Code::ResourceExhausted,
-                format!(
-                    "response message of {len} bytes exceeds the limit of {} bytes \
-                     (api.grpc.maxSendMessageSize)",
-                    self.max_len
-                ),
-            ));
+        self.send_all(std::slice::from_ref(m)).await
+    }
+
+    /// Sends several messages in one write (fewer DATA frames and syscalls when a stream has
+    /// a backlog), waiting for flow-control capacity.
+    ///
+    /// # Errors
+    /// As [`Outbound::send`]; nothing is sent when any message is too large.
+    pub async fn send_all<M: prost::Message>(&mut self, msgs: &[M]) -> Result<(), Status> {
+        let mut buf = BytesMut::new();
+        for m in msgs {
+            let len = m.encoded_len();
+            if len > self.max_len {
+                return Err(Status::new(
+                    Code::ResourceExhausted,
+                    format!(
+                        "response message of {len} bytes exceeds the limit of {} bytes \
+                         (api.grpc.maxSendMessageSize)",
+                        self.max_len
+                    ),
+                ));
+            }
+            encode_into(&mut buf, m);
         }
-        let mut data = encode_message(m);
+        let mut data = buf.freeze();
         let s = self.stream()?;
         while !data.is_empty() {
             s.reserve_capacity(data.len());
