@@ -275,6 +275,7 @@ pub struct Settings {
     pub max_concurrent_streams: u32,
     pub max_recv_message_len: usize,
     pub max_send_message_len: usize,
+    pub keepalive_timeout: Duration,
     pub node_id: u64,
     pub data_dir: PathBuf,
     pub memory_storage: bool,
@@ -344,7 +345,7 @@ impl Config {
             &g.max_receive_message_size,
         )?;
         let max_send_message_len = size("api.grpc.maxSendMessageSize", &g.max_send_message_size)?;
-        dur("api.grpc.keepaliveTimeout", &g.keepalive_timeout)?;
+        let keepalive_timeout = dur("api.grpc.keepaliveTimeout", &g.keepalive_timeout)?;
         let c = &self.cluster;
         if c.enabled {
             return err(
@@ -456,6 +457,7 @@ impl Config {
             max_concurrent_streams: g.max_concurrent_streams,
             max_recv_message_len,
             max_send_message_len,
+            keepalive_timeout,
             node_id: c.node_id,
             data_dir: PathBuf::from(&self.storage.data_dir),
             memory_storage,

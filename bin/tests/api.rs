@@ -271,3 +271,47 @@ async fn grpc_timeout_is_enforced() {
     assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
     assert!(t.elapsed() < Duration::from_secs(3));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_that_ignore_keepalive_pings_are_disconnected() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let b = Broker::start("api:\n  grpc:\n    keepaliveTimeout: 1s\n").await;
+    // A raw HTTP/2 client that never answers PINGs.
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", b.grpc_port))
+        .await
+        .unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        .await
+        .unwrap();
+    // A well-behaved client (tonic answers pings) on the same broker.
+    let mut healthy = Subscriber::open(b.channel().await, "t", "", 0).await;
+    let t = std::time::Instant::now();
+    let mut buf = [0u8; 4096];
+    let closed = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "dead peer still connected after 20 s");
+    assert!(
+        t.elapsed() >= Duration::from_secs(9),
+        "closed after {:?}, before the first ping was due",
+        t.elapsed()
+    );
+    // The healthy subscriber is still served.
+    let mut p = Publisher::open(b.channel().await).await;
+    assert!(
+        p.publish(batch(1, QUORUM, vec![msg("t", "alive", 0, 0)]))
+            .await
+            .success
+    );
+    let m = healthy
+        .next(Duration::from_secs(5))
+        .await
+        .expect("healthy stream still open");
+    assert_eq!(&m.payload[..], b"alive");
+}

@@ -153,6 +153,16 @@ def check_subscribe_error(b):
         assert "topic" in e.details(), e.details()
 
 
+def check_undecodable_frame(b):
+    raw = b.channel.stream_stream("/futureq.FutureQProducer/PublishStream")
+    try:
+        list(raw(iter([b"\x0a\xff\xff"]), timeout=5))
+        raise AssertionError("an undecodable frame must end the stream")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
+        assert "PublishBatch" in e.details(), e.details()
+
+
 def check_cluster_info(b):
     r = pbg.FutureQClusterStub(b.channel).GetClusterInfo(pb.ClusterInfoRequest(), timeout=5)
     assert r.leader_address == f"127.0.0.1:{b.port}" and len(r.nodes) == 1, r
@@ -173,7 +183,7 @@ def main():
     b = Broker(binary)
     passed = failed = 0
     checks = [check_health, check_publish_and_subscribe, check_publish_errors,
-              check_subscribe_error, check_cluster_info, check_sigterm]
+              check_subscribe_error, check_undecodable_frame, check_cluster_info, check_sigterm]
     try:
         for check in checks:
             t = time.time()

@@ -36,6 +36,11 @@ pub struct ServerConfig {
     pub stream_window: u32,
     /// Initial connection receive window.
     pub connection_window: u32,
+    /// How often an idle-or-not connection is pinged; `None` disables keepalive pings.
+    pub keepalive_interval: Option<Duration>,
+    /// How long a ping may go unanswered before the connection is closed as dead
+    /// (`api.grpc.keepaliveTimeout`). Its streams then end, releasing their deliveries.
+    pub keepalive_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -46,6 +51,8 @@ impl Default for ServerConfig {
             max_concurrent_streams: 1024,
             stream_window: 1 << 20,
             connection_window: 4 << 20,
+            keepalive_interval: Some(Duration::from_secs(10)),
+            keepalive_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -355,6 +362,42 @@ fn is_quiet_disconnect(e: &h2::Error) -> bool {
     })
 }
 
+type Accepted = Option<Result<(Request<RecvStream>, SendResponse<Bytes>), h2::Error>>;
+
+#[allow(clippy::large_enum_variant)] // one per connection loop turn, never stored
+enum ConnEvent {
+    Next(Accepted),
+    Shutdown,
+    Dead,
+}
+
+/// Set by the keepalive task when a ping went unanswered.
+#[derive(Default)]
+struct DeadPeer {
+    dead: std::cell::Cell<bool>,
+    event: event_listener::Event,
+}
+
+impl DeadPeer {
+    fn mark(&self) {
+        self.dead.set(true);
+        self.event.notify(usize::MAX);
+    }
+
+    async fn wait(&self) {
+        loop {
+            if self.dead.get() {
+                return;
+            }
+            let l = self.event.listen();
+            if self.dead.get() {
+                return;
+            }
+            l.await;
+        }
+    }
+}
+
 async fn serve_connection(
     stream: TcpStream,
     handler: Handler,
@@ -379,22 +422,54 @@ async fn serve_connection(
             return;
         }
     };
+    // Keepalive: a peer that stops answering pings (half-open TCP, frozen client) is dropped.
+    let dead = Rc::new(DeadPeer::default());
+    if let (Some(interval), Some(mut pings)) = (cfg.keepalive_interval, conn.ping_pong()) {
+        let dead = Rc::clone(&dead);
+        let timeout = cfg.keepalive_timeout;
+        glommio::spawn_local(async move {
+            loop {
+                glommio::timer::sleep(interval).await;
+                let answered = future::or(
+                    async { pings.ping(h2::Ping::opaque()).await.is_ok() },
+                    async {
+                        glommio::timer::sleep(timeout).await;
+                        false
+                    },
+                )
+                .await;
+                if !answered {
+                    dead.mark();
+                    return;
+                }
+            }
+        })
+        .detach();
+    }
     let mut closing = false;
     loop {
-        let next = if closing {
-            conn.accept().await
-        } else {
-            let stop = async {
-                shutdown.wait().await;
-                None
-            };
-            match future::or(async { Some(conn.accept().await) }, stop).await {
-                Some(n) => n,
-                None => {
-                    conn.graceful_shutdown();
-                    closing = true;
-                    continue;
-                }
+        let watch_dead = async {
+            dead.wait().await;
+            ConnEvent::Dead
+        };
+        let stop = async {
+            if closing {
+                future::pending::<()>().await;
+            }
+            shutdown.wait().await;
+            ConnEvent::Shutdown
+        };
+        let accept = async { ConnEvent::Next(conn.accept().await) };
+        let next = match future::or(future::or(accept, watch_dead), stop).await {
+            ConnEvent::Next(n) => n,
+            ConnEvent::Shutdown => {
+                conn.graceful_shutdown();
+                closing = true;
+                continue;
+            }
+            ConnEvent::Dead => {
+                tracing::info!(target: "net.grpc", ?peer, "closing connection: keepalive ping not answered");
+                break;
             }
         };
         match next {
