@@ -83,6 +83,7 @@ pub struct Raft {
 pub struct Storage {
     pub data_dir: String,
     pub mode: String,
+    pub cache_size: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -173,6 +174,7 @@ impl Default for Config {
             storage: Storage {
                 data_dir: "./data".into(),
                 mode: "disk".into(),
+                cache_size: "64MiB".into(),
             },
             publish: Publish {
                 min_ack_level: "quorum".into(),
@@ -279,6 +281,7 @@ pub struct Settings {
     pub node_id: u64,
     pub data_dir: PathBuf,
     pub memory_storage: bool,
+    pub cache_bytes: usize,
     pub min_ack_level: AckLevel,
     pub proposal_timeout: Duration,
     pub max_delay: Duration,
@@ -380,6 +383,7 @@ impl Config {
         if !memory_storage && self.storage.data_dir.trim().is_empty() {
             return err("storage.dataDir", "is required when storage.mode is disk");
         }
+        let cache_bytes = size("storage.cacheSize", &self.storage.cache_size)?;
         let p = &self.publish;
         let min_ack_level = match p.min_ack_level.as_str() {
             "quorum" => AckLevel::Quorum,
@@ -461,6 +465,7 @@ impl Config {
             node_id: c.node_id,
             data_dir: PathBuf::from(&self.storage.data_dir),
             memory_storage,
+            cache_bytes,
             min_ack_level,
             proposal_timeout,
             max_delay,

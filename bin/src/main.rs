@@ -168,7 +168,7 @@ fn start(settings: Settings) -> anyhow::Result<()> {
     let mode = if settings.memory_storage {
         StoreMode::Memory
     } else {
-        StoreMode::Disk(settings.data_dir.clone())
+        StoreMode::Disk(settings.data_dir.clone(), settings.cache_bytes)
     };
     let commit_tx = hub_tx.clone();
     let (store, store_threads) = StoreService::start(

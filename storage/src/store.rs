@@ -33,8 +33,8 @@ const LAST_ID: &str = "last-id";
 /// Where the store keeps its data.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreMode {
-    /// One redb file in this directory.
-    Disk(PathBuf),
+    /// One redb file in this directory, with a page cache of this many bytes.
+    Disk(PathBuf, usize),
     /// In memory; lost at exit.
     Memory,
 }
@@ -83,12 +83,14 @@ impl Store {
     /// The data directory cannot be created, or redb cannot open the file.
     pub fn open(mode: &StoreMode) -> Result<Self, StoreError> {
         let db = match mode {
-            StoreMode::Disk(dir) => {
+            StoreMode::Disk(dir, cache_bytes) => {
                 std::fs::create_dir_all(dir).map_err(|source| StoreError::DataDir {
                     path: dir.display().to_string(),
                     source,
                 })?;
-                Database::create(dir.join("futureq.redb"))?
+                Database::builder()
+                    .set_cache_size(*cache_bytes)
+                    .create(dir.join("futureq.redb"))?
             }
             StoreMode::Memory => {
                 Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())?

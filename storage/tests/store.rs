@@ -47,7 +47,7 @@ fn scan_all(s: &Store, topic: &str, now: i64) -> futureq_core::hub::ScanResult {
 #[test]
 fn ids_are_monotonic_and_never_regress_across_restarts() {
     let dir = tempfile::tempdir().unwrap();
-    let mode = StoreMode::Disk(dir.path().to_path_buf());
+    let mode = StoreMode::Disk(dir.path().to_path_buf(), 16 << 20);
     let mut last = 0u64;
     for _ in 0..3 {
         let (svc, threads) = StoreService::start(&mode, Box::new(|_| {})).unwrap();
@@ -144,8 +144,11 @@ fn commit_hook_sees_the_smallest_key_per_topic() {
 #[test]
 fn concurrent_publishes_share_commits() {
     let dir = tempfile::tempdir().unwrap();
-    let (svc, _t) =
-        StoreService::start(&StoreMode::Disk(dir.path().to_path_buf()), Box::new(|_| {})).unwrap();
+    let (svc, _t) = StoreService::start(
+        &StoreMode::Disk(dir.path().to_path_buf(), 16 << 20),
+        Box::new(|_| {}),
+    )
+    .unwrap();
     let futs: Vec<_> = (0..200)
         .map(|_| svc.publish(vec![new_message("t", 1, 0, 0, vec![])], true))
         .collect();
