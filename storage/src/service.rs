@@ -12,6 +12,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use futureq_core::hub::{ScanRequest, ScanResult};
 use futureq_core::EventKey;
@@ -25,7 +26,10 @@ pub const GROUP_OPS_MAX: usize = 4096;
 /// Most payload bytes in one group commit (bounds the transaction's memory).
 pub const GROUP_BYTES_MAX: usize = 64 << 20;
 /// Capacity of the writer's queue (operations).
-pub const WRITE_QUEUE_MAX: usize = 8192;
+pub const WRITE_QUEUE_MAX: usize = 1024;
+/// Longest run of non-durable (NO_ACK-only) commits: redb keeps their pages in memory until a
+/// durable commit, and NO_ACK data should not stay volatile for long.
+pub const DURABLE_COMMIT_INTERVAL_MAX: Duration = Duration::from_millis(50);
 /// Capacity of the reader's queue.
 pub const READ_QUEUE_MAX: usize = 1024;
 
@@ -262,6 +266,7 @@ fn writer(
     on_commit: &CommitHook,
     stats: &WriteStats,
 ) {
+    let mut last_durable = Instant::now();
     while let Ok(first) = rx.recv() {
         let mut bytes = first.bytes();
         let mut group = vec![first];
@@ -296,7 +301,14 @@ fn writer(
                 }
             }
         }
+        // Non-durable commits keep their pages in memory until a durable one: bound that.
+        if !durable && last_durable.elapsed() >= DURABLE_COMMIT_INTERVAL_MAX {
+            durable = true;
+        }
         let result = store.commit_group(&batches, &deletes, sweep, &mut last_id, durable);
+        if durable && result.is_ok() {
+            last_durable = Instant::now();
+        }
         stats.ops.fetch_add(group.len() as u64, Ordering::Relaxed);
         match result {
             Ok(out) => {

@@ -1,9 +1,12 @@
 //! `FutureQProducer.PublishStream`: batches in, one ack per batch out.
 //!
-//! Batches are pipelined: up to [`PIPELINE_MAX`] may be outstanding per stream. Acks of the
+//! Batches are pipelined: up to [`PIPELINE_MAX`] batches and [`PIPELINE_BYTES_MAX`] bytes may
+//! be outstanding per stream. Acks of the
 //! durable levels (QUORUM, LEADER) come back in the order their batches arrived, and so do
 //! NO_ACK acks; a NO_ACK ack never waits behind a durable commit.
 
+use std::cell::Cell;
+use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::Instant;
@@ -25,6 +28,8 @@ use crate::dispatcher::now_ms;
 /// Most batches outstanding (received, not yet acked) on one stream. Beyond it the stream
 /// stops reading, and HTTP/2 flow control pushes back on the client.
 pub const PIPELINE_MAX: usize = 1024;
+/// Most payload bytes outstanding on one stream (same back-pressure as [`PIPELINE_MAX`]).
+pub const PIPELINE_BYTES_MAX: usize = 16 << 20;
 
 type AckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = PublishBatchAck>>>;
 
@@ -187,6 +192,7 @@ enum Event {
 pub async fn publish_stream(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
     let mut durable: FuturesOrdered<AckFuture> = FuturesOrdered::new();
     let mut no_ack: FuturesOrdered<AckFuture> = FuturesOrdered::new();
+    let outstanding_bytes = Rc::new(Cell::new(0usize));
     let mut reading = true;
     let mut end = Status::ok();
     // Response headers go out at once: clients such as tonic wait for them before sending.
@@ -195,6 +201,7 @@ pub async fn publish_stream(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> St
     }
     loop {
         let outstanding = durable.len() + no_ack.len();
+        let room = outstanding < PIPELINE_MAX && outstanding_bytes.get() < PIPELINE_BYTES_MAX;
         if !reading && outstanding == 0 {
             return end;
         }
@@ -208,7 +215,7 @@ pub async fn publish_stream(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> St
                 Poll::Pending
             });
             let recv = async {
-                if reading && outstanding < PIPELINE_MAX {
+                if reading && room {
                     Event::Batch(call.inbound.next::<pb::PublishBatch>().await)
                 } else {
                     future::pending().await
@@ -231,7 +238,15 @@ pub async fn publish_stream(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> St
                 }
             }
             Event::Batch(Ok(Some(b))) => {
+                let bytes = prost::Message::encoded_len(&b);
+                outstanding_bytes.set(outstanding_bytes.get() + bytes);
                 let (level, fut) = process(ctx, b, Instant::now());
+                let counter = Rc::clone(&outstanding_bytes);
+                let fut: AckFuture = Box::pin(async move {
+                    let ack = fut.await;
+                    counter.set(counter.get() - bytes);
+                    ack
+                });
                 if level.is_durable() {
                     durable.push_back(fut);
                 } else {
