@@ -33,7 +33,10 @@ use crate::message::StoredMessage;
 pub struct ConsumerId(pub u64);
 
 /// Most keys one scan may return; bounds the work of one dispatcher pass per topic.
-pub const SCAN_BATCH_MAX: usize = 512;
+pub const SCAN_BATCH_MAX: usize = 1024;
+/// Most value bytes one scan may return (the storage side stops after the value that
+/// crosses it); bounds the memory of one scan whatever the message size.
+pub const SCAN_BYTES_MAX: usize = 8 << 20;
 /// Lower bound of a topic's entry cap, so a topic with small consumers still pipelines.
 pub const TOPIC_ENTRIES_MIN: usize = 1024;
 
@@ -628,14 +631,30 @@ impl<S: Sink> Hub<S> {
     }
 
     fn topic_has_room(&self, t: &Topic) -> bool {
-        if t.entries >= Self::entry_cap(t.capacity) {
-            return false;
-        }
-        let room = |c: &ConsumerId| self.consumers.get(c).is_some_and(Consumer::has_room);
-        t.universal.iter().any(room) || t.groups.values().any(|g| g.members.iter().any(room))
+        self.topic_room(t) > 0
+    }
+
+    /// How many new messages the topic's recipients could take now: the best recipient's free
+    /// in-flight budget (a group's is its members' sum), within the topic's entry cap.
+    fn topic_room(&self, t: &Topic) -> usize {
+        let free = |c: &ConsumerId| {
+            self.consumers.get(c).map_or(0, |c| {
+                (c.max_in_flight as usize).saturating_sub(c.in_flight.len())
+            })
+        };
+        let best = t
+            .universal
+            .iter()
+            .map(free)
+            .chain(t.groups.values().map(|g| g.members.iter().map(free).sum()))
+            .max()
+            .unwrap_or(0);
+        best.min(Self::entry_cap(t.capacity).saturating_sub(t.entries))
     }
 
     /// The scans to run now: topics with consumers that have room and whose next work is due.
+    /// A scan reads what the recipients can take now, at least `scan_limit` keys and at most
+    /// [`SCAN_BATCH_MAX`], so a large due backlog goes out in few round trips.
     #[must_use]
     pub fn scans_due(&self, now_ms: i64) -> Vec<ScanRequest> {
         let upper_bucket = bucket_of(now_ms, self.cfg.bucket_ms).saturating_add(1);
@@ -646,7 +665,10 @@ impl<S: Sink> Hub<S> {
                 topic_hash: *h,
                 from: t.resume,
                 upper: EventKey::bucket_start(*h, upper_bucket),
-                limit: self.cfg.scan_limit.clamp(1, SCAN_BATCH_MAX),
+                limit: self
+                    .topic_room(t)
+                    .max(self.cfg.scan_limit)
+                    .clamp(1, SCAN_BATCH_MAX),
             })
             .collect()
     }

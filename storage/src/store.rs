@@ -203,12 +203,16 @@ impl Store {
         let messages = txn.open_table(MESSAGES)?;
         let mut res = ScanResult::default();
         let mut seen = 0usize;
+        let mut bytes = 0usize;
         for r in messages.range(req.from.0.as_slice()..req.upper.0.as_slice())? {
             let (k, v) = r?;
             seen += 1;
-            if seen > req.limit {
+            if seen > req.limit || bytes >= futureq_core::hub::SCAN_BYTES_MAX {
+                // Not exhausted: the caller continues from after the last returned key.
+                seen = req.limit + 1;
                 break;
             }
+            bytes += v.value().len();
             let Ok(key) = EventKey::from_slice(k.value()) else {
                 continue;
             };

@@ -163,3 +163,35 @@ fn concurrent_publishes_share_commits() {
         "200 concurrent batches took {commits} commits"
     );
 }
+
+#[test]
+fn scan_stops_at_the_byte_bound() {
+    let (svc, _t) = StoreService::start(&StoreMode::Memory, Box::new(|_| {})).unwrap();
+    let big: Vec<NewMessage> = (0..12)
+        .map(|_| {
+            let mut m = new_message("big", 1000, 0, 0, vec![]);
+            let stored = StoredMessage {
+                topic: "big".into(),
+                payload: Bytes::from(vec![7u8; 1 << 20]),
+                enqueued_at_ms: 1000,
+                delay_ms: 0,
+                ttl_ms: 0,
+                indexes: vec![],
+            };
+            m.value = stored.encode();
+            m
+        })
+        .collect();
+    block_on(svc.publish(big, true)).unwrap();
+    let r = scan_all(svc.store(), "big", 2000);
+    assert!(
+        !r.exhausted,
+        "a scan past SCAN_BYTES_MAX reports more to come"
+    );
+    let bytes: usize = r.items.iter().map(|(_, m)| m.payload.len()).sum();
+    assert!(
+        bytes >= futureq_core::hub::SCAN_BYTES_MAX && r.items.len() < 12,
+        "{} items",
+        r.items.len()
+    );
+}
