@@ -105,6 +105,7 @@ pub struct Delivery {
     pub in_flight_timeout: String,
     pub delete_batch_interval: String,
     pub ttl_sweep_interval: String,
+    pub read_ahead: String,
     pub prepare_batch_size: u32,
     pub prepare_batch_bytes: String,
     pub scan_max_keys: u32,
@@ -188,6 +189,7 @@ impl Default for Config {
                 in_flight_timeout: "5s".into(),
                 delete_batch_interval: "500ms".into(),
                 ttl_sweep_interval: "1m".into(),
+                read_ahead: "50ms".into(),
                 prepare_batch_size: 64,
                 prepare_batch_bytes: "256KiB".into(),
                 scan_max_keys: 256,
@@ -290,6 +292,7 @@ pub struct Settings {
     pub in_flight_timeout: Duration,
     pub delete_batch_interval: Duration,
     pub ttl_sweep_interval: Duration,
+    pub read_ahead: Duration,
     pub scan_max_keys: usize,
     pub log_level: String,
     pub metrics_listen: Option<SocketAddr>,
@@ -413,6 +416,10 @@ impl Config {
         let in_flight_timeout = dur("delivery.inFlightTimeout", &d.in_flight_timeout)?;
         let delete_batch_interval = dur("delivery.deleteBatchInterval", &d.delete_batch_interval)?;
         let ttl_sweep_interval = dur("delivery.ttlSweepInterval", &d.ttl_sweep_interval)?;
+        let read_ahead = parse_duration(&d.read_ahead).or_else(|e| err("delivery.readAhead", e))?;
+        if read_ahead > Duration::from_secs(10) {
+            return err("delivery.readAhead", "must be at most 10s");
+        }
         if !(1..=64).contains(&d.prepare_batch_size) {
             return err(
                 "delivery.prepareBatchSize",
@@ -474,6 +481,7 @@ impl Config {
             in_flight_timeout,
             delete_batch_interval,
             ttl_sweep_interval,
+            read_ahead,
             scan_max_keys: d.scan_max_keys as usize,
             log_level: level.to_owned(),
             metrics_listen,

@@ -199,6 +199,7 @@ impl Dispatcher {
         let now = now_ms();
         self.hub.expire_in_flight(now);
         self.hub.drain_waiting(now);
+        self.hub.deliver_read_ahead(now);
         for req in self.hub.scans_due(now) {
             match self.store.scan(req.clone()).await {
                 Ok(res) => self.hub.apply_scan(&req, res, now_ms()),

@@ -67,6 +67,10 @@ pub struct HubConfig {
     pub bucket_ms: u64,
     /// Keys read per topic per scan (`delivery.scanMaxKeys`), at most [`SCAN_BATCH_MAX`].
     pub scan_limit: usize,
+    /// How far ahead of their due time messages are read into memory (0 = not at all), so
+    /// that storage latency is off the delivery path: a read-ahead message is sent from
+    /// memory when its instant comes.
+    pub lookahead_ms: i64,
 }
 
 /// What a subscriber asked for.
@@ -180,6 +184,9 @@ struct Topic {
     entries: usize,
     /// Sum of the topic's consumers' `max_in_flight`.
     capacity: usize,
+    /// Messages read ahead of their due instant, by (due, key); they count against the
+    /// topic's entry cap.
+    ahead: BTreeMap<(i64, EventKey), Arc<StoredMessage>>,
 }
 
 struct Consumer<S> {
@@ -268,6 +275,7 @@ impl<S: Sink> Hub<S> {
             waiting: VecDeque::new(),
             entries: 0,
             capacity: 0,
+            ahead: BTreeMap::new(),
         });
         if sub.group.is_empty() {
             t.universal.push(id);
@@ -389,6 +397,12 @@ impl<S: Sink> Hub<S> {
 
     /// Keys were deleted by someone else (TTL sweep): forget them.
     pub fn on_deleted(&mut self, keys: &[EventKey]) {
+        let gone: HashSet<&EventKey> = keys.iter().collect();
+        for t in self.topics.values_mut() {
+            if !t.ahead.is_empty() {
+                t.ahead.retain(|(_, k), _| !gone.contains(k));
+            }
+        }
         for key in keys {
             if let Some(e) = self.entries.remove(key) {
                 self.drop_entry_tracking(*key, &e);
@@ -649,7 +663,7 @@ impl<S: Sink> Hub<S> {
             .chain(t.groups.values().map(|g| g.members.iter().map(free).sum()))
             .max()
             .unwrap_or(0);
-        best.min(Self::entry_cap(t.capacity).saturating_sub(t.entries))
+        best.min(Self::entry_cap(t.capacity).saturating_sub(t.entries + t.ahead.len()))
     }
 
     /// The scans to run now: topics with consumers that have room and whose next work is due.
@@ -657,10 +671,11 @@ impl<S: Sink> Hub<S> {
     /// [`SCAN_BATCH_MAX`], so a large due backlog goes out in few round trips.
     #[must_use]
     pub fn scans_due(&self, now_ms: i64) -> Vec<ScanRequest> {
-        let upper_bucket = bucket_of(now_ms, self.cfg.bucket_ms).saturating_add(1);
+        let horizon = now_ms.saturating_add(self.cfg.lookahead_ms);
+        let upper_bucket = bucket_of(horizon, self.cfg.bucket_ms).saturating_add(1);
         self.topics
             .iter()
-            .filter(|(_, t)| t.next_scan_ms.is_some_and(|n| n <= now_ms) && self.topic_has_room(t))
+            .filter(|(_, t)| t.next_scan_ms.is_some_and(|n| n <= horizon) && self.topic_has_room(t))
             .map(|(h, t)| ScanRequest {
                 topic_hash: *h,
                 from: t.resume,
@@ -683,7 +698,11 @@ impl<S: Sink> Hub<S> {
         let mut last = None;
         for (key, msg) in res.items {
             last = Some(key);
-            if self.entries.contains_key(&key) || self.deletes.contains(&key) {
+            let due = msg.due_at_ms();
+            if self.entries.contains_key(&key)
+                || self.deletes.contains(&key)
+                || self.topics[&h].ahead.contains_key(&(due, key))
+            {
                 continue;
             }
             if msg.is_expired(now_ms) {
@@ -692,9 +711,18 @@ impl<S: Sink> Hub<S> {
                 }
                 continue;
             }
-            if msg.due_at_ms() > now_ms {
-                // A coarse bucket holds a message that is not due yet: come back then.
-                stop = Some((key, msg.due_at_ms()));
+            if due > now_ms {
+                let t = &self.topics[&h];
+                if due <= now_ms.saturating_add(self.cfg.lookahead_ms) && self.topic_has_room(t) {
+                    self.topics
+                        .get_mut(&h)
+                        .expect("present")
+                        .ahead
+                        .insert((due, key), msg);
+                    continue;
+                }
+                // Not due yet (beyond the read-ahead window, or no room): come back then.
+                stop = Some((key, due));
                 break;
             }
             if !self.dispatch_new(h, key, msg, now_ms) {
@@ -798,13 +826,53 @@ impl<S: Sink> Hub<S> {
             if !t.waiting.is_empty() && self.waiting_servable(t) {
                 merge(now_ms);
             }
+            if let Some(((due, _), _)) = t.ahead.first_key_value() {
+                if self.waiting_servable(t) {
+                    merge(*due);
+                }
+            }
             if let Some(n) = t.next_scan_ms {
                 if self.topic_has_room(t) {
-                    merge(n);
+                    merge(n.saturating_sub(self.cfg.lookahead_ms));
                 }
             }
         }
         at
+    }
+
+    /// Sends the read-ahead messages whose instant has come (expired ones are deleted).
+    pub fn deliver_read_ahead(&mut self, now_ms: i64) {
+        let hashes: Vec<u64> = self
+            .topics
+            .iter()
+            .filter(|(_, t)| {
+                t.ahead
+                    .first_key_value()
+                    .is_some_and(|((d, _), _)| *d <= now_ms)
+            })
+            .map(|(h, _)| *h)
+            .collect();
+        for h in hashes {
+            while let Some(entry) = self.topics.get_mut(&h).and_then(|t| t.ahead.first_entry()) {
+                if entry.key().0 > now_ms {
+                    break;
+                }
+                let ((due, key), msg) = entry.remove_entry();
+                if msg.is_expired(now_ms) {
+                    if self.deletes.push(key).is_ok() {
+                        self.counters.expired += 1;
+                    }
+                    continue;
+                }
+                // Its slot in the entry cap passes to the entry dispatch_new creates.
+                if !self.dispatch_new(h, key, Arc::clone(&msg), now_ms) {
+                    if let Some(t) = self.topics.get_mut(&h) {
+                        t.ahead.insert((due, key), msg);
+                    }
+                    break;
+                }
+            }
+        }
     }
 
     fn waiting_servable(&self, t: &Topic) -> bool {

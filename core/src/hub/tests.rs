@@ -37,6 +37,7 @@ const CFG: HubConfig = HubConfig {
     in_flight_timeout_ms: 1000,
     bucket_ms: 1,
     scan_limit: 7,
+    lookahead_ms: 0,
 };
 
 fn msg(topic: &str, enq: i64, delay: i64, ttl: i64) -> Arc<StoredMessage> {
@@ -98,6 +99,7 @@ impl Store {
 fn pass(hub: &mut Hub<MemSink>, store: &mut Store, now: i64) {
     hub.expire_in_flight(now);
     hub.drain_waiting(now);
+    hub.deliver_read_ahead(now);
     for _ in 0..100 {
         let reqs = hub.scans_due(now);
         if reqs.is_empty() {
@@ -336,12 +338,70 @@ fn memory_is_bounded_by_consumer_capacity_not_backlog() {
     assert!(hub.entries.len() <= 4);
 }
 
+#[test]
+fn read_ahead_delivers_from_memory_at_the_due_instant() {
+    let mut hub = Hub::new(HubConfig {
+        lookahead_ms: 100,
+        ..CFG
+    });
+    let mut store = Store::default();
+    let s = MemSink::new();
+    hub.register(&sub("t", "", 10), s.clone(), 1000);
+    let k = store.put(1, msg("t", 1000, 500, 0));
+    let far = store.put(2, msg("t", 1000, 900, 0));
+    pass(&mut hub, &mut store, 1000);
+    assert_eq!(
+        hub.next_wakeup(1000),
+        Some(1400),
+        "scan the window 100 ms early"
+    );
+    pass(&mut hub, &mut store, 1400);
+    assert!(s.take().is_empty(), "read ahead, not delivered early");
+    assert_eq!(
+        hub.next_wakeup(1400),
+        Some(1500),
+        "wake exactly at the due instant"
+    );
+    // Storage is not on the delivery path any more.
+    store.0.remove(&k);
+    pass(&mut hub, &mut store, 1499);
+    assert!(s.take().is_empty());
+    pass(&mut hub, &mut store, 1500);
+    let got = s.take();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].key, k);
+    // The message beyond the window is still read from storage later.
+    assert_eq!(hub.next_wakeup(1500), Some(1800));
+    pass(&mut hub, &mut store, 1900);
+    assert_eq!(s.take()[0].key, far);
+}
+
+#[test]
+fn read_ahead_messages_deleted_or_expired_are_never_sent() {
+    let mut hub = Hub::new(HubConfig {
+        lookahead_ms: 100,
+        ..CFG
+    });
+    let mut store = Store::default();
+    let s = MemSink::new();
+    hub.register(&sub("t", "", 10), s.clone(), 1000);
+    let swept = store.put(1, msg("t", 1000, 50, 0));
+    store.put(2, msg("t", 1000, 60, 55));
+    pass(&mut hub, &mut store, 1000);
+    hub.on_deleted(&[swept]);
+    store.0.remove(&swept);
+    pass(&mut hub, &mut store, 1100);
+    assert!(s.take().is_empty());
+    assert_eq!(hub.counters().expired, 1);
+    assert!(store.0.is_empty(), "the expired one was deleted");
+}
+
 proptest! {
     /// Random schedules of publishes, acks, nacks, disconnects and time: no delivery is early
     /// or expired, no consumer exceeds its budget, and acked messages leave the store.
     #[test]
     fn random_schedules_keep_the_invariants(ops in proptest::collection::vec((0u8..6, 0u64..40, 0i64..30), 1..120)) {
-        let mut hub = Hub::new(HubConfig { in_flight_timeout_ms: 50, bucket_ms: 10, scan_limit: 3 });
+        let mut hub = Hub::new(HubConfig { in_flight_timeout_ms: 50, bucket_ms: 10, scan_limit: 3, lookahead_ms: 7 });
         let mut store = Store::default();
         let mut sinks: Vec<(ConsumerId, MemSink, u32)> = Vec::new();
         let mut now = 0i64;
