@@ -35,5 +35,7 @@ for r in $(seq "$runs"); do
   "$b" --addr "$addr" lateness --count 10000 --rate 0 | grep -E "lateness \|"
   echo "## lateness steady 10k/s run $r"
   "$b" --addr "$addr" lateness --count 30000 --rate 10000 | grep -E "lateness \|"
+  echo "## lateness steady 100k/s run $r"
+  "$b" --addr "$addr" lateness --count 300000 --rate 100000 --lead-ms 3000 | grep -E "lateness \|"
 done
 echo "## broker RSS after the runs: $(grep VmRSS /proc/$pid/status | awk '{print $2, $3}'), data: $(du -sh "$dir/data" | cut -f1)"
