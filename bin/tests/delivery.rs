@@ -274,3 +274,24 @@ async fn many_pipelined_batches_all_acked_in_order() {
         "half-close ends with OK: {status:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_closed_subscriptions_keep_receiving_and_redeliver_unacked() {
+    let b = Broker::start("delivery:\n  inFlightTimeout: 500ms\n").await;
+    let mut sub = Subscriber::open(b.channel().await, "t", "", 0).await;
+    sub.half_close();
+    let mut p = Publisher::open(b.channel().await).await;
+    assert!(
+        p.publish(batch(1, QUORUM, vec![msg("t", "x", 0, 0)]))
+            .await
+            .success
+    );
+    let m = sub
+        .next(Duration::from_secs(5))
+        .await
+        .expect("delivered after half-close");
+    assert_eq!(m.attempt, 1);
+    // It cannot be acknowledged any more, so it comes back after the in-flight timeout.
+    let again = sub.next(Duration::from_secs(5)).await.expect("redelivered");
+    assert_eq!((again.delivery_tag, again.attempt), (m.delivery_tag, 2));
+}

@@ -59,6 +59,7 @@ enum Event {
     Deliver(Delivery),
     Frame(Result<Option<ConsumerFrame>, Status>),
     Stop,
+    Gone,
 }
 
 /// Serves one Subscribe stream.
@@ -134,6 +135,7 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
     if let Err(s) = out.start() {
         return s;
     }
+    let mut half_closed = false;
     loop {
         let event = {
             let deliver = async {
@@ -142,12 +144,21 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
                     Err(_) => Event::Stop,
                 }
             };
-            let frame = async { Event::Frame(call.inbound.next::<ConsumerFrame>().await) };
+            let frame = async {
+                if half_closed {
+                    future::pending::<()>().await;
+                }
+                Event::Frame(call.inbound.next::<ConsumerFrame>().await)
+            };
             let stop = async {
                 ctx.shutdown.wait().await;
                 Event::Stop
             };
-            future::or(future::or(deliver, frame), stop).await
+            let gone = async {
+                out.closed().await;
+                Event::Gone
+            };
+            future::or(future::or(deliver, frame), future::or(stop, gone)).await
         };
         match event {
             Event::Deliver(d) => {
@@ -209,9 +220,13 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
                 );
             }
             Event::Frame(Ok(Some(ConsumerFrame { frame: None }))) => {}
-            Event::Frame(Ok(None)) => return Status::ok(),
+            // The client will send no more frames (e.g. grpcurl, or a request iterator that
+            // ended): keep delivering until it cancels. It can no longer ACK, so what it
+            // receives is redelivered after delivery.inFlightTimeout.
+            Event::Frame(Ok(None)) => half_closed = true,
             Event::Frame(Err(s)) => return s,
             Event::Stop => return Status::new(Code::Unavailable, "server is shutting down"),
+            Event::Gone => return Status::new(Code::Cancelled, "client cancelled the stream"),
         }
     }
 }

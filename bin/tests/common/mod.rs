@@ -337,6 +337,11 @@ impl Subscriber {
             .unwrap();
     }
 
+    /// Ends the request stream (no more ACK frames).
+    pub fn half_close(&self) {
+        self.tx.close_channel();
+    }
+
     /// Collects messages until `quiet` passes with none.
     pub async fn drain(&mut self, quiet: Duration) -> Vec<QueueMessage> {
         let mut out = Vec::new();

@@ -252,6 +252,17 @@ impl Outbound {
         self.stream().map(|_| ())
     }
 
+    /// Resolves when the client resets the stream or the connection fails (never before the
+    /// response started). Lets a handler that is not reading notice a gone client.
+    pub async fn closed(&mut self) {
+        match &mut self.state {
+            OutState::Streaming(s) => {
+                let _ = future::poll_fn(|cx| s.poll_reset(cx)).await;
+            }
+            _ => future::pending::<()>().await,
+        }
+    }
+
     /// True once headers were sent.
     #[must_use]
     pub fn started(&self) -> bool {
