@@ -189,7 +189,7 @@ impl Default for Config {
                 in_flight_timeout: "5s".into(),
                 delete_batch_interval: "500ms".into(),
                 ttl_sweep_interval: "1m".into(),
-                read_ahead: "50ms".into(),
+                read_ahead: "0ms".into(),
                 prepare_batch_size: 64,
                 prepare_batch_bytes: "256KiB".into(),
                 scan_max_keys: 256,
