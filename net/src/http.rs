@@ -90,21 +90,8 @@ async fn serve_one(mut stream: TcpStream, handler: HttpHandler) {
 
 /// Serves HTTP on `listener` until `shutdown`.
 pub async fn serve(listener: TcpListener, handler: HttpHandler, shutdown: Shutdown) {
-    loop {
-        let accepted = future::or(async { Some(listener.accept().await) }, async {
-            shutdown.wait().await;
-            None
-        })
-        .await;
-        match accepted {
-            None => break,
-            Some(Ok(s)) => {
-                glommio::spawn_local(serve_one(s, Rc::clone(&handler))).detach();
-            }
-            Some(Err(e)) => {
-                tracing::warn!(target: "net.http", error = %e, "accept failed");
-                glommio::timer::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    }
+    crate::listener::accept_until(&listener, &shutdown, "net.http", |s| {
+        glommio::spawn_local(serve_one(s, Rc::clone(&handler))).detach();
+    })
+    .await;
 }

@@ -8,6 +8,7 @@
 //!   Trailers-Only errors, `grpc-timeout`, bounded message sizes).
 //! - [`http`]: a minimal HTTP/1.1 server for `/metrics` and `/healthz`.
 //! - [`shutdown`]: a cross-thread shutdown signal every listener and stream watches.
+//! - `listener`: the accept loop both servers share.
 //!
 //! # Invariants
 //! - Received bytes are released to the peer's flow-control window as they are consumed,
@@ -16,6 +17,7 @@
 
 pub mod grpc;
 pub mod http;
+mod listener;
 pub mod shutdown;
 
 /// Protobuf types of the API.

@@ -183,16 +183,12 @@ impl StoreService {
         items: Vec<NewMessage>,
         durable: bool,
     ) -> Result<Vec<EventKey>, Arc<StoreError>> {
-        let (tx, rx) = oneshot::channel();
-        self.write_tx
-            .send_async(WriteOp::Publish {
-                items,
-                durable,
-                reply: Some(tx),
-            })
-            .await
-            .map_err(|_| Arc::new(StoreError::Closed))?;
-        rx.await.map_err(|_| Arc::new(StoreError::Closed))?
+        request(&self.write_tx, |reply| WriteOp::Publish {
+            items,
+            durable,
+            reply: Some(reply),
+        })
+        .await
     }
 
     /// Queues one batch without waiting for its commit (NO_ACK).
@@ -216,12 +212,7 @@ impl StoreService {
     /// # Errors
     /// The commit failed or the store is closed.
     pub async fn delete(&self, keys: Vec<EventKey>) -> Result<Vec<EventKey>, Arc<StoreError>> {
-        let (tx, rx) = oneshot::channel();
-        self.write_tx
-            .send_async(WriteOp::Delete { keys, reply: tx })
-            .await
-            .map_err(|_| Arc::new(StoreError::Closed))?;
-        rx.await.map_err(|_| Arc::new(StoreError::Closed))?
+        request(&self.write_tx, |reply| WriteOp::Delete { keys, reply }).await
     }
 
     /// Deletes up to `limit` messages whose TTL passed at `now_ms`; returns their keys.
@@ -233,16 +224,12 @@ impl StoreService {
         now_ms: i64,
         limit: usize,
     ) -> Result<Vec<EventKey>, Arc<StoreError>> {
-        let (tx, rx) = oneshot::channel();
-        self.write_tx
-            .send_async(WriteOp::Sweep {
-                now_ms,
-                limit,
-                reply: tx,
-            })
-            .await
-            .map_err(|_| Arc::new(StoreError::Closed))?;
-        rx.await.map_err(|_| Arc::new(StoreError::Closed))?
+        request(&self.write_tx, |reply| WriteOp::Sweep {
+            now_ms,
+            limit,
+            reply,
+        })
+        .await
     }
 
     /// Reads a due range.
@@ -250,13 +237,20 @@ impl StoreService {
     /// # Errors
     /// A storage error or the store is closed.
     pub async fn scan(&self, req: ScanRequest) -> Result<ScanResult, Arc<StoreError>> {
-        let (tx, rx) = oneshot::channel();
-        self.read_tx
-            .send_async(ReadOp { req, reply: tx })
-            .await
-            .map_err(|_| Arc::new(StoreError::Closed))?;
-        rx.await.map_err(|_| Arc::new(StoreError::Closed))?
+        request(&self.read_tx, |reply| ReadOp { req, reply }).await
     }
+}
+
+/// Sends `make(reply)` to a store thread and awaits the reply.
+async fn request<Op, T>(
+    tx: &flume::Sender<Op>,
+    make: impl FnOnce(Reply<T>) -> Op,
+) -> Result<T, Arc<StoreError>> {
+    let (reply, rx) = oneshot::channel();
+    tx.send_async(make(reply))
+        .await
+        .map_err(|_| Arc::new(StoreError::Closed))?;
+    rx.await.map_err(|_| Arc::new(StoreError::Closed))?
 }
 
 fn writer(

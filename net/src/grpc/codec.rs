@@ -56,16 +56,12 @@ impl FrameDecoder {
                 format!("compressed flag {flag} set but no grpc-encoding was negotiated"),
             ));
         }
-        if len > self.max_len {
-            return Err(Status::new(
-                Code::ResourceExhausted,
-                format!(
-                    "received message of {len} bytes exceeds the limit of {} bytes \
-                     (api.grpc.maxReceiveMessageSize)",
-                    self.max_len
-                ),
-            ));
-        }
+        check_len(
+            "received",
+            len,
+            self.max_len,
+            "api.grpc.maxReceiveMessageSize",
+        )?;
         if self.buf.len() < PREFIX_LEN + len {
             self.buf.reserve(PREFIX_LEN + len - self.buf.len());
             return Ok(None);
@@ -73,6 +69,22 @@ impl FrameDecoder {
         self.buf.advance(PREFIX_LEN);
         Ok(Some(self.buf.split_to(len).freeze()))
     }
+}
+
+/// RESOURCE_EXHAUSTED when a message of `len` bytes exceeds `max` (named by `setting`).
+///
+/// # Errors
+/// The status above.
+pub fn check_len(direction: &str, len: usize, max: usize, setting: &str) -> Result<(), Status> {
+    if len > max {
+        return Err(Status::new(
+            Code::ResourceExhausted,
+            format!(
+                "{direction} message of {len} bytes exceeds the limit of {max} bytes ({setting})"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Encodes one message with its prefix.

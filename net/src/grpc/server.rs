@@ -19,7 +19,7 @@ use h2::{RecvStream, SendStream};
 use http::{HeaderMap, HeaderValue, Request, Response};
 use tokio_util::compat::FuturesAsyncReadCompatExt;
 
-use super::codec::{encode_into, FrameDecoder};
+use super::codec::{check_len, encode_into, FrameDecoder};
 use super::status::{percent_encode, Code, Status};
 use crate::shutdown::Shutdown;
 
@@ -212,17 +212,12 @@ impl Outbound {
     pub async fn send_all<M: prost::Message>(&mut self, msgs: &[M]) -> Result<(), Status> {
         let mut buf = BytesMut::new();
         for m in msgs {
-            let len = m.encoded_len();
-            if len > self.max_len {
-                return Err(Status::new(
-                    Code::ResourceExhausted,
-                    format!(
-                        "response message of {len} bytes exceeds the limit of {} bytes \
-                         (api.grpc.maxSendMessageSize)",
-                        self.max_len
-                    ),
-                ));
-            }
+            check_len(
+                "response",
+                m.encoded_len(),
+                self.max_len,
+                "api.grpc.maxSendMessageSize",
+            )?;
             encode_into(&mut buf, m);
         }
         let mut data = buf.freeze();
@@ -382,33 +377,6 @@ enum ConnEvent {
     Dead,
 }
 
-/// Set by the keepalive task when a ping went unanswered.
-#[derive(Default)]
-struct DeadPeer {
-    dead: std::cell::Cell<bool>,
-    event: event_listener::Event,
-}
-
-impl DeadPeer {
-    fn mark(&self) {
-        self.dead.set(true);
-        self.event.notify(usize::MAX);
-    }
-
-    async fn wait(&self) {
-        loop {
-            if self.dead.get() {
-                return;
-            }
-            let l = self.event.listen();
-            if self.dead.get() {
-                return;
-            }
-            l.await;
-        }
-    }
-}
-
 async fn serve_connection(
     stream: TcpStream,
     handler: Handler,
@@ -434,9 +402,9 @@ async fn serve_connection(
         }
     };
     // Keepalive: a peer that stops answering pings (half-open TCP, frozen client) is dropped.
-    let dead = Rc::new(DeadPeer::default());
+    let dead = Shutdown::new(); // set when a keepalive ping goes unanswered
     if let (Some(interval), Some(mut pings)) = (cfg.keepalive_interval, conn.ping_pong()) {
-        let dead = Rc::clone(&dead);
+        let dead = dead.clone();
         let timeout = cfg.keepalive_timeout;
         glommio::spawn_local(async move {
             loop {
@@ -450,7 +418,7 @@ async fn serve_connection(
                 )
                 .await;
                 if !answered {
-                    dead.mark();
+                    dead.trigger();
                     return;
                 }
             }
@@ -507,29 +475,16 @@ async fn serve_connection(
 /// Accepts connections on `listener` until `shutdown`, serving each on this executor.
 pub async fn serve(listener: TcpListener, handler: Handler, cfg: ServerConfig, shutdown: Shutdown) {
     let cfg = Rc::new(cfg);
-    loop {
-        let accepted = future::or(async { Some(listener.accept().await) }, async {
-            shutdown.wait().await;
-            None
-        })
-        .await;
-        match accepted {
-            None => break,
-            Some(Ok(stream)) => {
-                glommio::spawn_local(serve_connection(
-                    stream,
-                    Rc::clone(&handler),
-                    Rc::clone(&cfg),
-                    shutdown.clone(),
-                ))
-                .detach();
-            }
-            Some(Err(e)) => {
-                tracing::warn!(target: "net.grpc", error = %e, "accept failed");
-                glommio::timer::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    }
+    crate::listener::accept_until(&listener, &shutdown, "net.grpc", |stream| {
+        glommio::spawn_local(serve_connection(
+            stream,
+            Rc::clone(&handler),
+            Rc::clone(&cfg),
+            shutdown.clone(),
+        ))
+        .detach();
+    })
+    .await;
 }
 
 #[cfg(test)]
