@@ -5,6 +5,7 @@
 //!   sweeps and due-range scans.
 //! - [`service`]: the store's writer and reader threads with an async, channel-based API,
 //!   so that no redb call ever runs on an executor's reactor.
+//! - [`log`]: the Raft log's record format and leader-persist tracker (clustering, in progress).
 //! - `error`: the crate error type, `StoreError`.
 //!
 //! # Invariants
@@ -16,6 +17,7 @@
 //! - Index and expiry entries exist exactly as long as their message.
 
 pub mod error;
+pub mod log;
 pub mod service;
 pub mod store;
 
