@@ -1,9 +1,14 @@
-//! The Raft log (clustering milestone, in progress): record format and the leader-persist
-//! tracker. The segment files on io_uring (`DmaFile`) build on these.
+//! The Raft log (clustering milestone, in progress): record format, segmented log with
+//! group commit and recovery over the [`io::LogIo`] seam, and the leader-persist tracker.
+//! The io_uring (`DmaFile`) implementation of the seam comes with the clustered broker.
 //!
 //! # Invariants
 //! - A record is valid only with a matching CRC-32C; an all-zero header ends a segment.
 //! - The persist hook fires only after a successful fsync, and never after a failed one.
 
 pub mod format;
+pub mod io;
+pub mod segmented;
 pub mod tracker;
+
+pub use segmented::{Log, LogConfig, LogError};

@@ -1,0 +1,532 @@
+//! The segmented log: append (returns at once), group-committed flush, reads, truncate,
+//! purge, and recovery on open.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+use super::format::{decode, encode, valid_record_follows, Decoded, Record, BLOCK, HEADER_LEN};
+use super::io::LogIo;
+
+/// Log errors.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LogError {
+    /// The file layer failed.
+    #[error("log I/O: {0}")]
+    Io(#[from] std::io::Error),
+    /// Committed data is damaged; the log refuses to open rather than drop it.
+    #[error("log corrupt in {segment} at byte {offset}: {reason}")]
+    Corrupt {
+        /// Segment file.
+        segment: String,
+        /// Byte offset of the bad record.
+        offset: u64,
+        /// What is wrong.
+        reason: &'static str,
+    },
+    /// An earlier fsync failed: the log accepts no more writes.
+    #[error("log poisoned by an earlier fsync failure; restart the node")]
+    Poisoned,
+    /// Appended indexes must follow the last one.
+    #[error("append of index {got} does not follow the last index {last}")]
+    Gap {
+        /// Last index in the log.
+        last: u64,
+        /// Index offered.
+        got: u64,
+    },
+    /// A record larger than a segment.
+    #[error("entry of {0} bytes does not fit in a segment")]
+    TooLarge(usize),
+}
+
+/// Log configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct LogConfig {
+    /// Segment size in bytes (a multiple of [`BLOCK`]).
+    pub segment_bytes: u64,
+}
+
+/// Sees each entry's payload after the fsync that made it durable (the leader-persist hook).
+pub type PersistHook = Box<dyn Fn(&[u8])>;
+
+/// Called once per flushed batch with its outcome (openraft's "IO flushed" callback).
+pub type Flushed = Box<dyn FnOnce(Result<(), String>)>;
+
+#[derive(Debug)]
+struct Segment {
+    name: String,
+    first: u64,
+    /// End of data placed in this segment (flushed or pending).
+    end: u64,
+    /// End of durable data.
+    flushed_end: u64,
+    /// Bytes `[floor(flushed_end), flushed_end)`: the partial block each flush rewrites.
+    tail: Vec<u8>,
+    /// Whether the file exists yet.
+    created: bool,
+}
+
+struct Pending {
+    segment: u64,
+    index: u64,
+    bytes: Vec<u8>,
+}
+
+#[derive(Default)]
+struct State {
+    segments: Vec<Segment>,
+    /// index → (segment first index, offset, length) of every record.
+    locs: BTreeMap<u64, (u64, u64, usize)>,
+    pending: Vec<Pending>,
+    callbacks: Vec<Flushed>,
+    poisoned: bool,
+}
+
+fn floor(x: u64) -> u64 {
+    x - x % BLOCK
+}
+
+fn ceil(x: u64) -> u64 {
+    x.div_ceil(BLOCK) * BLOCK
+}
+
+fn segment_name(first: u64) -> String {
+    format!("{first:020}.log")
+}
+
+/// True when the segment `name` begins with a valid record.
+async fn starts_with_record<I: LogIo>(io: &I, name: &str) -> Result<bool, LogError> {
+    let header = io.read_at(name, 0, HEADER_LEN).await?;
+    if header.len() < HEADER_LEN {
+        return Ok(false);
+    }
+    let n = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+    if n > super::format::PAYLOAD_MAX {
+        return Ok(false);
+    }
+    let rec = io.read_at(name, 0, HEADER_LEN + n).await?;
+    Ok(matches!(decode(&rec), Decoded::Record(..)))
+}
+
+/// The log. Single-threaded: it lives on the Raft core.
+///
+/// # Invariants
+/// - Indexes are contiguous from the first kept index to the last.
+/// - A flush callback and the persist hook run only after the fsync covering the entry.
+/// - After a failed fsync every later append and flush fails (`Poisoned`).
+pub struct Log<I: LogIo> {
+    io: I,
+    cfg: LogConfig,
+    st: RefCell<State>,
+    on_persisted: PersistHook,
+}
+
+impl<I: LogIo> Log<I> {
+    /// Opens the log, scanning every segment: a torn tail (a bad record with nothing valid
+    /// after it) is cut off; a bad record followed by valid ones is corruption and an error.
+    /// `on_persisted` sees each entry's payload after the fsync that made it durable.
+    ///
+    /// # Errors
+    /// I/O failure or [`LogError::Corrupt`].
+    pub async fn open(io: I, cfg: LogConfig, on_persisted: PersistHook) -> Result<Self, LogError> {
+        assert!(
+            cfg.segment_bytes.is_multiple_of(BLOCK) && cfg.segment_bytes >= 2 * BLOCK,
+            "segment size"
+        );
+        let mut names: Vec<(u64, String)> = io
+            .list()
+            .await?
+            .into_iter()
+            .filter_map(|n| {
+                n.strip_suffix(".log")
+                    .and_then(|f| f.parse().ok())
+                    .map(|f| (f, n))
+            })
+            .collect();
+        names.sort();
+        let mut st = State::default();
+        let mut expected: Option<u64> = None;
+        for (i, (first, name)) in names.iter().enumerate() {
+            // One segment in memory at a time.
+            let len = io.len(name).await?;
+            let img = io
+                .read_at(name, 0, usize::try_from(len).unwrap_or(usize::MAX))
+                .await?;
+            if let Some(e) = expected {
+                if *first != e {
+                    return Err(LogError::Corrupt {
+                        segment: name.clone(),
+                        offset: 0,
+                        reason: "segment does not follow the previous one",
+                    });
+                }
+            }
+            let mut offset = 0usize;
+            let mut next = *first;
+            loop {
+                match decode(&img[offset..]) {
+                    Decoded::Record(r, n) => {
+                        if r.index != next {
+                            return Err(LogError::Corrupt {
+                                segment: name.clone(),
+                                offset: offset as u64,
+                                reason: "index out of sequence",
+                            });
+                        }
+                        st.locs.insert(r.index, (*first, offset as u64, n));
+                        next += 1;
+                        offset += n;
+                    }
+                    Decoded::End => break,
+                    Decoded::Bad(reason) => {
+                        let mut later_valid = valid_record_follows(
+                            &img[offset + 1..],
+                            next.saturating_sub(1),
+                            u64::MAX / 2,
+                        );
+                        for (_, later) in &names[i + 1..] {
+                            later_valid = later_valid || starts_with_record(&io, later).await?;
+                        }
+                        if later_valid {
+                            return Err(LogError::Corrupt {
+                                segment: name.clone(),
+                                offset: offset as u64,
+                                reason,
+                            });
+                        }
+                        tracing::warn!(target: "storage.recovery", segment = %name, offset, reason, "cutting torn tail");
+                        // Zero everything after the last good record so the cut is durable.
+                        let dirty_end =
+                            img.iter().rposition(|b| *b != 0).map_or(offset, |p| p + 1) as u64;
+                        let start = floor(offset as u64);
+                        let mut buf = img[start as usize..offset].to_vec();
+                        buf.resize(usize::try_from(ceil(dirty_end) - start).unwrap_or(0), 0);
+                        io.write_at(name, start, buf).await?;
+                        io.sync(name).await?;
+                        break;
+                    }
+                }
+            }
+            expected = Some(next);
+            let end = offset as u64;
+            st.segments.push(Segment {
+                name: name.clone(),
+                first: *first,
+                end,
+                flushed_end: end,
+                tail: img[floor(end) as usize..offset].to_vec(),
+                created: true,
+            });
+        }
+        // Empty trailing segments (a crash right after a roll) carry nothing: drop them.
+        while st.segments.len() > 1 && st.segments.last().is_some_and(|s| s.end == 0) {
+            let s = st.segments.pop().expect("checked");
+            io.remove(&s.name).await?;
+        }
+        Ok(Log {
+            io,
+            cfg,
+            st: RefCell::new(st),
+            on_persisted,
+        })
+    }
+
+    /// First and last index in the log, if any.
+    #[must_use]
+    pub fn bounds(&self) -> Option<(u64, u64)> {
+        let st = self.st.borrow();
+        Some((*st.locs.keys().next()?, *st.locs.keys().next_back()?))
+    }
+
+    /// Appends entries `(term, index, payload)` and returns at once; `done` runs after the
+    /// fsync that covers them (or with the error that poisoned the log).
+    ///
+    /// # Errors
+    /// [`LogError::Poisoned`], [`LogError::Gap`], [`LogError::TooLarge`]; nothing is
+    /// appended then.
+    pub fn append(&self, entries: Vec<(u64, u64, Vec<u8>)>, done: Flushed) -> Result<(), LogError> {
+        let mut st = self.st.borrow_mut();
+        if st.poisoned {
+            return Err(LogError::Poisoned);
+        }
+        let mut last = st.locs.keys().next_back().copied();
+        for (_, index, payload) in &entries {
+            if let Some(l) = last {
+                if *index != l + 1 {
+                    return Err(LogError::Gap {
+                        last: l,
+                        got: *index,
+                    });
+                }
+            }
+            if (HEADER_LEN + payload.len()) as u64 > self.cfg.segment_bytes - BLOCK {
+                return Err(LogError::TooLarge(payload.len()));
+            }
+            last = Some(*index);
+        }
+        for (term, index, payload) in entries {
+            let mut bytes = Vec::with_capacity(HEADER_LEN + payload.len());
+            encode(&mut bytes, term, index, &payload);
+            let n = bytes.len() as u64;
+            let roll = st
+                .segments
+                .last()
+                .is_none_or(|s| s.end + n > self.cfg.segment_bytes);
+            if roll {
+                st.segments.push(Segment {
+                    name: segment_name(index),
+                    first: index,
+                    end: 0,
+                    flushed_end: 0,
+                    tail: Vec::new(),
+                    created: false,
+                });
+            }
+            let seg = st.segments.last_mut().expect("present");
+            let offset = seg.end;
+            seg.end += n;
+            let first = seg.first;
+            st.locs.insert(index, (first, offset, bytes.len()));
+            st.pending.push(Pending {
+                segment: first,
+                index,
+                bytes,
+            });
+        }
+        st.callbacks.push(done);
+        Ok(())
+    }
+
+    /// True when appended entries wait for a flush.
+    #[must_use]
+    pub fn has_pending(&self) -> bool {
+        !self.st.borrow().callbacks.is_empty()
+    }
+
+    /// Group commit: writes everything appended so far (aligned, rewriting each segment's
+    /// partial tail block), one fsync per touched segment, then the persist hook per entry and
+    /// every waiting callback. On failure the log is poisoned and callbacks get the error.
+    ///
+    /// # Errors
+    /// The I/O error that poisoned the log, or [`LogError::Poisoned`].
+    pub async fn flush(&self) -> Result<(), LogError> {
+        let (pending, callbacks, plan) = {
+            let mut st = self.st.borrow_mut();
+            if st.poisoned {
+                return Err(LogError::Poisoned);
+            }
+            let pending = std::mem::take(&mut st.pending);
+            let callbacks = std::mem::take(&mut st.callbacks);
+            // Per touched segment: (name, create?, write offset, buffer, new flushed end).
+            let mut plan: Vec<(String, bool, u64, Vec<u8>, u64)> = Vec::new();
+            for seg in st
+                .segments
+                .iter()
+                .filter(|s| pending.iter().any(|p| p.segment == s.first))
+            {
+                let mut buf = seg.tail.clone();
+                for p in pending.iter().filter(|p| p.segment == seg.first) {
+                    buf.extend_from_slice(&p.bytes);
+                }
+                let start = floor(seg.flushed_end);
+                let new_end = start + buf.len() as u64;
+                buf.resize(usize::try_from(ceil(new_end) - start).unwrap_or(0), 0);
+                plan.push((seg.name.clone(), !seg.created, start, buf, new_end));
+            }
+            (pending, callbacks, plan)
+        };
+        let mut result = Ok(());
+        for (name, create, start, buf, _) in &plan {
+            if *create {
+                if let Err(e) = self.io.open(name, self.cfg.segment_bytes).await {
+                    result = Err(e);
+                    break;
+                }
+            }
+            if let Err(e) = self.io.write_at(name, *start, buf.clone()).await {
+                result = Err(e);
+                break;
+            }
+        }
+        if result.is_ok() {
+            for (name, ..) in &plan {
+                if let Err(e) = self.io.sync(name).await {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        if let Err(e) = result {
+            self.st.borrow_mut().poisoned = true;
+            tracing::error!(target: "storage.log", error = %e, "log write or fsync failed: log poisoned, no more writes");
+            let msg = e.to_string();
+            for cb in callbacks {
+                cb(Err(msg.clone()));
+            }
+            return Err(LogError::Io(e));
+        }
+        {
+            let mut st = self.st.borrow_mut();
+            for (name, _, start, buf, new_end) in plan {
+                if let Some(seg) = st.segments.iter_mut().find(|s| s.name == name) {
+                    seg.created = true;
+                    seg.flushed_end = new_end;
+                    let from = usize::try_from(floor(new_end) - start).unwrap_or(0);
+                    seg.tail = buf[from..usize::try_from(new_end - start).unwrap_or(0)].to_vec();
+                }
+            }
+        }
+        for p in &pending {
+            if let Decoded::Record(r, _) = decode(&p.bytes) {
+                (self.on_persisted)(&r.payload);
+            }
+        }
+        for cb in callbacks {
+            cb(Ok(()));
+        }
+        Ok(())
+    }
+
+    /// Reads one entry.
+    ///
+    /// # Errors
+    /// I/O failure, or [`LogError::Corrupt`] if the bytes on disk do not decode.
+    pub async fn read(&self, index: u64) -> Result<Option<Record>, LogError> {
+        let (name, offset, len, unflushed) = {
+            let st = self.st.borrow();
+            let Some(&(first, offset, len)) = st.locs.get(&index) else {
+                return Ok(None);
+            };
+            if let Some(p) = st.pending.iter().find(|p| p.index == index) {
+                (String::new(), 0, 0, Some(p.bytes.clone()))
+            } else {
+                (segment_name(first), offset, len, None)
+            }
+        };
+        let bytes = match unflushed {
+            Some(b) => b,
+            None => self.io.read_at(&name, offset, len).await?,
+        };
+        match decode(&bytes) {
+            Decoded::Record(r, _) if r.index == index => Ok(Some(r)),
+            _ => Err(LogError::Corrupt {
+                segment: name,
+                offset,
+                reason: "record changed on disk",
+            }),
+        }
+    }
+
+    /// Removes every entry with index `>= from` (durably, zeroing the bytes), flushing
+    /// pending appends first.
+    ///
+    /// # Errors
+    /// I/O failure; the log is poisoned if the zeroing cannot be made durable.
+    pub async fn truncate(&self, from: u64) -> Result<(), LogError> {
+        if self.has_pending() {
+            self.flush().await?;
+        }
+        let (cut, doomed) = {
+            let mut st = self.st.borrow_mut();
+            let Some(&(first, offset, _)) = st.locs.get(&from) else {
+                return Ok(());
+            };
+            st.locs.split_off(&from);
+            let doomed: Vec<String> = st
+                .segments
+                .iter()
+                .filter(|s| s.first > first)
+                .map(|s| s.name.clone())
+                .collect();
+            st.segments.retain(|s| s.first <= first);
+            let seg = st.segments.last_mut().expect("segment of a located entry");
+            let start = floor(offset);
+            let prefix_from = start
+                .checked_sub(floor(seg.flushed_end))
+                .and_then(|d| usize::try_from(d).ok());
+            // The bytes before the cut in its block: from the tail when it is the last block.
+            let prefix = prefix_from.and_then(|p| seg.tail.get(p..).map(<[u8]>::to_vec));
+            let old_end = seg.flushed_end;
+            seg.end = offset;
+            seg.flushed_end = offset;
+            (
+                Some((seg.name.clone(), start, offset, old_end, prefix)),
+                doomed,
+            )
+        };
+        if let Some((name, start, offset, old_end, prefix)) = cut {
+            let mut buf = match prefix {
+                Some(mut p) => {
+                    p.truncate(usize::try_from(offset - start).unwrap_or(0));
+                    p
+                }
+                None => {
+                    self.io
+                        .read_at(&name, start, usize::try_from(offset - start).unwrap_or(0))
+                        .await?
+                }
+            };
+            buf.resize(
+                usize::try_from(ceil(old_end.max(offset)) - start)
+                    .unwrap_or(0)
+                    .max(buf.len()),
+                0,
+            );
+            let tail: Vec<u8> = buf[..usize::try_from(offset - start).unwrap_or(0)].to_vec();
+            let res = async {
+                self.io.write_at(&name, start, buf).await?;
+                self.io.sync(&name).await
+            }
+            .await;
+            if let Err(e) = res {
+                self.st.borrow_mut().poisoned = true;
+                return Err(LogError::Io(e));
+            }
+            if let Some(seg) = self
+                .st
+                .borrow_mut()
+                .segments
+                .iter_mut()
+                .find(|s| s.name == name)
+            {
+                seg.tail = tail;
+            }
+        }
+        for name in doomed {
+            self.io.remove(&name).await?;
+        }
+        Ok(())
+    }
+
+    /// Drops whole segments whose entries are all `<= upto` (never the last segment).
+    ///
+    /// # Errors
+    /// I/O failure deleting a file.
+    pub async fn purge(&self, upto: u64) -> Result<(), LogError> {
+        let doomed: Vec<String> = {
+            let mut st = self.st.borrow_mut();
+            let n = st.segments.len();
+            let mut doomed = Vec::new();
+            for i in 0..n.saturating_sub(1) {
+                if st.segments[i + 1].first <= upto + 1 {
+                    doomed.push(i);
+                }
+            }
+            let names: Vec<String> = doomed
+                .iter()
+                .map(|i| st.segments[*i].name.clone())
+                .collect();
+            if let Some(&last_doomed) = doomed.last() {
+                let keep_from = st.segments[last_doomed + 1].first;
+                st.locs = st.locs.split_off(&keep_from);
+                st.segments.drain(..=last_doomed);
+            }
+            names
+        };
+        for name in doomed {
+            self.io.remove(&name).await?;
+        }
+        Ok(())
+    }
+}

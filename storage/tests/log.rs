@@ -1,0 +1,280 @@
+//! The segmented Raft log over the in-memory seam: round trips, group commit, torn tails at
+//! every byte, corruption refusal, fsync poisoning, truncate and purge, crash recovery.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use futureq_storage::log::io::{LogIo, MemLogIo};
+use futureq_storage::log::{Log, LogConfig, LogError};
+use futures::executor::block_on;
+
+const CFG: LogConfig = LogConfig {
+    segment_bytes: 16 * 1024,
+};
+
+fn payload(i: u64) -> Vec<u8> {
+    (0..(i * 37 % 300)).map(|j| (i + j) as u8).collect()
+}
+
+fn open(io: &MemLogIo) -> Result<Log<MemLogIo>, LogError> {
+    block_on(Log::open(io.clone(), CFG, Box::new(|_| {})))
+}
+
+fn fill(log: &Log<MemLogIo>, range: std::ops::RangeInclusive<u64>) {
+    for i in range {
+        log.append(vec![(1, i, payload(i))], Box::new(|r| r.unwrap()))
+            .unwrap();
+    }
+    block_on(log.flush()).unwrap();
+}
+
+fn check_all(log: &Log<MemLogIo>, range: std::ops::RangeInclusive<u64>) {
+    for i in range {
+        let r = block_on(log.read(i))
+            .unwrap()
+            .unwrap_or_else(|| panic!("entry {i} missing"));
+        assert_eq!((r.index, r.term, &r.payload), (i, 1, &payload(i)));
+    }
+}
+
+fn segments(io: &MemLogIo) -> Vec<String> {
+    block_on(io.list()).unwrap()
+}
+
+#[test]
+fn entries_round_trip_across_segments_and_restarts() {
+    let io = MemLogIo::new();
+    let log = open(&io).unwrap();
+    fill(&log, 1..=400);
+    assert!(
+        segments(&io).len() > 3,
+        "small segments roll: {:?}",
+        segments(&io)
+    );
+    check_all(&log, 1..=400);
+    drop(log);
+    let log = open(&io.crash()).unwrap();
+    assert_eq!(log.bounds(), Some((1, 400)));
+    check_all(&log, 1..=400);
+}
+
+#[test]
+fn group_commit_one_fsync_for_many_appends_and_callbacks_after_it() {
+    let io = MemLogIo::new();
+    let persisted = Rc::new(RefCell::new(Vec::new()));
+    let p = Rc::clone(&persisted);
+    let log = block_on(Log::open(
+        io.clone(),
+        CFG,
+        Box::new(move |b: &[u8]| p.borrow_mut().push(b.to_vec())),
+    ))
+    .unwrap();
+    for i in 1..=50 {
+        let io2 = io.clone();
+        log.append(
+            vec![(1, i, payload(i))],
+            Box::new(move |r| {
+                r.unwrap();
+                io2.mark("callback");
+            }),
+        )
+        .unwrap();
+        // Readable before the flush.
+        assert_eq!(block_on(log.read(i)).unwrap().unwrap().payload, payload(i));
+    }
+    assert!(
+        persisted.borrow().is_empty(),
+        "nothing is persisted before the fsync"
+    );
+    block_on(log.flush()).unwrap();
+    assert_eq!(io.syncs(), 1, "one fsync for 50 appends in one segment");
+    let ev = io.events();
+    let first_cb = ev.iter().position(|e| e == "callback").unwrap();
+    let last_sync = ev.iter().rposition(|e| e.starts_with("sync")).unwrap();
+    assert!(
+        last_sync < first_cb,
+        "callbacks fire only after the fsync: {ev:?}"
+    );
+    assert_eq!(ev.iter().filter(|e| *e == "callback").count(), 50);
+    assert_eq!(
+        persisted.borrow().len(),
+        50,
+        "the persist hook saw every entry"
+    );
+    assert_eq!(persisted.borrow()[9], payload(10));
+}
+
+#[test]
+fn torn_tail_at_every_byte_of_the_last_record_is_cut() {
+    let io = MemLogIo::new();
+    let log = open(&io).unwrap();
+    fill(&log, 1..=9);
+    let before = segments(&io);
+    assert_eq!(before.len(), 1);
+    let name = &before[0];
+    let full = io.file(name).unwrap();
+    let end = full.iter().rposition(|b| *b != 0).unwrap() + 1;
+    let last_len = 24 + payload(9).len();
+    let last_start = end - last_len;
+    for cut in last_start + 1..end {
+        // The write of the last record stopped after `cut` bytes; the rest is zeros or junk.
+        for junk in [0u8, 0xA5] {
+            let mut img = full.clone();
+            for b in &mut img[cut..end] {
+                *b = junk;
+            }
+            let damaged = MemLogIo::new();
+            damaged.set_file(name, img);
+            let log = open(&damaged).unwrap_or_else(|e| panic!("cut {cut}: {e}"));
+            assert_eq!(log.bounds(), Some((1, 8)), "cut {cut}");
+            check_all(&log, 1..=8);
+            // The log goes on from the cut, and the repair was durable.
+            fill(&log, 9..=10);
+            let again = open(&damaged.crash()).unwrap();
+            assert_eq!(again.bounds(), Some((1, 10)));
+            check_all(&again, 1..=10);
+        }
+    }
+}
+
+#[test]
+fn corruption_before_valid_records_is_refused() {
+    let io = MemLogIo::new();
+    let log = open(&io).unwrap();
+    fill(&log, 1..=9);
+    let name = segments(&io)[0].clone();
+    let mut img = io.file(&name).unwrap();
+    img[24 + payload(1).len() + 30] ^= 0x40; // inside record 2's payload/header
+    let damaged = MemLogIo::new();
+    damaged.set_file(&name, img);
+    match open(&damaged) {
+        Err(LogError::Corrupt { offset, .. }) => assert_eq!(offset as usize, 24 + payload(1).len()),
+        other => panic!("expected corruption, got {:?}", other.map(|l| l.bounds())),
+    }
+}
+
+#[test]
+fn corruption_in_an_earlier_segment_is_refused() {
+    let io = MemLogIo::new();
+    let log = open(&io).unwrap();
+    fill(&log, 1..=300);
+    let names = segments(&io);
+    assert!(names.len() >= 2);
+    let mut img = io.file(&names[0]).unwrap();
+    let end = img.iter().rposition(|b| *b != 0).unwrap();
+    img[end] ^= 0xff; // the last record of the first segment: later segments hold valid data
+    let damaged = MemLogIo::new();
+    for n in &names {
+        damaged.set_file(n, io.file(n).unwrap());
+    }
+    damaged.set_file(&names[0], img);
+    assert!(matches!(open(&damaged), Err(LogError::Corrupt { .. })));
+}
+
+#[test]
+fn failed_fsync_poisons_the_log() {
+    let io = MemLogIo::new();
+    let persisted = Rc::new(RefCell::new(0));
+    let p = Rc::clone(&persisted);
+    let log = block_on(Log::open(
+        io.clone(),
+        CFG,
+        Box::new(move |_: &[u8]| *p.borrow_mut() += 1),
+    ))
+    .unwrap();
+    fill(&log, 1..=3);
+    io.fail_syncs(true);
+    let outcome = Rc::new(RefCell::new(None));
+    let o = Rc::clone(&outcome);
+    log.append(
+        vec![(1, 4, payload(4))],
+        Box::new(move |r| *o.borrow_mut() = Some(r)),
+    )
+    .unwrap();
+    assert!(block_on(log.flush()).is_err());
+    assert!(
+        matches!(*outcome.borrow(), Some(Err(_))),
+        "the callback hears of the failure"
+    );
+    assert_eq!(
+        *persisted.borrow(),
+        3,
+        "no persist notification for the failed fsync"
+    );
+    io.fail_syncs(false);
+    assert!(matches!(
+        log.append(vec![(1, 5, vec![])], Box::new(|_| {})),
+        Err(LogError::Poisoned)
+    ));
+    assert!(matches!(block_on(log.flush()), Err(LogError::Poisoned)));
+}
+
+#[test]
+fn appends_must_be_contiguous() {
+    let io = MemLogIo::new();
+    let log = open(&io).unwrap();
+    fill(&log, 1..=3);
+    assert!(matches!(
+        log.append(vec![(1, 5, vec![])], Box::new(|_| {})),
+        Err(LogError::Gap { last: 3, got: 5 })
+    ));
+    assert!(matches!(
+        log.append(vec![(1, 4, vec![0; 20_000])], Box::new(|_| {})),
+        Err(LogError::TooLarge(_))
+    ));
+}
+
+#[test]
+fn truncate_removes_the_suffix_durably() {
+    let io = MemLogIo::new();
+    let log = open(&io).unwrap();
+    fill(&log, 1..=300);
+    let segs_before = segments(&io).len();
+    block_on(log.truncate(120)).unwrap();
+    assert_eq!(log.bounds(), Some((1, 119)));
+    assert!(block_on(log.read(120)).unwrap().is_none());
+    assert!(
+        segments(&io).len() < segs_before,
+        "later segments are deleted"
+    );
+    // A new term rewrites the suffix.
+    for i in 120..=130 {
+        log.append(vec![(2, i, vec![i as u8; 10])], Box::new(|r| r.unwrap()))
+            .unwrap();
+    }
+    block_on(log.flush()).unwrap();
+    let log = open(&io.crash()).unwrap();
+    assert_eq!(log.bounds(), Some((1, 130)));
+    check_all(&log, 1..=119);
+    let r = block_on(log.read(125)).unwrap().unwrap();
+    assert_eq!((r.term, r.payload), (2, vec![125u8; 10]));
+}
+
+#[test]
+fn purge_drops_whole_segments_before_the_index() {
+    let io = MemLogIo::new();
+    let log = open(&io).unwrap();
+    fill(&log, 1..=300);
+    let n = segments(&io).len();
+    block_on(log.purge(150)).unwrap();
+    let (first, last) = log.bounds().unwrap();
+    assert!(first > 1 && first <= 151, "first kept index {first}");
+    assert_eq!(last, 300);
+    assert!(segments(&io).len() < n);
+    check_all(&log, 151..=300);
+    let log = open(&io.crash()).unwrap();
+    assert_eq!(log.bounds(), Some((first, 300)));
+}
+
+#[test]
+fn unflushed_entries_are_lost_in_a_crash_but_the_log_stays_consistent() {
+    let io = MemLogIo::new();
+    let log = open(&io).unwrap();
+    fill(&log, 1..=10);
+    log.append(vec![(1, 11, payload(11))], Box::new(|_| {}))
+        .unwrap();
+    let log = open(&io.crash()).unwrap();
+    assert_eq!(log.bounds(), Some((1, 10)));
+    fill(&log, 11..=12);
+    check_all(&log, 1..=12);
+}
