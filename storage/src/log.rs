@@ -1,6 +1,6 @@
 //! The Raft log (clustering milestone, in progress): record format, segmented log with
 //! group commit and recovery over the [`io::LogIo`] seam, and the leader-persist tracker.
-//! The io_uring (`DmaFile`) implementation of the seam comes with the clustered broker.
+//! [`uring::DmaLogIo`] implements the seam on io_uring (glommio `DmaFile`, feature `glommio`).
 //!
 //! # Invariants
 //! - A record is valid only with a matching CRC-32C; an all-zero header ends a segment.
@@ -10,5 +10,7 @@ pub mod format;
 pub mod io;
 pub mod segmented;
 pub mod tracker;
+#[cfg(feature = "glommio")]
+pub mod uring;
 
 pub use segmented::{Log, LogConfig, LogError};
