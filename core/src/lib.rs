@@ -4,6 +4,7 @@
 //! milliseconds. The glommio/redb/h2 glue lives in other crates and calls into this one.
 //!
 //! Layout:
+//! - [`command`]: replicated event-shard commands (rkyv archives, validated on access).
 //! - [`key`]: the 24-byte event key (`topicHash · bucket · eventId`) and its range bounds.
 //! - [`message`]: the stored message and its versioned binary encoding.
 //! - [`publish`]: ack levels, publish limits and per-message validation.
@@ -16,6 +17,7 @@
 //!   of a later bucket than `bucket(now)`.
 //! - Every queue and map that grows with traffic has a named bound.
 
+pub mod command;
 pub mod deleter;
 pub mod hub;
 pub mod key;

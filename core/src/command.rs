@@ -1,0 +1,241 @@
+//! Replicated event-shard commands: one Raft log entry each, as rkyv archives behind a
+//! leading type/version byte, validated (bytecheck) before any field is touched.
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 1 | tag: 1 = `StoreBatch` v1, 2 = `DeleteBatch` v1 |
+//! | 4 | archive length (u32 LE): the rest of the entry, exactly |
+//! | n | rkyv archive of the command |
+//!
+//! The archive format is pinned (little-endian, 32-bit relative pointers, unaligned), so the
+//! bytes are the same on every replica and readable in place from any buffer offset.
+//!
+//! # Invariants
+//! - Two store commands never encode to the same bytes: every item carries its own,
+//!   leader-assigned event id (the leader-persist tracker relies on it).
+//! - A command that fails validation is rejected whole; nothing of it is applied.
+
+use rkyv::rancor::Error as RkyvError;
+use rkyv::{Archive, Deserialize, Serialize};
+
+use crate::key::{EventKey, KEY_LEN};
+
+/// Tag of a v1 [`StoreBatch`].
+pub const TAG_STORE_V1: u8 = 1;
+/// Tag of a v1 [`DeleteBatch`].
+pub const TAG_DELETE_V1: u8 = 2;
+
+/// One message of a publish batch, ready to store on every replica.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct StoreItem {
+    /// Leader-assigned event id (applied verbatim).
+    pub event_id: u64,
+    /// Time bucket of the key.
+    pub bucket: u64,
+    /// Topic hash of the key.
+    pub topic_hash: u64,
+    /// Expiry instant (Unix ms), or 0 for none.
+    pub expires_at_ms: i64,
+    /// Secondary index keys.
+    pub index_keys: Vec<Vec<u8>>,
+    /// The encoded [`crate::StoredMessage`].
+    pub message: Vec<u8>,
+}
+
+impl ArchivedStoreItem {
+    /// The item's event key.
+    #[must_use]
+    pub fn key(&self) -> EventKey {
+        EventKey::new(
+            self.topic_hash.to_native(),
+            self.bucket.to_native(),
+            self.event_id.to_native(),
+        )
+    }
+}
+
+/// A whole publish batch: one log entry, applied atomically.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct StoreBatch {
+    /// The messages.
+    pub items: Vec<StoreItem>,
+}
+
+/// Keys to delete (ACKs, TTL expiry), replicated so no replica redelivers them.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct DeleteBatch {
+    /// 24-byte event keys.
+    pub keys: Vec<[u8; KEY_LEN]>,
+}
+
+/// A validated command, borrowed from the entry bytes.
+#[derive(Debug)]
+pub enum CommandRef<'a> {
+    /// Store messages.
+    Store(&'a ArchivedStoreBatch),
+    /// Delete keys.
+    Delete(&'a ArchivedDeleteBatch),
+}
+
+/// Why entry bytes are not a command.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommandError {
+    /// No bytes at all.
+    #[error("empty command")]
+    Empty,
+    /// The leading byte names no known command version.
+    #[error("unknown command tag {0}")]
+    UnknownTag(u8),
+    /// The archive failed validation.
+    #[error("invalid command archive: {0}")]
+    Invalid(String),
+}
+
+fn with_tag(tag: u8, archive: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(archive.len()).expect("a command is far below 4 GiB");
+    let mut out = Vec::with_capacity(5 + archive.len());
+    out.push(tag);
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(archive);
+    out
+}
+
+/// Encodes a store command.
+///
+/// # Panics
+/// Only if rkyv cannot serialize plain vectors (it always can).
+#[must_use]
+pub fn encode_store(b: &StoreBatch) -> Vec<u8> {
+    with_tag(
+        TAG_STORE_V1,
+        &rkyv::to_bytes::<RkyvError>(b).expect("serializing plain data"),
+    )
+}
+
+/// Encodes a delete command.
+///
+/// # Panics
+/// Only if rkyv cannot serialize plain vectors (it always can).
+#[must_use]
+pub fn encode_delete(b: &DeleteBatch) -> Vec<u8> {
+    with_tag(
+        TAG_DELETE_V1,
+        &rkyv::to_bytes::<RkyvError>(b).expect("serializing plain data"),
+    )
+}
+
+/// Validates entry bytes and returns the command, borrowed in place.
+///
+/// # Errors
+/// [`CommandError`] for anything but a well-formed command.
+pub fn decode(bytes: &[u8]) -> Result<CommandRef<'_>, CommandError> {
+    let (&tag, rest) = bytes.split_first().ok_or(CommandError::Empty)?;
+    if rest.len() < 4 {
+        return Err(CommandError::Invalid("missing archive length".into()));
+    }
+    let (len, archive) = rest.split_at(4);
+    let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+    if len != archive.len() {
+        return Err(CommandError::Invalid(format!(
+            "archive length {len} but {} bytes follow (truncated or padded)",
+            archive.len()
+        )));
+    }
+    match tag {
+        TAG_STORE_V1 => rkyv::access::<ArchivedStoreBatch, RkyvError>(archive)
+            .map(CommandRef::Store)
+            .map_err(|e| CommandError::Invalid(e.to_string())),
+        TAG_DELETE_V1 => rkyv::access::<ArchivedDeleteBatch, RkyvError>(archive)
+            .map(CommandRef::Delete)
+            .map_err(|e| CommandError::Invalid(e.to_string())),
+        t => Err(CommandError::UnknownTag(t)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn arb_item() -> impl Strategy<Value = StoreItem> {
+        (
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<i64>(),
+            proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..12), 0..3),
+            proptest::collection::vec(any::<u8>(), 0..200),
+        )
+            .prop_map(
+                |(event_id, bucket, topic_hash, expires_at_ms, index_keys, message)| StoreItem {
+                    event_id,
+                    bucket,
+                    topic_hash,
+                    expires_at_ms,
+                    index_keys,
+                    message,
+                },
+            )
+    }
+
+    proptest! {
+        #[test]
+        fn store_round_trips_in_place(items in proptest::collection::vec(arb_item(), 0..8), pad in 0usize..16) {
+            let b = StoreBatch { items };
+            // Any offset in any buffer works (unaligned archive).
+            let mut buf = vec![0u8; pad];
+            buf.extend(encode_store(&b));
+            let CommandRef::Store(a) = decode(&buf[pad..]).unwrap() else { panic!("store") };
+            let back: StoreBatch = rkyv::deserialize::<StoreBatch, RkyvError>(a).unwrap();
+            prop_assert_eq!(&back, &b);
+            for (x, y) in a.items.iter().zip(&b.items) {
+                prop_assert_eq!(x.key(), EventKey::new(y.topic_hash, y.bucket, y.event_id));
+            }
+        }
+
+        #[test]
+        fn delete_round_trips(keys in proptest::collection::vec(any::<[u8; 24]>(), 0..20)) {
+            let b = DeleteBatch { keys };
+            let enc = encode_delete(&b);
+            let CommandRef::Delete(a) = decode(&enc).unwrap() else { panic!("delete") };
+            prop_assert_eq!(a.keys.len(), b.keys.len());
+            for (x, y) in a.keys.iter().zip(&b.keys) {
+                prop_assert_eq!(x, y);
+            }
+        }
+
+        #[test]
+        fn distinct_ids_never_encode_alike(item in arb_item(), other_id: u64) {
+            prop_assume!(other_id != item.event_id);
+            let a = encode_store(&StoreBatch { items: vec![item.clone()] });
+            let b = encode_store(&StoreBatch { items: vec![StoreItem { event_id: other_id, ..item }] });
+            prop_assert_ne!(a, b);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = decode(&b);
+        }
+
+        #[test]
+        fn truncations_are_rejected(items in proptest::collection::vec(arb_item(), 1..4)) {
+            let enc = encode_store(&StoreBatch { items });
+            for cut in 1..enc.len() {
+                prop_assert!(decode(&enc[..cut]).is_err(), "cut at {}", cut);
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_and_empty_are_rejected() {
+        assert!(matches!(decode(&[]), Err(CommandError::Empty)));
+        assert!(matches!(
+            decode(&[9, 0, 0, 0, 0]),
+            Err(CommandError::UnknownTag(9))
+        ));
+    }
+}

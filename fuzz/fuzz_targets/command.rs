@@ -1,0 +1,21 @@
+//! Replicated command validation over arbitrary entry bytes: never panics; whatever
+//! validates can be read field by field.
+#![no_main]
+
+use futureq_core::command::{decode, CommandRef};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    match decode(data) {
+        Ok(CommandRef::Store(b)) => {
+            for item in b.items.iter() {
+                let _ = item.key();
+                let _ = item.message.len() + item.index_keys.iter().map(|k| k.len()).sum::<usize>();
+            }
+        }
+        Ok(CommandRef::Delete(d)) => {
+            let _ = d.keys.iter().map(|k| k[0]).count();
+        }
+        Err(_) => {}
+    }
+});
