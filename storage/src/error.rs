@@ -15,6 +15,14 @@ pub enum StoreError {
         /// What is wrong.
         reason: String,
     },
+    /// A replicated command failed validation; nothing of its apply call was written.
+    #[error("log entry {index} is not a valid command: {reason}")]
+    BadCommand {
+        /// Raft index of the entry.
+        index: u64,
+        /// What is wrong.
+        reason: String,
+    },
     /// The storage threads have stopped (shutdown or a fatal error).
     #[error("storage is closed")]
     Closed,

@@ -29,6 +29,8 @@ const INDEXES: TableDefinition<&[u8], ()> = TableDefinition::new("indexes");
 const EXPIRY: TableDefinition<&[u8], ()> = TableDefinition::new("expiry");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const LAST_ID: &str = "last-id";
+const APPLIED_INDEX: &str = "applied-index";
+const APPLIED_TERM: &str = "applied-term";
 
 /// Where the store keeps its data.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,34 +142,31 @@ impl Store {
         })?;
         let mut out = GroupOutcome::default();
         {
-            let mut messages = txn.open_table(MESSAGES)?;
-            let mut indexes = txn.open_table(INDEXES)?;
-            let mut expiry = txn.open_table(EXPIRY)?;
+            let mut t = Tables::open(&txn)?;
             let mut max_id = *last_id;
             for batch in batches {
                 let mut keys = Vec::with_capacity(batch.len());
                 for m in *batch {
-                    let key = m.key;
-                    max_id = max_id.max(key.event_id());
-                    messages.insert(key.0.as_slice(), m.value.as_ref())?;
-                    for ik in &m.index_keys {
-                        indexes.insert(index_entry(ik, &key).as_slice(), ())?;
-                    }
-                    if let Some(e) = m.expires_at_ms {
-                        expiry.insert(expiry_key(e, &key).as_slice(), ())?;
-                    }
-                    keys.push(key);
+                    max_id = max_id.max(m.key.event_id());
+                    t.insert(
+                        &m.key,
+                        m.expires_at_ms,
+                        m.index_keys.iter().map(Vec::as_slice),
+                        &m.value,
+                    )?;
+                    keys.push(m.key);
                 }
                 out.published.push(keys);
             }
             for key in deletes {
-                if remove_message(&mut messages, &mut indexes, &mut expiry, key)? {
+                if t.remove(key)? {
                     out.deleted.push(*key);
                 }
             }
             if let Some((now_ms, limit)) = sweep {
                 let upper = expiry_key(now_ms.saturating_add(1), &EventKey([0; KEY_LEN]));
-                let due: Vec<EventKey> = expiry
+                let due: Vec<EventKey> = t
+                    .expiry
                     .range(..upper.as_slice())?
                     .take(limit)
                     .map(|r| {
@@ -179,7 +178,7 @@ impl Store {
                     })
                     .collect::<Result<_, _>>()?;
                 for key in due {
-                    remove_message(&mut messages, &mut indexes, &mut expiry, &key)?;
+                    t.remove(&key)?;
                     out.expired.push(key);
                 }
             }
@@ -191,6 +190,98 @@ impl Store {
         }
         txn.commit()?;
         *last_id = out.last_id;
+        Ok(out)
+    }
+
+    /// The last applied Raft log id `(index, term)`, if any entry was applied.
+    ///
+    /// # Errors
+    /// A storage error.
+    pub fn applied(&self) -> Result<Option<(u64, u64)>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let meta = txn.open_table(META)?;
+        let index = meta.get(APPLIED_INDEX)?.map(|v| v.value());
+        let term = meta.get(APPLIED_TERM)?.map(|v| v.value());
+        Ok(index.zip(term))
+    }
+
+    /// Applies committed Raft entries `(index, term, command)` in one write transaction,
+    /// together with the new applied log id and the raised `last-id`. Entries at or below
+    /// the applied index are skipped (replay after a restart); an empty command is a no-op
+    /// that only advances the applied index. Every command is validated before anything is
+    /// written: one malformed entry fails the whole call and nothing is applied.
+    ///
+    /// `durable` = false commits without fsync: allowed when the Raft log is the WAL, as long
+    /// as the log is not purged past the last durably applied index.
+    ///
+    /// # Errors
+    /// [`StoreError::BadCommand`] or a storage error; then nothing changed.
+    pub fn apply_entries(
+        &self,
+        entries: &[(u64, u64, &[u8])],
+        durable: bool,
+    ) -> Result<ApplyOutcome, StoreError> {
+        use futureq_core::command::{decode, CommandRef};
+        let applied = self.applied()?.map_or(0, |(i, _)| i);
+        let fresh: Vec<&(u64, u64, &[u8])> =
+            entries.iter().filter(|(i, _, _)| *i > applied).collect();
+        let mut out = ApplyOutcome {
+            max_event_id: self.last_id()?,
+            ..ApplyOutcome::default()
+        };
+        let Some(&&(last_index, last_term, _)) = fresh.last() else {
+            return Ok(out);
+        };
+        let mut commands = Vec::with_capacity(fresh.len());
+        for (index, _, bytes) in &fresh {
+            if !bytes.is_empty() {
+                let c = decode(bytes).map_err(|e| StoreError::BadCommand {
+                    index: *index,
+                    reason: e.to_string(),
+                })?;
+                commands.push(c);
+            }
+        }
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(if durable {
+            Durability::Immediate
+        } else {
+            Durability::None
+        })?;
+        {
+            let mut t = Tables::open(&txn)?;
+            for c in &commands {
+                match c {
+                    CommandRef::Store(b) => {
+                        for item in b.items.iter() {
+                            let key = item.key();
+                            out.max_event_id = out.max_event_id.max(key.event_id());
+                            let exp = item.expires_at_ms.to_native();
+                            t.insert(
+                                &key,
+                                (exp != 0).then_some(exp),
+                                item.index_keys.iter().map(|k| k.as_slice()),
+                                item.message.as_slice(),
+                            )?;
+                            out.stored += 1;
+                        }
+                    }
+                    CommandRef::Delete(d) => {
+                        for k in d.keys.iter() {
+                            let key = EventKey(*k);
+                            t.remove(&key)?;
+                            out.deleted.push(key);
+                        }
+                    }
+                }
+            }
+            let mut meta = txn.open_table(META)?;
+            meta.insert(LAST_ID, out.max_event_id)?;
+            meta.insert(APPLIED_INDEX, last_index)?;
+            meta.insert(APPLIED_TERM, last_term)?;
+        }
+        txn.commit()?;
+        out.applied = Some((last_index, last_term));
         Ok(out)
     }
 
@@ -266,6 +357,20 @@ impl Store {
     }
 }
 
+/// What [`Store::apply_entries`] did.
+#[derive(Debug, Default)]
+pub struct ApplyOutcome {
+    /// Messages stored.
+    pub stored: u64,
+    /// Keys deleted (reported even when already gone, so every replica clears its in-flight
+    /// state for them).
+    pub deleted: Vec<EventKey>,
+    /// The id high-water mark after the call.
+    pub max_event_id: u64,
+    /// The applied log id after the call, if anything was applied.
+    pub applied: Option<(u64, u64)>,
+}
+
 /// What one group commit did.
 #[derive(Debug, Default)]
 pub struct GroupOutcome {
@@ -290,6 +395,46 @@ impl GroupOutcome {
                 .or_insert(*k);
         }
         m.into_values().collect()
+    }
+}
+
+/// The message tables of one write transaction. A message's index and expiry entries are
+/// written and removed with it, always.
+struct Tables<'t> {
+    messages: redb::Table<'t, &'static [u8], &'static [u8]>,
+    indexes: redb::Table<'t, &'static [u8], ()>,
+    expiry: redb::Table<'t, &'static [u8], ()>,
+}
+
+impl<'t> Tables<'t> {
+    fn open(txn: &'t redb::WriteTransaction) -> Result<Self, StoreError> {
+        Ok(Tables {
+            messages: txn.open_table(MESSAGES)?,
+            indexes: txn.open_table(INDEXES)?,
+            expiry: txn.open_table(EXPIRY)?,
+        })
+    }
+
+    fn insert<'k>(
+        &mut self,
+        key: &EventKey,
+        expires_at_ms: Option<i64>,
+        index_keys: impl IntoIterator<Item = &'k [u8]>,
+        value: &[u8],
+    ) -> Result<(), StoreError> {
+        self.messages.insert(key.0.as_slice(), value)?;
+        for ik in index_keys {
+            self.indexes.insert(index_entry(ik, key).as_slice(), ())?;
+        }
+        if let Some(e) = expires_at_ms {
+            self.expiry.insert(expiry_key(e, key).as_slice(), ())?;
+        }
+        Ok(())
+    }
+
+    /// Removes a message and its index and expiry entries; false if it did not exist.
+    fn remove(&mut self, key: &EventKey) -> Result<bool, StoreError> {
+        remove_message(&mut self.messages, &mut self.indexes, &mut self.expiry, key)
     }
 }
 
