@@ -12,5 +12,6 @@ pub mod segmented;
 pub mod tracker;
 #[cfg(feature = "glommio")]
 pub mod uring;
+pub mod vote;
 
 pub use segmented::{Log, LogConfig, LogError};

@@ -278,3 +278,43 @@ fn unflushed_entries_are_lost_in_a_crash_but_the_log_stays_consistent() {
     fill(&log, 11..=12);
     check_all(&log, 1..=12);
 }
+
+#[test]
+fn the_flusher_batches_whatever_was_appended() {
+    use futures::task::LocalSpawnExt;
+    let io = MemLogIo::new();
+    let log = Rc::new(open(&io).unwrap());
+    let mut pool = futures::executor::LocalPool::new();
+    let (stop_tx, stop_rx) = futures::channel::oneshot::channel::<()>();
+    let l = Rc::clone(&log);
+    pool.spawner()
+        .spawn_local(async move {
+            l.run_flusher(async {
+                let _ = stop_rx.await;
+            })
+            .await;
+        })
+        .unwrap();
+    pool.run_until_stalled();
+    let done = Rc::new(RefCell::new(0));
+    for i in 1..=40 {
+        let d = Rc::clone(&done);
+        log.append(
+            vec![(1, i, payload(i))],
+            Box::new(move |r| {
+                r.unwrap();
+                *d.borrow_mut() += 1;
+            }),
+        )
+        .unwrap();
+    }
+    pool.run_until_stalled();
+    assert_eq!(*done.borrow(), 40);
+    assert_eq!(
+        io.syncs(),
+        1,
+        "40 appends made before the flusher ran share one fsync"
+    );
+    let _ = stop_tx.send(());
+    pool.run_until_stalled();
+}

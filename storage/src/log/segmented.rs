@@ -120,6 +120,8 @@ pub struct Log<I: LogIo> {
     cfg: LogConfig,
     st: RefCell<State>,
     on_persisted: PersistHook,
+    /// Notified by every append (wakes the flusher).
+    appended: event_listener::Event,
 }
 
 impl<I: LogIo> Log<I> {
@@ -229,6 +231,7 @@ impl<I: LogIo> Log<I> {
             cfg,
             st: RefCell::new(st),
             on_persisted,
+            appended: event_listener::Event::new(),
         })
     }
 
@@ -295,7 +298,30 @@ impl<I: LogIo> Log<I> {
             });
         }
         st.callbacks.push(done);
+        drop(st);
+        self.appended.notify(1);
         Ok(())
+    }
+
+    /// The flusher: whenever entries are pending, flush them all (one fsync); appends made
+    /// while a flush runs go into the next one. Returns when the log is poisoned or `stop`
+    /// resolves.
+    pub async fn run_flusher(&self, stop: impl std::future::Future<Output = ()>) {
+        let work = async {
+            loop {
+                while !self.has_pending() {
+                    let l = self.appended.listen();
+                    if self.has_pending() {
+                        break;
+                    }
+                    l.await;
+                }
+                if self.flush().await.is_err() {
+                    return;
+                }
+            }
+        };
+        futures::future::select(std::pin::pin!(work), std::pin::pin!(stop)).await;
     }
 
     /// True when appended entries wait for a flush.
