@@ -23,6 +23,13 @@ pub enum StoreError {
         /// What is wrong.
         reason: String,
     },
+    /// A snapshot stream is malformed or does not match what was expected; nothing of it
+    /// was installed.
+    #[error("bad snapshot: {0}")]
+    BadSnapshot(String),
+    /// Writing or reading a snapshot stream failed.
+    #[error("snapshot I/O: {0}")]
+    SnapshotIo(#[from] std::io::Error),
     /// The storage threads have stopped (shutdown or a fatal error).
     #[error("storage is closed")]
     Closed,

@@ -285,6 +285,110 @@ impl Store {
         Ok(out)
     }
 
+    /// Writes a snapshot of the whole store (one read transaction, so it is consistent and
+    /// never blocks writers) and returns the applied log id it contains.
+    ///
+    /// Stream: magic `FQSNAP1\0`, applied index, applied term, last-id (u64 LE each), then
+    /// records `table (u8: 1 messages, 2 indexes, 3 expiry) · key length (u32 LE) · key ·
+    /// value length (u32 LE) · value`, then a 0 byte.
+    ///
+    /// # Errors
+    /// Storage or write failure.
+    pub fn write_snapshot(
+        &self,
+        w: &mut impl std::io::Write,
+    ) -> Result<Option<(u64, u64)>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let meta = txn.open_table(META)?;
+        let get =
+            |k: &str| -> Result<u64, StoreError> { Ok(meta.get(k)?.map_or(0, |v| v.value())) };
+        let (index, term, last) = (get(APPLIED_INDEX)?, get(APPLIED_TERM)?, get(LAST_ID)?);
+        w.write_all(SNAPSHOT_MAGIC)?;
+        for v in [index, term, last] {
+            w.write_all(&v.to_le_bytes())?;
+        }
+        let messages = txn.open_table(MESSAGES)?;
+        for r in messages.range::<&[u8]>(..)? {
+            let (k, v) = r?;
+            write_record(w, 1, k.value(), v.value())?;
+        }
+        for (id, def) in [(2u8, INDEXES), (3, EXPIRY)] {
+            for r in txn.open_table(def)?.range::<&[u8]>(..)? {
+                let (k, _) = r?;
+                write_record(w, id, k.value(), &[])?;
+            }
+        }
+        w.write_all(&[0])?;
+        Ok((index > 0).then_some((index, term)))
+    }
+
+    /// Replaces the whole store with a snapshot, durably, in one transaction. The snapshot's
+    /// applied log id must be `expect`; anything malformed or unexpected leaves the store as
+    /// it was.
+    ///
+    /// # Errors
+    /// [`StoreError::BadSnapshot`], a read failure, or a storage error.
+    pub fn install_snapshot(
+        &self,
+        r: &mut impl std::io::Read,
+        expect: Option<(u64, u64)>,
+    ) -> Result<(), StoreError> {
+        let bad = |m: &str| StoreError::BadSnapshot(m.to_owned());
+        let mut magic = [0u8; 8];
+        r.read_exact(&mut magic)
+            .map_err(|_| bad("truncated header"))?;
+        if &magic != SNAPSHOT_MAGIC {
+            return Err(bad("not a futureq snapshot (magic)"));
+        }
+        let mut u = [0u64; 3];
+        for v in &mut u {
+            *v = read_u64(r).map_err(|_| bad("truncated header"))?;
+        }
+        let [index, term, last] = u;
+        let applied = (index > 0).then_some((index, term));
+        if applied != expect {
+            return Err(StoreError::BadSnapshot(format!(
+                "applied log id {applied:?}, expected {expect:?}"
+            )));
+        }
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(Durability::Immediate)?;
+        {
+            let mut t = Tables::open(&txn)?;
+            t.messages.retain(|_, _| false)?;
+            t.indexes.retain(|_, _| false)?;
+            t.expiry.retain(|_, _| false)?;
+            loop {
+                let mut id = [0u8; 1];
+                r.read_exact(&mut id)
+                    .map_err(|_| bad("truncated: no end marker"))?;
+                if id[0] == 0 {
+                    break;
+                }
+                let key = read_chunk(r, SNAPSHOT_KEY_MAX)
+                    .ok_or_else(|| bad("truncated or oversized key"))?;
+                let value = read_chunk(r, SNAPSHOT_VALUE_MAX)
+                    .ok_or_else(|| bad("truncated or oversized value"))?;
+                match id[0] {
+                    1 if key.len() == KEY_LEN => t
+                        .messages
+                        .insert(key.as_slice(), value.as_slice())
+                        .map(|_| ())?,
+                    2 => t.indexes.insert(key.as_slice(), ()).map(|_| ())?,
+                    3 => t.expiry.insert(key.as_slice(), ()).map(|_| ())?,
+                    _ => return Err(bad("unknown table or bad message key")),
+                }
+            }
+            let mut meta = txn.open_table(META)?;
+            meta.insert(LAST_ID, last)?;
+            meta.insert(APPLIED_INDEX, index)?;
+            meta.insert(APPLIED_TERM, term)?;
+        }
+        // An error above drops `txn` uncommitted: nothing of the snapshot is visible.
+        txn.commit()?;
+        Ok(())
+    }
+
     /// Reads the due range of one topic.
     ///
     /// # Errors
@@ -355,6 +459,45 @@ impl Store {
             txn.open_table(EXPIRY)?.len()?,
         ))
     }
+}
+
+const SNAPSHOT_MAGIC: &[u8; 8] = b"FQSNAP1\0";
+/// Largest key in a snapshot record (index keys are bounded by the message size).
+const SNAPSHOT_KEY_MAX: usize = 64 << 20;
+/// Largest value in a snapshot record.
+const SNAPSHOT_VALUE_MAX: usize = 256 << 20;
+
+fn write_record(
+    w: &mut impl std::io::Write,
+    table: u8,
+    key: &[u8],
+    value: &[u8],
+) -> std::io::Result<()> {
+    w.write_all(&[table])?;
+    for part in [key, value] {
+        let n = u32::try_from(part.len()).map_err(|_| std::io::Error::other("record too large"))?;
+        w.write_all(&n.to_le_bytes())?;
+        w.write_all(part)?;
+    }
+    Ok(())
+}
+
+fn read_u64(r: &mut impl std::io::Read) -> std::io::Result<u64> {
+    let mut b = [0u8; 8];
+    r.read_exact(&mut b)?;
+    Ok(u64::from_le_bytes(b))
+}
+
+fn read_chunk(r: &mut impl std::io::Read, max: usize) -> Option<Vec<u8>> {
+    let mut n = [0u8; 4];
+    r.read_exact(&mut n).ok()?;
+    let n = u32::from_le_bytes(n) as usize;
+    if n > max {
+        return None;
+    }
+    let mut v = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::Read::take(&mut *r, n as u64), &mut v).ok()?;
+    (v.len() == n).then_some(v)
 }
 
 /// What [`Store::apply_entries`] did.

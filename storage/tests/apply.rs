@@ -104,3 +104,66 @@ fn replayed_entries_are_skipped_and_ids_never_regress() {
     assert_eq!(out.max_event_id, 50);
     assert_eq!(s.last_id().unwrap(), 50);
 }
+
+#[test]
+fn snapshots_round_trip_and_replace_everything() {
+    let src = Store::open(&StoreMode::Memory).unwrap();
+    let a = encode_store(&StoreBatch {
+        items: (1..=50)
+            .map(|i| item(i, if i % 2 == 0 { 500 } else { 0 }))
+            .collect(),
+    });
+    src.apply_entries(&[(4, 2, &a)], false).unwrap();
+    let mut snap = Vec::new();
+    assert_eq!(src.write_snapshot(&mut snap).unwrap(), Some((4, 2)));
+
+    let dst = Store::open(&StoreMode::Memory).unwrap();
+    // Something the snapshot must replace.
+    let old = encode_store(&StoreBatch {
+        items: vec![item(999, 0)],
+    });
+    dst.apply_entries(&[(1, 1, &old)], false).unwrap();
+    dst.install_snapshot(&mut snap.as_slice(), Some((4, 2)))
+        .unwrap();
+    assert_eq!(dst.counts().unwrap(), src.counts().unwrap());
+    assert_eq!(dst.applied().unwrap(), Some((4, 2)));
+    assert_eq!(dst.last_id().unwrap(), 50);
+    assert!(dst.get(&key(999)).unwrap().is_none());
+    assert_eq!(dst.get(&key(10)).unwrap(), src.get(&key(10)).unwrap());
+}
+
+#[test]
+fn bad_snapshots_change_nothing() {
+    let src = Store::open(&StoreMode::Memory).unwrap();
+    let a = encode_store(&StoreBatch {
+        items: (1..=5).map(|i| item(i, 0)).collect(),
+    });
+    src.apply_entries(&[(3, 1, &a)], false).unwrap();
+    let mut snap = Vec::new();
+    src.write_snapshot(&mut snap).unwrap();
+
+    let dst = Store::open(&StoreMode::Memory).unwrap();
+    let keep = encode_store(&StoreBatch {
+        items: vec![item(77, 0)],
+    });
+    dst.apply_entries(&[(1, 1, &keep)], false).unwrap();
+    let before = (dst.counts().unwrap(), dst.applied().unwrap());
+    // Wrong applied id, truncation at every length, garbage.
+    assert!(matches!(
+        dst.install_snapshot(&mut snap.as_slice(), Some((9, 9))),
+        Err(StoreError::BadSnapshot(_))
+    ));
+    for cut in [0, 7, 8, 20, 32, snap.len() / 2, snap.len() - 1] {
+        assert!(
+            dst.install_snapshot(&mut &snap[..cut], Some((3, 1)))
+                .is_err(),
+            "cut {cut}"
+        );
+    }
+    let mut junk = snap.clone();
+    junk[33] = 9; // unknown table id in the first record
+    assert!(dst
+        .install_snapshot(&mut junk.as_slice(), Some((3, 1)))
+        .is_err());
+    assert_eq!((dst.counts().unwrap(), dst.applied().unwrap()), before);
+}
