@@ -5,7 +5,8 @@
 //! release: the standalone broker commits straight to `futureq-storage`, and the clustered
 //! broker (next milestone) will put this crate between the ingress cores and the store:
 //!
-//! - `rt`: the glommio runtime adapter (detached spawns, Timer-based sleep/timeout).
+//! - [`rt`]: the glommio runtime adapter (detached spawns, Timer-based sleep/timeout); passes
+//!   openraft's runtime conformance suite.
 //! - `log`: openraft's `RaftLogStorage` over `futureq-storage`'s io_uring segment log, with the
 //!   leader-persist hook behind the LEADER ack level.
 //! - `state`: the event-shard state machine (rkyv `StoreBatch`/`DeleteBatch` commands applied in
@@ -18,5 +19,4 @@
 //! - One publish batch is one log entry, applied atomically.
 //! - The log is never purged past the last durably applied index.
 
-/// The crate's version of the replicated command format (bumped on every layout change).
-pub const COMMAND_FORMAT_VERSION: u8 = 1;
+pub mod rt;
