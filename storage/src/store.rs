@@ -110,6 +110,17 @@ impl Store {
         Ok(Store { db: Arc::new(db) })
     }
 
+    /// A write transaction that fsyncs on commit when `durable`.
+    fn begin_write(&self, durable: bool) -> Result<redb::WriteTransaction, StoreError> {
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(if durable {
+            Durability::Immediate
+        } else {
+            Durability::None
+        })?;
+        Ok(txn)
+    }
+
     /// The highest event id ever stored (0 for a new store).
     ///
     /// # Errors
@@ -134,12 +145,7 @@ impl Store {
         last_id: &mut u64,
         durable: bool,
     ) -> Result<GroupOutcome, StoreError> {
-        let mut txn = self.db.begin_write()?;
-        txn.set_durability(if durable {
-            Durability::Immediate
-        } else {
-            Durability::None
-        })?;
+        let txn = self.begin_write(durable)?;
         let mut out = GroupOutcome::default();
         {
             let mut t = Tables::open(&txn)?;
@@ -242,12 +248,7 @@ impl Store {
                 commands.push(c);
             }
         }
-        let mut txn = self.db.begin_write()?;
-        txn.set_durability(if durable {
-            Durability::Immediate
-        } else {
-            Durability::None
-        })?;
+        let txn = self.begin_write(durable)?;
         {
             let mut t = Tables::open(&txn)?;
             for c in &commands {
