@@ -6,6 +6,7 @@
 //! Layout:
 //! - [`command`]: replicated event-shard commands (rkyv archives, validated on access).
 //! - [`key`]: the 24-byte event key (`topicHash · bucket · eventId`) and its range bounds.
+//! - [`metadata`]: the metadata group's state machine (topology, address registry).
 //! - [`message`]: the stored message and its versioned binary encoding.
 //! - [`publish`]: ack levels, publish limits and per-message validation.
 //! - [`hub`]: consumers, groups, in-flight tracking, redelivery and the scan cursor per topic.
@@ -22,6 +23,7 @@ pub mod deleter;
 pub mod hub;
 pub mod key;
 pub mod message;
+pub mod metadata;
 pub mod publish;
 
 pub use key::{bucket_of, topic_hash, EventKey, KEY_LEN};

@@ -1,5 +1,5 @@
-//! Replicated command validation over arbitrary entry bytes: never panics; whatever
-//! validates can be read field by field.
+//! Replicated command validation (event shard and metadata group, and metadata snapshots)
+//! over arbitrary entry bytes: never panics; whatever validates can be read field by field.
 #![no_main]
 
 use futureq_core::command::{decode, CommandRef};
@@ -18,4 +18,10 @@ fuzz_target!(|data: &[u8]| {
         }
         Err(_) => {}
     }
+    if let Ok(c) = futureq_core::metadata::MetaCommand::decode(data) {
+        let mut s = futureq_core::metadata::MetaState::default();
+        s.apply(c);
+        let _ = s.cluster_view(1);
+    }
+    let _ = futureq_core::metadata::MetaState::restore(data);
 });
