@@ -18,6 +18,8 @@
 use rkyv::rancor::Error as RkyvError;
 use rkyv::{Archive, Deserialize, Serialize};
 
+use crate::envelope::frame;
+
 use crate::key::{EventKey, KEY_LEN};
 
 /// Tag of a v1 [`StoreBatch`].
@@ -95,22 +97,13 @@ pub enum CommandError {
     Invalid(String),
 }
 
-fn with_tag(tag: u8, archive: &[u8]) -> Vec<u8> {
-    let len = u32::try_from(archive.len()).expect("a command is far below 4 GiB");
-    let mut out = Vec::with_capacity(5 + archive.len());
-    out.push(tag);
-    out.extend_from_slice(&len.to_le_bytes());
-    out.extend_from_slice(archive);
-    out
-}
-
 /// Encodes a store command.
 ///
 /// # Panics
 /// Only if rkyv cannot serialize plain vectors (it always can).
 #[must_use]
 pub fn encode_store(b: &StoreBatch) -> Vec<u8> {
-    with_tag(
+    frame(
         TAG_STORE_V1,
         &rkyv::to_bytes::<RkyvError>(b).expect("serializing plain data"),
     )
@@ -122,7 +115,7 @@ pub fn encode_store(b: &StoreBatch) -> Vec<u8> {
 /// Only if rkyv cannot serialize plain vectors (it always can).
 #[must_use]
 pub fn encode_delete(b: &DeleteBatch) -> Vec<u8> {
-    with_tag(
+    frame(
         TAG_DELETE_V1,
         &rkyv::to_bytes::<RkyvError>(b).expect("serializing plain data"),
     )
@@ -133,18 +126,10 @@ pub fn encode_delete(b: &DeleteBatch) -> Vec<u8> {
 /// # Errors
 /// [`CommandError`] for anything but a well-formed command.
 pub fn decode(bytes: &[u8]) -> Result<CommandRef<'_>, CommandError> {
-    let (&tag, rest) = bytes.split_first().ok_or(CommandError::Empty)?;
-    if rest.len() < 4 {
-        return Err(CommandError::Invalid("missing archive length".into()));
+    if bytes.is_empty() {
+        return Err(CommandError::Empty);
     }
-    let (len, archive) = rest.split_at(4);
-    let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
-    if len != archive.len() {
-        return Err(CommandError::Invalid(format!(
-            "archive length {len} but {} bytes follow (truncated or padded)",
-            archive.len()
-        )));
-    }
+    let (tag, archive) = crate::envelope::unframe(bytes).map_err(CommandError::Invalid)?;
     match tag {
         TAG_STORE_V1 => rkyv::access::<ArchivedStoreBatch, RkyvError>(archive)
             .map(CommandRef::Store)

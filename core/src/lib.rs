@@ -20,6 +20,7 @@
 
 pub mod command;
 pub mod deleter;
+mod envelope;
 pub mod hub;
 pub mod key;
 pub mod message;

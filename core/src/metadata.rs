@@ -21,6 +21,8 @@ use std::collections::BTreeMap;
 use rkyv::rancor::Error as RkyvError;
 use rkyv::{Archive, Deserialize, Serialize};
 
+use crate::envelope::frame;
+
 /// Tag of an UpdateTopology command.
 pub const TAG_UPDATE_TOPOLOGY: u8 = 1;
 /// Tag of a RegisterNodeAddr command.
@@ -103,28 +105,8 @@ pub struct ClusterView {
     pub nodes: Vec<(u64, String, bool, bool)>,
 }
 
-fn frame(tag: u8, archive: &[u8]) -> Vec<u8> {
-    let len = u32::try_from(archive.len()).expect("metadata is small");
-    let mut out = Vec::with_capacity(5 + archive.len());
-    out.push(tag);
-    out.extend_from_slice(&len.to_le_bytes());
-    out.extend_from_slice(archive);
-    out
-}
-
 fn unframe<'b>(bytes: &'b [u8], what: &'static str) -> Result<(u8, &'b [u8]), MetaDecodeError> {
-    let err = |reason: &str| MetaDecodeError {
-        what,
-        reason: reason.to_owned(),
-    };
-    if bytes.len() < 5 {
-        return Err(err("shorter than its header"));
-    }
-    let len = u32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]) as usize;
-    if len != bytes.len() - 5 {
-        return Err(err("length does not match"));
-    }
-    Ok((bytes[0], &bytes[5..]))
+    crate::envelope::unframe(bytes).map_err(|reason| MetaDecodeError { what, reason })
 }
 
 impl MetaCommand {
