@@ -5,6 +5,8 @@
 //! release: the standalone broker commits straight to `futureq-storage`, and the clustered
 //! broker (next milestone) will put this crate between the ingress cores and the store:
 //!
+//! - [`types`]: the openraft type configuration; [`codec`]: entry and vote encodings for our
+//!   log and vote file.
 //! - [`rt`]: the glommio runtime adapter (detached spawns, Timer-based sleep/timeout); passes
 //!   openraft's runtime conformance suite.
 //! - `log`: openraft's `RaftLogStorage` over `futureq-storage`'s io_uring segment log, with the
@@ -19,4 +21,6 @@
 //! - One publish batch is one log entry, applied atomically.
 //! - The log is never purged past the last durably applied index.
 
+pub mod codec;
 pub mod rt;
+pub mod types;

@@ -1,0 +1,34 @@
+//! futureq's openraft type configuration.
+
+use std::fmt;
+
+/// A replicated command: the bytes of a `futureq_core::command` (event shard) or
+/// `futureq_core::metadata::MetaCommand` (metadata group) envelope.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Command(pub Vec<u8>);
+
+impl fmt::Debug for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Command({} bytes)", self.0.len())
+    }
+}
+
+impl fmt::Display for Command {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+openraft::declare_raft_types!(
+    /// Node ids are `u64`, nodes carry their Raft address (`BasicNode`), leader ids are
+    /// `(term, node id)`, and the runtime is glommio.
+    pub TypeConfig:
+        D = Command,
+        R = (),
+        AsyncRuntime = crate::rt::GlommioRuntime,
+);
+
+/// A log entry of [`TypeConfig`].
+pub type Entry = <TypeConfig as openraft::RaftTypeConfig>::Entry;
+/// A vote of [`TypeConfig`].
+pub type Vote = <TypeConfig as openraft::RaftTypeConfig>::Vote;
