@@ -318,3 +318,17 @@ fn the_flusher_batches_whatever_was_appended() {
     let _ = stop_tx.send(());
     pool.run_until_stalled();
 }
+
+#[test]
+fn purging_past_the_last_entry_empties_the_log() {
+    let io = MemLogIo::new();
+    let log = open(&io).unwrap();
+    fill(&log, 1..=10);
+    block_on(log.purge(20)).unwrap();
+    assert_eq!(log.bounds(), None);
+    assert!(segments(&io).is_empty());
+    fill(&log, 21..=22);
+    check_all(&log, 21..=22);
+    let log = open(&io.crash()).unwrap();
+    assert_eq!(log.bounds(), Some((21, 22)));
+}

@@ -525,30 +525,32 @@ impl<I: LogIo> Log<I> {
         Ok(())
     }
 
-    /// Drops whole segments whose entries are all `<= upto` (never the last segment).
+    /// Drops whole segments whose entries are all `<= upto`; the last segment goes too when
+    /// `upto` reaches the last entry (the log is then empty and the next append may start at
+    /// any index).
     ///
     /// # Errors
     /// I/O failure deleting a file.
     pub async fn purge(&self, upto: u64) -> Result<(), LogError> {
         let doomed: Vec<String> = {
             let mut st = self.st.borrow_mut();
-            let n = st.segments.len();
-            let mut doomed = Vec::new();
-            for i in 0..n.saturating_sub(1) {
-                if st.segments[i + 1].first <= upto + 1 {
-                    doomed.push(i);
+            let all = st.locs.keys().next_back().is_some_and(|last| *last <= upto)
+                && st.pending.is_empty();
+            if all {
+                st.locs.clear();
+                st.segments.drain(..).map(|s| s.name).collect()
+            } else {
+                let keep = st
+                    .segments
+                    .iter()
+                    .rposition(|s| s.first <= upto + 1)
+                    .unwrap_or(0);
+                if keep > 0 {
+                    let keep_from = st.segments[keep].first;
+                    st.locs = st.locs.split_off(&keep_from);
                 }
+                st.segments.drain(..keep).map(|s| s.name).collect()
             }
-            let names: Vec<String> = doomed
-                .iter()
-                .map(|i| st.segments[*i].name.clone())
-                .collect();
-            if let Some(&last_doomed) = doomed.last() {
-                let keep_from = st.segments[last_doomed + 1].first;
-                st.locs = st.locs.split_off(&keep_from);
-                st.segments.drain(..=last_doomed);
-            }
-            names
         };
         for name in doomed {
             self.io.remove(&name).await?;

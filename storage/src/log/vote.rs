@@ -20,9 +20,10 @@ pub const VOTE_FILE: &str = "vote";
 /// Largest vote value.
 pub const VOTE_MAX: usize = BLOCK as usize - 16;
 
-/// The vote file.
-pub struct VoteFile<'a, I: LogIo> {
-    io: &'a I,
+/// A small durable value (the vote, the purge marker) in its own two-slot file.
+pub struct VoteFile<I: LogIo> {
+    io: I,
+    name: String,
     seq: Cell<u64>,
 }
 
@@ -44,14 +45,14 @@ fn parse(slot: &[u8]) -> Option<(u64, Vec<u8>)> {
     (slot_crc(&slot[0..12], value) == crc).then(|| (seq, value.to_vec()))
 }
 
-impl<'a, I: LogIo> VoteFile<'a, I> {
-    /// Opens the vote file (creating it) and returns it with the saved vote, if any.
+impl<I: LogIo> VoteFile<I> {
+    /// Opens the file `name` (creating it) and returns it with the saved value, if any.
     ///
     /// # Errors
     /// I/O failure.
-    pub async fn open(io: &'a I) -> Result<(Self, Option<Vec<u8>>), LogError> {
-        io.open(VOTE_FILE, 2 * BLOCK).await?;
-        let bytes = io.read_at(VOTE_FILE, 0, 2 * BLOCK as usize).await?;
+    pub async fn open(io: I, name: &str) -> Result<(Self, Option<Vec<u8>>), LogError> {
+        io.open(name, 2 * BLOCK).await?;
+        let bytes = io.read_at(name, 0, 2 * BLOCK as usize).await?;
         let best = bytes
             .chunks(BLOCK as usize)
             .filter_map(parse)
@@ -60,6 +61,7 @@ impl<'a, I: LogIo> VoteFile<'a, I> {
         Ok((
             VoteFile {
                 io,
+                name: name.to_owned(),
                 seq: Cell::new(seq),
             },
             best.map(|(_, v)| v),
@@ -82,8 +84,10 @@ impl<'a, I: LogIo> VoteFile<'a, I> {
         slot.extend_from_slice(&crc.to_le_bytes());
         slot.extend_from_slice(value);
         slot.resize(BLOCK as usize, 0);
-        self.io.write_at(VOTE_FILE, (seq % 2) * BLOCK, slot).await?;
-        self.io.sync(VOTE_FILE).await?;
+        self.io
+            .write_at(&self.name, (seq % 2) * BLOCK, slot)
+            .await?;
+        self.io.sync(&self.name).await?;
         self.seq.set(seq);
         Ok(())
     }
@@ -99,12 +103,12 @@ mod tests {
     #[test]
     fn saves_survive_crashes_and_torn_slots() {
         let io = MemLogIo::new();
-        let (v, none) = block_on(VoteFile::open(&io)).unwrap();
+        let (v, none) = block_on(VoteFile::open(io.clone(), VOTE_FILE)).unwrap();
         assert!(none.is_none());
         block_on(v.save(b"term=1")).unwrap();
         block_on(v.save(b"term=2 voted=3")).unwrap();
         let crashed = io.crash();
-        let (v2, got) = block_on(VoteFile::open(&crashed)).unwrap();
+        let (v2, got) = block_on(VoteFile::open(crashed.clone(), VOTE_FILE)).unwrap();
         assert_eq!(got.as_deref(), Some(&b"term=2 voted=3"[..]));
         // A torn write of the next save damages its slot only: the previous vote remains.
         block_on(v2.save(b"term=3")).unwrap();
@@ -112,14 +116,14 @@ mod tests {
         img[BLOCK as usize + 20] ^= 0xff; // seq 3 lives in slot 1
         let torn = MemLogIo::new();
         torn.set_file(VOTE_FILE, img);
-        let (_, got) = block_on(VoteFile::open(&torn)).unwrap();
+        let (_, got) = block_on(VoteFile::open(torn.clone(), VOTE_FILE)).unwrap();
         assert_eq!(got.as_deref(), Some(&b"term=2 voted=3"[..]));
     }
 
     #[test]
     fn oversized_votes_are_refused() {
         let io = MemLogIo::new();
-        let (v, _) = block_on(VoteFile::open(&io)).unwrap();
+        let (v, _) = block_on(VoteFile::open(io.clone(), VOTE_FILE)).unwrap();
         assert!(matches!(
             block_on(v.save(&vec![0; VOTE_MAX + 1])),
             Err(LogError::TooLarge(_))
