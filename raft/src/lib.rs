@@ -22,5 +22,6 @@
 //! - The log is never purged past the last durably applied index.
 
 pub mod codec;
+pub mod log_store;
 pub mod rt;
 pub mod types;

@@ -1,0 +1,259 @@
+//! openraft's `RaftLogStorage` over our segmented log (`futureq_storage::log`).
+//!
+//! - `append` returns as soon as the entries are queued; the log's flusher task fsyncs
+//!   whatever was appended meanwhile and only then fires openraft's `IOFlushed` callback.
+//! - The vote and the last purged log id live in their own two-slot files, fsynced before the
+//!   call returns.
+//! - Entries at or below the purge marker are never returned, even while their segment is
+//!   still on disk.
+
+use std::cell::RefCell;
+use std::fmt::Debug;
+use std::io;
+use std::ops::{Bound, RangeBounds};
+use std::rc::Rc;
+
+use futureq_storage::log::io::LogIo;
+use futureq_storage::log::vote::VoteFile;
+use futureq_storage::log::{Log, LogConfig};
+use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
+use openraft::{LogId, OptionalSend};
+
+use crate::codec::{decode_entry, decode_vote, encode_entry, encode_vote};
+use crate::types::{Entry, TypeConfig, Vote};
+
+/// Name of the purge-marker file.
+pub const PURGED_FILE: &str = "purged";
+/// Name of the vote file.
+pub const VOTE_FILE: &str = "vote";
+
+type RaftLogId = LogId<openraft::impls::leader_id_adv::LeaderId<u64, u64>>;
+
+fn io_err(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+struct Shared<I: LogIo> {
+    log: Log<I>,
+    vote: VoteFile<I>,
+    /// The saved vote (what the vote file holds).
+    vote_value: RefCell<Option<Vote>>,
+    purged_file: VoteFile<I>,
+    purged: RefCell<Option<RaftLogId>>,
+    /// Dropped with the last handle: stops the flusher.
+    _stop: futures::channel::oneshot::Sender<()>,
+}
+
+/// The log store (cheap to clone; every clone shares the log).
+pub struct LogStore<I: LogIo + 'static> {
+    shared: Rc<Shared<I>>,
+}
+
+impl<I: LogIo + 'static> Clone for LogStore<I> {
+    fn clone(&self) -> Self {
+        LogStore {
+            shared: Rc::clone(&self.shared),
+        }
+    }
+}
+
+impl<I: LogIo + 'static> LogStore<I> {
+    /// Opens the log (recovering it) and starts its flusher on the current glommio executor.
+    /// `make_io` gives each file set its own handle on the same directory.
+    ///
+    /// # Errors
+    /// Recovery or I/O failure.
+    pub async fn open(
+        make_io: impl Fn() -> I,
+        cfg: LogConfig,
+        on_persisted: futureq_storage::log::segmented::PersistHook,
+    ) -> io::Result<Self> {
+        let log = Log::open(make_io(), cfg, on_persisted)
+            .await
+            .map_err(io_err)?;
+        let (vote, saved) = VoteFile::open(make_io(), VOTE_FILE).await.map_err(io_err)?;
+        let vote_value = RefCell::new(saved.map(|b| decode_vote(&b)).transpose().map_err(io_err)?);
+        let (purged_file, purged) = VoteFile::open(make_io(), PURGED_FILE)
+            .await
+            .map_err(io_err)?;
+        let purged = match purged {
+            Some(b) => Some(decode_entry_log_id(&b)?),
+            None => None,
+        };
+        let (stop, stopped) = futures::channel::oneshot::channel::<()>();
+        let shared = Rc::new(Shared {
+            log,
+            vote,
+            vote_value,
+            purged_file,
+            purged: RefCell::new(purged),
+            _stop: stop,
+        });
+        let weak = Rc::downgrade(&shared);
+        glommio::spawn_local(async move {
+            let Some(s) = weak.upgrade() else { return };
+            // The task holds a strong handle only while it runs; `stopped` fires when every
+            // LogStore is gone (its sender is dropped).
+            let s2 = Rc::clone(&s);
+            drop(s);
+            s2.log
+                .run_flusher(async {
+                    let _ = stopped.await;
+                })
+                .await;
+        })
+        .detach();
+        Ok(LogStore { shared })
+    }
+
+    async fn last_log_id(&self) -> io::Result<Option<RaftLogId>> {
+        let Some((_, last)) = self.shared.log.bounds() else {
+            return Ok(*self.shared.purged.borrow());
+        };
+        let rec = self
+            .shared
+            .log
+            .read(last)
+            .await
+            .map_err(io_err)?
+            .ok_or_else(|| io_err("last entry vanished"))?;
+        Ok(Some(decode_entry(&rec.payload).map_err(io_err)?.log_id))
+    }
+}
+
+fn encode_log_id(id: &RaftLogId) -> Vec<u8> {
+    let mut b = Vec::with_capacity(24);
+    b.extend_from_slice(&id.leader_id.term.to_le_bytes());
+    b.extend_from_slice(&id.leader_id.node_id.to_le_bytes());
+    b.extend_from_slice(&id.index.to_le_bytes());
+    b
+}
+
+fn decode_entry_log_id(b: &[u8]) -> io::Result<RaftLogId> {
+    if b.len() != 24 {
+        return Err(io_err("purge marker is not 24 bytes"));
+    }
+    let u = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+    Ok(LogId {
+        leader_id: openraft::impls::leader_id_adv::LeaderId {
+            term: u(0),
+            node_id: u(8),
+        },
+        index: u(16),
+    })
+}
+
+impl<I: LogIo + 'static> RaftLogReader<TypeConfig> for LogStore<I> {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, io::Error> {
+        let Some((first, last)) = self.shared.log.bounds() else {
+            return Ok(Vec::new());
+        };
+        let purged = self.shared.purged.borrow().map_or(0, |p| p.index + 1);
+        let start = match range.start_bound() {
+            Bound::Included(s) => *s,
+            Bound::Excluded(s) => s.saturating_add(1),
+            Bound::Unbounded => 0,
+        }
+        .max(first)
+        .max(purged);
+        let end = match range.end_bound() {
+            Bound::Included(e) => *e,
+            Bound::Excluded(e) => e.saturating_sub(1),
+            Bound::Unbounded => u64::MAX,
+        }
+        .min(last);
+        if matches!(range.end_bound(), Bound::Excluded(0)) {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        let mut i = start;
+        while i <= end {
+            match self.shared.log.read(i).await.map_err(io_err)? {
+                Some(r) => out.push(decode_entry(&r.payload).map_err(io_err)?),
+                None => break,
+            }
+            i += 1;
+        }
+        Ok(out)
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
+        Ok(*self.shared.vote_value.borrow())
+    }
+}
+
+impl<I: LogIo + 'static> RaftLogStorage<TypeConfig> for LogStore<I> {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
+        let last_purged_log_id = *self.shared.purged.borrow();
+        Ok(LogState {
+            last_purged_log_id,
+            last_log_id: self.last_log_id().await?,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
+        self.shared
+            .vote
+            .save(&encode_vote(vote))
+            .await
+            .map_err(io_err)?;
+        *self.shared.vote_value.borrow_mut() = Some(*vote);
+        Ok(())
+    }
+
+    async fn append<It>(
+        &mut self,
+        entries: It,
+        callback: IOFlushed<TypeConfig>,
+    ) -> Result<(), io::Error>
+    where
+        It: IntoIterator<Item = Entry> + OptionalSend,
+        It::IntoIter: OptionalSend,
+    {
+        let records: Vec<(u64, u64, Vec<u8>)> = entries
+            .into_iter()
+            .map(|e| (e.log_id.leader_id.term, e.log_id.index, encode_entry(&e)))
+            .collect();
+        self.shared
+            .log
+            .append(
+                records,
+                Box::new(move |r| callback.io_completed(r.map_err(io::Error::other))),
+            )
+            .map_err(io_err)
+    }
+
+    async fn truncate_after(&mut self, last_log_id: Option<RaftLogId>) -> Result<(), io::Error> {
+        let from = match last_log_id {
+            Some(id) => id.index + 1,
+            None => match self.shared.log.bounds() {
+                Some((first, _)) => first,
+                None => return Ok(()),
+            },
+        };
+        self.shared.log.truncate(from).await.map_err(io_err)
+    }
+
+    async fn purge(&mut self, log_id: RaftLogId) -> Result<(), io::Error> {
+        // Persist the marker first: after a crash nothing at or below it is served again.
+        self.shared
+            .purged_file
+            .save(&encode_log_id(&log_id))
+            .await
+            .map_err(io_err)?;
+        *self.shared.purged.borrow_mut() = Some(log_id);
+        if self.shared.log.has_pending() {
+            self.shared.log.flush().await.map_err(io_err)?;
+        }
+        self.shared.log.purge(log_id.index).await.map_err(io_err)
+    }
+}
