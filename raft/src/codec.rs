@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use openraft::impls::leader_id_adv::LeaderId;
-use openraft::{BasicNode, EntryPayload, LogId, Membership};
+use openraft::{BasicNode, EntryPayload, LogId, Membership, StoredMembership};
 
 use crate::types::{Command, Entry, Vote};
 
@@ -93,6 +93,15 @@ pub fn encode_entry(e: &Entry) -> Vec<u8> {
         }
         EntryPayload::Membership(m) => {
             out.push(2);
+            put_membership(&mut out, m);
+        }
+    }
+    out
+}
+
+fn put_membership(out: &mut Vec<u8>, m: &Membership<u64, BasicNode>) {
+    {
+        {
             let configs = m.get_joint_config();
             out.extend_from_slice(
                 &u32::try_from(configs.len())
@@ -118,7 +127,29 @@ pub fn encode_entry(e: &Entry) -> Vec<u8> {
             }
         }
     }
-    out
+}
+
+fn get_membership(r: &mut Reader<'_>) -> Result<Membership<u64, BasicNode>, CodecError> {
+    let n_configs = r.count(4)?;
+    let mut configs = Vec::with_capacity(n_configs);
+    for _ in 0..n_configs {
+        let n = r.count(8)?;
+        let mut set = BTreeSet::new();
+        for _ in 0..n {
+            set.insert(r.u64()?);
+        }
+        configs.push(set);
+    }
+    let n_nodes = r.count(12)?;
+    let mut nodes = BTreeMap::new();
+    for _ in 0..n_nodes {
+        let id = r.u64()?;
+        let len = r.u32()? as usize;
+        let addr =
+            String::from_utf8(r.take(len)?.to_vec()).map_err(|_| r.err("address is not UTF-8"))?;
+        nodes.insert(id, BasicNode { addr });
+    }
+    Membership::new(configs, nodes).map_err(|e| r.err(e.to_string()))
 }
 
 /// Decodes an entry from untrusted bytes.
@@ -172,6 +203,90 @@ pub fn decode_entry(b: &[u8]) -> Result<Entry, CodecError> {
         },
         payload,
     })
+}
+
+/// A log id of [`crate::types::TypeConfig`].
+pub type RaftLogId = LogId<LeaderId<u64, u64>>;
+/// A stored membership of [`crate::types::TypeConfig`].
+pub type RaftMembership = StoredMembership<LeaderId<u64, u64>, u64, BasicNode>;
+
+fn put_log_id(out: &mut Vec<u8>, id: Option<&RaftLogId>) {
+    match id {
+        None => out.push(0),
+        Some(id) => {
+            out.push(1);
+            out.extend_from_slice(&id.leader_id.term.to_le_bytes());
+            out.extend_from_slice(&id.leader_id.node_id.to_le_bytes());
+            out.extend_from_slice(&id.index.to_le_bytes());
+        }
+    }
+}
+
+fn get_log_id(r: &mut Reader<'_>) -> Result<Option<RaftLogId>, CodecError> {
+    match r.u8()? {
+        0 => Ok(None),
+        1 => Ok(Some(LogId {
+            leader_id: LeaderId {
+                term: r.u64()?,
+                node_id: r.u64()?,
+            },
+            index: r.u64()?,
+        })),
+        x => Err(r.err(format!("log id flag {x}"))),
+    }
+}
+
+/// Encodes an optional log id (the applied position).
+#[must_use]
+pub fn encode_log_id(id: Option<&RaftLogId>) -> Vec<u8> {
+    let mut out = vec![CODEC_VERSION];
+    put_log_id(&mut out, id);
+    out
+}
+
+/// Decodes an optional log id.
+///
+/// # Errors
+/// [`CodecError`] for anything else.
+pub fn decode_log_id(b: &[u8]) -> Result<Option<RaftLogId>, CodecError> {
+    let mut r = Reader { b, what: "log id" };
+    if r.u8()? != CODEC_VERSION {
+        return Err(r.err("version"));
+    }
+    let id = get_log_id(&mut r)?;
+    if !r.b.is_empty() {
+        return Err(r.err("trailing bytes"));
+    }
+    Ok(id)
+}
+
+/// Encodes the last applied membership with the log id that carried it.
+#[must_use]
+pub fn encode_membership(m: &RaftMembership) -> Vec<u8> {
+    let mut out = vec![CODEC_VERSION];
+    put_log_id(&mut out, m.log_id().as_ref());
+    put_membership(&mut out, m.membership());
+    out
+}
+
+/// Decodes a stored membership.
+///
+/// # Errors
+/// [`CodecError`] for anything else.
+pub fn decode_membership(b: &[u8]) -> Result<RaftMembership, CodecError> {
+    let mut r = Reader {
+        b,
+        what: "membership",
+    };
+    if r.u8()? != CODEC_VERSION {
+        return Err(r.err("version"));
+    }
+    let id = get_log_id(&mut r)?;
+    let m = get_membership(&mut r)?;
+    if !r.b.is_empty() {
+        return Err(r.err("trailing bytes"));
+    }
+    Ok(StoredMembership::new(id, m))
 }
 
 /// Encodes a vote.

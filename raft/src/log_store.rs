@@ -17,17 +17,17 @@ use futureq_storage::log::io::LogIo;
 use futureq_storage::log::vote::VoteFile;
 use futureq_storage::log::{Log, LogConfig};
 use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
-use openraft::{LogId, OptionalSend};
+use openraft::OptionalSend;
 
-use crate::codec::{decode_entry, decode_vote, encode_entry, encode_vote};
+use crate::codec::{
+    decode_entry, decode_log_id, decode_vote, encode_entry, encode_log_id, encode_vote, RaftLogId,
+};
 use crate::types::{Entry, TypeConfig, Vote};
 
 /// Name of the purge-marker file.
 pub const PURGED_FILE: &str = "purged";
 /// Name of the vote file.
 pub const VOTE_FILE: &str = "vote";
-
-type RaftLogId = LogId<openraft::impls::leader_id_adv::LeaderId<u64, u64>>;
 
 fn io_err(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
@@ -77,7 +77,7 @@ impl<I: LogIo + 'static> LogStore<I> {
             .await
             .map_err(io_err)?;
         let purged = match purged {
-            Some(b) => Some(decode_entry_log_id(&b)?),
+            Some(b) => decode_log_id(&b).map_err(io_err)?,
             None => None,
         };
         let (stop, stopped) = futures::channel::oneshot::channel::<()>();
@@ -119,28 +119,6 @@ impl<I: LogIo + 'static> LogStore<I> {
             .ok_or_else(|| io_err("last entry vanished"))?;
         Ok(Some(decode_entry(&rec.payload).map_err(io_err)?.log_id))
     }
-}
-
-fn encode_log_id(id: &RaftLogId) -> Vec<u8> {
-    let mut b = Vec::with_capacity(24);
-    b.extend_from_slice(&id.leader_id.term.to_le_bytes());
-    b.extend_from_slice(&id.leader_id.node_id.to_le_bytes());
-    b.extend_from_slice(&id.index.to_le_bytes());
-    b
-}
-
-fn decode_entry_log_id(b: &[u8]) -> io::Result<RaftLogId> {
-    if b.len() != 24 {
-        return Err(io_err("purge marker is not 24 bytes"));
-    }
-    let u = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-    Ok(LogId {
-        leader_id: openraft::impls::leader_id_adv::LeaderId {
-            term: u(0),
-            node_id: u(8),
-        },
-        index: u(16),
-    })
 }
 
 impl<I: LogIo + 'static> RaftLogReader<TypeConfig> for LogStore<I> {
@@ -247,7 +225,7 @@ impl<I: LogIo + 'static> RaftLogStorage<TypeConfig> for LogStore<I> {
         // Persist the marker first: after a crash nothing at or below it is served again.
         self.shared
             .purged_file
-            .save(&encode_log_id(&log_id))
+            .save(&encode_log_id(Some(&log_id)))
             .await
             .map_err(io_err)?;
         *self.shared.purged.borrow_mut() = Some(log_id);

@@ -28,6 +28,9 @@ const MESSAGES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("messages")
 const INDEXES: TableDefinition<&[u8], ()> = TableDefinition::new("indexes");
 const EXPIRY: TableDefinition<&[u8], ()> = TableDefinition::new("expiry");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// Opaque state of the replication layer (applied log id, membership), written with the
+/// data it describes.
+const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft-meta");
 const LAST_ID: &str = "last-id";
 const APPLIED_INDEX: &str = "applied-index";
 const APPLIED_TERM: &str = "applied-term";
@@ -105,6 +108,7 @@ impl Store {
             txn.open_table(INDEXES)?;
             txn.open_table(EXPIRY)?;
             txn.open_table(META)?;
+            txn.open_table(RAFT_META)?;
         }
         txn.commit()?;
         Ok(Store { db: Arc::new(db) })
@@ -225,6 +229,7 @@ impl Store {
     pub fn apply_entries(
         &self,
         entries: &[(u64, u64, &[u8])],
+        raft_meta: &[(&str, &[u8])],
         durable: bool,
     ) -> Result<ApplyOutcome, StoreError> {
         use futureq_core::command::{decode, CommandRef};
@@ -280,10 +285,24 @@ impl Store {
             meta.insert(LAST_ID, out.max_event_id)?;
             meta.insert(APPLIED_INDEX, last_index)?;
             meta.insert(APPLIED_TERM, last_term)?;
+            let mut rm = txn.open_table(RAFT_META)?;
+            for (k, v) in raft_meta {
+                rm.insert(*k, *v)?;
+            }
         }
         txn.commit()?;
         out.applied = Some((last_index, last_term));
         Ok(out)
+    }
+
+    /// A value of the replication layer's state (see [`Store::apply_entries`]).
+    ///
+    /// # Errors
+    /// A storage error.
+    pub fn raft_meta(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let t = txn.open_table(RAFT_META)?;
+        Ok(t.get(key)?.map(|v| v.value().to_vec()))
     }
 
     /// Writes a snapshot of the whole store (one read transaction, so it is consistent and
@@ -318,6 +337,10 @@ impl Store {
                 let (k, _) = r?;
                 write_record(w, id, k.value(), &[])?;
             }
+        }
+        for r in txn.open_table(RAFT_META)?.range::<&str>(..)? {
+            let (k, v) = r?;
+            write_record(w, 4, k.value().as_bytes(), v.value())?;
         }
         w.write_all(&[0])?;
         Ok((index > 0).then_some((index, term)))
@@ -359,6 +382,8 @@ impl Store {
             t.messages.retain(|_, _| false)?;
             t.indexes.retain(|_, _| false)?;
             t.expiry.retain(|_, _| false)?;
+            let mut rm = txn.open_table(RAFT_META)?;
+            rm.retain(|_, _| false)?;
             loop {
                 let mut id = [0u8; 1];
                 r.read_exact(&mut id)
@@ -377,6 +402,11 @@ impl Store {
                         .map(|_| ())?,
                     2 => t.indexes.insert(key.as_slice(), ()).map(|_| ())?,
                     3 => t.expiry.insert(key.as_slice(), ()).map(|_| ())?,
+                    4 => {
+                        let k = std::str::from_utf8(&key)
+                            .map_err(|_| bad("raft meta key is not UTF-8"))?;
+                        rm.insert(k, value.as_slice()).map(|_| ())?;
+                    }
                     _ => return Err(bad("unknown table or bad message key")),
                 }
             }

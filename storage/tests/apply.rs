@@ -39,7 +39,7 @@ fn store_and_delete_commands_apply_atomically_with_the_log_id() {
         keys: vec![key(7).0, key(42).0],
     });
     let out = s
-        .apply_entries(&[(1, 1, &store), (2, 1, &[]), (3, 2, &del)], false)
+        .apply_entries(&[(1, 1, &store), (2, 1, &[]), (3, 2, &del)], &[], false)
         .unwrap();
     assert_eq!(out.stored, 2);
     assert_eq!(
@@ -70,7 +70,7 @@ fn a_malformed_entry_fails_the_whole_call() {
     });
     bad.truncate(bad.len() - 3);
     let err = s
-        .apply_entries(&[(1, 1, &good), (2, 1, &bad)], false)
+        .apply_entries(&[(1, 1, &good), (2, 1, &bad)], &[], false)
         .unwrap_err();
     assert!(
         matches!(err, StoreError::BadCommand { index: 2, .. }),
@@ -87,20 +87,20 @@ fn replayed_entries_are_skipped_and_ids_never_regress() {
     let a = encode_store(&StoreBatch {
         items: vec![item(50, 0)],
     });
-    s.apply_entries(&[(1, 1, &a)], true).unwrap();
+    s.apply_entries(&[(1, 1, &a)], &[], true).unwrap();
     let del = encode_delete(&DeleteBatch {
         keys: vec![key(50).0],
     });
-    s.apply_entries(&[(2, 1, &del)], true).unwrap();
+    s.apply_entries(&[(2, 1, &del)], &[], true).unwrap();
     // A replay of index 1 (e.g. after a restart) must not resurrect the deleted message.
-    let out = s.apply_entries(&[(1, 1, &a)], true).unwrap();
+    let out = s.apply_entries(&[(1, 1, &a)], &[], true).unwrap();
     assert_eq!(out.applied, None);
     assert_eq!(s.counts().unwrap().0, 0);
     // A lower id applied later keeps the high-water mark.
     let low = encode_store(&StoreBatch {
         items: vec![item(3, 0)],
     });
-    let out = s.apply_entries(&[(3, 1, &low)], true).unwrap();
+    let out = s.apply_entries(&[(3, 1, &low)], &[], true).unwrap();
     assert_eq!(out.max_event_id, 50);
     assert_eq!(s.last_id().unwrap(), 50);
 }
@@ -113,7 +113,12 @@ fn snapshots_round_trip_and_replace_everything() {
             .map(|i| item(i, if i % 2 == 0 { 500 } else { 0 }))
             .collect(),
     });
-    src.apply_entries(&[(4, 2, &a)], false).unwrap();
+    src.apply_entries(&[(4, 2, &a)], &[("membership", b"m1")], false)
+        .unwrap();
+    assert_eq!(
+        src.raft_meta("membership").unwrap().as_deref(),
+        Some(&b"m1"[..])
+    );
     let mut snap = Vec::new();
     assert_eq!(src.write_snapshot(&mut snap).unwrap(), Some((4, 2)));
 
@@ -122,13 +127,18 @@ fn snapshots_round_trip_and_replace_everything() {
     let old = encode_store(&StoreBatch {
         items: vec![item(999, 0)],
     });
-    dst.apply_entries(&[(1, 1, &old)], false).unwrap();
+    dst.apply_entries(&[(1, 1, &old)], &[], false).unwrap();
     dst.install_snapshot(&mut snap.as_slice(), Some((4, 2)))
         .unwrap();
     assert_eq!(dst.counts().unwrap(), src.counts().unwrap());
     assert_eq!(dst.applied().unwrap(), Some((4, 2)));
     assert_eq!(dst.last_id().unwrap(), 50);
     assert!(dst.get(&key(999)).unwrap().is_none());
+    assert_eq!(
+        dst.raft_meta("membership").unwrap().as_deref(),
+        Some(&b"m1"[..]),
+        "raft state travels with the snapshot"
+    );
     assert_eq!(dst.get(&key(10)).unwrap(), src.get(&key(10)).unwrap());
 }
 
@@ -138,7 +148,7 @@ fn bad_snapshots_change_nothing() {
     let a = encode_store(&StoreBatch {
         items: (1..=5).map(|i| item(i, 0)).collect(),
     });
-    src.apply_entries(&[(3, 1, &a)], false).unwrap();
+    src.apply_entries(&[(3, 1, &a)], &[], false).unwrap();
     let mut snap = Vec::new();
     src.write_snapshot(&mut snap).unwrap();
 
@@ -146,7 +156,7 @@ fn bad_snapshots_change_nothing() {
     let keep = encode_store(&StoreBatch {
         items: vec![item(77, 0)],
     });
-    dst.apply_entries(&[(1, 1, &keep)], false).unwrap();
+    dst.apply_entries(&[(1, 1, &keep)], &[], false).unwrap();
     let before = (dst.counts().unwrap(), dst.applied().unwrap());
     // Wrong applied id, truncation at every length, garbage.
     assert!(matches!(
