@@ -24,4 +24,5 @@
 pub mod codec;
 pub mod log_store;
 pub mod rt;
+pub mod state_machine;
 pub mod types;

@@ -169,3 +169,51 @@ fn openraft_log_storage_suite_passes() {
         Suite::test_all(Builder).await.expect("storage suite");
     });
 }
+
+struct EventBuilder;
+
+impl StoreBuilder<TypeConfig, LogStore<MemLogIo>, futureq_raft::state_machine::EventStateMachine>
+    for EventBuilder
+{
+    async fn build(
+        &self,
+    ) -> Result<
+        (
+            (),
+            LogStore<MemLogIo>,
+            futureq_raft::state_machine::EventStateMachine,
+        ),
+        StorageError<TypeConfig>,
+    > {
+        let err = |e: &dyn std::fmt::Display| {
+            StorageError::read(
+                <TypeConfig as openraft::type_config::TypeConfigExt>::err_from_string(e),
+            )
+        };
+        let io = MemLogIo::new();
+        let store = LogStore::open(
+            move || io.clone(),
+            LogConfig {
+                segment_bytes: 16 * 1024,
+            },
+            Box::new(|_| {}),
+        )
+        .await
+        .map_err(|e| err(&e))?;
+        let db = futureq_storage::Store::open(&futureq_storage::StoreMode::Memory)
+            .map_err(|e| err(&e))?;
+        Ok((
+            (),
+            store,
+            futureq_raft::state_machine::EventStateMachine::new(db, Rc::new(|_| {})),
+        ))
+    }
+}
+
+#[test]
+fn openraft_storage_suite_passes_with_the_event_state_machine() {
+    let mut rt = GlommioRuntime::new(1);
+    rt.block_on(async {
+        Suite::test_all(EventBuilder).await.expect("storage suite");
+    });
+}

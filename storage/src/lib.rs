@@ -23,4 +23,4 @@ pub mod store;
 
 pub use error::StoreError;
 pub use service::{StoreService, WriteStats};
-pub use store::{ApplyOutcome, NewMessage, Store, StoreMode};
+pub use store::{ApplyOutcome, NewMessage, SnapshotInfo, Store, StoreMode};

@@ -11,7 +11,7 @@
 //!
 //! Every method is blocking: call them only from the threads in [`crate::service`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -233,9 +233,11 @@ impl Store {
         durable: bool,
     ) -> Result<ApplyOutcome, StoreError> {
         use futureq_core::command::{decode, CommandRef};
-        let applied = self.applied()?.map_or(0, |(i, _)| i);
-        let fresh: Vec<&(u64, u64, &[u8])> =
-            entries.iter().filter(|(i, _, _)| *i > applied).collect();
+        let applied = self.applied()?.map(|(i, _)| i);
+        let fresh: Vec<&(u64, u64, &[u8])> = entries
+            .iter()
+            .filter(|(i, _, _)| applied.is_none_or(|a| *i > a))
+            .collect();
         let mut out = ApplyOutcome {
             max_event_id: self.last_id()?,
             ..ApplyOutcome::default()
@@ -308,23 +310,23 @@ impl Store {
     /// Writes a snapshot of the whole store (one read transaction, so it is consistent and
     /// never blocks writers) and returns the applied log id it contains.
     ///
-    /// Stream: magic `FQSNAP1\0`, applied index, applied term, last-id (u64 LE each), then
+    /// Stream: magic `FQSNAP1\0`, applied index + 1 (0 = none), applied term, last-id (u64 LE
+    /// each), then
     /// records `table (u8: 1 messages, 2 indexes, 3 expiry) · key length (u32 LE) · key ·
     /// value length (u32 LE) · value`, then a 0 byte.
     ///
     /// # Errors
     /// Storage or write failure.
-    pub fn write_snapshot(
-        &self,
-        w: &mut impl std::io::Write,
-    ) -> Result<Option<(u64, u64)>, StoreError> {
+    pub fn write_snapshot(&self, w: &mut impl std::io::Write) -> Result<SnapshotInfo, StoreError> {
         let txn = self.db.begin_read()?;
         let meta = txn.open_table(META)?;
         let get =
             |k: &str| -> Result<u64, StoreError> { Ok(meta.get(k)?.map_or(0, |v| v.value())) };
-        let (index, term, last) = (get(APPLIED_INDEX)?, get(APPLIED_TERM)?, get(LAST_ID)?);
+        let applied = meta.get(APPLIED_INDEX)?.map(|v| v.value());
+        let (term, last) = (get(APPLIED_TERM)?, get(LAST_ID)?);
         w.write_all(SNAPSHOT_MAGIC)?;
-        for v in [index, term, last] {
+        // The applied index is written + 1 so that 0 means "nothing applied".
+        for v in [applied.map_or(0, |i| i + 1), term, last] {
             w.write_all(&v.to_le_bytes())?;
         }
         let messages = txn.open_table(MESSAGES)?;
@@ -338,12 +340,17 @@ impl Store {
                 write_record(w, id, k.value(), &[])?;
             }
         }
+        let mut raft_meta = BTreeMap::new();
         for r in txn.open_table(RAFT_META)?.range::<&str>(..)? {
             let (k, v) = r?;
             write_record(w, 4, k.value().as_bytes(), v.value())?;
+            raft_meta.insert(k.value().to_owned(), v.value().to_vec());
         }
         w.write_all(&[0])?;
-        Ok((index > 0).then_some((index, term)))
+        Ok(SnapshotInfo {
+            applied: applied.map(|i| (i, term)),
+            raft_meta,
+        })
     }
 
     /// Replaces the whole store with a snapshot, durably, in one transaction. The snapshot's
@@ -368,8 +375,8 @@ impl Store {
         for v in &mut u {
             *v = read_u64(r).map_err(|_| bad("truncated header"))?;
         }
-        let [index, term, last] = u;
-        let applied = (index > 0).then_some((index, term));
+        let [index_plus_one, term, last] = u;
+        let applied = index_plus_one.checked_sub(1).map(|i| (i, term));
         if applied != expect {
             return Err(StoreError::BadSnapshot(format!(
                 "applied log id {applied:?}, expected {expect:?}"
@@ -412,8 +419,16 @@ impl Store {
             }
             let mut meta = txn.open_table(META)?;
             meta.insert(LAST_ID, last)?;
-            meta.insert(APPLIED_INDEX, index)?;
-            meta.insert(APPLIED_TERM, term)?;
+            match applied {
+                Some((index, term)) => {
+                    meta.insert(APPLIED_INDEX, index)?;
+                    meta.insert(APPLIED_TERM, term)?;
+                }
+                None => {
+                    meta.remove(APPLIED_INDEX)?;
+                    meta.remove(APPLIED_TERM)?;
+                }
+            }
         }
         // An error above drops `txn` uncommitted: nothing of the snapshot is visible.
         txn.commit()?;
@@ -529,6 +544,15 @@ fn read_chunk(r: &mut impl std::io::Read, max: usize) -> Option<Vec<u8>> {
     let mut v = Vec::new();
     std::io::Read::read_to_end(&mut std::io::Read::take(&mut *r, n as u64), &mut v).ok()?;
     (v.len() == n).then_some(v)
+}
+
+/// What a snapshot holds besides the data, read in the same transaction.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    /// Applied `(index, term)`.
+    pub applied: Option<(u64, u64)>,
+    /// The replication layer's state at that point.
+    pub raft_meta: BTreeMap<String, Vec<u8>>,
 }
 
 /// What [`Store::apply_entries`] did.

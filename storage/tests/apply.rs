@@ -120,7 +120,7 @@ fn snapshots_round_trip_and_replace_everything() {
         Some(&b"m1"[..])
     );
     let mut snap = Vec::new();
-    assert_eq!(src.write_snapshot(&mut snap).unwrap(), Some((4, 2)));
+    assert_eq!(src.write_snapshot(&mut snap).unwrap().applied, Some((4, 2)));
 
     let dst = Store::open(&StoreMode::Memory).unwrap();
     // Something the snapshot must replace.

@@ -1,0 +1,210 @@
+//! The event shard's openraft state machine over the redb [`Store`].
+//!
+//! - Every call into redb runs on glommio's blocking thread pool, never on the Raft core's
+//!   reactor (a blocked Raft core loses leadership).
+//! - One `apply` call = one redb transaction: the commands, the applied log id and the last
+//!   membership commit together, without fsync (the Raft log is the WAL: committed entries
+//!   after the last durable apply are replayed from it after a crash).
+//! - Snapshots stream the whole store from one read transaction; installing one replaces the
+//!   store durably and all-or-nothing, after checking its applied log id.
+
+use std::cell::RefCell;
+use std::io::{self, Cursor};
+use std::rc::Rc;
+
+use futureq_core::EventKey;
+use futureq_storage::Store;
+use futures::StreamExt;
+use openraft::storage::{
+    EntryResponder, RaftSnapshotBuilder, RaftStateMachine, Snapshot, SnapshotMeta,
+};
+use openraft::{BasicNode, EntryPayload, StoredMembership};
+
+use crate::codec::{
+    decode_log_id, decode_membership, encode_log_id, encode_membership, RaftLogId, RaftMembership,
+};
+use crate::types::TypeConfig;
+
+/// Raft-meta key of the applied log id.
+const APPLIED: &str = "applied";
+/// Raft-meta key of the last applied membership.
+const MEMBERSHIP: &str = "membership";
+
+type LeaderId = openraft::impls::leader_id_adv::LeaderId<u64, u64>;
+/// Snapshot metadata of [`TypeConfig`].
+pub type Meta = SnapshotMeta<LeaderId, u64, BasicNode>;
+/// A snapshot of [`TypeConfig`] with in-memory data.
+pub type EventSnapshot = Snapshot<LeaderId, u64, BasicNode, Cursor<Vec<u8>>>;
+
+/// A snapshot's metadata and data.
+type SnapshotBytes = (Meta, Vec<u8>);
+
+/// Called with the keys every apply deleted (ACKs, TTL), so each replica clears its
+/// in-flight state for them.
+pub type OnDeleted = Rc<dyn Fn(&[EventKey])>;
+
+fn io_err(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    glommio::executor().spawn_blocking(f).await
+}
+
+/// The event-shard state machine (cheap to clone).
+#[derive(Clone)]
+pub struct EventStateMachine {
+    store: Store,
+    /// The last snapshot built or installed.
+    current: Rc<RefCell<Option<SnapshotBytes>>>,
+    on_deleted: OnDeleted,
+}
+
+impl EventStateMachine {
+    /// A state machine over `store`.
+    #[must_use]
+    pub fn new(store: Store, on_deleted: OnDeleted) -> Self {
+        EventStateMachine {
+            store,
+            current: Rc::default(),
+            on_deleted,
+        }
+    }
+}
+
+fn decode_state(
+    applied: Option<&[u8]>,
+    membership: Option<&[u8]>,
+) -> io::Result<(Option<RaftLogId>, RaftMembership)> {
+    let applied = applied
+        .map(decode_log_id)
+        .transpose()
+        .map_err(io_err)?
+        .flatten();
+    let membership = match membership {
+        Some(b) => decode_membership(b).map_err(io_err)?,
+        None => StoredMembership::default(),
+    };
+    Ok((applied, membership))
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for EventStateMachine {
+    type SnapshotData = Cursor<Vec<u8>>;
+
+    async fn build_snapshot(&mut self) -> Result<EventSnapshot, io::Error> {
+        let store = self.store.clone();
+        let (data, info) = blocking(move || {
+            let mut data = Vec::new();
+            store.write_snapshot(&mut data).map(|info| (data, info))
+        })
+        .await
+        .map_err(io_err)?;
+        let (last_log_id, last_membership) = decode_state(
+            info.raft_meta.get(APPLIED).map(Vec::as_slice),
+            info.raft_meta.get(MEMBERSHIP).map(Vec::as_slice),
+        )?;
+        let meta = Meta {
+            last_log_id,
+            last_membership,
+        };
+        *self.current.borrow_mut() = Some((meta.clone(), data.clone()));
+        Ok(Snapshot {
+            meta,
+            snapshot: Cursor::new(data),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for EventStateMachine {
+    type SnapshotData = Cursor<Vec<u8>>;
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<RaftLogId>, RaftMembership), io::Error> {
+        let store = self.store.clone();
+        let (a, m) = blocking(move || {
+            Ok::<_, futureq_storage::StoreError>((
+                store.raft_meta(APPLIED)?,
+                store.raft_meta(MEMBERSHIP)?,
+            ))
+        })
+        .await
+        .map_err(io_err)?;
+        decode_state(a.as_deref(), m.as_deref())
+    }
+
+    async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
+    where
+        Strm: futures::Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin,
+    {
+        let mut batch: Vec<(u64, u64, Vec<u8>)> = Vec::new();
+        let mut responders = Vec::new();
+        let mut last = None;
+        let mut membership = None;
+        while let Some(item) = entries.next().await {
+            let (entry, responder) = item?;
+            let id = entry.log_id;
+            let cmd = match entry.payload {
+                EntryPayload::Normal(c) => c.0,
+                EntryPayload::Membership(m) => {
+                    membership = Some(StoredMembership::new(Some(id), m));
+                    Vec::new()
+                }
+                EntryPayload::Blank => Vec::new(),
+            };
+            batch.push((id.index, id.leader_id.term, cmd));
+            last = Some(id);
+            responders.extend(responder);
+        }
+        let Some(last) = last else { return Ok(()) };
+        let mut meta = vec![(APPLIED, encode_log_id(Some(&last)))];
+        if let Some(m) = &membership {
+            meta.push((MEMBERSHIP, encode_membership(m)));
+        }
+        let store = self.store.clone();
+        let out = blocking(move || {
+            let refs: Vec<(u64, u64, &[u8])> = batch
+                .iter()
+                .map(|(i, t, c)| (*i, *t, c.as_slice()))
+                .collect();
+            let meta_refs: Vec<(&str, &[u8])> =
+                meta.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+            store.apply_entries(&refs, &meta_refs, false)
+        })
+        .await
+        .map_err(io_err)?;
+        if !out.deleted.is_empty() {
+            (self.on_deleted)(&out.deleted);
+        }
+        for r in responders {
+            r.send(());
+        }
+        Ok(())
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &Meta,
+        snapshot: Self::SnapshotData,
+    ) -> Result<(), io::Error> {
+        let expect = meta.last_log_id.map(|id| (id.index, id.leader_id.term));
+        let data = snapshot.into_inner();
+        let store = self.store.clone();
+        let bytes = data.clone();
+        blocking(move || store.install_snapshot(&mut bytes.as_slice(), expect))
+            .await
+            .map_err(io_err)?;
+        *self.current.borrow_mut() = Some((meta.clone(), data));
+        Ok(())
+    }
+
+    async fn get_current_snapshot(&mut self) -> Result<Option<EventSnapshot>, io::Error> {
+        Ok(self.current.borrow().clone().map(|(meta, data)| Snapshot {
+            meta,
+            snapshot: Cursor::new(data),
+        }))
+    }
+}
