@@ -1,0 +1,240 @@
+//! Three Raft nodes in one glommio executor, connected by an in-process router: election,
+//! replication of publish batches into every replica's redb store, and leader failover.
+//! Uses the real log store, state machine, codec and runtime; only the network is simulated.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::io::Cursor;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futureq_core::command::{encode_store, StoreBatch, StoreItem};
+use futureq_raft::log_store::LogStore;
+use futureq_raft::rt::GlommioRuntime;
+use futureq_raft::state_machine::{EventSnapshot, EventStateMachine};
+use futureq_raft::types::{Command, TypeConfig, Vote};
+use futureq_storage::log::io::MemLogIo;
+use futureq_storage::log::LogConfig;
+use futureq_storage::{Store, StoreMode};
+use openraft::error::{RPCError, StreamingError, Unreachable};
+use openraft::network::{RPCOption, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
+};
+use openraft::{BasicNode, RaftNetworkV2};
+use openraft_rt::AsyncRuntime;
+
+type Raft = openraft::Raft<TypeConfig, EventStateMachine>;
+
+/// Routes RPCs to the nodes that are up.
+#[derive(Clone, Default)]
+struct Router(Rc<RefCell<BTreeMap<u64, Raft>>>);
+
+impl Router {
+    fn get(&self, id: u64) -> Result<Raft, Unreachable<TypeConfig>> {
+        self.0
+            .borrow()
+            .get(&id)
+            .cloned()
+            .ok_or_else(|| Unreachable::from_string(format!("node {id} is down")))
+    }
+}
+
+struct Net {
+    target: u64,
+    router: Router,
+}
+
+impl RaftNetworkFactory<TypeConfig> for Router {
+    type Network = Net;
+
+    async fn new_client(&mut self, target: u64, _node: &BasicNode) -> Net {
+        Net {
+            target,
+            router: self.clone(),
+        }
+    }
+}
+
+impl RaftNetworkV2<TypeConfig> for Net {
+    type SnapshotData = Cursor<Vec<u8>>;
+
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        _option: RPCOption,
+    ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let raft = self
+            .router
+            .get(self.target)
+            .map_err(RPCError::Unreachable)?;
+        raft.append_entries(rpc)
+            .await
+            .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        _option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let raft = self
+            .router
+            .get(self.target)
+            .map_err(RPCError::Unreachable)?;
+        raft.vote(rpc)
+            .await
+            .map_err(|e| RPCError::Unreachable(Unreachable::new(&e)))
+    }
+
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: EventSnapshot,
+        _cancel: impl std::future::Future<Output = openraft::error::ReplicationClosed> + 'static,
+        _option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let raft = self
+            .router
+            .get(self.target)
+            .map_err(StreamingError::Unreachable)?;
+        raft.install_full_snapshot(vote, snapshot)
+            .await
+            .map_err(|e| StreamingError::Unreachable(Unreachable::new(&e)))
+    }
+}
+
+fn item(id: u64) -> StoreItem {
+    StoreItem {
+        event_id: id,
+        bucket: 1000,
+        topic_hash: 7,
+        expires_at_ms: 0,
+        index_keys: vec![],
+        message: format!("m{id}").into_bytes(),
+    }
+}
+
+async fn leader_of(nodes: &[(u64, Raft)]) -> u64 {
+    for _ in 0..400 {
+        for (_, r) in nodes {
+            if let Some(l) = r.current_leader().await {
+                if nodes.iter().any(|(id, _)| *id == l) {
+                    return l;
+                }
+            }
+        }
+        GlommioRuntime::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no leader elected within 4 s");
+}
+
+#[test]
+fn three_nodes_elect_replicate_and_fail_over() {
+    let mut rt = GlommioRuntime::new(1);
+    rt.block_on(async {
+        let config = Arc::new(
+            openraft::Config {
+                heartbeat_interval: 50,
+                election_timeout_min: 200,
+                election_timeout_max: 400,
+                ..Default::default()
+            }
+            .validate()
+            .unwrap(),
+        );
+        let router = Router::default();
+        let mut nodes = Vec::new();
+        let mut stores = BTreeMap::new();
+        for id in 1..=3u64 {
+            let io = MemLogIo::new();
+            let log = LogStore::open(
+                move || io.clone(),
+                LogConfig {
+                    segment_bytes: 64 * 1024,
+                },
+                Box::new(|_| {}),
+            )
+            .await
+            .unwrap();
+            let store = Store::open(&StoreMode::Memory).unwrap();
+            stores.insert(id, store.clone());
+            let sm = EventStateMachine::new(store, Rc::new(|_| {}));
+            let raft = Raft::new(id, Arc::clone(&config), router.clone(), log, sm)
+                .await
+                .unwrap();
+            router.0.borrow_mut().insert(id, raft.clone());
+            nodes.push((id, raft));
+        }
+        let members: BTreeMap<u64, BasicNode> = (1..=3)
+            .map(|id| {
+                (
+                    id,
+                    BasicNode {
+                        addr: format!("node{id}"),
+                    },
+                )
+            })
+            .collect();
+        nodes[0].1.initialize(members).await.unwrap();
+
+        let leader = leader_of(&nodes).await;
+        let lraft = nodes
+            .iter()
+            .find(|(id, _)| *id == leader)
+            .unwrap()
+            .1
+            .clone();
+        let mut applied = None;
+        for b in 0..10u64 {
+            let cmd = encode_store(&StoreBatch {
+                items: (b * 10 + 1..=b * 10 + 10).map(item).collect(),
+            });
+            applied = Some(lraft.client_write(Command(cmd)).await.unwrap().log_id.index);
+        }
+        for (id, r) in &nodes {
+            r.wait(Some(Duration::from_secs(5)))
+                .applied_index_at_least(applied, "replicated")
+                .await
+                .unwrap_or_else(|e| panic!("node {id}: {e}"));
+            assert_eq!(
+                stores[id].counts().unwrap().0,
+                100,
+                "node {id} stored every message"
+            );
+            assert_eq!(stores[id].last_id().unwrap(), 100);
+        }
+
+        // Kill the leader: the others elect a new one and keep accepting writes.
+        router.0.borrow_mut().remove(&leader);
+        lraft.shutdown().await.unwrap();
+        let rest: Vec<(u64, Raft)> = nodes
+            .iter()
+            .filter(|(id, _)| *id != leader)
+            .cloned()
+            .collect();
+        let new_leader = leader_of(&rest).await;
+        assert_ne!(new_leader, leader);
+        let nraft = rest
+            .iter()
+            .find(|(id, _)| *id == new_leader)
+            .unwrap()
+            .1
+            .clone();
+        let cmd = encode_store(&StoreBatch {
+            items: (101..=110).map(item).collect(),
+        });
+        let applied = Some(nraft.client_write(Command(cmd)).await.unwrap().log_id.index);
+        for (id, r) in &rest {
+            r.wait(Some(Duration::from_secs(5)))
+                .applied_index_at_least(applied, "after failover")
+                .await
+                .unwrap();
+            assert_eq!(stores[id].counts().unwrap().0, 110, "node {id}");
+        }
+        for (_, r) in &rest {
+            r.shutdown().await.unwrap();
+        }
+    });
+}
