@@ -15,6 +15,7 @@ use futureq_raft::rt::GlommioRuntime;
 use futureq_raft::state_machine::{EventSnapshot, EventStateMachine};
 use futureq_raft::types::{Command, TypeConfig, Vote};
 use futureq_storage::log::io::MemLogIo;
+use futureq_storage::log::tracker::PersistTracker;
 use futureq_storage::log::LogConfig;
 use futureq_storage::{Store, StoreMode};
 use openraft::error::{RPCError, StreamingError, Unreachable};
@@ -147,14 +148,26 @@ fn three_nodes_elect_replicate_and_fail_over() {
         let router = Router::default();
         let mut nodes = Vec::new();
         let mut stores = BTreeMap::new();
+        let mut trackers = BTreeMap::new();
         for id in 1..=3u64 {
             let io = MemLogIo::new();
+            // The leader-persist hook: every fsynced entry's command goes to this node's tracker.
+            let tracker = PersistTracker::new();
+            trackers.insert(id, tracker.clone());
+            let hook: futureq_storage::log::segmented::PersistHook =
+                Box::new(move |payload: &[u8]| {
+                    if let Ok(e) = futureq_raft::codec::decode_entry(payload) {
+                        if let openraft::EntryPayload::Normal(c) = &e.payload {
+                            tracker.notify(&c.0);
+                        }
+                    }
+                });
             let log = LogStore::open(
                 move || io.clone(),
                 LogConfig {
                     segment_bytes: 64 * 1024,
                 },
-                Box::new(|_| {}),
+                hook,
             )
             .await
             .unwrap();
@@ -186,6 +199,20 @@ fn three_nodes_elect_replicate_and_fail_over() {
             .unwrap()
             .1
             .clone();
+        // LEADER ack: a waiter registered before the proposal fires once the leader's own log
+        // has fsynced the entry.
+        let probe = encode_store(&StoreBatch {
+            items: vec![item(1000)],
+        });
+        let persisted = trackers[&leader].register(&probe);
+        lraft
+            .client_write_ff(Command(probe.clone()), None)
+            .await
+            .unwrap();
+        GlommioRuntime::timeout(Duration::from_secs(5), persisted)
+            .await
+            .expect("leader-persist hook fired");
+
         let mut applied = None;
         for b in 0..10u64 {
             let cmd = encode_store(&StoreBatch {
@@ -200,10 +227,10 @@ fn three_nodes_elect_replicate_and_fail_over() {
                 .unwrap_or_else(|e| panic!("node {id}: {e}"));
             assert_eq!(
                 stores[id].counts().unwrap().0,
-                100,
+                101,
                 "node {id} stored every message"
             );
-            assert_eq!(stores[id].last_id().unwrap(), 100);
+            assert_eq!(stores[id].last_id().unwrap(), 1000);
         }
 
         // Kill the leader: the others elect a new one and keep accepting writes.
@@ -231,7 +258,7 @@ fn three_nodes_elect_replicate_and_fail_over() {
                 .applied_index_at_least(applied, "after failover")
                 .await
                 .unwrap();
-            assert_eq!(stores[id].counts().unwrap().0, 110, "node {id}");
+            assert_eq!(stores[id].counts().unwrap().0, 111, "node {id}");
         }
         for (_, r) in &rest {
             r.shutdown().await.unwrap();
