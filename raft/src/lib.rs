@@ -23,6 +23,7 @@
 
 pub mod codec;
 pub mod log_store;
+pub mod metadata_sm;
 pub mod rt;
 pub mod state_machine;
 pub mod types;

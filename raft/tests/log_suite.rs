@@ -217,3 +217,48 @@ fn openraft_storage_suite_passes_with_the_event_state_machine() {
         Suite::test_all(EventBuilder).await.expect("storage suite");
     });
 }
+
+struct MetaBuilder;
+
+impl StoreBuilder<TypeConfig, LogStore<MemLogIo>, futureq_raft::metadata_sm::MetaStateMachine>
+    for MetaBuilder
+{
+    async fn build(
+        &self,
+    ) -> Result<
+        (
+            (),
+            LogStore<MemLogIo>,
+            futureq_raft::metadata_sm::MetaStateMachine,
+        ),
+        StorageError<TypeConfig>,
+    > {
+        let io = MemLogIo::new();
+        let store = LogStore::open(
+            move || io.clone(),
+            LogConfig {
+                segment_bytes: 16 * 1024,
+            },
+            Box::new(|_| {}),
+        )
+        .await
+        .map_err(|e| {
+            StorageError::read(
+                <TypeConfig as openraft::type_config::TypeConfigExt>::err_from_error(&e),
+            )
+        })?;
+        Ok((
+            (),
+            store,
+            futureq_raft::metadata_sm::MetaStateMachine::default(),
+        ))
+    }
+}
+
+#[test]
+fn openraft_storage_suite_passes_with_the_metadata_state_machine() {
+    let mut rt = GlommioRuntime::new(1);
+    rt.block_on(async {
+        Suite::test_all(MetaBuilder).await.expect("storage suite");
+    });
+}
