@@ -1,24 +1,27 @@
-//! futureq-raft: replication of the event shard and the metadata group.
+//! futureq-raft: replication of the event shard and the metadata group on openraft
+//! (`=0.10.0-alpha.37`, single-threaded, no tokio runtime). The only crate that knows
+//! openraft. Clustering is in progress: the pieces below are tested (openraft's runtime and
+//! storage conformance suites, an in-process 3-node cluster), the broker does not use them yet.
 //!
-//! This crate is the only one that will know openraft (`=0.10.0-alpha.37`, single-threaded,
-//! behind a glommio `AsyncRuntime` adapter in `rt`). It is a skeleton in the standalone
-//! release: the standalone broker commits straight to `futureq-storage`, and the clustered
-//! broker (next milestone) will put this crate between the ingress cores and the store:
+//! - [`rt`]: openraft's `AsyncRuntime` on glommio (detached spawns, Timer-based
+//!   sleep/timeout, tokio-sync channels).
+//! - [`types`]: the type configuration; [`codec`]: versioned encodings of entries, votes,
+//!   log ids and memberships.
+//! - [`log_store`]: `RaftLogStorage` over `futureq-storage`'s segmented log (group commit via
+//!   its flusher, `IOFlushed` after fsync, vote and purge marker files). Its persist hook feeds
+//!   the leader-persist tracker behind the LEADER ack level.
+//! - [`state_machine`]: the event shard over the redb store (one transaction per apply with
+//!   the applied log id and membership; snapshots from one read transaction).
+//! - [`metadata_sm`]: the metadata group (in-memory topology and address registry).
 //!
-//! - [`types`]: the openraft type configuration; [`codec`]: entry and vote encodings for our
-//!   log and vote file.
-//! - [`rt`]: the glommio runtime adapter (detached spawns, Timer-based sleep/timeout); passes
-//!   openraft's runtime conformance suite.
-//! - `log`: openraft's `RaftLogStorage` over `futureq-storage`'s io_uring segment log, with the
-//!   leader-persist hook behind the LEADER ack level.
-//! - `state`: the event-shard state machine (rkyv `StoreBatch`/`DeleteBatch` commands applied in
-//!   one redb transaction with the applied log id) and the in-memory metadata group.
-//! - `transport`: framed TCP between nodes, multiplexed by group id.
+//! Next: the TCP transport (`futureq_net::peer` framing), the Raft core wiring in the broker,
+//! the metadata service, join/leave.
 //!
-//! # Invariants (to hold once clustering lands)
+//! # Invariants
 //! - Only the event-shard leader assigns event ids; replicas store them verbatim; ids never
 //!   regress across restarts, snapshots and failovers.
-//! - One publish batch is one log entry, applied atomically.
+//! - One publish batch is one log entry, applied atomically with the applied log id.
+//! - No redb call runs on the Raft core's reactor (state machine calls use the blocking pool).
 //! - The log is never purged past the last durably applied index.
 
 pub mod codec;
