@@ -1,5 +1,5 @@
-//! openraft entry and vote decoding from arbitrary bytes (they arrive from peers and disk):
-//! never panics; whatever decodes re-encodes to the same bytes.
+//! openraft entry, vote and RPC decoding from arbitrary bytes (they arrive from peers and
+//! disk): never panics; whatever decodes re-encodes canonically (encode · decode is stable).
 #![no_main]
 
 use futureq_raft::codec::{decode_entry, decode_vote, encode_entry, encode_vote};
@@ -12,4 +12,22 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(v) = decode_vote(data) {
         assert_eq!(encode_vote(&v), data);
     }
+    use futureq_raft::rpc::*;
+    if let Ok(r) = decode_append(data) {
+        let once = encode_append(&r);
+        assert_eq!(
+            encode_append(&decode_append(&once).expect("canonical bytes decode")),
+            once
+        );
+    }
+    if let Ok(r) = decode_append_response(data) {
+        assert_eq!(encode_append_response(&r), data);
+    }
+    if let Ok(r) = decode_vote_request(data) {
+        assert_eq!(encode_vote_request(&r), data);
+    }
+    if let Ok(r) = decode_vote_response(data) {
+        assert_eq!(encode_vote_response(&r), data);
+    }
+    let _ = decode_snapshot_response(data);
 });

@@ -29,20 +29,20 @@ pub struct CodecError {
     reason: String,
 }
 
-struct Reader<'a> {
-    b: &'a [u8],
-    what: &'static str,
+pub(crate) struct Reader<'a> {
+    pub(crate) b: &'a [u8],
+    pub(crate) what: &'static str,
 }
 
 impl<'a> Reader<'a> {
-    fn err(&self, reason: impl Into<String>) -> CodecError {
+    pub(crate) fn err(&self, reason: impl Into<String>) -> CodecError {
         CodecError {
             what: self.what,
             reason: reason.into(),
         }
     }
 
-    fn take(&mut self, n: usize) -> Result<&'a [u8], CodecError> {
+    pub(crate) fn take(&mut self, n: usize) -> Result<&'a [u8], CodecError> {
         if self.b.len() < n {
             return Err(self.err("truncated"));
         }
@@ -51,16 +51,16 @@ impl<'a> Reader<'a> {
         Ok(h)
     }
 
-    fn u8(&mut self) -> Result<u8, CodecError> {
+    pub(crate) fn u8(&mut self) -> Result<u8, CodecError> {
         Ok(self.take(1)?[0])
     }
 
-    fn u32(&mut self) -> Result<u32, CodecError> {
+    pub(crate) fn u32(&mut self) -> Result<u32, CodecError> {
         let s = self.take(4)?;
         Ok(u32::from_le_bytes([s[0], s[1], s[2], s[3]]))
     }
 
-    fn u64(&mut self) -> Result<u64, CodecError> {
+    pub(crate) fn u64(&mut self) -> Result<u64, CodecError> {
         let mut a = [0u8; 8];
         a.copy_from_slice(self.take(8)?);
         Ok(u64::from_le_bytes(a))
@@ -68,7 +68,7 @@ impl<'a> Reader<'a> {
 
     /// A count of items of at least `min_item` bytes each, checked against what is left
     /// before anything is allocated.
-    fn count(&mut self, min_item: usize) -> Result<usize, CodecError> {
+    pub(crate) fn count(&mut self, min_item: usize) -> Result<usize, CodecError> {
         let n = self.u32()? as usize;
         if n.saturating_mul(min_item) > self.b.len() {
             return Err(self.err("count larger than the input"));
@@ -99,7 +99,7 @@ pub fn encode_entry(e: &Entry) -> Vec<u8> {
     out
 }
 
-fn put_membership(out: &mut Vec<u8>, m: &Membership<u64, BasicNode>) {
+pub(crate) fn put_membership(out: &mut Vec<u8>, m: &Membership<u64, BasicNode>) {
     {
         {
             let configs = m.get_joint_config();
@@ -129,7 +129,7 @@ fn put_membership(out: &mut Vec<u8>, m: &Membership<u64, BasicNode>) {
     }
 }
 
-fn get_membership(r: &mut Reader<'_>) -> Result<Membership<u64, BasicNode>, CodecError> {
+pub(crate) fn get_membership(r: &mut Reader<'_>) -> Result<Membership<u64, BasicNode>, CodecError> {
     let n_configs = r.count(4)?;
     let mut configs = Vec::with_capacity(n_configs);
     for _ in 0..n_configs {
@@ -210,7 +210,7 @@ pub type RaftLogId = LogId<LeaderId<u64, u64>>;
 /// A stored membership of [`crate::types::TypeConfig`].
 pub type RaftMembership = StoredMembership<LeaderId<u64, u64>, u64, BasicNode>;
 
-fn put_log_id(out: &mut Vec<u8>, id: Option<&RaftLogId>) {
+pub(crate) fn put_log_id(out: &mut Vec<u8>, id: Option<&RaftLogId>) {
     match id {
         None => out.push(0),
         Some(id) => {
@@ -222,7 +222,7 @@ fn put_log_id(out: &mut Vec<u8>, id: Option<&RaftLogId>) {
     }
 }
 
-fn get_log_id(r: &mut Reader<'_>) -> Result<Option<RaftLogId>, CodecError> {
+pub(crate) fn get_log_id(r: &mut Reader<'_>) -> Result<Option<RaftLogId>, CodecError> {
     match r.u8()? {
         0 => Ok(None),
         1 => Ok(Some(LogId {

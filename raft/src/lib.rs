@@ -12,6 +12,7 @@
 //!   the leader-persist tracker behind the LEADER ack level.
 //! - [`state_machine`]: the event shard over the redb store (one transaction per apply with
 //!   the applied log id and membership; snapshots from one read transaction).
+//! - [`rpc`]: encodings of the Raft RPCs for the peer transport.
 //! - [`metadata_sm`]: the metadata group (in-memory topology and address registry).
 //!
 //! Next: the TCP transport (`futureq_net::peer` framing), the Raft core wiring in the broker,
@@ -27,6 +28,7 @@
 pub mod codec;
 pub mod log_store;
 pub mod metadata_sm;
+pub mod rpc;
 pub mod rt;
 pub mod state_machine;
 pub mod types;
