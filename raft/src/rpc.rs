@@ -221,7 +221,7 @@ pub fn decode_snapshot_response(b: &[u8]) -> Result<SnapshotResponse<TypeConfig>
 
 #[cfg(test)]
 mod tests {
-    use openraft::{BasicNode, EntryPayload, LogId};
+    use openraft::{EntryPayload, LogId};
 
     use super::*;
     use crate::types::{Command, Entry};
@@ -318,7 +318,6 @@ mod tests {
                 .vote,
             sr.vote
         );
-        let _ = BasicNode::default();
     }
 
     #[test]
