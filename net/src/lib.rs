@@ -7,7 +7,8 @@
 //! - [`grpc`]: framing codec, status codes, and the h2 server (flow control both ways,
 //!   Trailers-Only errors, `grpc-timeout`, bounded message sizes).
 //! - [`http`]: a minimal HTTP/1.1 server for `/metrics` and `/healthz`.
-//! - [`peer`]: framing of the Raft transport between nodes (clustering, in progress).
+//! - [`peer`]: framing of the Raft transport between nodes; [`peer_link`]: request/response
+//!   links over TCP carrying those frames (clustering, in progress).
 //! - [`shutdown`]: a cross-thread shutdown signal every listener and stream watches.
 //! - `listener`: the accept loop both servers share.
 //!
@@ -20,6 +21,7 @@ pub mod grpc;
 pub mod http;
 mod listener;
 pub mod peer;
+pub mod peer_link;
 pub mod shutdown;
 
 /// Protobuf types of the API.

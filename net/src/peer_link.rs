@@ -1,0 +1,300 @@
+//! Request/response links between nodes over TCP (glommio), carrying [`PeerFrame`]s: one
+//! connection per peer, many requests in flight, responses matched by request id.
+//!
+//! - The server answers each request on its own task; responses go through one bounded
+//!   writer queue per connection.
+//! - The client connects lazily and reconnects (at most once per [`RECONNECT_MIN`]) after a
+//!   failure; requests in flight on a broken connection fail at once.
+//! - Every wait is bounded: queues by [`PEER_QUEUE_MAX`], calls by their timeout.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use futures::channel::oneshot;
+use futures_lite::{future, AsyncReadExt, AsyncWriteExt};
+use glommio::channels::local_channel::{self, LocalSender};
+use glommio::net::{TcpListener, TcpStream};
+
+use crate::peer::{PeerFrame, PeerFrameDecoder};
+use crate::shutdown::Shutdown;
+
+/// Frames queued for writing on one connection.
+pub const PEER_QUEUE_MAX: usize = 1024;
+/// Least time between two connection attempts to the same peer.
+pub const RECONNECT_MIN: Duration = Duration::from_millis(50);
+/// Bytes read from the socket at a time.
+const READ_CHUNK: usize = 64 << 10;
+
+/// Why a call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PeerError {
+    /// No connection could be made (or one was tried too recently).
+    #[error("cannot reach peer {0}: {1}")]
+    Unreachable(SocketAddr, String),
+    /// The connection broke before the response came.
+    #[error("connection to peer {0} closed")]
+    Closed(SocketAddr),
+    /// No response within the timeout.
+    #[error("peer {0} did not answer within {1:?}")]
+    Timeout(SocketAddr, Duration),
+}
+
+/// Answers a request frame with `(kind, payload)`, or nothing.
+pub type PeerHandler = Rc<dyn Fn(PeerFrame) -> Pin<Box<dyn Future<Output = Option<(u8, Bytes)>>>>>;
+
+fn encode(frame: &PeerFrame) -> Bytes {
+    let mut b = BytesMut::new();
+    frame.encode(&mut b);
+    b.freeze()
+}
+
+/// Spawns the task that writes queued frames to `w`; returns the queue.
+fn spawn_writer(
+    mut w: impl futures_lite::AsyncWrite + Unpin + 'static,
+    on_error: impl FnOnce() + 'static,
+) -> LocalSender<Bytes> {
+    let (tx, rx) = local_channel::new_bounded::<Bytes>(PEER_QUEUE_MAX);
+    glommio::spawn_local(async move {
+        while let Some(b) = rx.recv().await {
+            if w.write_all(&b).await.is_err() || w.flush().await.is_err() {
+                break;
+            }
+        }
+        on_error();
+    })
+    .detach();
+    tx
+}
+
+/// Reads frames from `r` until EOF, an error or a malformed frame, calling `on_frame`.
+async fn read_frames(
+    mut r: impl futures_lite::AsyncRead + Unpin,
+    max_frame: usize,
+    mut on_frame: impl FnMut(PeerFrame),
+) {
+    let mut dec = PeerFrameDecoder::new(max_frame);
+    let mut buf = vec![0u8; READ_CHUNK];
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        dec.push(&buf[..n]);
+        loop {
+            match dec.decode() {
+                Ok(Some(f)) => on_frame(f),
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(target: "net.peer", error = %e, "closing peer connection on a bad frame");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Serves peer requests on `listener` until `shutdown`.
+pub async fn serve_peers(
+    listener: TcpListener,
+    handler: PeerHandler,
+    max_frame: usize,
+    shutdown: Shutdown,
+) {
+    crate::listener::accept_until(&listener, &shutdown, "net.peer", |stream| {
+        glommio::spawn_local(serve_conn(stream, Rc::clone(&handler), max_frame)).detach();
+    })
+    .await;
+}
+
+async fn serve_conn(stream: TcpStream, handler: PeerHandler, max_frame: usize) {
+    let _ = stream.set_nodelay(true);
+    let (r, w) = futures_lite::io::split(stream);
+    let tx = Rc::new(spawn_writer(w, || {}));
+    read_frames(r, max_frame, |frame| {
+        let (handler, tx) = (Rc::clone(&handler), Rc::clone(&tx));
+        glommio::spawn_local(async move {
+            let (group, request_id) = (frame.group, frame.request_id);
+            if let Some((kind, payload)) = handler(frame).await {
+                let _ = tx
+                    .send(encode(&PeerFrame {
+                        group,
+                        kind,
+                        request_id,
+                        payload,
+                    }))
+                    .await;
+            }
+        })
+        .detach();
+    })
+    .await;
+}
+
+type Pending = Rc<RefCell<HashMap<u64, oneshot::Sender<PeerFrame>>>>;
+
+struct Conn {
+    tx: LocalSender<Bytes>,
+    pending: Pending,
+    alive: Rc<Cell<bool>>,
+}
+
+/// A client of one peer.
+pub struct PeerClient {
+    addr: SocketAddr,
+    max_frame: usize,
+    conn: RefCell<Option<Rc<Conn>>>,
+    last_attempt: Cell<Option<Instant>>,
+    next_id: Cell<u64>,
+    /// A connection attempt is running: other callers wait for it instead of failing.
+    connecting: Cell<bool>,
+    connect_done: event_listener::Event,
+}
+
+impl PeerClient {
+    /// A client of the peer at `addr` (connects on first use).
+    #[must_use]
+    pub fn new(addr: SocketAddr, max_frame: usize) -> Self {
+        PeerClient {
+            addr,
+            max_frame,
+            conn: RefCell::new(None),
+            last_attempt: Cell::new(None),
+            next_id: Cell::new(1),
+            connecting: Cell::new(false),
+            connect_done: event_listener::Event::new(),
+        }
+    }
+
+    async fn connection(&self) -> Result<Rc<Conn>, PeerError> {
+        loop {
+            if let Some(c) = self.conn.borrow().as_ref().filter(|c| c.alive.get()) {
+                return Ok(Rc::clone(c));
+            }
+            if !self.connecting.get() {
+                break;
+            }
+            let l = self.connect_done.listen();
+            if self.connecting.get() {
+                l.await;
+            }
+            if self.conn.borrow().as_ref().is_none_or(|c| !c.alive.get()) {
+                return Err(PeerError::Unreachable(
+                    self.addr,
+                    "connection attempt failed".into(),
+                ));
+            }
+        }
+        if self
+            .last_attempt
+            .get()
+            .is_some_and(|t| t.elapsed() < RECONNECT_MIN)
+        {
+            return Err(PeerError::Unreachable(
+                self.addr,
+                "reconnecting too soon".into(),
+            ));
+        }
+        self.last_attempt.set(Some(Instant::now()));
+        self.connecting.set(true);
+        let connected = TcpStream::connect(self.addr).await;
+        let stream = match connected {
+            Ok(s) => s,
+            Err(e) => {
+                self.connecting.set(false);
+                self.connect_done.notify(usize::MAX);
+                return Err(PeerError::Unreachable(self.addr, e.to_string()));
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let (r, w) = futures_lite::io::split(stream);
+        let alive = Rc::new(Cell::new(true));
+        let pending: Pending = Rc::default();
+        let dead = {
+            let (alive, pending) = (Rc::clone(&alive), Rc::clone(&pending));
+            move || {
+                alive.set(false);
+                pending.borrow_mut().clear(); // callers see Closed
+            }
+        };
+        let tx = spawn_writer(w, dead.clone());
+        {
+            let pending = Rc::clone(&pending);
+            let max_frame = self.max_frame;
+            glommio::spawn_local(async move {
+                read_frames(r, max_frame, |f| {
+                    if let Some(waiter) = pending.borrow_mut().remove(&f.request_id) {
+                        let _ = waiter.send(f);
+                    }
+                })
+                .await;
+                dead();
+            })
+            .detach();
+        }
+        let c = Rc::new(Conn { tx, pending, alive });
+        *self.conn.borrow_mut() = Some(Rc::clone(&c));
+        self.connecting.set(false);
+        self.connect_done.notify(usize::MAX);
+        Ok(c)
+    }
+
+    /// Sends a request and waits for its response.
+    ///
+    /// # Errors
+    /// [`PeerError`]: unreachable peer, broken connection, or no answer within `timeout`.
+    pub async fn call(
+        &self,
+        group: u8,
+        kind: u8,
+        payload: Bytes,
+        timeout: Duration,
+    ) -> Result<PeerFrame, PeerError> {
+        let conn = self.connection().await?;
+        let request_id = self.next_id.get();
+        self.next_id.set(request_id + 1);
+        let (tx, rx) = oneshot::channel();
+        conn.pending.borrow_mut().insert(request_id, tx);
+        let sent = future::or(
+            async {
+                conn.tx
+                    .send(encode(&PeerFrame {
+                        group,
+                        kind,
+                        request_id,
+                        payload,
+                    }))
+                    .await
+                    .is_ok()
+            },
+            async {
+                glommio::timer::sleep(timeout).await;
+                false
+            },
+        )
+        .await;
+        if !sent {
+            conn.pending.borrow_mut().remove(&request_id);
+            return Err(PeerError::Closed(self.addr));
+        }
+        let answer = future::or(async { Some(rx.await) }, async {
+            glommio::timer::sleep(timeout).await;
+            None
+        })
+        .await;
+        match answer {
+            Some(Ok(f)) => Ok(f),
+            Some(Err(_)) => Err(PeerError::Closed(self.addr)),
+            None => {
+                conn.pending.borrow_mut().remove(&request_id);
+                Err(PeerError::Timeout(self.addr, timeout))
+            }
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! Peer links over loopback TCP: concurrent requests matched by id, timeouts, broken
+//! connections failing fast, and reconnection.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futureq_net::peer::PeerFrame;
+use futureq_net::peer_link::{serve_peers, PeerClient, PeerError, PeerHandler};
+use futureq_net::Shutdown;
+use glommio::{LocalExecutorBuilder, Placement};
+
+fn run<F: std::future::Future<Output = ()> + 'static>(f: impl FnOnce() -> F + Send + 'static) {
+    LocalExecutorBuilder::new(Placement::Unbound)
+        .io_memory(512 << 10)
+        .spawn(move || async move { f().await })
+        .expect("executor")
+        .join()
+        .expect("test body");
+}
+
+/// Answers with the payload reversed and kind + 1; kind 9 never answers; kind 8 answers late.
+fn handler() -> PeerHandler {
+    Rc::new(|f: PeerFrame| {
+        Box::pin(async move {
+            match f.kind {
+                9 => None,
+                8 => {
+                    glommio::timer::sleep(Duration::from_millis(300)).await;
+                    Some((f.kind + 1, f.payload))
+                }
+                k => {
+                    let mut p = f.payload.to_vec();
+                    p.reverse();
+                    // Out-of-order answers: later requests may finish first.
+                    let wait = u64::from(p.last().copied().unwrap_or(0)) * 10;
+                    glommio::timer::sleep(Duration::from_micros(wait)).await;
+                    Some((k + 1, Bytes::from(p)))
+                }
+            }
+        })
+    })
+}
+
+#[test]
+fn requests_are_matched_timeouts_fire_and_links_recover() {
+    run(|| async {
+        let listener = glommio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = Shutdown::new();
+        let server = glommio::spawn_local(serve_peers(listener, handler(), 1 << 20, stop.clone()));
+        let client = Rc::new(PeerClient::new(addr, 1 << 20));
+
+        let calls: Vec<_> = (0..200u32)
+            .map(|i| {
+                let c = Rc::clone(&client);
+                glommio::spawn_local(async move {
+                    let payload = Bytes::from(vec![(i % 200) as u8, 1, 2, (199 - i % 200) as u8]);
+                    let f = c
+                        .call(1, 3, payload.clone(), Duration::from_secs(5))
+                        .await
+                        .unwrap();
+                    let mut want = payload.to_vec();
+                    want.reverse();
+                    assert_eq!((f.group, f.kind, &f.payload[..]), (1, 4, &want[..]));
+                })
+            })
+            .collect();
+        for c in calls {
+            c.await;
+        }
+
+        let e = client
+            .call(0, 9, Bytes::new(), Duration::from_millis(100))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, PeerError::Timeout(..)), "{e}");
+        let late = client
+            .call(0, 8, Bytes::from_static(b"x"), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(late.kind, 9);
+
+        // The server goes away: calls fail instead of hanging.
+        stop.trigger();
+        server.await;
+        drop(client);
+        let client = PeerClient::new(addr, 1 << 20);
+        assert!(client
+            .call(0, 1, Bytes::new(), Duration::from_secs(5))
+            .await
+            .is_err());
+
+        // It comes back on the same address: the client reconnects.
+        let listener = glommio::net::TcpListener::bind(addr).unwrap();
+        let stop = Shutdown::new();
+        let server = glommio::spawn_local(serve_peers(listener, handler(), 1 << 20, stop.clone()));
+        glommio::timer::sleep(Duration::from_millis(60)).await;
+        let f = client
+            .call(2, 1, Bytes::from_static(b"ab"), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(&f.payload[..], b"ba");
+        stop.trigger();
+        server.await;
+    });
+}
