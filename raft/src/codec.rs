@@ -29,6 +29,16 @@ pub struct CodecError {
     reason: String,
 }
 
+impl CodecError {
+    /// Input that ended too early.
+    pub(crate) fn truncated(what: &'static str) -> Self {
+        CodecError {
+            what,
+            reason: "truncated".into(),
+        }
+    }
+}
+
 pub(crate) struct Reader<'a> {
     pub(crate) b: &'a [u8],
     pub(crate) what: &'static str,

@@ -12,7 +12,8 @@
 //!   the leader-persist tracker behind the LEADER ack level.
 //! - [`state_machine`]: the event shard over the redb store (one transaction per apply with
 //!   the applied log id and membership; snapshots from one read transaction).
-//! - [`rpc`]: encodings of the Raft RPCs for the peer transport.
+//! - [`rpc`]: encodings of the Raft RPCs; [`network`]: openraft's network over
+//!   `futureq_net::peer_link` (TCP, multiplexed by group).
 //! - [`metadata_sm`]: the metadata group (in-memory topology and address registry).
 //!
 //! Next: the TCP transport (`futureq_net::peer` framing), the Raft core wiring in the broker,
@@ -28,6 +29,7 @@
 pub mod codec;
 pub mod log_store;
 pub mod metadata_sm;
+pub mod network;
 pub mod rpc;
 pub mod rt;
 pub mod state_machine;

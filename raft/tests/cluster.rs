@@ -265,3 +265,133 @@ fn three_nodes_elect_replicate_and_fail_over() {
         }
     });
 }
+
+/// The same cluster over real loopback TCP: peer links, RPC encodings and the raft handler.
+#[test]
+fn three_nodes_over_tcp_elect_replicate_and_fail_over() {
+    use std::collections::HashMap;
+
+    use futureq_net::peer_link::serve_peers;
+    use futureq_net::Shutdown;
+    use futureq_raft::network::{raft_handler, PeerNetwork, PEER_FRAME_MAX};
+
+    let mut rt = GlommioRuntime::new(1);
+    rt.block_on(async {
+        let config = Arc::new(
+            openraft::Config {
+                heartbeat_interval: 50,
+                election_timeout_min: 200,
+                election_timeout_max: 400,
+                ..Default::default()
+            }
+            .validate()
+            .unwrap(),
+        );
+        let mut nodes = Vec::new();
+        let mut stores = BTreeMap::new();
+        let mut servers = BTreeMap::new();
+        let mut members = BTreeMap::new();
+        let mut listeners = Vec::new();
+        for id in 1..=3u64 {
+            let l = glommio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            members.insert(
+                id,
+                BasicNode {
+                    addr: l.local_addr().unwrap().to_string(),
+                },
+            );
+            listeners.push(l);
+        }
+        for (id, listener) in (1..=3u64).zip(listeners) {
+            let io = MemLogIo::new();
+            let log = LogStore::open(
+                move || io.clone(),
+                LogConfig {
+                    segment_bytes: 64 * 1024,
+                },
+                Box::new(|_| {}),
+            )
+            .await
+            .unwrap();
+            let store = Store::open(&StoreMode::Memory).unwrap();
+            stores.insert(id, store.clone());
+            let sm = EventStateMachine::new(store, Rc::new(|_| {}));
+            let raft = Raft::new(
+                id,
+                Arc::clone(&config),
+                PeerNetwork::new(1, Duration::from_secs(1)),
+                log,
+                sm,
+            )
+            .await
+            .unwrap();
+            let stop = Shutdown::new();
+            let groups = Rc::new(HashMap::from([(1u8, raft.clone())]));
+            let task = glommio::spawn_local(serve_peers(
+                listener,
+                raft_handler(groups),
+                PEER_FRAME_MAX,
+                stop.clone(),
+            ));
+            servers.insert(id, (stop, task));
+            nodes.push((id, raft));
+        }
+        nodes[0].1.initialize(members).await.unwrap();
+        let leader = leader_of(&nodes).await;
+        let lraft = nodes
+            .iter()
+            .find(|(id, _)| *id == leader)
+            .unwrap()
+            .1
+            .clone();
+        let mut applied = None;
+        for b in 0..5u64 {
+            let cmd = encode_store(&StoreBatch {
+                items: (b * 10 + 1..=b * 10 + 10).map(item).collect(),
+            });
+            applied = Some(lraft.client_write(Command(cmd)).await.unwrap().log_id.index);
+        }
+        for (id, r) in &nodes {
+            r.wait(Some(Duration::from_secs(5)))
+                .applied_index_at_least(applied, "replicated")
+                .await
+                .unwrap();
+            assert_eq!(stores[id].counts().unwrap().0, 50, "node {id}");
+        }
+        // Stop the leader's listener and node: the others fail over over TCP.
+        let (stop, task) = servers.remove(&leader).unwrap();
+        stop.trigger();
+        task.await;
+        lraft.shutdown().await.unwrap();
+        let rest: Vec<(u64, Raft)> = nodes
+            .iter()
+            .filter(|(id, _)| *id != leader)
+            .cloned()
+            .collect();
+        let new_leader = leader_of(&rest).await;
+        let nraft = rest
+            .iter()
+            .find(|(id, _)| *id == new_leader)
+            .unwrap()
+            .1
+            .clone();
+        let cmd = encode_store(&StoreBatch {
+            items: (51..=60).map(item).collect(),
+        });
+        let applied = Some(nraft.client_write(Command(cmd)).await.unwrap().log_id.index);
+        for (id, r) in &rest {
+            r.wait(Some(Duration::from_secs(5)))
+                .applied_index_at_least(applied, "after failover")
+                .await
+                .unwrap();
+            assert_eq!(stores[id].counts().unwrap().0, 60, "node {id}");
+        }
+        for (_, r) in &rest {
+            r.shutdown().await.unwrap();
+        }
+        for (_, (stop, task)) in servers {
+            stop.trigger();
+            task.await;
+        }
+    });
+}
