@@ -41,6 +41,17 @@ fn entries_survive_reopen_on_real_files() {
             }
         }
         log.flush().await.unwrap();
+        // Read back in the executor that wrote (a direct-I/O read here once failed).
+        for i in [1u64, 37, 400] {
+            assert_eq!(log.read(i).await.unwrap().unwrap().payload, payload(i));
+        }
+        // Entries being flushed stay readable while the write is in flight.
+        log.append(vec![(1, 401, payload(401))], Box::new(|r| r.unwrap()))
+            .unwrap();
+        let (flushed, read) = futures::join!(log.flush(), log.read(401));
+        flushed.unwrap();
+        assert_eq!(read.unwrap().unwrap().payload, payload(401));
+        log.truncate(401).await.unwrap();
     });
     let path = dir.path().to_path_buf();
     run(move || async move {

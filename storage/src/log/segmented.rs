@@ -122,6 +122,9 @@ pub struct Log<I: LogIo> {
     on_persisted: PersistHook,
     /// Notified by every append (wakes the flusher).
     appended: event_listener::Event,
+    /// A flush is writing: another one waits for it (one writer per segment tail at a time).
+    flushing: std::cell::Cell<bool>,
+    flushed: event_listener::Event,
 }
 
 impl<I: LogIo> Log<I> {
@@ -232,6 +235,8 @@ impl<I: LogIo> Log<I> {
             st: RefCell::new(st),
             on_persisted,
             appended: event_listener::Event::new(),
+            flushing: std::cell::Cell::new(false),
+            flushed: event_listener::Event::new(),
         })
     }
 
@@ -337,13 +342,29 @@ impl<I: LogIo> Log<I> {
     /// # Errors
     /// The I/O error that poisoned the log, or [`LogError::Poisoned`].
     pub async fn flush(&self) -> Result<(), LogError> {
-        let (pending, callbacks, plan) = {
+        while self.flushing.get() {
+            let l = self.flushed.listen();
+            if self.flushing.get() {
+                l.await;
+            }
+        }
+        self.flushing.set(true);
+        let result = self.flush_once().await;
+        self.flushing.set(false);
+        self.flushed.notify(usize::MAX);
+        result
+    }
+
+    async fn flush_once(&self) -> Result<(), LogError> {
+        let (pending_count, callbacks, plan) = {
             let mut st = self.st.borrow_mut();
             if st.poisoned {
                 return Err(LogError::Poisoned);
             }
-            let pending = std::mem::take(&mut st.pending);
+            // Records stay in `pending` (readable from memory) until they are on disk.
             let callbacks = std::mem::take(&mut st.callbacks);
+            let pending = &st.pending;
+            let pending_count = pending.len();
             // Per touched segment: (name, create?, write offset, buffer, new flushed end).
             let mut plan: Vec<(String, bool, u64, Vec<u8>, u64)> = Vec::new();
             for seg in st
@@ -360,7 +381,7 @@ impl<I: LogIo> Log<I> {
                 buf.resize(usize::try_from(ceil(new_end) - start).unwrap_or(0), 0);
                 plan.push((seg.name.clone(), !seg.created, start, buf, new_end));
             }
-            (pending, callbacks, plan)
+            (pending_count, callbacks, plan)
         };
         let mut result = Ok(());
         for (name, create, start, buf, _) in &plan {
@@ -403,7 +424,13 @@ impl<I: LogIo> Log<I> {
                 }
             }
         }
-        for p in &pending {
+        let flushed: Vec<Pending> = self
+            .st
+            .borrow_mut()
+            .pending
+            .drain(..pending_count)
+            .collect();
+        for p in &flushed {
             if let Decoded::Record(r, _) = decode(&p.bytes) {
                 (self.on_persisted)(&r.payload);
             }

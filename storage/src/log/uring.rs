@@ -9,7 +9,7 @@ use std::io;
 use std::path::PathBuf;
 use std::rc::Rc;
 
-use glommio::io::{DmaFile, OpenOptions};
+use glommio::io::{BufferedFile, DmaFile, OpenOptions};
 
 use super::io::LogIo;
 
@@ -17,6 +17,7 @@ use super::io::LogIo;
 pub struct DmaLogIo {
     dir: PathBuf,
     files: RefCell<HashMap<String, Rc<DmaFile>>>,
+    readers: RefCell<HashMap<String, Rc<BufferedFile>>>,
 }
 
 fn to_io(e: glommio::GlommioError<()>) -> io::Error {
@@ -34,6 +35,7 @@ impl DmaLogIo {
         Ok(DmaLogIo {
             dir,
             files: RefCell::default(),
+            readers: RefCell::default(),
         })
     }
 
@@ -50,6 +52,21 @@ impl DmaLogIo {
                 .map_err(to_io)?,
         );
         self.files
+            .borrow_mut()
+            .insert(name.to_owned(), Rc::clone(&f));
+        Ok(f)
+    }
+
+    async fn reader(&self, name: &str) -> io::Result<Rc<BufferedFile>> {
+        if let Some(f) = self.readers.borrow().get(name) {
+            return Ok(Rc::clone(f));
+        }
+        let f = Rc::new(
+            BufferedFile::open(self.dir.join(name))
+                .await
+                .map_err(to_io)?,
+        );
+        self.readers
             .borrow_mut()
             .insert(name.to_owned(), Rc::clone(&f));
         Ok(f)
@@ -76,39 +93,44 @@ impl LogIo for DmaLogIo {
             return Ok(());
         }
         let path = self.dir.join(name);
-        let created = !path.exists();
-        let f = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .dma_open(&path)
-            .await
-            .map_err(to_io)?;
+        if !path.exists() {
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .dma_open(&path)
+                .await
+                .map_err(to_io)?;
+            f.pre_allocate(len, false).await.map_err(to_io)?;
+            f.fdatasync().await.map_err(to_io)?;
+            f.close().await.map_err(to_io)?;
+            self.sync_dir()?;
+        }
+        let f = self.file(name).await?;
         if f.file_size().await.map_err(to_io)? < len {
             f.pre_allocate(len, false).await.map_err(to_io)?;
         }
-        if created {
-            f.fdatasync().await.map_err(to_io)?;
-            self.sync_dir()?;
-        }
-        self.files.borrow_mut().insert(name.to_owned(), Rc::new(f));
         Ok(())
     }
 
     async fn remove(&self, name: &str) -> io::Result<()> {
         self.files.borrow_mut().remove(name);
+        self.readers.borrow_mut().remove(name);
         std::fs::remove_file(self.dir.join(name))?;
         self.sync_dir()
     }
 
     async fn read_at(&self, name: &str, offset: u64, len: usize) -> io::Result<Vec<u8>> {
-        let f = self.file(name).await?;
-        let size = f.file_size().await.map_err(to_io)?;
+        let size = self.file(name).await?.file_size().await.map_err(to_io)?;
         let len = len.min(usize::try_from(size.saturating_sub(offset)).unwrap_or(usize::MAX));
         if len == 0 {
             return Ok(Vec::new());
         }
-        let r = f.read_at(offset, len).await.map_err(to_io)?;
+        // Reads go through a buffered (page cache) descriptor: O_DIRECT reads of a file this
+        // executor wrote failed with EOPNOTSUPP here. Direct writes invalidate the cached
+        // pages, so these reads always see the written data.
+        let reader = self.reader(name).await?;
+        let r = reader.read_at(offset, len).await.map_err(to_io)?;
         Ok(r.to_vec())
     }
 
