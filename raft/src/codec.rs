@@ -87,6 +87,45 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// A reader positioned after a checked version byte.
+pub(crate) fn start<'a>(what: &'static str, b: &'a [u8]) -> Result<Reader<'a>, CodecError> {
+    let mut r = Reader { b, what };
+    let v = r.u8()?;
+    if v != CODEC_VERSION {
+        return Err(r.err(format!("version {v}")));
+    }
+    Ok(r)
+}
+
+/// Refuses bytes left after a complete value.
+pub(crate) fn finish(r: &Reader<'_>) -> Result<(), CodecError> {
+    if r.b.is_empty() {
+        Ok(())
+    } else {
+        Err(r.err("trailing bytes"))
+    }
+}
+
+pub(crate) fn put_vote(out: &mut Vec<u8>, v: &Vote) {
+    out.extend_from_slice(&v.leader_id.term.to_le_bytes());
+    out.extend_from_slice(&v.leader_id.node_id.to_le_bytes());
+    out.push(u8::from(v.committed));
+}
+
+pub(crate) fn get_vote(r: &mut Reader<'_>) -> Result<Vote, CodecError> {
+    let term = r.u64()?;
+    let node_id = r.u64()?;
+    let committed = match r.u8()? {
+        0 => false,
+        1 => true,
+        x => return Err(r.err(format!("committed flag {x}"))),
+    };
+    Ok(Vote {
+        leader_id: LeaderId { term, node_id },
+        committed,
+    })
+}
+
 /// Encodes an entry.
 #[must_use]
 pub fn encode_entry(e: &Entry) -> Vec<u8> {
@@ -167,45 +206,17 @@ pub(crate) fn get_membership(r: &mut Reader<'_>) -> Result<Membership<u64, Basic
 /// # Errors
 /// [`CodecError`] for anything but a complete, well-formed entry.
 pub fn decode_entry(b: &[u8]) -> Result<Entry, CodecError> {
-    let mut r = Reader { b, what: "entry" };
-    let v = r.u8()?;
-    if v != CODEC_VERSION {
-        return Err(r.err(format!("version {v}")));
-    }
+    let mut r = start("entry", b)?;
     let term = r.u64()?;
     let node_id = r.u64()?;
     let index = r.u64()?;
     let payload = match r.u8()? {
         0 => EntryPayload::Blank,
         1 => EntryPayload::Normal(Command(std::mem::take(&mut r.b).to_vec())),
-        2 => {
-            let n_configs = r.count(4)?;
-            let mut configs = Vec::with_capacity(n_configs);
-            for _ in 0..n_configs {
-                let n = r.count(8)?;
-                let mut set = BTreeSet::new();
-                for _ in 0..n {
-                    set.insert(r.u64()?);
-                }
-                configs.push(set);
-            }
-            let n_nodes = r.count(12)?;
-            let mut nodes = BTreeMap::new();
-            for _ in 0..n_nodes {
-                let id = r.u64()?;
-                let len = r.u32()? as usize;
-                let addr = String::from_utf8(r.take(len)?.to_vec())
-                    .map_err(|_| r.err("address is not UTF-8"))?;
-                nodes.insert(id, BasicNode { addr });
-            }
-            let m = Membership::new(configs, nodes).map_err(|e| r.err(e.to_string()))?;
-            EntryPayload::Membership(m)
-        }
+        2 => EntryPayload::Membership(get_membership(&mut r)?),
         k => return Err(r.err(format!("payload kind {k}"))),
     };
-    if !r.b.is_empty() {
-        return Err(r.err("trailing bytes"));
-    }
+    finish(&r)?;
     Ok(Entry {
         log_id: LogId {
             leader_id: LeaderId { term, node_id },
@@ -259,14 +270,9 @@ pub fn encode_log_id(id: Option<&RaftLogId>) -> Vec<u8> {
 /// # Errors
 /// [`CodecError`] for anything else.
 pub fn decode_log_id(b: &[u8]) -> Result<Option<RaftLogId>, CodecError> {
-    let mut r = Reader { b, what: "log id" };
-    if r.u8()? != CODEC_VERSION {
-        return Err(r.err("version"));
-    }
+    let mut r = start("log id", b)?;
     let id = get_log_id(&mut r)?;
-    if !r.b.is_empty() {
-        return Err(r.err("trailing bytes"));
-    }
+    finish(&r)?;
     Ok(id)
 }
 
@@ -284,29 +290,18 @@ pub fn encode_membership(m: &RaftMembership) -> Vec<u8> {
 /// # Errors
 /// [`CodecError`] for anything else.
 pub fn decode_membership(b: &[u8]) -> Result<RaftMembership, CodecError> {
-    let mut r = Reader {
-        b,
-        what: "membership",
-    };
-    if r.u8()? != CODEC_VERSION {
-        return Err(r.err("version"));
-    }
+    let mut r = start("membership", b)?;
     let id = get_log_id(&mut r)?;
     let m = get_membership(&mut r)?;
-    if !r.b.is_empty() {
-        return Err(r.err("trailing bytes"));
-    }
+    finish(&r)?;
     Ok(StoredMembership::new(id, m))
 }
 
 /// Encodes a vote.
 #[must_use]
 pub fn encode_vote(v: &Vote) -> Vec<u8> {
-    let mut out = Vec::with_capacity(18);
-    out.push(CODEC_VERSION);
-    out.extend_from_slice(&v.leader_id.term.to_le_bytes());
-    out.extend_from_slice(&v.leader_id.node_id.to_le_bytes());
-    out.push(u8::from(v.committed));
+    let mut out = vec![CODEC_VERSION];
+    put_vote(&mut out, v);
     out
 }
 
@@ -315,25 +310,10 @@ pub fn encode_vote(v: &Vote) -> Vec<u8> {
 /// # Errors
 /// [`CodecError`] for anything but a well-formed vote.
 pub fn decode_vote(b: &[u8]) -> Result<Vote, CodecError> {
-    let mut r = Reader { b, what: "vote" };
-    let v = r.u8()?;
-    if v != CODEC_VERSION {
-        return Err(r.err(format!("version {v}")));
-    }
-    let term = r.u64()?;
-    let node_id = r.u64()?;
-    let committed = match r.u8()? {
-        0 => false,
-        1 => true,
-        x => return Err(r.err(format!("committed flag {x}"))),
-    };
-    if !r.b.is_empty() {
-        return Err(r.err("trailing bytes"));
-    }
-    Ok(Vote {
-        leader_id: LeaderId { term, node_id },
-        committed,
-    })
+    let mut r = start("vote", b)?;
+    let v = get_vote(&mut r)?;
+    finish(&r)?;
+    Ok(v)
 }
 
 #[cfg(test)]

@@ -11,11 +11,11 @@ use std::rc::Rc;
 
 use futureq_core::metadata::{MetaCommand, MetaState};
 use futures::StreamExt;
-use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine, Snapshot};
+use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{EntryPayload, StoredMembership};
 
 use crate::codec::{RaftLogId, RaftMembership};
-use crate::state_machine::{EventSnapshot, Meta};
+use crate::state_machine::{CurrentSnapshot, EventSnapshot, Meta};
 use crate::types::TypeConfig;
 
 #[derive(Default)]
@@ -23,12 +23,11 @@ struct Inner {
     state: MetaState,
     applied: Option<RaftLogId>,
     membership: RaftMembership,
-    snapshot: Option<(Meta, Vec<u8>)>,
 }
 
 /// The metadata state machine (cheap to clone; clones share the state).
 #[derive(Clone, Default)]
-pub struct MetaStateMachine(Rc<RefCell<Inner>>);
+pub struct MetaStateMachine(Rc<RefCell<Inner>>, CurrentSnapshot);
 
 impl MetaStateMachine {
     /// A copy of the current metadata (what `GetClusterInfo` answers from).
@@ -42,17 +41,13 @@ impl RaftSnapshotBuilder<TypeConfig> for MetaStateMachine {
     type SnapshotData = Cursor<Vec<u8>>;
 
     async fn build_snapshot(&mut self) -> Result<EventSnapshot, io::Error> {
-        let mut inner = self.0.borrow_mut();
+        let inner = self.0.borrow();
         let meta = Meta {
             last_log_id: inner.applied,
             last_membership: inner.membership.clone(),
         };
         let data = inner.state.snapshot();
-        inner.snapshot = Some((meta.clone(), data.clone()));
-        Ok(Snapshot {
-            meta,
-            snapshot: Cursor::new(data),
-        })
+        Ok(self.1.set(meta, data))
     }
 }
 
@@ -111,19 +106,11 @@ impl RaftStateMachine<TypeConfig> for MetaStateMachine {
         inner.state = state;
         inner.applied = meta.last_log_id;
         inner.membership = meta.last_membership.clone();
-        inner.snapshot = Some((meta.clone(), data));
+        self.1.set(meta.clone(), data);
         Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<EventSnapshot>, io::Error> {
-        Ok(self
-            .0
-            .borrow()
-            .snapshot
-            .clone()
-            .map(|(meta, data)| Snapshot {
-                meta,
-                snapshot: Cursor::new(data),
-            }))
+        Ok(self.1.get())
     }
 }

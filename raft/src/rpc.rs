@@ -2,15 +2,15 @@
 //! the frame's `kind` byte is one of the `KIND_*` constants, its payload one of these
 //! encodings). Version 1, little-endian, decoded with bounds checked before any allocation.
 
-use openraft::impls::leader_id_adv::LeaderId;
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
 
 use crate::codec::{
-    decode_entry, encode_entry, get_log_id, put_log_id, CodecError, Reader, CODEC_VERSION,
+    decode_entry, encode_entry, finish, get_log_id, get_vote, put_log_id, put_vote, start,
+    CodecError, CODEC_VERSION,
 };
-use crate::types::{TypeConfig, Vote};
+use crate::types::TypeConfig;
 
 /// AppendEntries request.
 pub const KIND_APPEND: u8 = 1;
@@ -20,43 +20,6 @@ pub const KIND_VOTE: u8 = 2;
 pub const KIND_SNAPSHOT: u8 = 3;
 /// Response to a request (same request id).
 pub const KIND_RESPONSE: u8 = 128;
-
-fn put_vote(out: &mut Vec<u8>, v: &Vote) {
-    out.extend_from_slice(&v.leader_id.term.to_le_bytes());
-    out.extend_from_slice(&v.leader_id.node_id.to_le_bytes());
-    out.push(u8::from(v.committed));
-}
-
-fn get_vote(r: &mut Reader<'_>) -> Result<Vote, CodecError> {
-    let term = r.u64()?;
-    let node_id = r.u64()?;
-    let committed = match r.u8()? {
-        0 => false,
-        1 => true,
-        x => return Err(r.err(format!("committed flag {x}"))),
-    };
-    Ok(Vote {
-        leader_id: LeaderId { term, node_id },
-        committed,
-    })
-}
-
-fn start<'a>(what: &'static str, b: &'a [u8]) -> Result<Reader<'a>, CodecError> {
-    let mut r = Reader { b, what };
-    let v = r.u8()?;
-    if v != CODEC_VERSION {
-        return Err(r.err(format!("version {v}")));
-    }
-    Ok(r)
-}
-
-fn finish(r: &Reader<'_>) -> Result<(), CodecError> {
-    if r.b.is_empty() {
-        Ok(())
-    } else {
-        Err(r.err("trailing bytes"))
-    }
-}
 
 /// Encodes an AppendEntries request.
 #[must_use]
@@ -221,10 +184,11 @@ pub fn decode_snapshot_response(b: &[u8]) -> Result<SnapshotResponse<TypeConfig>
 
 #[cfg(test)]
 mod tests {
+    use openraft::impls::leader_id_adv::LeaderId;
     use openraft::{EntryPayload, LogId};
 
     use super::*;
-    use crate::types::{Command, Entry};
+    use crate::types::{Command, Entry, Vote};
 
     fn lid(term: u64, node: u64, index: u64) -> LogId<LeaderId<u64, u64>> {
         LogId {

@@ -36,8 +36,31 @@ pub type Meta = SnapshotMeta<LeaderId, u64, BasicNode>;
 /// A snapshot of [`TypeConfig`] with in-memory data.
 pub type EventSnapshot = Snapshot<LeaderId, u64, BasicNode, Cursor<Vec<u8>>>;
 
+/// The last snapshot a state machine built or installed, kept for `get_current_snapshot`.
+#[derive(Clone, Default)]
+pub(crate) struct CurrentSnapshot(Rc<RefCell<Option<SnapshotBytes>>>);
+
 /// A snapshot's metadata and data.
 type SnapshotBytes = (Meta, Vec<u8>);
+
+impl CurrentSnapshot {
+    /// Remembers a snapshot and returns it.
+    pub(crate) fn set(&self, meta: Meta, data: Vec<u8>) -> EventSnapshot {
+        *self.0.borrow_mut() = Some((meta.clone(), data.clone()));
+        Snapshot {
+            meta,
+            snapshot: Cursor::new(data),
+        }
+    }
+
+    /// The remembered snapshot.
+    pub(crate) fn get(&self) -> Option<EventSnapshot> {
+        self.0.borrow().clone().map(|(meta, data)| Snapshot {
+            meta,
+            snapshot: Cursor::new(data),
+        })
+    }
+}
 
 /// Called with the keys every apply deleted (ACKs, TTL), so each replica clears its
 /// in-flight state for them.
@@ -55,8 +78,7 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 #[derive(Clone)]
 pub struct EventStateMachine {
     store: Store,
-    /// The last snapshot built or installed.
-    current: Rc<RefCell<Option<SnapshotBytes>>>,
+    current: CurrentSnapshot,
     on_deleted: OnDeleted,
 }
 
@@ -66,7 +88,7 @@ impl EventStateMachine {
     pub fn new(store: Store, on_deleted: OnDeleted) -> Self {
         EventStateMachine {
             store,
-            current: Rc::default(),
+            current: CurrentSnapshot::default(),
             on_deleted,
         }
     }
@@ -107,11 +129,7 @@ impl RaftSnapshotBuilder<TypeConfig> for EventStateMachine {
             last_log_id,
             last_membership,
         };
-        *self.current.borrow_mut() = Some((meta.clone(), data.clone()));
-        Ok(Snapshot {
-            meta,
-            snapshot: Cursor::new(data),
-        })
+        Ok(self.current.set(meta, data))
     }
 }
 
@@ -197,14 +215,11 @@ impl RaftStateMachine<TypeConfig> for EventStateMachine {
         blocking(move || store.install_snapshot(&mut bytes.as_slice(), expect))
             .await
             .map_err(io_err)?;
-        *self.current.borrow_mut() = Some((meta.clone(), data));
+        self.current.set(meta.clone(), data);
         Ok(())
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<EventSnapshot>, io::Error> {
-        Ok(self.current.borrow().clone().map(|(meta, data)| Snapshot {
-            meta,
-            snapshot: Cursor::new(data),
-        }))
+        Ok(self.current.get())
     }
 }
