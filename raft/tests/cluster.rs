@@ -117,6 +117,57 @@ fn item(id: u64) -> StoreItem {
     }
 }
 
+fn test_config() -> Arc<openraft::Config> {
+    let c = openraft::Config {
+        heartbeat_interval: 50,
+        election_timeout_min: 200,
+        election_timeout_max: 400,
+        ..Default::default()
+    };
+    Arc::new(c.validate().unwrap())
+}
+
+/// Writes `ids` in batches of 10 messages through `raft`; returns the last log index.
+async fn write(raft: &Raft, ids: std::ops::RangeInclusive<u64>) -> Option<u64> {
+    let ids: Vec<u64> = ids.collect();
+    let mut last = None;
+    for chunk in ids.chunks(10) {
+        let cmd = encode_store(&StoreBatch {
+            items: chunk.iter().copied().map(item).collect(),
+        });
+        last = Some(raft.client_write(Command(cmd)).await.unwrap().log_id.index);
+    }
+    last
+}
+
+/// Waits until every node applied `applied`, then checks each store holds `count` messages.
+async fn assert_replicated(
+    nodes: &[(u64, Raft)],
+    stores: &BTreeMap<u64, Store>,
+    applied: Option<u64>,
+    count: u64,
+) {
+    for (id, r) in nodes {
+        r.wait(Some(Duration::from_secs(5)))
+            .applied_index_at_least(applied, "replicated")
+            .await
+            .unwrap_or_else(|e| panic!("node {id}: {e}"));
+        assert_eq!(
+            stores[id].counts().unwrap().0,
+            count,
+            "node {id} stored every message"
+        );
+    }
+}
+
+fn node(nodes: &[(u64, Raft)], id: u64) -> Raft {
+    nodes.iter().find(|(n, _)| *n == id).unwrap().1.clone()
+}
+
+fn without(nodes: &[(u64, Raft)], id: u64) -> Vec<(u64, Raft)> {
+    nodes.iter().filter(|(n, _)| *n != id).cloned().collect()
+}
+
 async fn leader_of(nodes: &[(u64, Raft)]) -> u64 {
     for _ in 0..400 {
         for (_, r) in nodes {
@@ -135,16 +186,7 @@ async fn leader_of(nodes: &[(u64, Raft)]) -> u64 {
 fn three_nodes_elect_replicate_and_fail_over() {
     let mut rt = GlommioRuntime::new(1);
     rt.block_on(async {
-        let config = Arc::new(
-            openraft::Config {
-                heartbeat_interval: 50,
-                election_timeout_min: 200,
-                election_timeout_max: 400,
-                ..Default::default()
-            }
-            .validate()
-            .unwrap(),
-        );
+        let config = test_config();
         let router = Router::default();
         let mut nodes = Vec::new();
         let mut stores = BTreeMap::new();
@@ -193,12 +235,7 @@ fn three_nodes_elect_replicate_and_fail_over() {
         nodes[0].1.initialize(members).await.unwrap();
 
         let leader = leader_of(&nodes).await;
-        let lraft = nodes
-            .iter()
-            .find(|(id, _)| *id == leader)
-            .unwrap()
-            .1
-            .clone();
+        let lraft = node(&nodes, leader);
         // LEADER ack: a waiter registered before the proposal fires once the leader's own log
         // has fsynced the entry.
         let probe = encode_store(&StoreBatch {
@@ -213,53 +250,21 @@ fn three_nodes_elect_replicate_and_fail_over() {
             .await
             .expect("leader-persist hook fired");
 
-        let mut applied = None;
-        for b in 0..10u64 {
-            let cmd = encode_store(&StoreBatch {
-                items: (b * 10 + 1..=b * 10 + 10).map(item).collect(),
-            });
-            applied = Some(lraft.client_write(Command(cmd)).await.unwrap().log_id.index);
-        }
-        for (id, r) in &nodes {
-            r.wait(Some(Duration::from_secs(5)))
-                .applied_index_at_least(applied, "replicated")
-                .await
-                .unwrap_or_else(|e| panic!("node {id}: {e}"));
-            assert_eq!(
-                stores[id].counts().unwrap().0,
-                101,
-                "node {id} stored every message"
-            );
+        let applied = write(&lraft, 1..=100).await;
+        assert_replicated(&nodes, &stores, applied, 101).await;
+        for id in stores.keys() {
             assert_eq!(stores[id].last_id().unwrap(), 1000);
         }
 
         // Kill the leader: the others elect a new one and keep accepting writes.
         router.0.borrow_mut().remove(&leader);
         lraft.shutdown().await.unwrap();
-        let rest: Vec<(u64, Raft)> = nodes
-            .iter()
-            .filter(|(id, _)| *id != leader)
-            .cloned()
-            .collect();
+        let rest = without(&nodes, leader);
         let new_leader = leader_of(&rest).await;
         assert_ne!(new_leader, leader);
-        let nraft = rest
-            .iter()
-            .find(|(id, _)| *id == new_leader)
-            .unwrap()
-            .1
-            .clone();
-        let cmd = encode_store(&StoreBatch {
-            items: (101..=110).map(item).collect(),
-        });
-        let applied = Some(nraft.client_write(Command(cmd)).await.unwrap().log_id.index);
-        for (id, r) in &rest {
-            r.wait(Some(Duration::from_secs(5)))
-                .applied_index_at_least(applied, "after failover")
-                .await
-                .unwrap();
-            assert_eq!(stores[id].counts().unwrap().0, 111, "node {id}");
-        }
+        let nraft = node(&rest, new_leader);
+        let applied = write(&nraft, 101..=110).await;
+        assert_replicated(&rest, &stores, applied, 111).await;
         for (_, r) in &rest {
             r.shutdown().await.unwrap();
         }
@@ -277,16 +282,7 @@ fn three_nodes_over_tcp_elect_replicate_and_fail_over() {
 
     let mut rt = GlommioRuntime::new(1);
     rt.block_on(async {
-        let config = Arc::new(
-            openraft::Config {
-                heartbeat_interval: 50,
-                election_timeout_min: 200,
-                election_timeout_max: 400,
-                ..Default::default()
-            }
-            .validate()
-            .unwrap(),
-        );
+        let config = test_config();
         let mut nodes = Vec::new();
         let mut stores = BTreeMap::new();
         let mut servers = BTreeMap::new();
@@ -338,54 +334,19 @@ fn three_nodes_over_tcp_elect_replicate_and_fail_over() {
         }
         nodes[0].1.initialize(members).await.unwrap();
         let leader = leader_of(&nodes).await;
-        let lraft = nodes
-            .iter()
-            .find(|(id, _)| *id == leader)
-            .unwrap()
-            .1
-            .clone();
-        let mut applied = None;
-        for b in 0..5u64 {
-            let cmd = encode_store(&StoreBatch {
-                items: (b * 10 + 1..=b * 10 + 10).map(item).collect(),
-            });
-            applied = Some(lraft.client_write(Command(cmd)).await.unwrap().log_id.index);
-        }
-        for (id, r) in &nodes {
-            r.wait(Some(Duration::from_secs(5)))
-                .applied_index_at_least(applied, "replicated")
-                .await
-                .unwrap();
-            assert_eq!(stores[id].counts().unwrap().0, 50, "node {id}");
-        }
+        let lraft = node(&nodes, leader);
+        let applied = write(&lraft, 1..=50).await;
+        assert_replicated(&nodes, &stores, applied, 50).await;
         // Stop the leader's listener and node: the others fail over over TCP.
         let (stop, task) = servers.remove(&leader).unwrap();
         stop.trigger();
         task.await;
         lraft.shutdown().await.unwrap();
-        let rest: Vec<(u64, Raft)> = nodes
-            .iter()
-            .filter(|(id, _)| *id != leader)
-            .cloned()
-            .collect();
+        let rest = without(&nodes, leader);
         let new_leader = leader_of(&rest).await;
-        let nraft = rest
-            .iter()
-            .find(|(id, _)| *id == new_leader)
-            .unwrap()
-            .1
-            .clone();
-        let cmd = encode_store(&StoreBatch {
-            items: (51..=60).map(item).collect(),
-        });
-        let applied = Some(nraft.client_write(Command(cmd)).await.unwrap().log_id.index);
-        for (id, r) in &rest {
-            r.wait(Some(Duration::from_secs(5)))
-                .applied_index_at_least(applied, "after failover")
-                .await
-                .unwrap();
-            assert_eq!(stores[id].counts().unwrap().0, 60, "node {id}");
-        }
+        let nraft = node(&rest, new_leader);
+        let applied = write(&nraft, 51..=60).await;
+        assert_replicated(&rest, &stores, applied, 60).await;
         for (_, r) in &rest {
             r.shutdown().await.unwrap();
         }
