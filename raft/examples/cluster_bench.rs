@@ -125,6 +125,8 @@ fn main() {
             GlommioRuntime::sleep(Duration::from_millis(10)).await;
         }
         let leader = leader.expect("leader");
+        // A new leader refuses writes (ForwardToLeader/LeaseExpired) for a few ms.
+        GlommioRuntime::sleep(Duration::from_millis(200)).await;
         let lraft = nodes
             .iter()
             .find(|(id, _)| *id == leader)

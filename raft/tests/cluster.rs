@@ -128,14 +128,32 @@ fn test_config() -> Arc<openraft::Config> {
 }
 
 /// Writes `ids` in batches of 10 messages through `raft`; returns the last log index.
+///
+/// Right after an election openraft refuses writes with ForwardToLeader(LeaseExpired) for a
+/// few milliseconds; like the broker will, the helper retries that (bounded) instead of failing.
 async fn write(raft: &Raft, ids: std::ops::RangeInclusive<u64>) -> Option<u64> {
+    use openraft::error::{ClientWriteError, RaftError};
     let ids: Vec<u64> = ids.collect();
     let mut last = None;
     for chunk in ids.chunks(10) {
         let cmd = encode_store(&StoreBatch {
             items: chunk.iter().copied().map(item).collect(),
         });
-        last = Some(raft.client_write(Command(cmd)).await.unwrap().log_id.index);
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        loop {
+            match raft.client_write(Command(cmd.clone())).await {
+                Ok(r) => {
+                    last = Some(r.log_id.index);
+                    break;
+                }
+                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))
+                    if f.leader_id.is_none() && std::time::Instant::now() < deadline =>
+                {
+                    GlommioRuntime::sleep(Duration::from_millis(5)).await;
+                }
+                Err(e) => panic!("write failed: {e}"),
+            }
+        }
     }
     last
 }
