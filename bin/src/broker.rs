@@ -3,7 +3,7 @@
 //! Layout:
 //! - `producer`: `FutureQProducer.PublishStream`.
 //! - `consumer`: `FutureQConsumer.Subscribe`.
-//! - `cluster`: `FutureQCluster.*` (standalone answers) and `grpc.health.v1.Health/Check`.
+//! - `cluster`: `FutureQCluster.*` and `grpc.health.v1.Health/Check`.
 //!
 //! Every error the client caused is answered with the status the API contract names and a
 //! message naming the message and field.
@@ -20,6 +20,7 @@ use futureq_net::grpc::{Call, Code, Handler, Outbound, Status};
 use futureq_net::Shutdown;
 use futureq_storage::StoreService;
 
+use crate::cluster::Cluster;
 use crate::config::Settings;
 use crate::dispatcher::HubCmd;
 use crate::metrics::Metrics;
@@ -36,9 +37,12 @@ pub struct Ctx {
     pub metrics: Arc<Metrics>,
     /// Process-wide shutdown.
     pub shutdown: Shutdown,
-    /// Next event id, shared by every core. Event ids never regress: it starts above the
-    /// persisted high-water mark and only grows.
+    /// Next event id, shared by every core (standalone only; in a cluster the Raft core
+    /// assigns ids). Event ids never regress: it starts above the persisted high-water mark
+    /// and only grows.
     pub next_id: Arc<AtomicU64>,
+    /// The Raft core's handle, in clustered mode.
+    pub cluster: Option<Arc<Cluster>>,
 }
 
 /// Builds the request router.
@@ -57,9 +61,10 @@ pub fn handler(ctx: Rc<Ctx>) -> Handler {
                 "/futureq.FutureQCluster/JoinCluster"
                 | "/futureq.FutureQCluster/LeaveCluster"
                 | "/futureq.FutureQCluster/JoinMetadata"
-                | "/futureq.FutureQCluster/LeaveMetadata" => {
-                    cluster::standalone_membership(call).await
-                }
+                | "/futureq.FutureQCluster/LeaveMetadata" => match &ctx.cluster {
+                    Some(c) => cluster::membership(c, call, out).await,
+                    None => cluster::standalone_membership(call).await,
+                },
                 "/grpc.health.v1.Health/Check" => cluster::health_check(&ctx, call, out).await,
                 path => Status::new(Code::Unimplemented, format!("unknown method {path}")),
             }

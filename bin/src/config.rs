@@ -141,6 +141,7 @@ pub struct Metrics {
 #[allow(missing_docs)]
 pub struct Runtime {
     pub cores: u32,
+    pub raft_core: u32,
 }
 
 impl Default for Config {
@@ -205,7 +206,10 @@ impl Default for Config {
                     listen: "127.0.0.1:9090".into(),
                 },
             },
-            runtime: Runtime { cores: 0 },
+            runtime: Runtime {
+                cores: 0,
+                raft_core: 0,
+            },
         }
     }
 }
@@ -297,6 +301,37 @@ pub struct Settings {
     pub log_level: String,
     pub metrics_listen: Option<SocketAddr>,
     pub cores: u32,
+    pub raft_core: u32,
+    /// Present when `cluster.enabled`.
+    pub cluster: Option<ClusterSettings>,
+}
+
+/// Validated `cluster.*` settings.
+#[derive(Debug, Clone)]
+#[allow(missing_docs)]
+pub struct ClusterSettings {
+    pub node_id: u64,
+    pub shard_id: u64,
+    pub join_seeds: Vec<String>,
+    pub raft_listen: SocketAddr,
+    pub raft_advertise: String,
+    pub data_dir: PathBuf,
+    pub initial_members: BTreeMap<u64, String>,
+    pub rtt: Duration,
+    pub snapshot_entries: u64,
+    pub compaction_overhead: u64,
+}
+
+/// A `host:port` other nodes or clients can dial (no wildcard address).
+fn dialable(key: &str, v: &str) -> Result<(), ConfigError> {
+    let a = addr(key, v)?;
+    if a.ip().is_unspecified() {
+        return err(
+            key,
+            format!("{v:?} must not be a wildcard address (0.0.0.0 or ::)"),
+        );
+    }
+    Ok(())
 }
 
 fn addr(key: &str, v: &str) -> Result<SocketAddr, ConfigError> {
@@ -353,12 +388,6 @@ impl Config {
         let max_send_message_len = size("api.grpc.maxSendMessageSize", &g.max_send_message_size)?;
         let keepalive_timeout = dur("api.grpc.keepaliveTimeout", &g.keepalive_timeout)?;
         let c = &self.cluster;
-        if c.enabled {
-            return err(
-                "cluster.enabled",
-                "clustering is not available in this build yet; run standalone (cluster.enabled: false)",
-            );
-        }
         if !c.join_seeds.is_empty() && !c.raft.initial_members.is_empty() {
             return err(
                 "cluster.joinSeeds",
@@ -378,6 +407,11 @@ impl Config {
                 "must be greater than zero",
             );
         }
+        let cluster = if c.enabled {
+            Some(self.cluster_settings(rtt)?)
+        } else {
+            None
+        };
         let memory_storage = match self.storage.mode.as_str() {
             "disk" => false,
             "memory" => true,
@@ -486,6 +520,68 @@ impl Config {
             log_level: level.to_owned(),
             metrics_listen,
             cores: self.runtime.cores,
+            raft_core: self.runtime.raft_core,
+            cluster,
+        })
+    }
+
+    /// Validates `cluster.*` for a clustered node.
+    fn cluster_settings(&self, rtt: Duration) -> Result<ClusterSettings, ConfigError> {
+        let c = &self.cluster;
+        if self.api.grpc.advertise.is_empty() {
+            return err(
+                "api.grpc.advertise",
+                "is required when cluster.enabled (the address clients are sent to)",
+            );
+        }
+        if c.node_id == 0 {
+            return err("cluster.nodeId", "must not be 0 when cluster.enabled");
+        }
+        if c.shard_id == 0 {
+            return err("cluster.shardId", "must not be 0 when cluster.enabled");
+        }
+        let raft_listen = addr("cluster.raft.listen", &c.raft.listen)?;
+        if c.raft.advertise.is_empty() {
+            return err(
+                "cluster.raft.advertise",
+                "is required when cluster.enabled (the address peers dial)",
+            );
+        }
+        dialable("cluster.raft.advertise", &c.raft.advertise)?;
+        if c.raft.data_dir.trim().is_empty() {
+            return err("cluster.raft.dataDir", "must not be empty");
+        }
+        for (id, a) in &c.raft.initial_members {
+            if *id == 0 {
+                return err("cluster.raft.initialMembers", "node ids must not be 0");
+            }
+            dialable("cluster.raft.initialMembers", a)?;
+        }
+        if !c.raft.initial_members.is_empty()
+            && c.raft.initial_members.get(&c.node_id) != Some(&c.raft.advertise)
+        {
+            return err(
+                "cluster.raft.initialMembers",
+                format!(
+                    "must map this node (cluster.nodeId {}) to cluster.raft.advertise {:?}",
+                    c.node_id, c.raft.advertise
+                ),
+            );
+        }
+        for s in &c.join_seeds {
+            dialable("cluster.joinSeeds", s)?;
+        }
+        Ok(ClusterSettings {
+            node_id: c.node_id,
+            shard_id: c.shard_id,
+            join_seeds: c.join_seeds.clone(),
+            raft_listen,
+            raft_advertise: c.raft.advertise.clone(),
+            data_dir: PathBuf::from(&c.raft.data_dir),
+            initial_members: c.raft.initial_members.clone(),
+            rtt,
+            snapshot_entries: c.raft.snapshot_entries,
+            compaction_overhead: c.raft.compaction_overhead,
         })
     }
 }
@@ -634,6 +730,34 @@ mod tests {
         let example: Value = serde_yaml::from_str(text).unwrap();
         assert_eq!(example, serde_yaml::to_value(Config::default()).unwrap());
         assert!(Config::default().validate().is_ok());
+    }
+
+    #[test]
+    fn cluster_settings_are_checked() {
+        let base = "configVersion: 1\napi:\n  grpc:\n    advertise: 127.0.0.1:8443\ncluster:\n  enabled: true\n  nodeId: 2\n  raft:\n    advertise: 127.0.0.2:50005\n";
+        let ok = load_str(
+            &format!(
+                "{base}    initialMembers: {{1: \"127.0.0.1:50005\", 2: \"127.0.0.2:50005\"}}\n"
+            ),
+            &no_env,
+        )
+        .unwrap();
+        let c = ok.cluster.unwrap();
+        assert_eq!(c.node_id, 2);
+        assert_eq!(c.initial_members.len(), 2);
+        assert_eq!(c.rtt, Duration::from_millis(200));
+        for (yaml, fragment) in [
+            ("configVersion: 1\ncluster:\n  enabled: true\n  raft:\n    advertise: 127.0.0.2:1\n", "api.grpc.advertise"),
+            (&format!("{base}    initialMembers: {{1: \"127.0.0.1:50005\"}}\n"), "must map this node"),
+            (&format!("{base}    initialMembers: {{0: \"127.0.0.1:50005\"}}\n"), "must not be 0"),
+            (&format!("{base}    initialMembers: {{2: \"0.0.0.0:50005\"}}\n"), "wildcard"),
+            (&base.replace("127.0.0.2:50005", "0.0.0.0:50005"), "cluster.raft.advertise"),
+            (&base.replace("nodeId: 2", "nodeId: 0"), "nodeId"),
+            (&format!("{base}  joinSeeds: [nohost]\n").replace("  raft:\n    advertise: 127.0.0.2:50005\n  joinSeeds", "  joinSeeds").replace("]\n", "]\n  raft:\n    advertise: 127.0.0.2:50005\n"), "cluster.joinSeeds"),
+        ] {
+            let e = load_str(yaml, &no_env).unwrap_err().to_string();
+            assert!(e.contains(fragment), "{yaml}: {e}");
+        }
     }
 
     #[test]

@@ -12,10 +12,12 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futureq_core::hub::{ConsumerId, Delivery, Hub, HubConfig, Sink, Subscription};
 use futureq_core::EventKey;
 use futureq_net::Shutdown;
+use futureq_raft::node::WriteError;
 use futureq_storage::StoreService;
 use futures::channel::oneshot;
 use futures_lite::future;
 
+use crate::cluster::{Cluster, RaftReq};
 use crate::metrics::Metrics;
 
 /// Capacity of the dispatcher's command queue.
@@ -98,11 +100,15 @@ pub struct DispatcherConfig {
     pub hub: HubConfig,
     /// `delivery.deleteBatchInterval`.
     pub delete_interval: Duration,
+    /// How long a replicated delete may take (`publish.proposalTimeout`).
+    pub delete_timeout: Duration,
 }
 
 struct Dispatcher {
     hub: Hub<ConsumerSink>,
     store: StoreService,
+    cluster: Option<Arc<Cluster>>,
+    delete_timeout: Duration,
     tx: flume::Sender<HubCmd>,
     metrics: Arc<Metrics>,
     flushing: bool,
@@ -159,9 +165,15 @@ impl Dispatcher {
         self.metrics.delete_batch_size.observe(batch.len() as f64);
         let store = self.store.clone();
         let tx = self.tx.clone();
+        let cluster = self.cluster.clone();
+        let timeout = self.delete_timeout;
         glommio::spawn_local(async move {
-            let committed = match store.delete(batch).await {
-                Ok(_) => true,
+            let result = match cluster {
+                Some(c) => delete_replicated(&c, batch, timeout).await,
+                None => store.delete(batch).await.map(drop).map_err(|e| e.to_string()),
+            };
+            let committed = match result {
+                Ok(()) => true,
                 Err(e) => {
                     tracing::error!(target: "deleter", error = %e, "delete flush failed; will retry");
                     false
@@ -213,18 +225,50 @@ impl Dispatcher {
     }
 }
 
+/// Deletes keys through the Raft log. A node that no longer leads drops them: the new
+/// leader redelivers what it still holds (at least once), and deleting is its job now.
+async fn delete_replicated(
+    cluster: &Cluster,
+    keys: Vec<EventKey>,
+    timeout: Duration,
+) -> Result<(), String> {
+    let (reply, rx) = oneshot::channel();
+    let req = RaftReq::Delete {
+        keys,
+        deadline: Instant::now() + timeout,
+        reply,
+    };
+    cluster
+        .tx
+        .send_async(req)
+        .await
+        .map_err(|_| "the Raft core stopped".to_owned())?;
+    match rx.await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(WriteError::NotLeader { leader })) => {
+            tracing::debug!(target: "deleter", ?leader, "not the leader any more: dropping pending deletes");
+            Ok(())
+        }
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("the Raft core stopped".to_owned()),
+    }
+}
+
 /// Runs the dispatcher until shutdown, then flushes the pending deletes.
 pub async fn run(
     cfg: DispatcherConfig,
     rx: flume::Receiver<HubCmd>,
     tx: flume::Sender<HubCmd>,
     store: StoreService,
+    cluster: Option<Arc<Cluster>>,
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
 ) {
     let mut d = Dispatcher {
         hub: Hub::new(cfg.hub),
         store,
+        cluster,
+        delete_timeout: cfg.delete_timeout,
         tx,
         metrics,
         flushing: false,
@@ -315,14 +359,38 @@ pub async fn run(
     tracing::info!(target: "dispatcher", pending_deletes = d.hub.pending_deletes(), "dispatcher stopped");
 }
 
+/// One sweep step in a cluster: the leader reads expired keys from its replica and deletes
+/// them through the log (every replica's apply tells its dispatcher). Followers do nothing.
+async fn sweep_replicated(
+    cluster: &Cluster,
+    store: &StoreService,
+    timeout: Duration,
+) -> Result<Vec<EventKey>, String> {
+    if !cluster.state.view().leading {
+        return Ok(Vec::new());
+    }
+    let s = store.store().clone();
+    let now = now_ms();
+    let keys = glommio::executor()
+        .spawn_blocking(move || s.expired_keys(now, SWEEP_BATCH_MAX))
+        .await
+        .map_err(|e| e.to_string())?;
+    if !keys.is_empty() {
+        delete_replicated(cluster, keys.clone(), timeout).await?;
+    }
+    Ok(keys)
+}
+
 /// Deletes expired messages every `interval` (expiry index: no full scan) and tells the
 /// dispatcher which keys went away.
 pub async fn sweep_ttl(
     interval: Duration,
     store: StoreService,
+    cluster: Option<Arc<Cluster>>,
     tx: flume::Sender<HubCmd>,
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
+    timeout: Duration,
 ) {
     loop {
         let stop = future::or(
@@ -340,13 +408,23 @@ pub async fn sweep_ttl(
             return;
         }
         loop {
-            match store.sweep_expired(now_ms(), SWEEP_BATCH_MAX).await {
+            let swept = match &cluster {
+                Some(c) => sweep_replicated(c, &store, timeout).await,
+                None => store
+                    .sweep_expired(now_ms(), SWEEP_BATCH_MAX)
+                    .await
+                    .map_err(|e| e.to_string()),
+            };
+            match swept {
                 Ok(keys) => {
                     let n = keys.len();
                     if n > 0 {
                         metrics.messages_expired.add(&["sweeper"], n as u64);
                         tracing::info!(target: "ttl_sweeper", expired = n, "deleted expired messages");
-                        let _ = tx.send_async(HubCmd::Expired(keys)).await;
+                        // In a cluster the apply hook tells the dispatcher.
+                        if cluster.is_none() {
+                            let _ = tx.send_async(HubCmd::Expired(keys)).await;
+                        }
                     }
                     if n < SWEEP_BATCH_MAX {
                         break;

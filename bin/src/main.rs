@@ -4,6 +4,7 @@
 //! cluster to remove this node (clustered mode only).
 
 mod broker;
+mod cluster;
 mod config;
 mod dispatcher;
 mod metrics;
@@ -75,15 +76,19 @@ fn main() {
     init_tracing(&settings.log_level);
     let result = match cli.cmd {
         Command::Start { join } => {
-            if join.is_empty() {
-                start(settings)
-            } else {
-                Err(anyhow::anyhow!("--join needs clustering (cluster.enabled: true), which this build does not have yet"))
+            let mut settings = settings;
+            match (&mut settings.cluster, join.is_empty()) {
+                (_, true) => start(settings),
+                (Some(c), false) => {
+                    c.join_seeds = join;
+                    start(settings)
+                }
+                (None, false) => Err(anyhow::anyhow!(
+                    "--join needs a clustered node (cluster.enabled: true)"
+                )),
             }
         }
-        Command::Leave { seed: _ } => Err(anyhow::anyhow!(
-            "leave needs a clustered node (cluster.enabled: true); this node runs standalone"
-        )),
+        Command::Leave { seed } => leave(&settings, &seed),
     };
     if let Err(e) = result {
         tracing::error!(target: "app", "{e:#}");
@@ -92,9 +97,46 @@ fn main() {
     }
 }
 
+/// `futureq leave --seed`: asks the cluster (through `seed`, its leader) to remove this node
+/// from the event shard and then the metadata group.
+fn leave(settings: &Settings, seed: &str) -> anyhow::Result<()> {
+    use futureq_net::pb::{LeaveRequest, LeaveResponse};
+    let Some(c) = &settings.cluster else {
+        bail!("leave needs a clustered node (cluster.enabled: true); this node runs standalone");
+    };
+    runtime::raise_memlock(1)?;
+    let (node_id, seed_owned) = (c.node_id, seed.to_owned());
+    let outcome = LocalExecutorBuilder::new(Placement::Unbound)
+        .io_memory(runtime::IO_MEMORY_PER_EXECUTOR)
+        .spawn(move || async move {
+            futureq_net::grpc::client::unary::<_, LeaveResponse>(
+                &seed_owned,
+                "/futureq.FutureQCluster/LeaveCluster",
+                &LeaveRequest { node_id },
+                Duration::from_secs(30),
+            )
+            .await
+        })
+        .map_err(|e| anyhow::anyhow!("starting the client executor: {e}"))?
+        .join()
+        .map_err(|e| anyhow::anyhow!("client executor failed: {e}"))?;
+    match outcome {
+        Ok(r) if r.success => {
+            println!(
+                "node {node_id} left the cluster; its Raft data ({}) may be deleted",
+                c.data_dir.display()
+            );
+            Ok(())
+        }
+        Ok(r) => bail!("the cluster refused: {}", r.error_message),
+        Err(s) => bail!("LeaveCluster on {seed} failed: {:?}: {}", s.code, s.message),
+    }
+}
+
 fn init_tracing(level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+        // openraft logs every vote at info and every failed heartbeat to a down peer at warn.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{level},openraft=error")));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -161,6 +203,13 @@ fn start(settings: Settings) -> anyhow::Result<()> {
     } else {
         settings.cores as usize
     };
+    if settings.cluster.is_some() && settings.raft_core as usize >= cores {
+        bail!(
+            "runtime.raftCore {} is not one of the {cores} executors (0..{})",
+            settings.raft_core,
+            cores - 1
+        );
+    }
     let memlock = runtime::raise_memlock(cores)?;
     tracing::debug!(target: "app", memlock, cores, "runtime limits");
 
@@ -179,6 +228,15 @@ fn start(settings: Settings) -> anyhow::Result<()> {
     )
     .with_context(|| format!("opening storage ({mode:?})"))?;
     let next_id = Arc::new(AtomicU64::new(store.last_id_at_open() + 1));
+    let (cluster, raft_rx) = match settings.cluster {
+        Some(_) => {
+            let (c, rx) = cluster::Cluster::new();
+            (Some(c), Some(rx))
+        }
+        None => (None, None),
+    };
+    let mut raft_rx = raft_rx;
+    let dispatcher_done = Shutdown::new();
     let metrics = Arc::new(Metrics::default());
     let shutdown = Shutdown::new();
     install_signals(shutdown.clone())?;
@@ -188,14 +246,21 @@ fn start(settings: Settings) -> anyhow::Result<()> {
     let mut hub_rx = Some(hub_rx);
     for core in 0..cores {
         let cpu = cpus[core % cpus.len()];
-        let ctx_parts = (
-            Arc::clone(&settings),
-            store.clone(),
-            hub_tx.clone(),
-            Arc::clone(&metrics),
-            shutdown.clone(),
-            Arc::clone(&next_id),
-        );
+        let ctx_parts = CtxParts {
+            settings: Arc::clone(&settings),
+            store: store.clone(),
+            hub: hub_tx.clone(),
+            metrics: Arc::clone(&metrics),
+            shutdown: shutdown.clone(),
+            next_id: Arc::clone(&next_id),
+            cluster: cluster.clone(),
+            raft_rx: if core == settings.raft_core as usize {
+                raft_rx.take()
+            } else {
+                None
+            },
+            dispatcher_done: dispatcher_done.clone(),
+        };
         let hub_rx = if core == 0 { hub_rx.take() } else { None };
         let ready = ready_tx.clone();
         let h = LocalExecutorBuilder::new(Placement::Fixed(cpu))
@@ -226,7 +291,8 @@ fn start(settings: Settings) -> anyhow::Result<()> {
         metrics = ?settings.metrics_listen.map(|a| a.to_string()),
         storage = ?mode,
         cores,
-        "futureq serving (standalone)"
+        mode = if settings.cluster.is_some() { "clustered" } else { "standalone" },
+        "futureq serving"
     );
     for h in handles {
         if let Err(e) = h.join() {
@@ -239,22 +305,41 @@ fn start(settings: Settings) -> anyhow::Result<()> {
     Ok(())
 }
 
-type CtxParts = (
-    Arc<Settings>,
-    StoreService,
-    flume::Sender<HubCmd>,
-    Arc<Metrics>,
-    Shutdown,
-    Arc<AtomicU64>,
-);
+/// What each executor starts with.
+struct CtxParts {
+    settings: Arc<Settings>,
+    store: StoreService,
+    hub: flume::Sender<HubCmd>,
+    metrics: Arc<Metrics>,
+    shutdown: Shutdown,
+    next_id: Arc<AtomicU64>,
+    cluster: Option<Arc<cluster::Cluster>>,
+    /// The Raft core's request queue (on that core only).
+    raft_rx: Option<flume::Receiver<cluster::RaftReq>>,
+    /// Fires when the dispatcher stopped (its last deletes are through).
+    dispatcher_done: Shutdown,
+}
 
-/// One executor: its gRPC listener, and on core 0 the dispatcher, TTL sweeper and metrics.
+/// One executor: its gRPC listener; on core 0 the dispatcher, TTL sweeper and metrics; on the
+/// Raft core (clustered) both Raft groups.
+#[allow(clippy::too_many_lines)]
 async fn core_main(
     core: usize,
-    (settings, store, hub, metrics, shutdown, next_id): CtxParts,
+    parts: CtxParts,
     hub_rx: Option<flume::Receiver<HubCmd>>,
     ready: std::sync::mpsc::Sender<Result<(), String>>,
 ) {
+    let CtxParts {
+        settings,
+        store,
+        hub,
+        metrics,
+        shutdown,
+        next_id,
+        cluster,
+        raft_rx,
+        dispatcher_done,
+    } = parts;
     let listener = match glommio::net::TcpListener::bind(settings.grpc_listen) {
         Ok(l) => l,
         Err(e) => {
@@ -266,6 +351,33 @@ async fn core_main(
         }
     };
     let mut background = Vec::new();
+    if let (Some(rx), Some(c), Some(cfg)) = (raft_rx, &cluster, &settings.cluster) {
+        let node = match cluster::start(
+            cfg,
+            &settings.grpc_advertise,
+            store.store().clone(),
+            hub.clone(),
+        )
+        .await
+        {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = ready.send(Err(format!("cluster: {e}")));
+                return;
+            }
+        };
+        background.push(glommio::spawn_local(cluster::serve(
+            node,
+            cfg.clone(),
+            settings.grpc_advertise.clone(),
+            Arc::clone(c),
+            rx,
+            store.store().clone(),
+            shutdown.clone(),
+            dispatcher_done.clone(),
+            Arc::clone(&metrics),
+        )));
+    }
     if let Some(rx) = hub_rx {
         if let Some(addr) = settings.metrics_listen {
             match glommio::net::TcpListener::bind(addr) {
@@ -294,22 +406,30 @@ async fn core_main(
                 lookahead_ms: i64::try_from(settings.read_ahead.as_millis()).unwrap_or(i64::MAX),
             },
             delete_interval: settings.delete_batch_interval,
+            delete_timeout: settings.proposal_timeout,
         };
         background.push(glommio::spawn_local(dispatcher::sweep_ttl(
             settings.ttl_sweep_interval,
             store.clone(),
+            cluster.clone(),
             hub.clone(),
             Arc::clone(&metrics),
             shutdown.clone(),
+            settings.proposal_timeout,
         )));
-        background.push(glommio::spawn_local(dispatcher::run(
+        let run = dispatcher::run(
             cfg,
             rx,
             hub.clone(),
             store.clone(),
+            cluster.clone(),
             Arc::clone(&metrics),
             shutdown.clone(),
-        )));
+        );
+        background.push(glommio::spawn_local(async move {
+            run.await;
+            dispatcher_done.trigger();
+        }));
     }
     let server_cfg = ServerConfig {
         max_recv_message_len: settings.max_recv_message_len,
@@ -325,6 +445,7 @@ async fn core_main(
         metrics,
         shutdown: shutdown.clone(),
         next_id,
+        cluster,
     });
     let _ = ready.send(Ok(()));
     tracing::debug!(target: "app", core, "executor serving");

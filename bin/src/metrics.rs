@@ -143,6 +143,14 @@ pub struct Metrics {
     pub pending_deletes: AtomicI64,
     pub store_commits: AtomicU64,
     pub store_commit_ops: AtomicU64,
+    /// Clustered mode: the Raft gauges below are exported.
+    pub clustered: std::sync::atomic::AtomicBool,
+    pub raft_term: AtomicU64,
+    pub raft_is_leader: AtomicU64,
+    pub raft_applied_index: AtomicU64,
+    pub raft_last_log_index: AtomicU64,
+    pub raft_purged_index: AtomicU64,
+    pub raft_leader_changes: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -170,6 +178,13 @@ impl Default for Metrics {
             pending_deletes: AtomicI64::new(0),
             store_commits: AtomicU64::new(0),
             store_commit_ops: AtomicU64::new(0),
+            clustered: std::sync::atomic::AtomicBool::new(false),
+            raft_term: AtomicU64::new(0),
+            raft_is_leader: AtomicU64::new(0),
+            raft_applied_index: AtomicU64::new(0),
+            raft_last_log_index: AtomicU64::new(0),
+            raft_purged_index: AtomicU64::new(0),
+            raft_leader_changes: AtomicU64::new(0),
         }
     }
 }
@@ -227,6 +242,48 @@ impl Metrics {
                 "futureq_publish_latency_ms",
                 &format!("ack_level=\"{l}\""),
             );
+        }
+        if self.clustered.load(r) {
+            for (name, kind, help, v) in [
+                (
+                    "futureq_raft_term",
+                    "gauge",
+                    "Current term of the event shard.",
+                    &self.raft_term,
+                ),
+                (
+                    "futureq_raft_is_leader",
+                    "gauge",
+                    "1 while this node leads the event shard and takes clients.",
+                    &self.raft_is_leader,
+                ),
+                (
+                    "futureq_raft_applied_index",
+                    "gauge",
+                    "Last event-shard log index applied to the store.",
+                    &self.raft_applied_index,
+                ),
+                (
+                    "futureq_raft_last_log_index",
+                    "gauge",
+                    "Last index in this node's event-shard log.",
+                    &self.raft_last_log_index,
+                ),
+                (
+                    "futureq_raft_purged_index",
+                    "gauge",
+                    "Event-shard log entries up to this index were compacted into a snapshot.",
+                    &self.raft_purged_index,
+                ),
+                (
+                    "futureq_raft_leader_changes_total",
+                    "counter",
+                    "Times this node gained or lost event-shard leadership.",
+                    &self.raft_leader_changes,
+                ),
+            ] {
+                scalar(&mut o, name, kind, help, v.load(r));
+            }
         }
         scalar(
             &mut o,

@@ -9,6 +9,14 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(e) = decode_entry(data) {
         assert_eq!(decode_entry(&encode_entry(&e)).ok(), Some(e));
     }
+    if let Ok((meta, rest)) = futureq_raft::codec::decode_snapshot_meta(data) {
+        let again = futureq_raft::codec::encode_snapshot_meta(&meta, rest);
+        let (m2, r2) = futureq_raft::codec::decode_snapshot_meta(&again).expect("re-decodes");
+        assert_eq!((m2.last_log_id, r2), (meta.last_log_id, rest));
+    }
+    if let Some(f) = futureq_raft::node::Forward::decode(data) {
+        assert_eq!(futureq_raft::node::Forward::decode(&f.encode()), Some(f));
+    }
     if let Ok(v) = decode_vote(data) {
         assert_eq!(encode_vote(&v), data);
     }

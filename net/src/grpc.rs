@@ -1,5 +1,6 @@
 //! gRPC over HTTP/2: framing, status codes and the server.
 
+pub mod client;
 pub mod codec;
 pub mod server;
 pub mod status;

@@ -5,7 +5,7 @@
 //!
 //!   cargo run --release -p futureq-raft --example cluster_bench
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -92,7 +92,7 @@ fn main() {
             .expect("log");
             let sm = EventStateMachine::new(
                 Store::open(&StoreMode::Memory).expect("store"),
-                Rc::new(|_| {}),
+                Rc::new(|_, _| {}),
             );
             let raft = Raft::new(
                 id,
@@ -104,10 +104,9 @@ fn main() {
             .await
             .expect("raft");
             let stop = Shutdown::new();
-            let groups = Rc::new(HashMap::from([(1u8, raft.clone())]));
             glommio::spawn_local(serve_peers(
                 listener,
-                raft_handler(groups),
+                raft_handler(1, raft.clone()),
                 PEER_FRAME_MAX,
                 stop.clone(),
             ))

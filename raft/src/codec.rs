@@ -316,6 +316,56 @@ pub fn decode_vote(b: &[u8]) -> Result<Vote, CodecError> {
     Ok(v)
 }
 
+/// Appends `part` with a u32 LE length prefix.
+pub fn put_part(out: &mut Vec<u8>, part: &[u8]) {
+    out.extend_from_slice(&u32::try_from(part.len()).unwrap_or(u32::MAX).to_le_bytes());
+    out.extend_from_slice(part);
+}
+
+/// Takes one length-prefixed part off the front of `rest`.
+///
+/// # Errors
+/// [`CodecError`] if `rest` is shorter than the prefix says.
+pub fn take_part<'a>(rest: &mut &'a [u8], what: &'static str) -> Result<&'a [u8], CodecError> {
+    let (len, tail) = rest
+        .split_first_chunk::<4>()
+        .ok_or_else(|| CodecError::truncated(what))?;
+    let n = u32::from_le_bytes(*len) as usize;
+    if tail.len() < n {
+        return Err(CodecError::truncated(what));
+    }
+    let (part, tail) = tail.split_at(n);
+    *rest = tail;
+    Ok(part)
+}
+
+/// Encodes snapshot metadata (`last_log_id`, `last_membership`) followed by the data.
+#[must_use]
+pub fn encode_snapshot_meta(meta: &crate::state_machine::Meta, data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + data.len());
+    put_part(&mut out, &encode_log_id(meta.last_log_id.as_ref()));
+    put_part(&mut out, &encode_membership(&meta.last_membership));
+    out.extend_from_slice(data);
+    out
+}
+
+/// Decodes what [`encode_snapshot_meta`] wrote: the metadata and the data.
+///
+/// # Errors
+/// [`CodecError`] for truncated or malformed bytes.
+pub fn decode_snapshot_meta(b: &[u8]) -> Result<(crate::state_machine::Meta, &[u8]), CodecError> {
+    let mut rest = b;
+    let id = take_part(&mut rest, "snapshot meta")?;
+    let m = take_part(&mut rest, "snapshot meta")?;
+    Ok((
+        crate::state_machine::Meta {
+            last_log_id: decode_log_id(id)?,
+            last_membership: decode_membership(m)?,
+        },
+        rest,
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -395,5 +445,35 @@ mod tests {
         b[25] = 2;
         b.extend_from_slice(&u32::MAX.to_le_bytes());
         assert!(decode_entry(&b).is_err());
+    }
+
+    #[test]
+    fn parts_and_snapshot_meta_round_trip_and_reject_truncation() {
+        let meta = crate::state_machine::Meta {
+            last_log_id: Some(LogId {
+                leader_id: LeaderId {
+                    term: 4,
+                    node_id: 2,
+                },
+                index: 99,
+            }),
+            last_membership: StoredMembership::default(),
+        };
+        let bytes = encode_snapshot_meta(&meta, b"data");
+        let (m, d) = decode_snapshot_meta(&bytes).unwrap();
+        assert_eq!(m.last_log_id, meta.last_log_id);
+        assert_eq!(d, b"data");
+        for cut in 0..bytes.len() - 4 {
+            assert!(
+                decode_snapshot_meta(&bytes[..cut]).is_err(),
+                "truncated at {cut}"
+            );
+        }
+        let mut out = Vec::new();
+        put_part(&mut out, b"ab");
+        let mut rest = &out[..];
+        assert_eq!(take_part(&mut rest, "x").unwrap(), b"ab");
+        assert!(rest.is_empty());
+        assert!(take_part(&mut &[9, 0, 0, 0, 1][..], "x").is_err());
     }
 }

@@ -30,6 +30,7 @@ pub mod codec;
 pub mod log_store;
 pub mod metadata_sm;
 pub mod network;
+pub mod node;
 pub mod rpc;
 pub mod rt;
 pub mod state_machine;

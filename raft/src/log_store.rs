@@ -201,6 +201,7 @@ impl<I: LogIo + 'static> RaftLogStorage<TypeConfig> for LogStore<I> {
             .into_iter()
             .map(|e| (e.log_id.leader_id.term, e.log_id.index, encode_entry(&e)))
             .collect();
+        tracing::trace!(target: "raft.log", first = ?records.first().map(|r| r.1), n = records.len(), bounds = ?self.shared.log.bounds(), "append");
         self.shared
             .log
             .append(
@@ -211,6 +212,7 @@ impl<I: LogIo + 'static> RaftLogStorage<TypeConfig> for LogStore<I> {
     }
 
     async fn truncate_after(&mut self, last_log_id: Option<RaftLogId>) -> Result<(), io::Error> {
+        tracing::trace!(target: "raft.log", ?last_log_id, bounds = ?self.shared.log.bounds(), "truncate_after");
         let from = match last_log_id {
             Some(id) => id.index + 1,
             None => match self.shared.log.bounds() {
@@ -222,6 +224,7 @@ impl<I: LogIo + 'static> RaftLogStorage<TypeConfig> for LogStore<I> {
     }
 
     async fn purge(&mut self, log_id: RaftLogId) -> Result<(), io::Error> {
+        tracing::trace!(target: "raft.log", ?log_id, bounds = ?self.shared.log.bounds(), "purge");
         // Persist the marker first: after a crash nothing at or below it is served again.
         self.shared
             .purged_file

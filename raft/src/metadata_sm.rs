@@ -14,9 +14,15 @@ use futures::StreamExt;
 use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{EntryPayload, StoredMembership};
 
-use crate::codec::{RaftLogId, RaftMembership};
+use std::path::{Path, PathBuf};
+
+use crate::codec::{decode_snapshot_meta, encode_snapshot_meta, RaftLogId, RaftMembership};
 use crate::state_machine::{CurrentSnapshot, EventSnapshot, Meta};
 use crate::types::TypeConfig;
+
+fn io_err(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(e.to_string())
+}
 
 #[derive(Default)]
 struct Inner {
@@ -26,10 +32,68 @@ struct Inner {
 }
 
 /// The metadata state machine (cheap to clone; clones share the state).
+///
+/// With a directory, every snapshot it builds or installs is also written there (durably,
+/// before the log behind it may be purged) and loaded again at start: the state is in memory
+/// only, so the snapshot file plus the log are what rebuild it.
 #[derive(Clone, Default)]
-pub struct MetaStateMachine(Rc<RefCell<Inner>>, CurrentSnapshot);
+pub struct MetaStateMachine(Rc<RefCell<Inner>>, CurrentSnapshot, Option<PathBuf>);
+
+/// File name of the persisted metadata snapshot.
+pub const SNAPSHOT_FILE: &str = "snapshot";
+
+/// Writes `bytes` to `dir/name` atomically and durably (temp file, fsync, rename, fsync dir).
+fn write_durably(dir: &Path, name: &str, bytes: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    let tmp = dir.join(format!("{name}.tmp"));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, dir.join(name))?;
+    std::fs::File::open(dir)?.sync_all()
+}
 
 impl MetaStateMachine {
+    /// A state machine that persists its snapshots in `dir` and starts from the one found
+    /// there.
+    ///
+    /// # Errors
+    /// The snapshot file cannot be read or does not decode.
+    pub fn open(dir: PathBuf) -> io::Result<Self> {
+        let sm = MetaStateMachine(Rc::default(), CurrentSnapshot::default(), Some(dir.clone()));
+        match std::fs::read(dir.join(SNAPSHOT_FILE)) {
+            Ok(bytes) => {
+                let (meta, data) = decode_snapshot_meta(&bytes).map_err(io_err)?;
+                sm.restore(&meta, data.to_vec())?;
+                tracing::info!(target: "raft.metadata", last_log_id = ?meta.last_log_id, "metadata restored from its snapshot");
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        Ok(sm)
+    }
+
+    fn restore(&self, meta: &Meta, data: Vec<u8>) -> io::Result<()> {
+        let state = MetaState::restore(&data).map_err(io_err)?;
+        let mut inner = self.0.borrow_mut();
+        inner.state = state;
+        inner.applied = meta.last_log_id;
+        inner.membership = meta.last_membership.clone();
+        self.1.set(meta.clone(), data);
+        Ok(())
+    }
+
+    /// Persists a snapshot (when this machine has a directory), off the reactor.
+    async fn persist(&self, meta: &Meta, data: &[u8]) -> io::Result<()> {
+        let Some(dir) = self.2.clone() else {
+            return Ok(());
+        };
+        let bytes = encode_snapshot_meta(meta, data);
+        glommio::executor()
+            .spawn_blocking(move || write_durably(&dir, SNAPSHOT_FILE, &bytes))
+            .await
+    }
+
     /// A copy of the current metadata (what `GetClusterInfo` answers from).
     #[must_use]
     pub fn state(&self) -> MetaState {
@@ -41,12 +105,16 @@ impl RaftSnapshotBuilder<TypeConfig> for MetaStateMachine {
     type SnapshotData = Cursor<Vec<u8>>;
 
     async fn build_snapshot(&mut self) -> Result<EventSnapshot, io::Error> {
-        let inner = self.0.borrow();
-        let meta = Meta {
-            last_log_id: inner.applied,
-            last_membership: inner.membership.clone(),
+        let (meta, data) = {
+            let inner = self.0.borrow();
+            let meta = Meta {
+                last_log_id: inner.applied,
+                last_membership: inner.membership.clone(),
+            };
+            (meta, inner.state.snapshot())
         };
-        let data = inner.state.snapshot();
+        // Durable before openraft may purge the log behind it.
+        self.persist(&meta, &data).await?;
         Ok(self.1.set(meta, data))
     }
 }
@@ -101,13 +169,10 @@ impl RaftStateMachine<TypeConfig> for MetaStateMachine {
         snapshot: Self::SnapshotData,
     ) -> Result<(), io::Error> {
         let data = snapshot.into_inner();
-        let state = MetaState::restore(&data).map_err(|e| io::Error::other(e.to_string()))?;
-        let mut inner = self.0.borrow_mut();
-        inner.state = state;
-        inner.applied = meta.last_log_id;
-        inner.membership = meta.last_membership.clone();
-        self.1.set(meta.clone(), data);
-        Ok(())
+        // Validate before anything changes, persist, then switch.
+        MetaState::restore(&data).map_err(io_err)?;
+        self.persist(meta, &data).await?;
+        self.restore(meta, data)
     }
 
     async fn get_current_snapshot(&mut self) -> Result<Option<EventSnapshot>, io::Error> {

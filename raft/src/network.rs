@@ -22,9 +22,7 @@ use openraft::raft::{
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{BasicNode, RaftNetworkV2};
 
-use crate::codec::{
-    decode_log_id, decode_membership, encode_log_id, encode_membership, CodecError,
-};
+use crate::codec::{decode_snapshot_meta, encode_snapshot_meta, put_part, take_part, CodecError};
 use crate::rpc::{
     decode_append, decode_append_response, decode_snapshot_response, decode_vote_request,
     decode_vote_response, encode_append, encode_append_response, encode_snapshot_response,
@@ -36,6 +34,8 @@ use crate::types::{TypeConfig, Vote};
 
 /// Largest frame on a peer link (bounds a snapshot until chunking lands).
 pub const PEER_FRAME_MAX: usize = 256 << 20;
+/// Timeout of a snapshot transfer (one frame of up to [`PEER_FRAME_MAX`]).
+pub const SNAPSHOT_RPC_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn unreachable(e: impl std::fmt::Display) -> Unreachable<TypeConfig> {
     Unreachable::from_string(e.to_string())
@@ -59,6 +59,27 @@ impl PeerNetwork {
             clients: Rc::default(),
         }
     }
+
+    /// The same links (one connection per peer), for another group.
+    #[must_use]
+    pub fn for_group(&self, group: u8) -> Self {
+        PeerNetwork {
+            group,
+            timeout: self.timeout,
+            clients: Rc::clone(&self.clients),
+        }
+    }
+
+    /// The link to `addr` (created on first use).
+    #[must_use]
+    pub fn client(&self, addr: SocketAddr) -> Rc<PeerClient> {
+        Rc::clone(
+            self.clients
+                .borrow_mut()
+                .entry(addr)
+                .or_insert_with(|| Rc::new(PeerClient::new(addr, PEER_FRAME_MAX))),
+        )
+    }
 }
 
 /// The network to one peer.
@@ -76,14 +97,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             .addr
             .parse::<SocketAddr>()
             .map_err(|e| format!("bad peer address {:?}: {e}", node.addr))
-            .map(|addr| {
-                Rc::clone(
-                    self.clients
-                        .borrow_mut()
-                        .entry(addr)
-                        .or_insert_with(|| Rc::new(PeerClient::new(addr, PEER_FRAME_MAX))),
-                )
-            });
+            .map(|addr| self.client(addr));
         PeerConn {
             group: self.group,
             timeout: self.timeout,
@@ -95,8 +109,13 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
 impl PeerConn {
     async fn call(&self, kind: u8, payload: Vec<u8>) -> Result<Bytes, Unreachable<TypeConfig>> {
         let client = self.client.as_ref().map_err(unreachable)?;
+        let timeout = if kind == KIND_SNAPSHOT {
+            SNAPSHOT_RPC_TIMEOUT
+        } else {
+            self.timeout
+        };
         let f = client
-            .call(self.group, kind, Bytes::from(payload), self.timeout)
+            .call(self.group, kind, Bytes::from(payload), timeout)
             .await
             .map_err(unreachable)?;
         if f.kind != KIND_RESPONSE {
@@ -106,39 +125,19 @@ impl PeerConn {
     }
 }
 
+/// A snapshot transfer: the vote (length-prefixed), then the snapshot's metadata and data.
 fn encode_snapshot(vote: &Vote, meta: &Meta, data: &[u8]) -> Vec<u8> {
-    let v = crate::codec::encode_vote(vote);
-    let id = encode_log_id(meta.last_log_id.as_ref());
-    let m = encode_membership(&meta.last_membership);
-    let mut out = Vec::with_capacity(12 + v.len() + id.len() + m.len() + data.len());
-    for part in [&v[..], &id[..], &m[..]] {
-        out.extend_from_slice(&u32::try_from(part.len()).unwrap_or(u32::MAX).to_le_bytes());
-        out.extend_from_slice(part);
-    }
-    out.extend_from_slice(data);
+    let mut out = Vec::with_capacity(32 + data.len());
+    put_part(&mut out, &crate::codec::encode_vote(vote));
+    out.extend_from_slice(&encode_snapshot_meta(meta, data));
     out
 }
 
 fn decode_snapshot(b: &[u8]) -> Result<(Vote, Meta, Vec<u8>), CodecError> {
-    let mut parts = Vec::with_capacity(3);
     let mut rest = b;
-    for _ in 0..3 {
-        if rest.len() < 4 {
-            return Err(CodecError::truncated("snapshot transfer"));
-        }
-        let n = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-        if rest.len() < 4 + n {
-            return Err(CodecError::truncated("snapshot transfer"));
-        }
-        parts.push(&rest[4..4 + n]);
-        rest = &rest[4 + n..];
-    }
-    let vote = crate::codec::decode_vote(parts[0])?;
-    let meta = Meta {
-        last_log_id: decode_log_id(parts[1])?,
-        last_membership: decode_membership(parts[2])?,
-    };
-    Ok((vote, meta, rest.to_vec()))
+    let vote = crate::codec::decode_vote(take_part(&mut rest, "snapshot transfer")?)?;
+    let (meta, data) = decode_snapshot_meta(rest)?;
+    Ok((vote, meta, data.to_vec()))
 }
 
 impl RaftNetworkV2<TypeConfig> for PeerConn {
@@ -184,15 +183,18 @@ impl RaftNetworkV2<TypeConfig> for PeerConn {
     }
 }
 
-/// The server side: answers peer frames for the Raft groups in `groups` (group id → node).
-pub fn raft_handler<SM>(groups: Rc<HashMap<u8, openraft::Raft<TypeConfig, SM>>>) -> PeerHandler
+/// The server side of one Raft group: answers the peer frames addressed to group `group`.
+/// A node with several groups routes frames by group id to one of these each.
+pub fn raft_handler<SM>(group: u8, raft: openraft::Raft<TypeConfig, SM>) -> PeerHandler
 where
     SM: RaftStateMachine<TypeConfig, SnapshotData = Cursor<Vec<u8>>>,
 {
     Rc::new(move |f: PeerFrame| {
-        let groups = Rc::clone(&groups);
+        let raft = raft.clone();
         Box::pin(async move {
-            let raft = groups.get(&f.group)?.clone();
+            if f.group != group {
+                return None;
+            }
             let out = match f.kind {
                 KIND_APPEND => encode_append_response(
                     &raft

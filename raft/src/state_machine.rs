@@ -11,6 +11,7 @@
 use std::cell::RefCell;
 use std::io::{self, Cursor};
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use futureq_core::EventKey;
 use futureq_storage::Store;
@@ -62,9 +63,14 @@ impl CurrentSnapshot {
     }
 }
 
-/// Called with the keys every apply deleted (ACKs, TTL), so each replica clears its
-/// in-flight state for them.
-pub type OnDeleted = Rc<dyn Fn(&[EventKey])>;
+/// Called after every apply with the smallest stored key per topic and the deleted keys
+/// (ACKs, TTL), so the dispatcher sees new messages and every replica clears its in-flight
+/// state for deleted ones.
+pub type OnApplied = Rc<dyn Fn(&[EventKey], &[EventKey])>;
+
+/// Longest time applied state may stay volatile (redb commits without fsync keep their pages
+/// in memory until a durable one; the Raft log replays what a crash loses).
+pub const DURABLE_APPLY_INTERVAL: Duration = Duration::from_millis(50);
 
 fn io_err(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
@@ -79,17 +85,19 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 pub struct EventStateMachine {
     store: Store,
     current: CurrentSnapshot,
-    on_deleted: OnDeleted,
+    on_applied: OnApplied,
+    last_durable: Rc<std::cell::Cell<Instant>>,
 }
 
 impl EventStateMachine {
     /// A state machine over `store`.
     #[must_use]
-    pub fn new(store: Store, on_deleted: OnDeleted) -> Self {
+    pub fn new(store: Store, on_applied: OnApplied) -> Self {
         EventStateMachine {
             store,
             current: CurrentSnapshot::default(),
-            on_deleted,
+            on_applied,
+            last_durable: Rc::new(std::cell::Cell::new(Instant::now())),
         }
     }
 }
@@ -115,7 +123,9 @@ impl RaftSnapshotBuilder<TypeConfig> for EventStateMachine {
 
     async fn build_snapshot(&mut self) -> Result<EventSnapshot, io::Error> {
         let store = self.store.clone();
+        // The log is purged behind a snapshot: everything it covers must be durable first.
         let (data, info) = blocking(move || {
+            store.sync()?;
             let mut data = Vec::new();
             store.write_snapshot(&mut data).map(|info| (data, info))
         })
@@ -179,6 +189,7 @@ impl RaftStateMachine<TypeConfig> for EventStateMachine {
             meta.push((MEMBERSHIP, encode_membership(m)));
         }
         let store = self.store.clone();
+        let durable = self.last_durable.get().elapsed() >= DURABLE_APPLY_INTERVAL;
         let out = blocking(move || {
             let refs: Vec<(u64, u64, &[u8])> = batch
                 .iter()
@@ -186,12 +197,15 @@ impl RaftStateMachine<TypeConfig> for EventStateMachine {
                 .collect();
             let meta_refs: Vec<(&str, &[u8])> =
                 meta.iter().map(|(k, v)| (*k, v.as_slice())).collect();
-            store.apply_entries(&refs, &meta_refs, false)
+            store.apply_entries(&refs, &meta_refs, durable)
         })
         .await
         .map_err(io_err)?;
-        if !out.deleted.is_empty() {
-            (self.on_deleted)(&out.deleted);
+        if durable {
+            self.last_durable.set(Instant::now());
+        }
+        if !out.deleted.is_empty() || !out.published.is_empty() {
+            (self.on_applied)(&out.published, &out.deleted);
         }
         for r in responders {
             r.send(());
@@ -215,11 +229,22 @@ impl RaftStateMachine<TypeConfig> for EventStateMachine {
         blocking(move || store.install_snapshot(&mut bytes.as_slice(), expect))
             .await
             .map_err(io_err)?;
+        tracing::info!(target: "raft", last_log_id = ?meta.last_log_id, bytes = data.len(), "installed a snapshot of the event shard");
         self.current.set(meta.clone(), data);
         Ok(())
     }
 
+    /// The last snapshot built or installed; after a restart (snapshots live in memory) one
+    /// is built from the store, whose durable state covers everything the log purged.
     async fn get_current_snapshot(&mut self) -> Result<Option<EventSnapshot>, io::Error> {
-        Ok(self.current.get())
+        if let Some(s) = self.current.get() {
+            return Ok(Some(s));
+        }
+        let store = self.store.clone();
+        let applied = blocking(move || store.applied()).await.map_err(io_err)?;
+        if applied.is_none() {
+            return Ok(None);
+        }
+        self.build_snapshot().await.map(Some)
     }
 }

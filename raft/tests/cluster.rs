@@ -233,7 +233,7 @@ fn three_nodes_elect_replicate_and_fail_over() {
             .unwrap();
             let store = Store::open(&StoreMode::Memory).unwrap();
             stores.insert(id, store.clone());
-            let sm = EventStateMachine::new(store, Rc::new(|_| {}));
+            let sm = EventStateMachine::new(store, Rc::new(|_, _| {}));
             let raft = Raft::new(id, Arc::clone(&config), router.clone(), log, sm)
                 .await
                 .unwrap();
@@ -292,8 +292,6 @@ fn three_nodes_elect_replicate_and_fail_over() {
 /// The same cluster over real loopback TCP: peer links, RPC encodings and the raft handler.
 #[test]
 fn three_nodes_over_tcp_elect_replicate_and_fail_over() {
-    use std::collections::HashMap;
-
     use futureq_net::peer_link::serve_peers;
     use futureq_net::Shutdown;
     use futureq_raft::network::{raft_handler, PeerNetwork, PEER_FRAME_MAX};
@@ -329,7 +327,7 @@ fn three_nodes_over_tcp_elect_replicate_and_fail_over() {
             .unwrap();
             let store = Store::open(&StoreMode::Memory).unwrap();
             stores.insert(id, store.clone());
-            let sm = EventStateMachine::new(store, Rc::new(|_| {}));
+            let sm = EventStateMachine::new(store, Rc::new(|_, _| {}));
             let raft = Raft::new(
                 id,
                 Arc::clone(&config),
@@ -340,10 +338,9 @@ fn three_nodes_over_tcp_elect_replicate_and_fail_over() {
             .await
             .unwrap();
             let stop = Shutdown::new();
-            let groups = Rc::new(HashMap::from([(1u8, raft.clone())]));
             let task = glommio::spawn_local(serve_peers(
                 listener,
-                raft_handler(groups),
+                raft_handler(1, raft.clone()),
                 PEER_FRAME_MAX,
                 stop.clone(),
             ));

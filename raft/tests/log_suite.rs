@@ -44,7 +44,7 @@ impl StoreBuilder<TypeConfig, LogStore<MemLogIo>, EventStateMachine> for EventBu
         Ok((
             (),
             log_store().await?,
-            EventStateMachine::new(db, Rc::new(|_| {})),
+            EventStateMachine::new(db, Rc::new(|_, _| {})),
         ))
     }
 }

@@ -34,6 +34,8 @@ const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft-meta"
 const LAST_ID: &str = "last-id";
 const APPLIED_INDEX: &str = "applied-index";
 const APPLIED_TERM: &str = "applied-term";
+/// Raft-meta key written by [`Store::sync`] so that its transaction has a change to commit.
+const SYNC_MARK: &str = "sync";
 
 /// Where the store keeps its data.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,6 +74,16 @@ fn expiry_key(expires_at_ms: i64, key: &EventKey) -> [u8; 8 + KEY_LEN] {
     );
     k[8..].copy_from_slice(&key.0);
     k
+}
+
+/// The event key of an expiry-table key (`expires-at · event key`; the store writes only
+/// full-length keys, a short one reads as zeros rather than panicking).
+fn expiry_entry_key(k: &[u8]) -> EventKey {
+    let mut e = [0u8; KEY_LEN];
+    if let Some(key) = k.get(8..8 + KEY_LEN) {
+        e.copy_from_slice(key);
+    }
+    EventKey(e)
 }
 
 fn index_entry(index_key: &[u8], key: &EventKey) -> Vec<u8> {
@@ -179,13 +191,7 @@ impl Store {
                     .expiry
                     .range(..upper.as_slice())?
                     .take(limit)
-                    .map(|r| {
-                        r.map(|(k, _)| {
-                            let mut e = [0u8; KEY_LEN];
-                            e.copy_from_slice(&k.value()[8..]);
-                            EventKey(e)
-                        })
-                    })
+                    .map(|r| r.map(|(k, _)| expiry_entry_key(k.value())))
                     .collect::<Result<_, _>>()?;
                 for key in due {
                     t.remove(&key)?;
@@ -256,6 +262,7 @@ impl Store {
             }
         }
         let txn = self.begin_write(durable)?;
+        let mut stored = Vec::new();
         {
             let mut t = Tables::open(&txn)?;
             for c in &commands {
@@ -263,6 +270,7 @@ impl Store {
                     CommandRef::Store(b) => {
                         for item in b.items.iter() {
                             let key = item.key();
+                            stored.push(key);
                             out.max_event_id = out.max_event_id.max(key.event_id());
                             let exp = item.expires_at_ms.to_native();
                             t.insert(
@@ -294,7 +302,42 @@ impl Store {
         }
         txn.commit()?;
         out.applied = Some((last_index, last_term));
+        out.published = min_key_per_topic(stored);
         Ok(out)
+    }
+
+    /// Makes every earlier commit durable (one fsynced commit). Callers that apply without
+    /// fsync call it before anything may rely on the applied state surviving a crash, such as
+    /// purging the Raft log behind a snapshot.
+    ///
+    /// # Errors
+    /// A storage error.
+    pub fn sync(&self) -> Result<(), StoreError> {
+        let txn = self.begin_write(true)?;
+        {
+            // A write makes sure redb really commits (and fsyncs) this transaction.
+            let mut rm = txn.open_table(RAFT_META)?;
+            rm.insert(SYNC_MARK, [].as_slice())?;
+        }
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// Up to `limit` keys whose TTL passed at `now_ms`, oldest expiry first (read only: in a
+    /// cluster their deletion is a replicated command).
+    ///
+    /// # Errors
+    /// A storage error.
+    pub fn expired_keys(&self, now_ms: i64, limit: usize) -> Result<Vec<EventKey>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let expiry = txn.open_table(EXPIRY)?;
+        let upper = expiry_key(now_ms.saturating_add(1), &EventKey([0; KEY_LEN]));
+        let keys = expiry
+            .range(..upper.as_slice())?
+            .take(limit)
+            .map(|r| r.map(|(k, _)| expiry_entry_key(k.value())))
+            .collect::<Result<_, _>>()?;
+        Ok(keys)
     }
 
     /// A value of the replication layer's state (see [`Store::apply_entries`]).
@@ -563,6 +606,8 @@ pub struct ApplyOutcome {
     /// Keys deleted (reported even when already gone, so every replica clears its in-flight
     /// state for them).
     pub deleted: Vec<EventKey>,
+    /// The smallest stored key per topic: what a dispatcher must not have scanned past.
+    pub published: Vec<EventKey>,
     /// The id high-water mark after the call.
     pub max_event_id: u64,
     /// The applied log id after the call, if anything was applied.
@@ -586,14 +631,19 @@ impl GroupOutcome {
     /// The smallest published key per topic: what the dispatcher must not have scanned past.
     #[must_use]
     pub fn min_key_per_topic(&self) -> Vec<EventKey> {
-        let mut m: HashMap<u64, EventKey> = HashMap::new();
-        for k in self.published.iter().flatten() {
-            m.entry(k.topic_hash())
-                .and_modify(|v| *v = (*v).min(*k))
-                .or_insert(*k);
-        }
-        m.into_values().collect()
+        min_key_per_topic(self.published.iter().flatten().copied())
     }
+}
+
+/// The smallest key per topic of `keys`.
+fn min_key_per_topic(keys: impl IntoIterator<Item = EventKey>) -> Vec<EventKey> {
+    let mut m: HashMap<u64, EventKey> = HashMap::new();
+    for k in keys {
+        m.entry(k.topic_hash())
+            .and_modify(|v| *v = (*v).min(k))
+            .or_insert(k);
+    }
+    m.into_values().collect()
 }
 
 /// The message tables of one write transaction. A message's index and expiry entries are

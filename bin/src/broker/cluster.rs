@@ -1,4 +1,4 @@
-//! `FutureQCluster` in standalone mode, and the gRPC health service.
+//! `FutureQCluster` (clustered, or the standalone answers) and the gRPC health service.
 
 use futureq_net::grpc::{Call, Code, Outbound, Status};
 use futureq_net::pb;
@@ -6,7 +6,10 @@ use futureq_net::pb::health::{
     health_check_response::ServingStatus, HealthCheckRequest, HealthCheckResponse,
 };
 
+use futures::channel::oneshot;
+
 use super::{unary_request, Ctx};
+use crate::cluster::{Cluster, MembershipOp, RaftReq};
 
 /// Services the health check knows.
 const SERVICES: [&str; 4] = [
@@ -16,23 +19,46 @@ const SERVICES: [&str; 4] = [
     "futureq.FutureQCluster",
 ];
 
-/// Standalone answers a one-node topology with itself as leader.
+/// Clustered: the topology from the metadata replica (UNAVAILABLE before it is known).
+/// Standalone: a one-node topology with itself as leader.
 pub async fn get_cluster_info(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
     if let Err(s) = unary_request::<pb::ClusterInfoRequest>(&mut call).await {
         return s;
     }
     let s = &ctx.settings;
-    let resp = pb::ClusterInfoResponse {
-        leader_node_id: s.node_id,
-        leader_address: s.grpc_advertise.clone(),
-        nodes: vec![pb::NodeInfo {
-            node_id: s.node_id,
-            address: s.grpc_advertise.clone(),
-            is_leader: true,
-            is_alive: true,
-            raft_address: String::new(),
-            is_voter: true,
-        }],
+    let resp = if let Some(c) = &ctx.cluster {
+        let Some(info) = c.state.view().info else {
+            return Status::new(Code::Unavailable, "topology not yet available");
+        };
+        pb::ClusterInfoResponse {
+            leader_node_id: info.leader_id,
+            leader_address: info.leader_addr,
+            nodes: info
+                .nodes
+                .into_iter()
+                .map(|(node_id, address, is_leader, is_voter)| pb::NodeInfo {
+                    node_id,
+                    address,
+                    is_leader,
+                    is_alive: true,
+                    raft_address: String::new(),
+                    is_voter,
+                })
+                .collect(),
+        }
+    } else {
+        pb::ClusterInfoResponse {
+            leader_node_id: s.node_id,
+            leader_address: s.grpc_advertise.clone(),
+            nodes: vec![pb::NodeInfo {
+                node_id: s.node_id,
+                address: s.grpc_advertise.clone(),
+                is_leader: true,
+                is_alive: true,
+                raft_address: String::new(),
+                is_voter: true,
+            }],
+        }
     };
     match out.send(&resp).await {
         Ok(()) => Status::ok(),
@@ -59,7 +85,11 @@ pub async fn health_check(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Stat
     if !SERVICES.contains(&req.service.as_str()) {
         return Status::new(Code::NotFound, format!("unknown service {:?}", req.service));
     }
-    let status = if ctx.shutdown.is_triggered() {
+    let leader_known = ctx
+        .cluster
+        .as_ref()
+        .is_none_or(|c| c.state.view().leader_id.is_some());
+    let status = if ctx.shutdown.is_triggered() || !leader_known {
         ServingStatus::NotServing
     } else {
         ServingStatus::Serving
@@ -72,5 +102,141 @@ pub async fn health_check(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Stat
     {
         Ok(()) => Status::ok(),
         Err(s) => s,
+    }
+}
+
+/// Reads a unary request, runs a membership change on the Raft core and answers
+/// `{success, error_message}` (status OK, as the API contract says for failures).
+async fn change<Req, Resp>(
+    cluster: &Cluster,
+    mut call: Call,
+    out: &mut Outbound,
+    op: impl FnOnce(Req) -> Result<MembershipOp, String>,
+    resp: impl FnOnce(bool, String) -> Resp,
+) -> Status
+where
+    Req: prost::Message + Default,
+    Resp: prost::Message,
+{
+    let req = match unary_request::<Req>(&mut call).await {
+        Ok(r) => r,
+        Err(s) => return s,
+    };
+    let op = match op(req) {
+        Ok(op) => op,
+        Err(m) => return Status::new(Code::InvalidArgument, m),
+    };
+    let (reply, rx) = oneshot::channel();
+    if cluster
+        .tx
+        .send_async(RaftReq::Membership { op, reply })
+        .await
+        .is_err()
+    {
+        return Status::new(Code::Unavailable, "server is shutting down");
+    }
+    let outcome = rx
+        .await
+        .unwrap_or_else(|_| Err("server is shutting down".into()));
+    let (ok, msg) = match outcome {
+        Ok(()) => (true, String::new()),
+        Err(e) => (false, e),
+    };
+    match out.send(&resp(ok, msg)).await {
+        Ok(()) => Status::ok(),
+        Err(s) => s,
+    }
+}
+
+fn node_id(id: u64) -> Result<u64, String> {
+    if id == 0 {
+        Err("node_id must not be 0".into())
+    } else {
+        Ok(id)
+    }
+}
+
+fn raft_address(a: String) -> Result<String, String> {
+    match a.parse::<std::net::SocketAddr>() {
+        Ok(s) if !s.ip().is_unspecified() && s.port() != 0 => Ok(a),
+        _ => Err(format!(
+            "raft_address {a:?} must be a dialable host:port (no wildcard address)"
+        )),
+    }
+}
+
+/// `JoinCluster`, `LeaveCluster`, `JoinMetadata`, `LeaveMetadata` on a clustered node.
+pub async fn membership(cluster: &Cluster, call: Call, out: &mut Outbound) -> Status {
+    match call.path.as_str() {
+        "/futureq.FutureQCluster/JoinCluster" => {
+            change(
+                cluster,
+                call,
+                out,
+                |r: pb::JoinRequest| {
+                    Ok(MembershipOp::Join {
+                        node_id: node_id(r.node_id)?,
+                        raft_addr: raft_address(r.raft_address)?,
+                    })
+                },
+                |success, error_message| pb::JoinResponse {
+                    success,
+                    error_message,
+                },
+            )
+            .await
+        }
+        "/futureq.FutureQCluster/LeaveCluster" => {
+            change(
+                cluster,
+                call,
+                out,
+                |r: pb::LeaveRequest| {
+                    Ok(MembershipOp::Leave {
+                        node_id: node_id(r.node_id)?,
+                    })
+                },
+                |success, error_message| pb::LeaveResponse {
+                    success,
+                    error_message,
+                },
+            )
+            .await
+        }
+        "/futureq.FutureQCluster/JoinMetadata" => {
+            change(
+                cluster,
+                call,
+                out,
+                |r: pb::JoinMetadataRequest| {
+                    Ok(MembershipOp::JoinMeta {
+                        node_id: node_id(r.node_id)?,
+                        raft_addr: raft_address(r.raft_address)?,
+                    })
+                },
+                |success, error_message| pb::JoinMetadataResponse {
+                    success,
+                    error_message,
+                },
+            )
+            .await
+        }
+        _ => {
+            change(
+                cluster,
+                call,
+                out,
+                |r: pb::LeaveMetadataRequest| {
+                    Ok(MembershipOp::LeaveMeta {
+                        node_id: node_id(r.node_id)?,
+                    })
+                },
+                |success, error_message| pb::LeaveMetadataResponse {
+                    success,
+                    error_message,
+                },
+            )
+            .await
+        }
     }
 }

@@ -59,7 +59,18 @@ enum Event {
     Deliver(Delivery),
     Frame(Result<Option<ConsumerFrame>, Status>),
     Stop,
+    Lost,
     Gone,
+}
+
+/// A refusal naming the leader in the `futureq-leader-address` trailer (when known).
+fn not_leader(leader_addr: String, code: Code, message: &str) -> Status {
+    let s = Status::new(code, message);
+    if leader_addr.is_empty() {
+        s
+    } else {
+        s.with_metadata("futureq-leader-address", leader_addr)
+    }
 }
 
 /// Serves one Subscribe stream.
@@ -101,6 +112,21 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
             ),
         );
     }
+    // In a cluster only the leader delivers; the stream ends when its leadership does.
+    let lost = match &ctx.cluster {
+        Some(c) => {
+            let view = c.state.view();
+            if !view.leading {
+                return not_leader(
+                    view.leader_addr,
+                    Code::FailedPrecondition,
+                    "node is not the cluster leader",
+                );
+            }
+            Some(view.lost)
+        }
+        None => None,
+    };
     let max_in_flight = if init.max_in_flight == 0 {
         ctx.settings.consumer_queue_size
     } else {
@@ -151,8 +177,25 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
                 Event::Frame(call.inbound.next::<ConsumerFrame>().await)
             };
             let stop = async {
-                ctx.shutdown.wait().await;
-                Event::Stop
+                match &lost {
+                    Some(l) => {
+                        future::or(
+                            async {
+                                ctx.shutdown.wait().await;
+                                Event::Stop
+                            },
+                            async {
+                                l.wait().await;
+                                Event::Lost
+                            },
+                        )
+                        .await
+                    }
+                    None => {
+                        ctx.shutdown.wait().await;
+                        Event::Stop
+                    }
+                }
             };
             let gone = async {
                 out.closed().await;
@@ -226,6 +269,18 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
             Event::Frame(Ok(None)) => half_closed = true,
             Event::Frame(Err(s)) => return s,
             Event::Stop => return Status::new(Code::Unavailable, "server is shutting down"),
+            Event::Lost => {
+                let addr = ctx
+                    .cluster
+                    .as_ref()
+                    .map(|c| c.state.view().leader_addr)
+                    .unwrap_or_default();
+                return not_leader(
+                    addr,
+                    Code::Unavailable,
+                    "this node is no longer the cluster leader; reconnect to the leader",
+                );
+            }
             Event::Gone => return Status::new(Code::Cancelled, "client cancelled the stream"),
         }
     }

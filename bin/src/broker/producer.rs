@@ -12,17 +12,21 @@ use std::task::Poll;
 use std::time::Instant;
 
 use bytes::Bytes;
+use futureq_core::command::StoreItem;
 use futureq_core::publish::{validate_batch, validate_message, PublishLimits};
 use futureq_core::{
     bucket_of, topic_hash, AckLevel, EventKey, IndexValue, StoredMessage, ValidationError,
 };
 use futureq_net::grpc::{Call, Code, Outbound, Status};
 use futureq_net::pb::{self, index, PublishBatchAck};
+use futureq_raft::node::WriteError;
 use futureq_storage::NewMessage;
+use futures::channel::oneshot;
 use futures::stream::{FuturesOrdered, StreamExt};
 use futures_lite::future;
 
 use super::Ctx;
+use crate::cluster::{Cluster, RaftReq};
 use crate::dispatcher::now_ms;
 
 /// Most batches outstanding (received, not yet acked) on one stream. Beyond it the stream
@@ -56,13 +60,14 @@ fn index_value(i: usize, j: usize, idx: pb::Index) -> Result<IndexValue, Validat
     }
 }
 
-/// Validates a batch and encodes its messages; ids are assigned only to a valid batch.
+/// Validates a batch and encodes its messages as store items without ids (ids are assigned
+/// only to a valid batch: by this process standalone, by the Raft core in a cluster).
 fn prepare(
     ctx: &Ctx,
     batch: pb::PublishBatch,
     level: AckLevel,
     enqueued_at_ms: i64,
-) -> Result<(Vec<NewMessage>, String), ValidationError> {
+) -> Result<(Vec<StoreItem>, String), ValidationError> {
     let s = &ctx.settings;
     let limits = PublishLimits {
         max_delay_ms: i64::try_from(s.max_delay.as_millis()).unwrap_or(i64::MAX),
@@ -72,8 +77,6 @@ fn prepare(
     for (i, m) in batch.messages.iter().enumerate() {
         validate_message(i, &m.topic, m.delay_ms, m.ttl_ms, m.indexes.len(), &limits)?;
     }
-    let n = batch.messages.len() as u64;
-    let first_id = ctx.next_id.fetch_add(n, Ordering::Relaxed);
     // Distinct topics of the batch for the metrics label (bounded to keep labels small).
     let mut topics: Vec<String> = Vec::new();
     let mut items = Vec::with_capacity(batch.messages.len());
@@ -92,25 +95,134 @@ fn prepare(
             ttl_ms: m.ttl_ms,
             indexes,
         };
-        let key = EventKey::new(
-            topic_hash(&stored.topic),
-            bucket_of(stored.due_at_ms(), s.time_bucket_ms),
-            first_id + i as u64,
-        );
         if topics.len() < 8 && !topics.contains(&stored.topic) {
             topics.push(stored.topic.clone());
         }
-        items.push(NewMessage {
-            key,
-            expires_at_ms: stored.expires_at_ms(),
+        items.push(StoreItem {
+            event_id: 0,
+            bucket: bucket_of(stored.due_at_ms(), s.time_bucket_ms),
+            topic_hash: topic_hash(&stored.topic),
+            expires_at_ms: stored.expires_at_ms().unwrap_or(0),
             index_keys: stored.indexes.iter().map(IndexValue::index_key).collect(),
-            value: stored.encode(),
+            message: Vec::from(stored.encode()),
         });
     }
     Ok((items, topics.join("|")))
 }
 
-fn process(ctx: &Ctx, batch: pb::PublishBatch, received: Instant) -> (AckLevel, AckFuture) {
+/// How a batch ended, before it becomes an ack.
+enum Outcome {
+    /// Stored; the first id of the batch.
+    Stored(u64),
+    /// Refused or failed: the code and message for the client, and the leader's address.
+    Failed(Code, String, String),
+}
+
+/// Stores a standalone batch: ids from the shared counter, then the store's writer.
+async fn store_standalone(ctx: &Ctx, items: Vec<StoreItem>, level: AckLevel) -> Outcome {
+    let first_id = ctx.next_id.fetch_add(items.len() as u64, Ordering::Relaxed);
+    let items: Vec<NewMessage> = items
+        .into_iter()
+        .enumerate()
+        .map(|(i, it)| NewMessage {
+            key: EventKey::new(it.topic_hash, it.bucket, first_id + i as u64),
+            expires_at_ms: (it.expires_at_ms != 0).then_some(it.expires_at_ms),
+            index_keys: it.index_keys,
+            value: Bytes::from(it.message),
+        })
+        .collect();
+    let store = ctx.store.clone();
+    let timeout = ctx.settings.proposal_timeout;
+    let outcome = if level.is_durable() {
+        let commit = async { Some(store.publish(items, true).await.map(|_| ())) };
+        let deadline = async {
+            glommio::timer::sleep(timeout).await;
+            None
+        };
+        future::or(commit, deadline).await
+    } else {
+        Some(store.publish_no_wait(items).await)
+    };
+    match outcome {
+        Some(Ok(())) => Outcome::Stored(first_id),
+        Some(Err(e)) => {
+            tracing::warn!(target: "producer", error = %e, "batch not stored");
+            Outcome::Failed(
+                Code::Unavailable,
+                format!("storage failure, batch not stored: {e}"),
+                String::new(),
+            )
+        }
+        None => Outcome::Failed(
+            Code::DeadlineExceeded,
+            timeout_message(timeout),
+            String::new(),
+        ),
+    }
+}
+
+fn timeout_message(timeout: std::time::Duration) -> String {
+    format!("batch not committed within publish.proposalTimeout ({timeout:?}); outcome unknown")
+}
+
+/// Stores a clustered batch: the Raft core assigns ids and proposes it.
+async fn store_clustered(
+    ctx: &Ctx,
+    cluster: &Cluster,
+    items: Vec<StoreItem>,
+    level: AckLevel,
+) -> Outcome {
+    let timeout = ctx.settings.proposal_timeout;
+    let not_leader = |addr: String| {
+        Outcome::Failed(
+            Code::FailedPrecondition,
+            "node is not the cluster leader".into(),
+            addr,
+        )
+    };
+    let view = cluster.state.view();
+    if !view.leading {
+        return not_leader(view.leader_addr);
+    }
+    let (reply, rx) = oneshot::channel();
+    let req = RaftReq::Publish {
+        items,
+        level,
+        deadline: Instant::now() + timeout,
+        reply,
+    };
+    if cluster.tx.send_async(req).await.is_err() {
+        return Outcome::Failed(
+            Code::Unavailable,
+            "server is shutting down".into(),
+            String::new(),
+        );
+    }
+    match rx.await {
+        Ok(Ok(first)) => Outcome::Stored(first),
+        Ok(Err(WriteError::NotLeader { .. })) => not_leader(cluster.state.view().leader_addr),
+        Ok(Err(WriteError::Timeout)) => Outcome::Failed(
+            Code::DeadlineExceeded,
+            timeout_message(timeout),
+            String::new(),
+        ),
+        Ok(Err(WriteError::Failed(e))) => {
+            tracing::warn!(target: "producer", error = %e, "batch not replicated");
+            Outcome::Failed(
+                Code::Unavailable,
+                format!("replication failure, batch not stored: {e}"),
+                String::new(),
+            )
+        }
+        Err(_) => Outcome::Failed(
+            Code::Unavailable,
+            "server is shutting down".into(),
+            String::new(),
+        ),
+    }
+}
+
+fn process(ctx: &Rc<Ctx>, batch: pb::PublishBatch, received: Instant) -> (AckLevel, AckFuture) {
     let level = AckLevel::from_wire(batch.ack_level);
     let batch_id = batch.batch_id;
     let n = batch.messages.len();
@@ -131,44 +243,37 @@ fn process(ctx: &Ctx, batch: pb::PublishBatch, received: Instant) -> (AckLevel, 
             );
         }
     };
-    let tags: Vec<Bytes> = items
-        .iter()
-        .map(|m| Bytes::copy_from_slice(&m.key.0))
-        .collect();
-    let store = ctx.store.clone();
-    let timeout = ctx.settings.proposal_timeout;
+    let keys: Vec<(u64, u64)> = items.iter().map(|it| (it.topic_hash, it.bucket)).collect();
+    let ctx = Rc::clone(ctx);
     let fut = async move {
-        let outcome = if level.is_durable() {
-            let commit = async { Some(store.publish(items, true).await.map(|_| ())) };
-            let deadline = async {
-                glommio::timer::sleep(timeout).await;
-                None
-            };
-            future::or(commit, deadline).await
-        } else {
-            Some(store.publish_no_wait(items).await)
+        let outcome = match &ctx.cluster {
+            Some(c) => store_clustered(&ctx, c, items, level).await,
+            None => store_standalone(&ctx, items, level).await,
         };
         let ack = match outcome {
-            Some(Ok(())) => {
-                metrics.messages_published.add(&[&topics, level.label()], n as u64);
+            Outcome::Stored(first_id) => {
+                metrics
+                    .messages_published
+                    .add(&[&topics, level.label()], n as u64);
                 PublishBatchAck {
                     success: true,
                     error_message: String::new(),
                     batch_id,
                     error_code: 0,
-                    delivery_tags: tags,
+                    delivery_tags: keys
+                        .iter()
+                        .enumerate()
+                        .map(|(i, (t, b))| {
+                            Bytes::copy_from_slice(&EventKey::new(*t, *b, first_id + i as u64).0)
+                        })
+                        .collect(),
                     leader_address: String::new(),
                 }
             }
-            Some(Err(e)) => {
-                tracing::warn!(target: "producer", error = %e, batch_id, "batch not stored");
-                reject(batch_id, Code::Unavailable, format!("storage failure, batch not stored: {e}"))
-            }
-            None => reject(
-                batch_id,
-                Code::DeadlineExceeded,
-                format!("batch not committed within publish.proposalTimeout ({timeout:?}); outcome unknown"),
-            ),
+            Outcome::Failed(code, message, leader) => PublishBatchAck {
+                leader_address: leader,
+                ..reject(batch_id, code, message)
+            },
         };
         let result = if ack.success { "success" } else { "error" };
         metrics
@@ -189,7 +294,7 @@ enum Event {
 }
 
 /// Serves one PublishStream until the client half-closes (OK), a protocol fault, or shutdown.
-pub async fn publish_stream(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
+pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -> Status {
     let mut durable: FuturesOrdered<AckFuture> = FuturesOrdered::new();
     let mut no_ack: FuturesOrdered<AckFuture> = FuturesOrdered::new();
     let outstanding_bytes = Rc::new(Cell::new(0usize));

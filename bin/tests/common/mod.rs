@@ -45,15 +45,25 @@ pub struct Broker {
 impl Broker {
     /// Starts a broker; `extra` is YAML appended to the generated config (top-level keys).
     pub async fn start(extra: &str) -> Broker {
-        let mut b = Broker {
+        let mut b = Broker::prepare(extra);
+        b.spawn().await;
+        b
+    }
+
+    /// A broker with its directory and ports chosen, not started.
+    pub fn prepare(extra: &str) -> Broker {
+        Broker {
             dir: tempfile::tempdir().unwrap(),
             grpc_port: free_port(),
             metrics_port: free_port(),
             extra: extra.to_owned(),
             child: None,
-        };
-        b.spawn().await;
-        b
+        }
+    }
+
+    /// Whether the process runs.
+    pub fn running(&self) -> bool {
+        self.child.is_some()
     }
 
     pub fn config_path(&self) -> PathBuf {
@@ -76,6 +86,12 @@ impl Broker {
 
     /// (Re)starts the process on the same ports and data and waits until it serves.
     pub async fn spawn(&mut self) {
+        self.launch();
+        self.wait_ready().await;
+    }
+
+    /// (Re)starts the process on the same ports and data.
+    pub fn launch(&mut self) {
         self.write_config();
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -102,6 +118,10 @@ impl Broker {
             .spawn()
             .unwrap();
         self.child = Some(child);
+    }
+
+    /// Waits until the health check says SERVING (clustered: a leader is known).
+    pub async fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if let Ok(mut h) = HealthClient::connect(self.url()).await {
@@ -216,6 +236,15 @@ impl Drop for Broker {
             let _ = c.kill();
             let _ = c.wait();
         }
+        // Debugging aid: FUTUREQ_TEST_KEEP=dir copies every broker's directory there.
+        if let Ok(keep) = std::env::var("FUTUREQ_TEST_KEEP") {
+            let to = std::path::Path::new(&keep).join(self.grpc_port.to_string());
+            let _ = Command::new("cp")
+                .arg("-r")
+                .arg(self.dir.path())
+                .arg(&to)
+                .status();
+        }
     }
 }
 
@@ -264,6 +293,11 @@ impl Publisher {
             .expect("ack within 10 s")
             .expect("stream healthy")
             .expect("stream not ended")
+    }
+
+    /// The next ack, or None when the stream ended or failed.
+    pub async fn ack_raw(&mut self) -> Option<PublishBatchAck> {
+        self.acks.message().await.ok().flatten()
     }
 
     pub async fn publish(&mut self, b: PublishBatch) -> PublishBatchAck {

@@ -127,6 +127,17 @@ pub struct Log<I: LogIo> {
     flushed: event_listener::Event,
 }
 
+/// Holds the log's write side (see [`Log::exclusive`]); releases it on drop, also when the
+/// holding future is cancelled.
+struct WriteGuard<'a, I: LogIo>(&'a Log<I>);
+
+impl<I: LogIo> Drop for WriteGuard<'_, I> {
+    fn drop(&mut self) {
+        self.0.flushing.set(false);
+        self.0.flushed.notify(usize::MAX);
+    }
+}
+
 impl<I: LogIo> Log<I> {
     /// Opens the log, scanning every segment: a torn tail (a bad record with nothing valid
     /// after it) is cut off; a bad record followed by valid ones is corruption and an error.
@@ -342,6 +353,14 @@ impl<I: LogIo> Log<I> {
     /// # Errors
     /// The I/O error that poisoned the log, or [`LogError::Poisoned`].
     pub async fn flush(&self) -> Result<(), LogError> {
+        let _io = self.exclusive().await;
+        self.flush_once().await
+    }
+
+    /// Waits until no flush, truncate or purge runs, then holds the log's write side until
+    /// the guard drops. Every writer of segment bytes holds it: a truncate that ran while a
+    /// flush was writing would have its cut undone by that flush's bookkeeping.
+    async fn exclusive(&self) -> WriteGuard<'_, I> {
         while self.flushing.get() {
             let l = self.flushed.listen();
             if self.flushing.get() {
@@ -349,10 +368,7 @@ impl<I: LogIo> Log<I> {
             }
         }
         self.flushing.set(true);
-        let result = self.flush_once().await;
-        self.flushing.set(false);
-        self.flushed.notify(usize::MAX);
-        result
+        WriteGuard(self)
     }
 
     async fn flush_once(&self) -> Result<(), LogError> {
@@ -477,9 +493,8 @@ impl<I: LogIo> Log<I> {
     /// # Errors
     /// I/O failure; the log is poisoned if the zeroing cannot be made durable.
     pub async fn truncate(&self, from: u64) -> Result<(), LogError> {
-        if self.has_pending() {
-            self.flush().await?;
-        }
+        let _io = self.exclusive().await;
+        self.flush_once().await?;
         let (cut, doomed) = {
             let mut st = self.st.borrow_mut();
             let Some(&(first, offset, _)) = st.locs.get(&from) else {
@@ -559,6 +574,7 @@ impl<I: LogIo> Log<I> {
     /// # Errors
     /// I/O failure deleting a file.
     pub async fn purge(&self, upto: u64) -> Result<(), LogError> {
+        let _io = self.exclusive().await;
         let doomed: Vec<String> = {
             let mut st = self.st.borrow_mut();
             let all = st.locs.keys().next_back().is_some_and(|last| *last <= upto)

@@ -9,7 +9,7 @@ use std::io;
 use std::path::PathBuf;
 use std::rc::Rc;
 
-use glommio::io::{BufferedFile, DmaFile, OpenOptions};
+use glommio::io::{DmaFile, OpenOptions};
 
 use super::io::LogIo;
 
@@ -17,8 +17,11 @@ use super::io::LogIo;
 pub struct DmaLogIo {
     dir: PathBuf,
     files: RefCell<HashMap<String, Rc<DmaFile>>>,
-    readers: RefCell<HashMap<String, Rc<BufferedFile>>>,
+    probed: std::cell::Cell<bool>,
 }
+
+/// Name of the scratch file used to probe the device (see [`DmaLogIo::probe_device`]).
+const PROBE_FILE: &str = ".iopoll-probe";
 
 fn to_io(e: glommio::GlommioError<()>) -> io::Error {
     io::Error::other(e.to_string())
@@ -32,17 +35,45 @@ impl DmaLogIo {
     pub fn new(dir: impl Into<PathBuf>) -> io::Result<Self> {
         let dir = dir.into();
         std::fs::create_dir_all(&dir)?;
-        Ok(DmaLogIo {
-            dir,
+        Ok(Self::in_dir(dir))
+    }
+
+    /// Log files under `dir`, which must exist (errors surface on first use).
+    #[must_use]
+    pub fn in_dir(dir: impl Into<PathBuf>) -> Self {
+        DmaLogIo {
+            dir: dir.into(),
             files: RefCell::default(),
-            readers: RefCell::default(),
-        })
+            probed: std::cell::Cell::new(false),
+        }
+    }
+
+    /// glommio decides once per device and thread whether direct reads may use its polled
+    /// ring, by reading the first file opened there. A new (empty) segment answers that read
+    /// at end of file without asking the device, so glommio wrongly picks polling and every
+    /// later direct read fails with EOPNOTSUPP on devices without poll queues. Opening a file
+    /// that has data first makes the probe real.
+    async fn probe_device(&self) -> io::Result<()> {
+        if self.probed.replace(true) {
+            return Ok(());
+        }
+        let path = self.dir.join(PROBE_FILE);
+        // One 4 KiB write at start-up.
+        std::fs::write(&path, [0u8; 4096])?;
+        let f = OpenOptions::new()
+            .read(true)
+            .dma_open(&path)
+            .await
+            .map_err(to_io)?;
+        f.close().await.map_err(to_io)?;
+        std::fs::remove_file(&path)
     }
 
     async fn file(&self, name: &str) -> io::Result<Rc<DmaFile>> {
         if let Some(f) = self.files.borrow().get(name) {
             return Ok(Rc::clone(f));
         }
+        self.probe_device().await?;
         let f = Rc::new(
             OpenOptions::new()
                 .read(true)
@@ -52,21 +83,6 @@ impl DmaLogIo {
                 .map_err(to_io)?,
         );
         self.files
-            .borrow_mut()
-            .insert(name.to_owned(), Rc::clone(&f));
-        Ok(f)
-    }
-
-    async fn reader(&self, name: &str) -> io::Result<Rc<BufferedFile>> {
-        if let Some(f) = self.readers.borrow().get(name) {
-            return Ok(Rc::clone(f));
-        }
-        let f = Rc::new(
-            BufferedFile::open(self.dir.join(name))
-                .await
-                .map_err(to_io)?,
-        );
-        self.readers
             .borrow_mut()
             .insert(name.to_owned(), Rc::clone(&f));
         Ok(f)
@@ -92,6 +108,7 @@ impl LogIo for DmaLogIo {
         if self.files.borrow().contains_key(name) {
             return Ok(());
         }
+        self.probe_device().await?;
         let path = self.dir.join(name);
         if !path.exists() {
             let f = OpenOptions::new()
@@ -115,7 +132,6 @@ impl LogIo for DmaLogIo {
 
     async fn remove(&self, name: &str) -> io::Result<()> {
         self.files.borrow_mut().remove(name);
-        self.readers.borrow_mut().remove(name);
         std::fs::remove_file(self.dir.join(name))?;
         self.sync_dir()
     }
@@ -126,11 +142,14 @@ impl LogIo for DmaLogIo {
         if len == 0 {
             return Ok(Vec::new());
         }
-        // Reads go through a buffered (page cache) descriptor: O_DIRECT reads of a file this
-        // executor wrote failed with EOPNOTSUPP here. Direct writes invalidate the cached
-        // pages, so these reads always see the written data.
-        let reader = self.reader(name).await?;
-        let r = reader.read_at(offset, len).await.map_err(to_io)?;
+        // Direct reads, like the writes: a page-cache read racing a direct write of the same
+        // page could cache stale bytes (seen as "record changed on disk").
+        let r = self
+            .file(name)
+            .await?
+            .read_at(offset, len)
+            .await
+            .map_err(to_io)?;
         Ok(r.to_vec())
     }
 

@@ -1,0 +1,679 @@
+//! Clustered mode: the task on the Raft core (`runtime.raftCore`) that owns this node's two
+//! Raft groups, and what the other cores share with it.
+//!
+//! Ingress cores never touch openraft: they read [`ClusterState`] (thread-safe) and send
+//! [`RaftReq`]s over a bounded channel; the Raft core answers over oneshots.
+//!
+//! # Invariants
+//! - Event ids are assigned here only, by a leader that has applied its log up to its own
+//!   first entry of the term (so the store's high-water mark covers every earlier leader's
+//!   ids), starting above that mark: ids never regress across failovers and restarts.
+//! - Clients are served only while this node leads with a fresh quorum; when it stops, the
+//!   [`View::lost`] signal of that leadership fires and every consumer stream of it ends.
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futureq_core::command::{encode_delete, encode_store, DeleteBatch, StoreBatch, StoreItem};
+use futureq_core::metadata::{ClusterView, Member, MetaCommand, NodeAddr, ShardTopology};
+use futureq_core::{AckLevel, EventKey};
+use futureq_net::Shutdown;
+use futureq_raft::node::{Ack, Forward, Leadership, Node, NodeConfig, WriteError};
+use futureq_storage::Store;
+use futures::channel::oneshot;
+use futures_lite::future;
+
+use crate::config::ClusterSettings;
+use crate::dispatcher::HubCmd;
+use crate::metrics::Metrics;
+
+/// Capacity of the Raft core's request queue.
+pub const RAFT_QUEUE_MAX: usize = 4096;
+/// How often leadership is re-checked when nothing changes (the quorum-freshness check
+/// needs a clock, not an event).
+const WATCH_INTERVAL: Duration = Duration::from_millis(20);
+/// Pause between attempts to register this node's client address.
+const REGISTER_RETRY: Duration = Duration::from_secs(2);
+/// Deadline of one metadata proposal.
+const META_DEADLINE: Duration = Duration::from_secs(5);
+/// How long a joining node may take to catch up before it is promoted.
+const CATCH_UP_DEADLINE: Duration = Duration::from_secs(30);
+/// How long one JoinCluster call may take (the leader waits for the catch-up).
+const JOIN_TIMEOUT: Duration = Duration::from_secs(60);
+/// Catch-up polling interval.
+const CATCH_UP_POLL: Duration = Duration::from_millis(500);
+
+/// A request from an ingress core to the Raft core.
+pub enum RaftReq {
+    /// Store a publish batch (ids are assigned on the Raft core); replies with the first id.
+    Publish {
+        /// Items with `event_id` unset.
+        items: Vec<StoreItem>,
+        /// How long to wait.
+        level: AckLevel,
+        /// When to give up.
+        deadline: Instant,
+        /// First assigned id.
+        reply: oneshot::Sender<Result<u64, WriteError>>,
+    },
+    /// Delete keys (ACKs, TTL expiry) through the log.
+    Delete {
+        /// The keys.
+        keys: Vec<EventKey>,
+        /// When to give up.
+        deadline: Instant,
+        /// Done.
+        reply: oneshot::Sender<Result<(), WriteError>>,
+    },
+    /// A membership change asked over gRPC.
+    Membership {
+        /// What to change.
+        op: MembershipOp,
+        /// Error message on failure.
+        reply: oneshot::Sender<Result<(), String>>,
+    },
+}
+
+/// Membership changes (`FutureQCluster`).
+#[derive(Debug, Clone)]
+pub enum MembershipOp {
+    /// Add a node to both groups (learner → catch up → voter).
+    Join {
+        /// Its id.
+        node_id: u64,
+        /// Its Raft address.
+        raft_addr: String,
+    },
+    /// Remove a node from the event shard, then from the metadata group.
+    Leave {
+        /// Its id.
+        node_id: u64,
+    },
+    /// Add a non-voting observer of the metadata group.
+    JoinMeta {
+        /// Its id.
+        node_id: u64,
+        /// Its Raft address.
+        raft_addr: String,
+    },
+    /// Remove a node from the metadata group.
+    LeaveMeta {
+        /// Its id.
+        node_id: u64,
+    },
+}
+
+/// What every core may read about the cluster.
+#[derive(Clone, Default)]
+pub struct View {
+    /// This node leads the event shard and may take clients.
+    pub leading: bool,
+    /// The leader this node knows of.
+    pub leader_id: Option<u64>,
+    /// The leader's client address ("" if unknown).
+    pub leader_addr: String,
+    /// What `GetClusterInfo` answers (`None` before the topology is known).
+    pub info: Option<ClusterView>,
+    /// Fires when the leadership that `leading` describes ends.
+    pub lost: Shutdown,
+}
+
+/// The shared, thread-safe cluster state.
+pub struct ClusterState {
+    view: Mutex<View>,
+}
+
+impl ClusterState {
+    /// A copy of the current view.
+    #[must_use]
+    pub fn view(&self) -> View {
+        self.view
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_else(|p| p.into_inner().clone())
+    }
+
+    fn update(&self, f: impl FnOnce(&mut View)) {
+        let mut g = self
+            .view
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(&mut g);
+    }
+}
+
+/// The handle other cores hold.
+pub struct Cluster {
+    /// Requests to the Raft core.
+    pub tx: flume::Sender<RaftReq>,
+    /// The shared view.
+    pub state: ClusterState,
+}
+
+impl Cluster {
+    /// A handle and the receiving end for the Raft core.
+    #[must_use]
+    pub fn new() -> (Arc<Cluster>, flume::Receiver<RaftReq>) {
+        let (tx, rx) = flume::bounded(RAFT_QUEUE_MAX);
+        (
+            Arc::new(Cluster {
+                tx,
+                state: ClusterState {
+                    view: Mutex::new(View::default()),
+                },
+            }),
+            rx,
+        )
+    }
+}
+
+fn send_to_hub(hub: &flume::Sender<HubCmd>, cmd: HubCmd) {
+    // Never block the Raft core: when the queue is full, hand the send to a task.
+    if let Err(flume::TrySendError::Full(cmd)) = hub.try_send(cmd) {
+        let hub = hub.clone();
+        glommio::spawn_local(async move {
+            let _ = hub.send_async(cmd).await;
+        })
+        .detach();
+    }
+}
+
+/// The Raft core's state besides the node.
+struct Core {
+    node: Node,
+    cfg: ClusterSettings,
+    grpc_advertise: String,
+    cluster: Arc<Cluster>,
+    store: Store,
+    /// Next event id to assign (only meaningful while `ready_term` is the current term).
+    next_id: Cell<u64>,
+    /// The term in which this node confirmed its leadership (0 = none).
+    ready_term: Cell<u64>,
+    confirming: Cell<bool>,
+    publishing_topology: Cell<bool>,
+    metrics: Arc<Metrics>,
+}
+
+/// Starts the node: opens the logs, starts both groups and the peer listener, bootstraps
+/// from `cluster.raft.initialMembers` or joins through `cluster.joinSeeds` (a restart with
+/// local Raft data does neither); a failed bootstrap or join wipes the Raft data so the next
+/// start retries cleanly. Returns once the node runs; [`serve`] then
+/// drives it.
+///
+/// # Errors
+/// The node cannot start (the message says why).
+pub async fn start(
+    cfg: &ClusterSettings,
+    grpc_advertise: &str,
+    store: Store,
+    hub: flume::Sender<HubCmd>,
+) -> Result<Node, String> {
+    let node_cfg = NodeConfig {
+        node_id: cfg.node_id,
+        raft_listen: cfg.raft_listen,
+        raft_advertise: cfg.raft_advertise.clone(),
+        data_dir: cfg.data_dir.clone(),
+        rtt: cfg.rtt,
+        snapshot_entries: cfg.snapshot_entries,
+        compaction_overhead: cfg.compaction_overhead,
+    };
+    let on_applied: futureq_raft::state_machine::OnApplied =
+        Rc::new(move |published: &[EventKey], deleted: &[EventKey]| {
+            if !published.is_empty() {
+                send_to_hub(&hub, HubCmd::Published(published.to_vec()));
+            }
+            if !deleted.is_empty() {
+                send_to_hub(&hub, HubCmd::Expired(deleted.to_vec()));
+            }
+        });
+    let node = Node::start(&node_cfg, store, on_applied)
+        .await
+        .map_err(|e| e.to_string())?;
+    let restart = node.has_state().await;
+    if restart {
+        tracing::info!(target: "raft", node = cfg.node_id, "restarting with local Raft data");
+    } else if !cfg.initial_members.is_empty() {
+        if let Err(e) = node.bootstrap(&cfg.initial_members).await {
+            node.shutdown().await;
+            wipe(&cfg.data_dir);
+            return Err(format!(
+                "bootstrap failed (Raft data wiped so the next start retries): {e}"
+            ));
+        }
+    } else if cfg.join_seeds.is_empty() {
+        node.shutdown().await;
+        return Err("a fresh cluster node needs cluster.raft.initialMembers or cluster.joinSeeds (or --join)".into());
+    } else if let Err(e) = join(cfg, grpc_advertise).await {
+        node.shutdown().await;
+        wipe(&cfg.data_dir);
+        return Err(e);
+    }
+    Ok(node)
+}
+
+/// Asks the seeds, in order, to add this node (JoinCluster); a refusal that names the leader
+/// is retried there once. The leader adds it as a learner, waits for it to catch up (this
+/// node's groups already run and receive the log or a snapshot), then promotes it.
+async fn join(cfg: &ClusterSettings, grpc_advertise: &str) -> Result<(), String> {
+    use futureq_net::pb::{JoinRequest, JoinResponse};
+    let req = JoinRequest {
+        node_id: cfg.node_id,
+        raft_address: cfg.raft_advertise.clone(),
+        grpc_address: grpc_advertise.to_owned(),
+    };
+    let mut seeds: Vec<String> = cfg.join_seeds.clone();
+    let mut last = String::new();
+    let mut i = 0;
+    while i < seeds.len() {
+        let seed = seeds[i].clone();
+        i += 1;
+        tracing::info!(target: "raft", %seed, "asking to join the cluster");
+        match futureq_net::grpc::client::unary::<_, JoinResponse>(
+            &seed,
+            "/futureq.FutureQCluster/JoinCluster",
+            &req,
+            JOIN_TIMEOUT,
+        )
+        .await
+        {
+            Ok(r) if r.success => {
+                tracing::info!(target: "raft", %seed, "joined the cluster");
+                return Ok(());
+            }
+            Ok(r) => {
+                if let Some(leader) = r.error_message.split("leader: ").nth(1) {
+                    if !seeds.iter().any(|s| s == leader) {
+                        seeds.insert(i, leader.to_owned());
+                    }
+                }
+                last = format!("{seed}: {}", r.error_message);
+            }
+            Err(s) => last = format!("{seed}: {}", s.message),
+        }
+        tracing::warn!(target: "raft", error = %last, "join attempt failed");
+    }
+    Err(format!(
+        "failed to join cluster: all seeds exhausted (last: {last})"
+    ))
+}
+
+fn wipe(dir: &std::path::Path) {
+    for sub in ["event", "meta"] {
+        let _ = std::fs::remove_dir_all(dir.join(sub));
+    }
+}
+
+/// Drives the node until shutdown: leadership tracking, id assignment, the metadata
+/// service (address registration, topology), and the requests of the other cores. Stops the
+/// node after `dispatcher_done` fires (its last deletes go through Raft) or 5 s.
+#[allow(clippy::too_many_arguments)]
+pub async fn serve(
+    node: Node,
+    cfg: ClusterSettings,
+    grpc_advertise: String,
+    cluster: Arc<Cluster>,
+    rx: flume::Receiver<RaftReq>,
+    store: Store,
+    shutdown: Shutdown,
+    dispatcher_done: Shutdown,
+    metrics: Arc<Metrics>,
+) {
+    let core = Rc::new(Core {
+        node: node.clone(),
+        cfg,
+        grpc_advertise,
+        cluster,
+        store,
+        next_id: Cell::new(1),
+        ready_term: Cell::new(0),
+        confirming: Cell::new(false),
+        publishing_topology: Cell::new(false),
+        metrics,
+    });
+    core.metrics.clustered.store(true, Ordering::Relaxed);
+    let watcher = glommio::spawn_local(watch(Rc::clone(&core), shutdown.clone()));
+    glommio::spawn_local(register(Rc::clone(&core), shutdown.clone())).detach();
+    let requests = async {
+        while let Ok(req) = rx.recv_async().await {
+            let core = Rc::clone(&core);
+            glommio::spawn_local(async move { core.handle(req).await }).detach();
+        }
+    };
+    future::or(requests, shutdown.wait()).await;
+    // Serve what is still queued (the dispatcher's final delete flush) for a while.
+    let drain = async {
+        loop {
+            let req = future::or(async { rx.recv_async().await.ok() }, async {
+                dispatcher_done.wait().await;
+                None
+            })
+            .await;
+            match req {
+                Some(req) => {
+                    let core = Rc::clone(&core);
+                    glommio::spawn_local(async move { core.handle(req).await }).detach();
+                }
+                None => break,
+            }
+        }
+    };
+    future::or(drain, glommio::timer::sleep(Duration::from_secs(5))).await;
+    watcher.await;
+    core.cluster.state.update(|v| {
+        v.leading = false;
+        v.lost.trigger();
+    });
+    node.shutdown().await;
+    tracing::info!(target: "raft", "raft groups stopped");
+}
+
+impl Core {
+    fn leading_now(&self) -> Result<Leadership, WriteError> {
+        let l = self.node.leadership();
+        if l.leading && self.ready_term.get() == l.term {
+            Ok(l)
+        } else {
+            Err(WriteError::NotLeader { leader: l.leader })
+        }
+    }
+
+    async fn handle(&self, req: RaftReq) {
+        match req {
+            RaftReq::Publish {
+                mut items,
+                level,
+                deadline,
+                reply,
+            } => {
+                let out = async {
+                    self.leading_now()?;
+                    let first = self.next_id.get();
+                    self.next_id.set(first + items.len() as u64);
+                    for (i, it) in items.iter_mut().enumerate() {
+                        it.event_id = first + i as u64;
+                    }
+                    let cmd = encode_store(&StoreBatch { items });
+                    let ack = match level {
+                        AckLevel::Quorum => Ack::Quorum,
+                        AckLevel::Leader => Ack::Leader,
+                        AckLevel::NoAck => Ack::Submitted,
+                    };
+                    self.node.write_event(cmd, ack, deadline).await?;
+                    Ok(first)
+                }
+                .await;
+                let _ = reply.send(out);
+            }
+            RaftReq::Delete {
+                keys,
+                deadline,
+                reply,
+            } => {
+                let out = async {
+                    self.leading_now()?;
+                    let cmd = encode_delete(&DeleteBatch {
+                        keys: keys.iter().map(|k| k.0).collect(),
+                    });
+                    self.node.write_event(cmd, Ack::Quorum, deadline).await
+                }
+                .await;
+                let _ = reply.send(out);
+            }
+            RaftReq::Membership { op, reply } => {
+                let out = self.membership(&op).await;
+                match &out {
+                    Ok(()) => tracing::info!(target: "raft", ?op, "membership changed"),
+                    Err(e) => {
+                        tracing::warn!(target: "raft", ?op, error = %e, "membership change failed")
+                    }
+                }
+                let _ = reply.send(out);
+            }
+        }
+    }
+
+    fn not_leader_message(&self) -> String {
+        let v = self.cluster.state.view();
+        if v.leader_addr.is_empty() {
+            "node is not the cluster leader (leader unknown)".into()
+        } else {
+            format!("node is not the cluster leader; leader: {}", v.leader_addr)
+        }
+    }
+
+    async fn membership(&self, op: &MembershipOp) -> Result<(), String> {
+        let deadline = || Instant::now() + META_DEADLINE;
+        let fmt = |what: &str, e: WriteError| format!("{what}: {e}");
+        match op {
+            MembershipOp::Join { node_id, raft_addr } => {
+                if self.leading_now().is_err() {
+                    return Err(self.not_leader_message());
+                }
+                let learner = Forward::AddLearner(*node_id, raft_addr.clone());
+                self.node
+                    .meta_request(learner.clone(), deadline())
+                    .await
+                    .map_err(|e| fmt("adding it to the metadata group", e))?;
+                self.node
+                    .event_request(learner, deadline())
+                    .await
+                    .map_err(|e| fmt("adding it to the event shard", e))?;
+                self.wait_caught_up(*node_id).await?;
+                self.node
+                    .meta_request(Forward::AddVoter(*node_id), deadline())
+                    .await
+                    .map_err(|e| fmt("promoting it in the metadata group", e))?;
+                self.node
+                    .event_request(Forward::AddVoter(*node_id), deadline())
+                    .await
+                    .map_err(|e| fmt("promoting it in the event shard", e))
+            }
+            MembershipOp::Leave { node_id } => {
+                if self.leading_now().is_err() {
+                    return Err(self.not_leader_message());
+                }
+                self.node
+                    .event_request(Forward::Remove(*node_id), deadline())
+                    .await
+                    .map_err(|e| fmt("removing it from the event shard", e))?;
+                self.node
+                    .meta_request(Forward::Remove(*node_id), deadline())
+                    .await
+                    .map_err(|e| fmt("removing it from the metadata group", e))
+            }
+            MembershipOp::JoinMeta { node_id, raft_addr } => self
+                .node
+                .meta_request(Forward::AddLearner(*node_id, raft_addr.clone()), deadline())
+                .await
+                .map_err(|e| fmt("adding it to the metadata group", e)),
+            MembershipOp::LeaveMeta { node_id } => self
+                .node
+                .meta_request(Forward::Remove(*node_id), deadline())
+                .await
+                .map_err(|e| fmt("removing it from the metadata group", e)),
+        }
+    }
+
+    /// Polls until the learner's replicated index reaches the leader's last index as of the
+    /// start of the wait.
+    async fn wait_caught_up(&self, node_id: u64) -> Result<(), String> {
+        let until = Instant::now() + CATCH_UP_DEADLINE;
+        let target = self.node.event_last_log_index();
+        loop {
+            if self.node.matched_index(node_id) >= target {
+                return Ok(());
+            }
+            if Instant::now() >= until {
+                return Err(format!(
+                    "node {node_id} did not catch up within {CATCH_UP_DEADLINE:?}"
+                ));
+            }
+            glommio::timer::sleep(CATCH_UP_POLL).await;
+        }
+    }
+
+    /// Brings this node's leadership in line with Raft: confirms a new term (then ids may be
+    /// assigned), publishes the view, ends a lost leadership, and keeps the topology in the
+    /// metadata group current.
+    async fn tick(self: &Rc<Self>) {
+        let l = self.node.leadership();
+        if l.leading && self.ready_term.get() != l.term && !self.confirming.get() {
+            self.confirming.set(true);
+            let core = Rc::clone(self);
+            glommio::spawn_local(async move { core.confirm().await }).detach();
+        }
+        let leading = l.leading && self.ready_term.get() == l.term;
+        let meta = self.node.meta_sm.state();
+        let leader_addr = l
+            .leader
+            .and_then(|id| {
+                meta.grpc_addrs
+                    .get(&id)
+                    .cloned()
+                    .or_else(|| l.members.iter().find(|m| m.0 == id).map(|m| m.1.clone()))
+            })
+            .unwrap_or_default();
+        let info = meta.cluster_view(self.cfg.shard_id);
+        let m = &self.metrics;
+        m.raft_term.store(l.term, Ordering::Relaxed);
+        m.raft_is_leader
+            .store(u64::from(leading), Ordering::Relaxed);
+        m.raft_applied_index.store(l.applied, Ordering::Relaxed);
+        m.raft_last_log_index.store(l.last_log, Ordering::Relaxed);
+        m.raft_purged_index.store(l.purged, Ordering::Relaxed);
+        self.cluster.state.update(|v| {
+            if v.leading != leading {
+                m.raft_leader_changes.fetch_add(1, Ordering::Relaxed);
+            }
+            if v.leading && !leading {
+                tracing::warn!(target: "raft", term = l.term, leader = ?l.leader, "no longer the event-shard leader: consumers disconnected");
+                v.lost.trigger();
+                v.lost = Shutdown::new();
+            } else if !v.leading && leading {
+                tracing::info!(target: "raft", term = l.term, "leading the event shard");
+            }
+            v.leading = leading;
+            v.leader_id = l.leader;
+            v.leader_addr = leader_addr;
+            v.info = info;
+        });
+        if leading && !self.publishing_topology.get() {
+            let members: Vec<Member> = l
+                .members
+                .iter()
+                .map(|(id, addr, voter)| Member {
+                    node_id: *id,
+                    raft_addr: addr.clone(),
+                    voter: *voter,
+                })
+                .collect();
+            let stored = meta.shards.get(&self.cfg.shard_id);
+            let current = stored.is_some_and(|t| {
+                t.leader_id == self.node.id && t.term == l.term && t.members == members
+            });
+            if !current {
+                let epoch = stored.map_or(0, |t| t.epoch + 1).max(l.term << 32);
+                let topo = ShardTopology {
+                    shard_id: self.cfg.shard_id,
+                    leader_id: self.node.id,
+                    term: l.term,
+                    epoch,
+                    members,
+                };
+                self.publishing_topology.set(true);
+                let core = Rc::clone(self);
+                glommio::spawn_local(async move {
+                    let cmd = MetaCommand::UpdateTopology(topo).encode();
+                    if let Err(e) = core
+                        .node
+                        .meta_request(Forward::Write(cmd), Instant::now() + META_DEADLINE)
+                        .await
+                    {
+                        tracing::debug!(target: "raft", error = %e, "topology update not committed; will retry");
+                        glommio::timer::sleep(Duration::from_millis(200)).await;
+                    }
+                    core.publishing_topology.set(false);
+                })
+                .detach();
+            }
+        }
+    }
+
+    /// Confirms a fresh leadership: waits until everything up to this term's first entry is
+    /// applied, then raises the id counter above the store's high-water mark.
+    async fn confirm(self: Rc<Self>) {
+        match self.node.confirm_leadership().await {
+            Ok(term) => {
+                let store = self.store.clone();
+                match glommio::executor()
+                    .spawn_blocking(move || store.last_id())
+                    .await
+                {
+                    Ok(last) => {
+                        self.next_id.set(self.next_id.get().max(last + 1));
+                        self.ready_term.set(term);
+                        tracing::info!(target: "raft", term, next_id = self.next_id.get(), "leadership confirmed; taking writes");
+                    }
+                    Err(e) => {
+                        tracing::error!(target: "raft", error = %e, "cannot read the id high-water mark; not taking writes");
+                    }
+                }
+            }
+            Err(e) => tracing::debug!(target: "raft", error = %e, "leadership not confirmed"),
+        }
+        self.confirming.set(false);
+    }
+}
+
+async fn watch(core: Rc<Core>, shutdown: Shutdown) {
+    let mut events = core.node.watch_event();
+    while !shutdown.is_triggered() {
+        core.tick().await;
+        future::or(events.changed(WATCH_INTERVAL), shutdown.wait()).await;
+    }
+}
+
+/// Registers `api.grpc.advertise` in the metadata group, retrying until it is committed.
+async fn register(core: Rc<Core>, shutdown: Shutdown) {
+    let id = core.node.id;
+    loop {
+        if core.node.meta_sm.state().grpc_addrs.get(&id) == Some(&core.grpc_advertise) {
+            return;
+        }
+        let cmd = MetaCommand::RegisterNodeAddr(NodeAddr {
+            node_id: id,
+            grpc_addr: core.grpc_advertise.clone(),
+        })
+        .encode();
+        match core
+            .node
+            .meta_request(Forward::Write(cmd), Instant::now() + META_DEADLINE)
+            .await
+        {
+            Ok(()) => {
+                tracing::info!(target: "raft", node = id, addr = %core.grpc_advertise, "client address registered");
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(target: "raft", error = %e, "address registration failed; retrying")
+            }
+        }
+        let stop = future::or(
+            async {
+                glommio::timer::sleep(REGISTER_RETRY).await;
+                false
+            },
+            async {
+                shutdown.wait().await;
+                true
+            },
+        )
+        .await;
+        if stop {
+            return;
+        }
+    }
+}

@@ -1,0 +1,389 @@
+//! Clustered futureq through the real binary: three nodes on 127.0.0.x (Raft) formed from
+//! `cluster.raft.initialMembers`, driven with tonic.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use common::{batch, msg, Broker, Publisher, Subscriber};
+use futureq_bench::pb::future_q_cluster_client::FutureQClusterClient;
+use futureq_bench::pb::future_q_consumer_client::FutureQConsumerClient;
+use futureq_bench::pb::{
+    consumer_frame, ClusterInfoRequest, ClusterInfoResponse, ConsumerFrame, LeaveRequest,
+    SubscribeInit,
+};
+
+/// rtt 50 ms: election timeout 500–750 ms (the leader lease is the maximum).
+const RTT_MS: u64 = 50;
+/// A new leader must serve within two election timeouts (plus slack for a loaded machine).
+const FAILOVER_MAX: Duration = Duration::from_millis(2 * 15 * RTT_MS + 500);
+
+struct Cluster {
+    nodes: Vec<Broker>,
+}
+
+/// The configuration of node `id`; `membership` is its `initialMembers` or `joinSeeds` line.
+fn node_yaml(b: &Broker, id: usize, raft_addr: &str, membership: &str, extra: &str) -> String {
+    format!(
+        "cluster:\n  enabled: true\n  nodeId: {id}\n{membership}  raft:\n    listen: {raft_addr}\n    advertise: {raft_addr}\n    dataDir: {dir}\n    rtt: {RTT_MS}ms\n{extra}api:\n  grpc:\n    advertise: 127.0.0.1:{grpc}\ndelivery:\n  deleteBatchInterval: 100ms\npublish:\n  minAckLevel: noAck\n",
+        dir = b.dir.path().join("raft").display(),
+        grpc = b.grpc_port,
+    )
+}
+
+impl Cluster {
+    /// Starts `n` nodes and waits until each serves (a leader is known). `extra` is added to
+    /// each node's `cluster.raft` section.
+    async fn start(n: usize, extra: &str) -> Cluster {
+        let raft: Vec<String> = (1..=n)
+            .map(|i| format!("127.0.0.{i}:{}", common::free_port()))
+            .collect();
+        let members = raft
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("{}: \"{a}\"", i + 1))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut nodes = Vec::new();
+        for (i, addr) in raft.iter().enumerate() {
+            let mut b = Broker::prepare("");
+            let raft_extra = format!("    initialMembers: {{{members}}}\n{extra}");
+            b.extra = node_yaml(&b, i + 1, addr, "", &raft_extra);
+            b.launch();
+            nodes.push(b);
+        }
+        for b in &mut nodes {
+            b.wait_ready().await;
+        }
+        Cluster { nodes }
+    }
+
+    /// Starts one more node that joins through `seed` (a node index); returns its index.
+    async fn join(&mut self, seed: usize, extra: &str) -> usize {
+        let id = self.nodes.len() + 1;
+        let addr = format!("127.0.0.{id}:{}", common::free_port());
+        let mut b = Broker::prepare("");
+        let seeds = format!(
+            "  joinSeeds: [\"127.0.0.1:{}\"]\n",
+            self.nodes[seed].grpc_port
+        );
+        b.extra = node_yaml(&b, id, &addr, &seeds, extra);
+        b.spawn().await;
+        self.nodes.push(b);
+        id - 1
+    }
+
+    /// Index of the node that leads (metrics), waiting up to `within`.
+    async fn leader(&self, within: Duration) -> usize {
+        let deadline = Instant::now() + within;
+        loop {
+            for (i, b) in self.nodes.iter().enumerate() {
+                if b.running() && b.metric("futureq_raft_is_leader").await == 1.0 {
+                    return i;
+                }
+            }
+            assert!(Instant::now() < deadline, "no leader within {within:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Waits until every running node answers GetClusterInfo with `leader` and `members`
+    /// nodes, each named by its client address.
+    async fn wait_topology(&self, leader: usize, members: usize) -> ClusterInfoResponse {
+        let want = format!("127.0.0.1:{}", self.nodes[leader].grpc_port);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let mut seen = Vec::new();
+            let mut all = true;
+            for b in self.nodes.iter().filter(|b| b.running()) {
+                let info = info(b).await;
+                let ok = info.as_ref().is_some_and(|i| {
+                    i.leader_address == want
+                        && i.nodes.len() == members
+                        && i.nodes.iter().all(|n| n.address.starts_with("127.0.0.1:"))
+                });
+                all &= ok;
+                seen.push((b.grpc_port, info));
+            }
+            if all {
+                return seen.pop().and_then(|s| s.1).unwrap();
+            }
+            if Instant::now() >= deadline {
+                let logs: Vec<String> = self.nodes.iter().map(Broker::log).collect();
+                panic!(
+                    "topology not converged on leader {want}: {seen:#?}\nlogs:\n{}",
+                    logs.join("\n-----\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until node `i` applied at least `index`.
+    async fn wait_applied(&self, i: usize, index: f64, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let applied = self.nodes[i].metric("futureq_raft_applied_index").await;
+            if applied >= index {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {} applied {applied} < {index}; log:\n{}",
+                i + 1,
+                self.nodes[i].log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+async fn info(b: &Broker) -> Option<ClusterInfoResponse> {
+    let mut c = FutureQClusterClient::new(b.channel().await);
+    c.get_cluster_info(ClusterInfoRequest {})
+        .await
+        .ok()
+        .map(tonic::Response::into_inner)
+}
+
+fn id_of(tag: &[u8]) -> u64 {
+    u64::from_be_bytes(tag[16..24].try_into().unwrap())
+}
+
+/// Publishes QUORUM batches of 10 until the stream fails; returns the acked payloads.
+async fn publish_until_failure(ch: tonic::transport::Channel, prefix: &'static str) -> Vec<String> {
+    let mut p = Publisher::open(ch).await;
+    let mut acked = Vec::new();
+    for n in 0..100_000u64 {
+        let payloads: Vec<String> = (0..10).map(|j| format!("{prefix}-{n}-{j}")).collect();
+        p.send(batch(
+            n,
+            0,
+            payloads.iter().map(|s| msg("t", s, 0, 0)).collect(),
+        ));
+        let ack = tokio::time::timeout(Duration::from_secs(3), p.ack_raw()).await;
+        match ack {
+            Ok(Some(a)) if a.success => acked.extend(payloads),
+            _ => break,
+        }
+    }
+    acked
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_serve_on_the_leader_and_fail_over_without_losing_acked_messages() {
+    let mut c = Cluster::start(3, "").await;
+    let leader = c.leader(Duration::from_secs(10)).await;
+    let info = c.wait_topology(leader, 3).await;
+    assert!(info.nodes.iter().all(|n| n.is_voter));
+    assert_eq!(info.nodes.iter().filter(|n| n.is_leader).count(), 1);
+    let leader_addr = format!("127.0.0.1:{}", c.nodes[leader].grpc_port);
+
+    // Followers refuse publishes and consumers, naming the leader.
+    let follower = (leader + 1) % 3;
+    let mut p = Publisher::open(c.nodes[follower].channel().await).await;
+    let ack = p.publish(batch(7, 0, vec![msg("t", "x", 0, 0)])).await;
+    assert!(!ack.success);
+    assert_eq!(ack.error_code, 9, "{ack:?}");
+    assert_eq!(ack.error_message, "node is not the cluster leader");
+    assert_eq!(ack.leader_address, leader_addr);
+    let init = ConsumerFrame {
+        frame: Some(consumer_frame::Frame::Init(SubscribeInit {
+            topic: "t".into(),
+            group_id: "g".into(),
+            read_from_replica: false,
+            max_in_flight: 10,
+        })),
+    };
+    let st = FutureQConsumerClient::new(c.nodes[follower].channel().await)
+        .subscribe(futures::stream::iter(vec![init]))
+        .await
+        .expect_err("a follower refuses consumers");
+    assert_eq!(st.code(), tonic::Code::FailedPrecondition, "{st:?}");
+    assert_eq!(st.message(), "node is not the cluster leader");
+    assert_eq!(
+        st.metadata()
+            .get("futureq-leader-address")
+            .and_then(|v| v.to_str().ok()),
+        Some(leader_addr.as_str())
+    );
+
+    // Every ack level on the leader.
+    let mut p = Publisher::open(c.nodes[leader].channel().await).await;
+    let mut before = Vec::new();
+    for (level, name) in [(0, "quorum"), (1, "leader"), (2, "noack")] {
+        let payloads: Vec<String> = (0..10).map(|j| format!("{name}-{j}")).collect();
+        let ack = p
+            .publish(batch(
+                level as u64,
+                level,
+                payloads.iter().map(|s| msg("t", s, 0, 0)).collect(),
+            ))
+            .await;
+        assert!(ack.success, "{name}: {ack:?}");
+        assert_eq!(ack.delivery_tags.len(), 10);
+        before.extend(payloads);
+    }
+    // Consume them on the leader; ACK half, leave the rest in flight.
+    let mut s = Subscriber::open(c.nodes[leader].channel().await, "t", "g", 100).await;
+    let mut got = Vec::new();
+    let mut max_id = 0;
+    while got.len() < 30 {
+        let m = s
+            .next(Duration::from_secs(5))
+            .await
+            .expect("delivery on the leader");
+        max_id = max_id.max(id_of(&m.delivery_tag));
+        got.push(m);
+    }
+    let acked: BTreeSet<String> = got[..15]
+        .iter()
+        .map(|m| String::from_utf8(m.payload.clone()).unwrap())
+        .collect();
+    for m in &got[..15] {
+        s.ack(&m.delivery_tag, true);
+    }
+    // The deletes go through Raft (deleteBatchInterval 100 ms): let them commit.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+
+    // Publish load, then kill -9 the leader in the middle of it.
+    let load = tokio::spawn(publish_until_failure(
+        c.nodes[leader].channel().await,
+        "load",
+    ));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    c.nodes[leader].kill9();
+    let killed_at = Instant::now();
+    drop(s);
+    let loaded = load.await.unwrap();
+    assert!(!loaded.is_empty(), "the load published before the kill");
+    let new_leader = c.leader(Duration::from_secs(5)).await;
+    let failover = killed_at.elapsed();
+    assert_ne!(new_leader, leader);
+    assert!(failover < FAILOVER_MAX, "failover took {failover:?}");
+
+    // Every acked message not ACKed by a consumer is delivered by the new leader; the ACKed
+    // ones never come back.
+    let mut s = Subscriber::open(c.nodes[new_leader].channel().await, "t", "g", 1000).await;
+    let mut delivered = BTreeMap::new();
+    while let Some(m) = s.next(Duration::from_secs(2)).await {
+        max_id = max_id.max(id_of(&m.delivery_tag));
+        delivered.insert(String::from_utf8(m.payload.clone()).unwrap(), m.attempt);
+        s.ack(&m.delivery_tag, true);
+    }
+    for p in &acked {
+        assert!(
+            !delivered.contains_key(p),
+            "{p} was ACKed before the kill but redelivered"
+        );
+    }
+    for p in before.iter().chain(&loaded).filter(|p| !acked.contains(*p)) {
+        assert!(
+            delivered.contains_key(p),
+            "acked message {p} lost in the failover"
+        );
+    }
+
+    // Ids never regress on the new leader.
+    let mut p = Publisher::open(c.nodes[new_leader].channel().await).await;
+    let ack = p.publish(batch(1, 0, vec![msg("t2", "after", 0, 0)])).await;
+    assert!(ack.success, "{ack:?}");
+    assert!(id_of(&ack.delivery_tags[0]) > max_id);
+
+    // The killed node comes back and catches up.
+    c.nodes[leader].spawn().await;
+    let target = c.nodes[new_leader]
+        .metric("futureq_raft_applied_index")
+        .await;
+    c.wait_applied(leader, target, Duration::from_secs(10))
+        .await;
+    c.wait_topology(new_leader, 3).await;
+    eprintln!("failover took {failover:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_node_joins_from_a_snapshot_and_leaves_again() {
+    let raft = "    snapshotEntries: 20\n    compactionOverhead: 5\n";
+    let mut c = Cluster::start(3, raft).await;
+    let leader = c.leader(Duration::from_secs(10)).await;
+    c.wait_topology(leader, 3).await;
+    let mut p = Publisher::open(c.nodes[leader].channel().await).await;
+    for n in 0..100u64 {
+        let ack = p
+            .publish(batch(n, 0, vec![msg("s", &format!("m{n}"), 60_000, 0)]))
+            .await;
+        assert!(ack.success, "{ack:?}");
+    }
+    // The leader compacts its log (snapshot every 20 entries, 5 kept): a new node cannot be
+    // sent the log from the start any more.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.nodes[leader].metric("futureq_raft_purged_index").await < 50.0 {
+        assert!(Instant::now() < deadline, "the leader never purged its log");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A fresh node joins through a follower: it is sent to the leader, added as a learner,
+    // installs a snapshot, catches up and becomes a voter.
+    let follower = (leader + 1) % 3;
+    let new = c.join(follower, raft).await;
+    let info = c.wait_topology(leader, 4).await;
+    assert!(info.nodes.iter().all(|n| n.is_voter), "{info:?}");
+    let target = c.nodes[leader].metric("futureq_raft_applied_index").await;
+    c.wait_applied(new, target, Duration::from_secs(10)).await;
+    assert!(
+        c.nodes[new]
+            .log()
+            .contains("installed a snapshot of the event shard"),
+        "the new node caught up from a snapshot; log:\n{}",
+        c.nodes[new].log()
+    );
+    // It restarts from its own Raft data (no second join).
+    let asked = c.nodes[new].log().matches("asking to join").count();
+    c.nodes[new].kill9();
+    c.nodes[new].spawn().await;
+    assert_eq!(c.nodes[new].log().matches("asking to join").count(), asked);
+    assert!(c.nodes[new]
+        .log()
+        .contains("restarting with local Raft data"));
+
+    // `futureq leave` removes it from both groups; the topology shrinks back to three.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_futureq"))
+        .args(["leave", "-c"])
+        .arg(c.nodes[new].config_path())
+        .args([
+            "--seed",
+            &format!("127.0.0.1:{}", c.nodes[leader].grpc_port),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("left the cluster"));
+    c.nodes[new].kill9();
+    let info = c.wait_topology(leader, 3).await;
+    assert!(info.nodes.iter().all(|n| n.node_id != new as u64 + 1));
+    let ack = p
+        .publish(batch(1000, 0, vec![msg("s", "after", 0, 0)]))
+        .await;
+    assert!(ack.success, "{ack:?}");
+
+    // Membership changes sent to a follower are refused with the leader's address.
+    let mut cl = FutureQClusterClient::new(c.nodes[follower].channel().await);
+    let r = cl
+        .leave_cluster(LeaveRequest { node_id: 99 })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!r.success);
+    assert!(
+        r.error_message.contains(&format!(
+            "not the cluster leader; leader: 127.0.0.1:{}",
+            c.nodes[leader].grpc_port
+        )),
+        "{r:?}"
+    );
+}

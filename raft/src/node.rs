@@ -1,0 +1,797 @@
+//! One cluster node: the event shard and the metadata group on this (the Raft) core, their
+//! logs on io_uring, the peer listener, and what the broker asks of them — proposals with the
+//! three ack levels, forwarded metadata proposals, membership changes and leadership status.
+//!
+//! Everything here runs on the Raft core's glommio executor; other cores talk to it over
+//! channels (see the broker). No blocking call runs on this reactor: redb calls go to the
+//! blocking pool (state machine), log I/O is io_uring.
+//!
+//! # Invariants
+//! - Only the metadata group forwards proposals to its leader; the event shard is written only
+//!   on its own leader (the broker refuses clients elsewhere).
+//! - A write refused with ForwardToLeader(LeaseExpired), or by a leader that does not know
+//!   itself yet, is retried until the caller's deadline; every other refusal is returned.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futureq_net::peer::PeerFrame;
+use futureq_net::peer_link::{serve_peers, PeerHandler};
+use futureq_net::Shutdown;
+use futureq_storage::log::tracker::PersistTracker;
+use futureq_storage::log::uring::DmaLogIo;
+use futureq_storage::log::LogConfig;
+use futureq_storage::Store;
+use futures_lite::future;
+use openraft::error::{ClientWriteError, ForwardReason, ForwardToLeader, RaftError};
+use openraft::{BasicNode, ChangeMembers, ReadPolicy, ServerState, SnapshotPolicy};
+
+use crate::log_store::LogStore;
+use crate::metadata_sm::MetaStateMachine;
+use crate::network::{raft_handler, PeerNetwork, PEER_FRAME_MAX, SNAPSHOT_RPC_TIMEOUT};
+use crate::rpc::KIND_RESPONSE;
+use crate::state_machine::{EventStateMachine, OnApplied};
+use crate::types::{Command, TypeConfig};
+
+/// Peer-frame group id of the metadata group.
+pub const META_GROUP: u8 = 0;
+/// Peer-frame group id of the event shard.
+pub const EVENT_GROUP: u8 = 1;
+/// Peer-frame kind of a request forwarded to a group's leader (see [`Forward`]).
+pub const KIND_FORWARD: u8 = 4;
+/// Snapshot policy of the metadata group (its state is tiny).
+pub const META_SNAPSHOT_ENTRIES: u64 = 5;
+/// Raft log segment size.
+pub const SEGMENT_BYTES: u64 = 64 << 20;
+/// Per-RPC timeout between peers (snapshots get `network::SNAPSHOT_RPC_TIMEOUT`).
+pub const RPC_TIMEOUT: Duration = Duration::from_secs(2);
+/// Pause between retries of a write refused while leadership settles.
+const RETRY_PAUSE: Duration = Duration::from_millis(5);
+
+/// The event shard.
+pub type EventRaft = openraft::Raft<TypeConfig, EventStateMachine>;
+/// The metadata group.
+pub type MetaRaft = openraft::Raft<TypeConfig, MetaStateMachine>;
+
+/// How a node is set up (from `cluster.*`).
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    /// `cluster.nodeId`.
+    pub node_id: u64,
+    /// `cluster.raft.listen`.
+    pub raft_listen: SocketAddr,
+    /// `cluster.raft.advertise`.
+    pub raft_advertise: String,
+    /// `cluster.raft.dataDir`.
+    pub data_dir: PathBuf,
+    /// `cluster.raft.rtt`: heartbeat every rtt, election timeout 10–15 rtt (randomised).
+    pub rtt: Duration,
+    /// `cluster.raft.snapshotEntries`.
+    pub snapshot_entries: u64,
+    /// `cluster.raft.compactionOverhead`: applied entries kept behind a snapshot.
+    pub compaction_overhead: u64,
+}
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// The Raft data directory or a log could not be opened.
+    #[error("opening the Raft log in {path}: {source}")]
+    Log {
+        /// The directory.
+        path: String,
+        /// The cause.
+        source: io::Error,
+    },
+    /// `cluster.raft.listen` could not be bound.
+    #[error("cannot listen on cluster.raft.listen {addr}: {reason}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        reason: String,
+    },
+    /// openraft refused to start or initialize.
+    #[error("raft: {0}")]
+    Raft(String),
+}
+
+/// Why a write or membership change did not succeed.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum WriteError {
+    /// This node is not the group's leader; the leader's node id if known.
+    #[error("node is not the leader (leader: {leader:?})")]
+    NotLeader {
+        /// The leader, if known.
+        leader: Option<u64>,
+    },
+    /// The deadline passed; the outcome is unknown.
+    #[error("not committed before the deadline; outcome unknown")]
+    Timeout,
+    /// Raft refused the request or stopped.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// How long a write waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ack {
+    /// Committed by a majority and applied here.
+    Quorum,
+    /// Fsynced in the leader's own log (the leader-persist tracker fired).
+    Leader,
+    /// Handed to Raft.
+    Submitted,
+}
+
+/// What the broker needs to know about the event shard's leadership.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Leadership {
+    /// The current term.
+    pub term: u64,
+    /// The leader this node knows of.
+    pub leader: Option<u64>,
+    /// This node leads, and a quorum acknowledged it within the election timeout
+    /// (the CheckQuorum equivalent: a leader cut off from its quorum stops serving).
+    pub leading: bool,
+    /// Members: (node id, raft address, voter).
+    pub members: Vec<(u64, String, bool)>,
+    /// Last applied log index (0 = none).
+    pub applied: u64,
+    /// Last log index (0 = none).
+    pub last_log: u64,
+    /// Highest purged log index (0 = none).
+    pub purged: u64,
+}
+
+/// A request forwarded to a group's leader over the peer link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Forward {
+    /// `client_write(command)`.
+    Write(Vec<u8>),
+    /// Add a learner (non-blocking).
+    AddLearner(u64, String),
+    /// Promote a learner to voter.
+    AddVoter(u64),
+    /// Remove a node (voter or learner) from the group.
+    Remove(u64),
+}
+
+impl Forward {
+    /// Encodes the request (op byte, then its fields, little-endian).
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        match self {
+            Forward::Write(c) => {
+                out.push(1);
+                out.extend_from_slice(c);
+            }
+            Forward::AddLearner(id, addr) => {
+                out.push(2);
+                out.extend_from_slice(&id.to_le_bytes());
+                out.extend_from_slice(addr.as_bytes());
+            }
+            Forward::AddVoter(id) => {
+                out.push(3);
+                out.extend_from_slice(&id.to_le_bytes());
+            }
+            Forward::Remove(id) => {
+                out.push(4);
+                out.extend_from_slice(&id.to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// Decodes a forwarded request; `None` for anything malformed.
+    #[must_use]
+    pub fn decode(b: &[u8]) -> Option<Forward> {
+        let (&op, rest) = b.split_first()?;
+        let id = || {
+            rest.get(..8)
+                .map(|x| u64::from_le_bytes(x.try_into().unwrap_or([0; 8])))
+        };
+        match op {
+            1 => Some(Forward::Write(rest.to_vec())),
+            2 => Some(Forward::AddLearner(
+                id()?,
+                String::from_utf8(rest.get(8..)?.to_vec()).ok()?,
+            )),
+            3 if rest.len() == 8 => Some(Forward::AddVoter(id()?)),
+            4 if rest.len() == 8 => Some(Forward::Remove(id()?)),
+            _ => None,
+        }
+    }
+}
+
+fn encode_outcome(r: &Result<(), WriteError>) -> Vec<u8> {
+    match r {
+        Ok(()) => vec![0],
+        Err(WriteError::NotLeader { leader }) => {
+            let mut v = vec![1];
+            v.extend_from_slice(&leader.unwrap_or(0).to_le_bytes());
+            v
+        }
+        Err(WriteError::Timeout) => vec![2],
+        Err(WriteError::Failed(m)) => {
+            let mut v = vec![3];
+            v.extend_from_slice(m.as_bytes());
+            v
+        }
+    }
+}
+
+fn decode_outcome(b: &[u8]) -> Result<(), WriteError> {
+    match b.split_first() {
+        Some((0, _)) => Ok(()),
+        Some((1, rest)) if rest.len() == 8 => {
+            let id = u64::from_le_bytes(rest.try_into().unwrap_or([0; 8]));
+            Err(WriteError::NotLeader {
+                leader: (id != 0).then_some(id),
+            })
+        }
+        Some((2, _)) => Err(WriteError::Timeout),
+        Some((3, m)) => Err(WriteError::Failed(String::from_utf8_lossy(m).into_owned())),
+        _ => Err(WriteError::Failed("malformed forwarded reply".into())),
+    }
+}
+
+/// Whether a ForwardToLeader refusal is transient on a node that leads (or may lead soon).
+fn settling(f: &ForwardToLeader<TypeConfig>, me: u64) -> bool {
+    f.reason == ForwardReason::LeaseExpired || f.leader_id.is_none() || f.leader_id == Some(me)
+}
+
+fn write_error(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> WriteError {
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => WriteError::NotLeader {
+            leader: f.leader_id,
+        },
+        other => WriteError::Failed(other.to_string()),
+    }
+}
+
+/// Runs `op` until it succeeds, fails for good, or `deadline` passes; transient leadership
+/// refusals are retried.
+async fn with_retry<F, Fut, T>(me: u64, deadline: Instant, mut op: F) -> Result<T, WriteError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<
+        Output = Result<T, RaftError<TypeConfig, ClientWriteError<TypeConfig>>>,
+    >,
+{
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(WriteError::Timeout);
+        }
+        let attempt = async { Some(op().await) };
+        let timer = async {
+            glommio::timer::sleep(left).await;
+            None
+        };
+        match future::or(attempt, timer).await {
+            None => return Err(WriteError::Timeout),
+            Some(Ok(v)) => return Ok(v),
+            Some(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))))
+                if settling(&f, me) =>
+            {
+                glommio::timer::sleep(RETRY_PAUSE).await;
+            }
+            Some(Err(e)) => return Err(write_error(e)),
+        }
+    }
+}
+
+/// Applies a membership request on `raft`, which must lead its group.
+async fn change<SM>(
+    raft: &openraft::Raft<TypeConfig, SM>,
+    me: u64,
+    req: &Forward,
+    deadline: Instant,
+) -> Result<(), WriteError>
+where
+    SM: openraft::storage::RaftStateMachine<TypeConfig>,
+{
+    match req {
+        Forward::Write(c) => with_retry(me, deadline, || raft.client_write(Command(c.clone())))
+            .await
+            .map(drop),
+        Forward::AddLearner(id, addr) => {
+            let node = BasicNode { addr: addr.clone() };
+            with_retry(me, deadline, || raft.add_learner(*id, node.clone(), false))
+                .await
+                .map(drop)
+        }
+        Forward::AddVoter(id) => with_retry(me, deadline, || {
+            raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([*id])), true)
+        })
+        .await
+        .map(drop),
+        Forward::Remove(id) => {
+            let voter = raft
+                .metrics()
+                .borrow_watched()
+                .membership_config
+                .membership()
+                .voter_ids()
+                .any(|v| v == *id);
+            if voter {
+                with_retry(me, deadline, || {
+                    raft.change_membership(
+                        ChangeMembers::RemoveVoters(BTreeSet::from([*id])),
+                        false,
+                    )
+                })
+                .await
+                .map(drop)
+            } else {
+                with_retry(me, deadline, || {
+                    raft.change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([*id])), false)
+                })
+                .await
+                .map(drop)
+            }
+        }
+    }
+}
+
+use openraft_rt::watch::WatchReceiver as _;
+
+/// Changes of the event shard's metrics (see [`Node::watch_event`]).
+pub struct EventWatch(
+    openraft::type_config::alias::WatchReceiverOf<TypeConfig, openraft::RaftMetrics<TypeConfig>>,
+);
+
+impl EventWatch {
+    /// Resolves at the next change, or after `max` at the latest.
+    pub async fn changed(&mut self, max: Duration) {
+        let changed = async {
+            if self.0.changed().await.is_err() {
+                // The node stopped: nothing will change any more.
+                future::pending::<()>().await;
+            }
+        };
+        future::or(changed, glommio::timer::sleep(max)).await;
+        drop(self.0.borrow_and_update());
+    }
+}
+
+/// A running node (both groups). Cheap to clone.
+#[derive(Clone)]
+pub struct Node {
+    /// This node's id.
+    pub id: u64,
+    /// The event shard.
+    pub event: EventRaft,
+    /// The metadata group.
+    pub meta: MetaRaft,
+    /// The metadata replica (what `GetClusterInfo` answers from).
+    pub meta_sm: MetaStateMachine,
+    /// The leader-persist tracker of the event shard's log (LEADER acks).
+    pub tracker: PersistTracker,
+    network: PeerNetwork,
+    stop: Shutdown,
+    election_timeout: Duration,
+}
+
+fn raft_config(
+    cluster: &str,
+    rtt: Duration,
+    policy: SnapshotPolicy,
+    keep: u64,
+) -> Result<Arc<openraft::Config>, NodeError> {
+    let rtt_ms = u64::try_from(rtt.as_millis()).unwrap_or(u64::MAX).max(1);
+    let c = openraft::Config {
+        cluster_name: cluster.into(),
+        heartbeat_interval: rtt_ms,
+        election_timeout_min: 10 * rtt_ms,
+        // openraft's leader lease is election_timeout_max: followers refuse votes until it
+        // ran out, so a narrow range shortens failover (a candidate that times out early
+        // is refused and tries again one timeout later).
+        election_timeout_max: 15 * rtt_ms,
+        snapshot_policy: policy,
+        max_in_snapshot_log_to_keep: keep,
+        // Purge as soon as a snapshot covers entries (snapshots are already the batching).
+        purge_batch_size: 1,
+        install_snapshot_timeout: u64::try_from(SNAPSHOT_RPC_TIMEOUT.as_millis()).unwrap_or(60_000),
+        ..Default::default()
+    };
+    c.validate()
+        .map(Arc::new)
+        .map_err(|e| NodeError::Raft(e.to_string()))
+}
+
+async fn open_log(
+    dir: PathBuf,
+    hook: futureq_storage::log::segmented::PersistHook,
+) -> Result<LogStore<DmaLogIo>, NodeError> {
+    let err = |source| NodeError::Log {
+        path: dir.display().to_string(),
+        source,
+    };
+    std::fs::create_dir_all(&dir).map_err(err)?;
+    let d = dir.clone();
+    LogStore::open(
+        move || DmaLogIo::in_dir(d.clone()),
+        LogConfig {
+            segment_bytes: SEGMENT_BYTES,
+        },
+        hook,
+    )
+    .await
+    .map_err(err)
+}
+
+impl Node {
+    /// Opens both logs, starts both groups and the peer listener. The groups are not
+    /// initialized: see [`Node::bootstrap`] and the join flow.
+    ///
+    /// # Errors
+    /// [`NodeError`].
+    pub async fn start(
+        cfg: &NodeConfig,
+        store: Store,
+        on_applied: OnApplied,
+    ) -> Result<Node, NodeError> {
+        let tracker = PersistTracker::new();
+        let t = tracker.clone();
+        let hook: futureq_storage::log::segmented::PersistHook = Box::new(move |payload| {
+            if let Ok(e) = crate::codec::decode_entry(payload) {
+                if let openraft::EntryPayload::Normal(c) = &e.payload {
+                    t.notify(&c.0);
+                }
+            }
+        });
+        let event_log = open_log(cfg.data_dir.join("event"), hook).await?;
+        let meta_log = open_log(cfg.data_dir.join("meta"), Box::new(|_| {})).await?;
+        let event_cfg = raft_config(
+            "futureq-event",
+            cfg.rtt,
+            SnapshotPolicy::LogsSinceLast(cfg.snapshot_entries),
+            cfg.compaction_overhead,
+        )?;
+        let meta_cfg = raft_config(
+            "futureq-meta",
+            cfg.rtt,
+            SnapshotPolicy::LogsSinceLast(META_SNAPSHOT_ENTRIES),
+            META_SNAPSHOT_ENTRIES,
+        )?;
+        let election_timeout = Duration::from_millis(event_cfg.election_timeout_min);
+        let network = PeerNetwork::new(EVENT_GROUP, RPC_TIMEOUT);
+        let event = EventRaft::new(
+            cfg.node_id,
+            event_cfg,
+            network.clone(),
+            event_log,
+            EventStateMachine::new(store, on_applied),
+        )
+        .await
+        .map_err(|e| NodeError::Raft(e.to_string()))?;
+        let meta_dir = cfg.data_dir.join("meta");
+        let meta_sm =
+            MetaStateMachine::open(meta_dir.clone()).map_err(|source| NodeError::Log {
+                path: meta_dir.display().to_string(),
+                source,
+            })?;
+        let meta = MetaRaft::new(
+            cfg.node_id,
+            meta_cfg,
+            network.for_group(META_GROUP),
+            meta_log,
+            meta_sm.clone(),
+        )
+        .await
+        .map_err(|e| NodeError::Raft(e.to_string()))?;
+        let listener =
+            glommio::net::TcpListener::bind(cfg.raft_listen).map_err(|e| NodeError::Listen {
+                addr: cfg.raft_listen,
+                reason: e.to_string(),
+            })?;
+        let node = Node {
+            id: cfg.node_id,
+            event,
+            meta,
+            meta_sm,
+            tracker,
+            network,
+            stop: Shutdown::new(),
+            election_timeout,
+        };
+        glommio::spawn_local(serve_peers(
+            listener,
+            node.peer_handler(),
+            PEER_FRAME_MAX,
+            node.stop.clone(),
+        ))
+        .detach();
+        Ok(node)
+    }
+
+    /// Routes peer frames: Raft RPCs to their group, forwarded requests to [`Node::forwarded`].
+    fn peer_handler(&self) -> PeerHandler {
+        let event = raft_handler(EVENT_GROUP, self.event.clone());
+        let meta = raft_handler(META_GROUP, self.meta.clone());
+        let node = self.clone();
+        Rc::new(move |f: PeerFrame| {
+            if f.kind == KIND_FORWARD {
+                let node = node.clone();
+                return Box::pin(async move {
+                    let req = Forward::decode(&f.payload)?;
+                    let out = node.forwarded(f.group, &req).await;
+                    Some((KIND_RESPONSE, Bytes::from(encode_outcome(&out))))
+                });
+            }
+            match f.group {
+                EVENT_GROUP => event(f),
+                META_GROUP => meta(f),
+                _ => Box::pin(async { None }),
+            }
+        })
+    }
+
+    /// Serves a request another node forwarded here (this node must lead the group).
+    async fn forwarded(&self, group: u8, req: &Forward) -> Result<(), WriteError> {
+        let deadline = Instant::now() + RPC_TIMEOUT;
+        match group {
+            META_GROUP => change(&self.meta, self.id, req, deadline).await,
+            EVENT_GROUP => change(&self.event, self.id, req, deadline).await,
+            _ => Err(WriteError::Failed(format!("unknown group {group}"))),
+        }
+    }
+
+    /// Whether either group has state on disk (a restart: no bootstrap, no join).
+    pub async fn has_state(&self) -> bool {
+        self.event.is_initialized().await.unwrap_or(false)
+            || self.meta.is_initialized().await.unwrap_or(false)
+    }
+
+    /// Initializes both groups with `members` (node id → raft address) unless they already
+    /// have state. Every bootstrap member may call it with the same members.
+    ///
+    /// # Errors
+    /// openraft refused for another reason than existing state.
+    pub async fn bootstrap(&self, members: &BTreeMap<u64, String>) -> Result<(), NodeError> {
+        let nodes: BTreeMap<u64, BasicNode> = members
+            .iter()
+            .map(|(id, addr)| (*id, BasicNode { addr: addr.clone() }))
+            .collect();
+        for (name, r) in [
+            ("event shard", self.event.initialize(nodes.clone()).await),
+            ("metadata group", self.meta.initialize(nodes.clone()).await),
+        ] {
+            match r {
+                Ok(()) => {
+                    tracing::info!(target: "raft", group = name, members = ?members.keys().collect::<Vec<_>>(), "bootstrapped")
+                }
+                Err(RaftError::APIError(openraft::error::InitializeError::NotAllowed(_))) => {
+                    tracing::debug!(target: "raft", group = name, "already initialized");
+                }
+                Err(e) => return Err(NodeError::Raft(format!("initializing the {name}: {e}"))),
+            }
+        }
+        Ok(())
+    }
+
+    /// Proposes an event-shard command on this node (the leader) and waits as `ack` says,
+    /// until `deadline`.
+    ///
+    /// # Errors
+    /// [`WriteError`].
+    pub async fn write_event(
+        &self,
+        cmd: Vec<u8>,
+        ack: Ack,
+        deadline: Instant,
+    ) -> Result<(), WriteError> {
+        match ack {
+            Ack::Quorum => with_retry(self.id, deadline, || {
+                self.event.client_write(Command(cmd.clone()))
+            })
+            .await
+            .map(drop),
+            Ack::Leader => {
+                // Registered before the proposal, so a fast fsync cannot be missed.
+                let persisted = self.tracker.register(&cmd);
+                let write = async {
+                    with_retry(self.id, deadline, || {
+                        self.event.client_write(Command(cmd.clone()))
+                    })
+                    .await
+                    .map(drop)
+                };
+                let fired = async {
+                    persisted.await;
+                    Ok(())
+                };
+                future::or(fired, write).await
+            }
+            Ack::Submitted => {
+                let l = self.leadership();
+                if !l.leading {
+                    return Err(WriteError::NotLeader { leader: l.leader });
+                }
+                self.event
+                    .client_write_ff(Command(cmd), None)
+                    .await
+                    .map_err(|e| WriteError::Failed(e.to_string()))
+            }
+        }
+    }
+
+    /// Applies a metadata request on the metadata leader, forwarding it there when this node
+    /// does not lead.
+    ///
+    /// # Errors
+    /// [`WriteError`]; `NotLeader { leader: None }` while the group has no leader.
+    pub async fn meta_request(&self, req: Forward, deadline: Instant) -> Result<(), WriteError> {
+        match change(&self.meta, self.id, &req, deadline).await {
+            Err(WriteError::NotLeader {
+                leader: Some(leader),
+            }) if leader != self.id => self.forward(META_GROUP, leader, &req, deadline).await,
+            r => r,
+        }
+    }
+
+    /// Applies a membership request on the event shard (this node must lead it).
+    ///
+    /// # Errors
+    /// [`WriteError`].
+    pub async fn event_request(&self, req: Forward, deadline: Instant) -> Result<(), WriteError> {
+        change(&self.event, self.id, &req, deadline).await
+    }
+
+    async fn forward(
+        &self,
+        group: u8,
+        leader: u64,
+        req: &Forward,
+        deadline: Instant,
+    ) -> Result<(), WriteError> {
+        let addr = {
+            let m = self.meta.metrics();
+            let m = m.borrow_watched();
+            m.membership_config
+                .membership()
+                .get_node(&leader)
+                .map(|n| n.addr.clone())
+        };
+        let Some(addr) = addr.and_then(|a| a.parse::<SocketAddr>().ok()) else {
+            return Err(WriteError::NotLeader {
+                leader: Some(leader),
+            });
+        };
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        let reply = self
+            .network
+            .client(addr)
+            .call(group, KIND_FORWARD, Bytes::from(req.encode()), timeout)
+            .await
+            .map_err(|e| WriteError::Failed(format!("forwarding to node {leader}: {e}")))?;
+        decode_outcome(&reply.payload)
+    }
+
+    /// The event shard's leadership as of now.
+    #[must_use]
+    pub fn leadership(&self) -> Leadership {
+        let m = self.event.metrics();
+        let m = m.borrow_watched();
+        let quorum_fresh = m.last_quorum_acked.as_ref().is_some_and(|t| {
+            use openraft_rt::Instant as _;
+            t.elapsed() < self.election_timeout
+        });
+        let membership = m.membership_config.membership();
+        let voters: BTreeSet<u64> = membership.voter_ids().collect();
+        let members = membership
+            .nodes()
+            .map(|(id, n)| (*id, n.addr.clone(), voters.contains(id)))
+            .collect();
+        Leadership {
+            term: m.current_term,
+            leader: m.current_leader,
+            leading: m.state == ServerState::Leader
+                && m.current_leader == Some(self.id)
+                && (quorum_fresh || voters.len() <= 1),
+            members,
+            applied: m.last_applied.as_ref().map_or(0, |l| l.index),
+            last_log: m.last_log_index.unwrap_or(0),
+            purged: m.purged.as_ref().map_or(0, |l| l.index),
+        }
+    }
+
+    /// The event shard's last log index (0 for an empty log).
+    #[must_use]
+    pub fn event_last_log_index(&self) -> u64 {
+        self.event
+            .metrics()
+            .borrow_watched()
+            .last_log_index
+            .unwrap_or(0)
+    }
+
+    /// How far this leader has replicated its event-shard log to `node` (0 if unknown).
+    #[must_use]
+    pub fn matched_index(&self, node: u64) -> u64 {
+        self.event
+            .metrics()
+            .borrow_watched()
+            .replication
+            .as_ref()
+            .and_then(|r| r.get(&node).cloned().flatten())
+            .map_or(0, |id| id.index)
+    }
+
+    /// A watch on the event shard's metrics (leader, term, membership, progress).
+    #[must_use]
+    pub fn watch_event(&self) -> EventWatch {
+        let mut rx = self.event.metrics();
+        // A clone of openraft's receiver inherits its seen version: mark the current value
+        // seen so that `changed` waits for a real change.
+        drop(rx.borrow_and_update());
+        EventWatch(rx)
+    }
+
+    /// Waits until this leader has applied every entry of its log up to its first entry of
+    /// the current term (so the store's id high-water mark covers every earlier leader's
+    /// ids). Returns the term it verified.
+    ///
+    /// # Errors
+    /// Leadership was lost meanwhile.
+    pub async fn confirm_leadership(&self) -> Result<u64, WriteError> {
+        let term = self.event.metrics().borrow_watched().current_term;
+        self.event
+            .ensure_linearizable(ReadPolicy::ReadIndex)
+            .await
+            .map_err(|e| WriteError::Failed(e.to_string()))?;
+        Ok(term)
+    }
+
+    /// Stops the peer listener and both groups.
+    pub async fn shutdown(&self) {
+        self.stop.trigger();
+        let _ = self.event.shutdown().await;
+        let _ = self.meta.shutdown().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forward_round_trips_and_rejects_garbage() {
+        for f in [
+            Forward::Write(vec![1, 2, 3]),
+            Forward::Write(vec![]),
+            Forward::AddLearner(7, "127.0.0.1:5000".into()),
+            Forward::AddVoter(u64::MAX),
+            Forward::Remove(3),
+        ] {
+            assert_eq!(Forward::decode(&f.encode()), Some(f));
+        }
+        for bad in [&[][..], &[0], &[2, 1], &[3, 1, 2], &[4; 10], &[9, 0]] {
+            assert_eq!(Forward::decode(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn outcomes_round_trip() {
+        for r in [
+            Ok(()),
+            Err(WriteError::NotLeader { leader: Some(3) }),
+            Err(WriteError::NotLeader { leader: None }),
+            Err(WriteError::Timeout),
+            Err(WriteError::Failed("boom".into())),
+        ] {
+            assert_eq!(decode_outcome(&encode_outcome(&r)), r);
+        }
+        assert!(decode_outcome(&[]).is_err());
+        assert!(decode_outcome(&[1, 0]).is_err());
+    }
+}
