@@ -51,6 +51,8 @@ pub const META_SNAPSHOT_ENTRIES: u64 = 5;
 pub const SEGMENT_BYTES: u64 = 64 << 20;
 /// Per-RPC timeout between peers (snapshots get `network::SNAPSHOT_RPC_TIMEOUT`).
 pub const RPC_TIMEOUT: Duration = Duration::from_secs(2);
+/// Most event-shard proposals outstanding (proposed, not yet applied) on a leader.
+pub const PROPOSALS_MAX: u64 = 1024;
 /// Pause between retries of a write refused while leadership settles.
 const RETRY_PAUSE: Duration = Duration::from_millis(5);
 
@@ -282,6 +284,7 @@ where
             Some(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))))
                 if settling(&f, me) =>
             {
+                tracing::debug!(target: "raft", reason = ?f.reason, leader = ?f.leader_id, "write refused while leadership settles; retrying");
                 glommio::timer::sleep(RETRY_PAUSE).await;
             }
             Some(Err(e)) => return Err(write_error(e)),
@@ -379,6 +382,7 @@ pub struct Node {
     network: PeerNetwork,
     stop: Shutdown,
     election_timeout: Duration,
+    proposals: Rc<glommio::sync::Semaphore>,
 }
 
 fn raft_config(
@@ -503,6 +507,7 @@ impl Node {
             network,
             stop: Shutdown::new(),
             election_timeout,
+            proposals: Rc::new(glommio::sync::Semaphore::new(PROPOSALS_MAX)),
         };
         glommio::spawn_local(serve_peers(
             listener,
@@ -582,6 +587,11 @@ impl Node {
     /// Proposes an event-shard command on this node (the leader) and waits as `ack` says,
     /// until `deadline`.
     ///
+    /// At most [`PROPOSALS_MAX`] proposals are outstanding (proposed, not yet applied), whatever
+    /// their ack level: LEADER and NO_ACK acks return before the commit, and without this
+    /// bound a fast producer would pile up entries faster than followers take them (the
+    /// leader then misses heartbeats and loses leadership).
+    ///
     /// # Errors
     /// [`WriteError`].
     pub async fn write_event(
@@ -590,38 +600,45 @@ impl Node {
         ack: Ack,
         deadline: Instant,
     ) -> Result<(), WriteError> {
-        match ack {
-            Ack::Quorum => with_retry(self.id, deadline, || {
-                self.event.client_write(Command(cmd.clone()))
-            })
-            .await
-            .map(drop),
-            Ack::Leader => {
-                // Registered before the proposal, so a fast fsync cannot be missed.
-                let persisted = self.tracker.register(&cmd);
-                let write = async {
-                    with_retry(self.id, deadline, || {
-                        self.event.client_write(Command(cmd.clone()))
-                    })
-                    .await
-                    .map(drop)
-                };
+        let permit = {
+            let acquire = async { Some(Rc::clone(&self.proposals).acquire_static_permit(1).await) };
+            let timer = async {
+                glommio::timer::sleep(deadline.saturating_duration_since(Instant::now())).await;
+                None
+            };
+            match future::or(acquire, timer).await {
+                Some(Ok(p)) => p,
+                Some(Err(e)) => return Err(WriteError::Failed(e.to_string())),
+                None => return Err(WriteError::Timeout),
+            }
+        };
+        // Registered before the proposal, so a fast fsync cannot be missed.
+        let persisted = (ack == Ack::Leader).then(|| self.tracker.register(&cmd));
+        let (done_tx, done_rx) = futures::channel::oneshot::channel();
+        let (raft, me) = (self.event.clone(), self.id);
+        glommio::spawn_local(async move {
+            let r = with_retry(me, deadline, || raft.client_write(Command(cmd.clone())))
+                .await
+                .map(drop);
+            drop(permit);
+            let _ = done_tx.send(r);
+        })
+        .detach();
+        let committed = async {
+            done_rx
+                .await
+                .unwrap_or_else(|_| Err(WriteError::Failed("raft stopped".into())))
+        };
+        match (ack, persisted) {
+            (Ack::Leader, Some(persisted)) => {
                 let fired = async {
                     persisted.await;
                     Ok(())
                 };
-                future::or(fired, write).await
+                future::or(fired, committed).await
             }
-            Ack::Submitted => {
-                let l = self.leadership();
-                if !l.leading {
-                    return Err(WriteError::NotLeader { leader: l.leader });
-                }
-                self.event
-                    .client_write_ff(Command(cmd), None)
-                    .await
-                    .map_err(|e| WriteError::Failed(e.to_string()))
-            }
+            (Ack::Submitted, _) => Ok(()),
+            _ => committed.await,
         }
     }
 
