@@ -85,6 +85,7 @@ fn main() {
                 move || DmaLogIo::new(&d).expect("dir"),
                 LogConfig {
                     segment_bytes: 64 << 20,
+                    cache_bytes: futureq_storage::log::segmented::DEFAULT_CACHE_BYTES,
                 },
                 Box::new(|_| {}),
             )

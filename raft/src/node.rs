@@ -426,6 +426,7 @@ async fn open_log(
         move || DmaLogIo::in_dir(d.clone()),
         LogConfig {
             segment_bytes: SEGMENT_BYTES,
+            cache_bytes: futureq_storage::log::segmented::DEFAULT_CACHE_BYTES,
         },
         hook,
     )

@@ -226,6 +226,7 @@ fn three_nodes_elect_replicate_and_fail_over() {
                 move || io.clone(),
                 LogConfig {
                     segment_bytes: 64 * 1024,
+                    cache_bytes: 8 * 1024,
                 },
                 hook,
             )
@@ -320,6 +321,7 @@ fn three_nodes_over_tcp_elect_replicate_and_fail_over() {
                 move || io.clone(),
                 LogConfig {
                     segment_bytes: 64 * 1024,
+                    cache_bytes: 8 * 1024,
                 },
                 Box::new(|_| {}),
             )

@@ -27,6 +27,7 @@ async fn log_store() -> Result<LogStore<MemLogIo>, StorageError<TypeConfig>> {
         move || io.clone(),
         LogConfig {
             segment_bytes: 16 * 1024,
+            cache_bytes: 2 * 1024,
         },
         Box::new(|_| {}),
     )

@@ -27,6 +27,7 @@ fn main() {
                     DmaLogIo::new(&dir).expect("dir"),
                     LogConfig {
                         segment_bytes: 64 << 20,
+                        cache_bytes: futureq_storage::log::segmented::DEFAULT_CACHE_BYTES,
                     },
                     Box::new(|_| {}),
                 )

@@ -10,6 +10,7 @@ use futures::executor::block_on;
 
 const CFG: LogConfig = LogConfig {
     segment_bytes: 16 * 1024,
+    cache_bytes: 0,
 };
 
 fn payload(i: u64) -> Vec<u8> {
@@ -432,5 +433,48 @@ fn truncate_waits_for_a_flush_in_progress() {
     assert_eq!(
         block_on(reopened.read(1)).unwrap().unwrap().payload,
         payload(1)
+    );
+}
+
+#[test]
+fn the_entry_cache_serves_recent_reads_and_forgets_what_truncate_and_purge_remove() {
+    let cfg = LogConfig {
+        cache_bytes: 4096,
+        ..CFG
+    };
+    let io = MemLogIo::new();
+    let log = block_on(Log::open(io.clone(), cfg, Box::new(|_| {}))).unwrap();
+    fill(&log, 1..=300);
+    // The newest entries come from memory; their bytes fit the bound.
+    let reads = io.reads();
+    check_all(&log, 291..=300);
+    assert_eq!(io.reads(), reads, "recent entries are read from the cache");
+    // Older ones were evicted (the cache holds at most 4 KiB) and come from the segments.
+    check_all(&log, 1..=10);
+    assert_eq!(io.reads(), reads + 10);
+    // A truncated suffix rewritten in a new term is never served stale from the cache.
+    block_on(log.truncate(295)).unwrap();
+    assert!(block_on(log.read(296)).unwrap().is_none());
+    for i in 295..=297 {
+        log.append(vec![(2, i, vec![7; 5])], Box::new(|r| r.unwrap()))
+            .unwrap();
+    }
+    block_on(log.flush()).unwrap();
+    check_all(&log, 290..=294);
+    for i in 295..=297 {
+        let r = block_on(log.read(i)).unwrap().unwrap();
+        assert_eq!((r.term, r.payload), (2, vec![7; 5]));
+    }
+    // Purging everything empties the cache too: a log restarted at another index serves
+    // only the new entries.
+    block_on(log.purge(297)).unwrap();
+    assert_eq!(log.bounds(), None);
+    log.append(vec![(3, 1000, vec![9; 3])], Box::new(|r| r.unwrap()))
+        .unwrap();
+    block_on(log.flush()).unwrap();
+    assert!(block_on(log.read(297)).unwrap().is_none());
+    assert_eq!(
+        block_on(log.read(1000)).unwrap().unwrap().payload,
+        vec![9; 3]
     );
 }

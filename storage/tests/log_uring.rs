@@ -9,6 +9,7 @@ use glommio::{LocalExecutorBuilder, Placement};
 
 const CFG: LogConfig = LogConfig {
     segment_bytes: 64 * 1024,
+    cache_bytes: 0,
 };
 
 /// Runs `f` on a small glommio executor (small io memory: several tests run at once).

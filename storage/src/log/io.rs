@@ -54,6 +54,7 @@ struct MemInner {
     files: BTreeMap<String, MemFile>,
     events: Vec<String>,
     syncs: usize,
+    reads: usize,
     fail_syncs: bool,
 }
 
@@ -105,6 +106,12 @@ impl MemLogIo {
     #[must_use]
     pub fn syncs(&self) -> usize {
         self.0.borrow().syncs
+    }
+
+    /// Reads so far.
+    #[must_use]
+    pub fn reads(&self) -> usize {
+        self.0.borrow().reads
     }
 
     /// Appends a marker to the event trace (tests record callbacks in the same trace).
@@ -164,6 +171,7 @@ impl LogIo for MemLogIo {
     }
 
     async fn read_at(&self, name: &str, offset: u64, len: usize) -> io::Result<Vec<u8>> {
+        self.0.borrow_mut().reads += 1;
         let inner = self.0.borrow();
         let f = inner.files.get(name).ok_or_else(|| not_found(name))?;
         let start = usize::try_from(offset)

@@ -2,7 +2,7 @@
 //! purge, and recovery on open.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use super::format::{decode, encode, valid_record_follows, Decoded, Record, BLOCK, HEADER_LEN};
 use super::io::LogIo;
@@ -45,7 +45,14 @@ pub enum LogError {
 pub struct LogConfig {
     /// Segment size in bytes (a multiple of [`BLOCK`]).
     pub segment_bytes: u64,
+    /// Most record bytes of the newest flushed entries kept in memory for reads (0: none).
+    /// Replication and apply read entries right after they were written; without the cache
+    /// each such read is a direct read from the disk.
+    pub cache_bytes: usize,
 }
+
+/// A sensible [`LogConfig::cache_bytes`]: enough for the entries in flight at full load.
+pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
 
 /// Sees each entry's payload after the fsync that made it durable (the leader-persist hook).
 pub type PersistHook = Box<dyn Fn(&[u8])>;
@@ -79,8 +86,60 @@ struct State {
     /// index → (segment first index, offset, length) of every record.
     locs: BTreeMap<u64, (u64, u64, usize)>,
     pending: Vec<Pending>,
+    /// The newest flushed records `(index, record bytes)`, contiguous and ascending, at most
+    /// `cache_bytes` of them; every index in it is also in `locs` (truncate and purge drop
+    /// what they remove from the log).
+    cache: VecDeque<(u64, Vec<u8>)>,
+    cache_bytes: usize,
     callbacks: Vec<Flushed>,
     poisoned: bool,
+}
+
+impl State {
+    fn cached(&self, index: u64) -> Option<&[u8]> {
+        let front = self.cache.front()?.0;
+        let (i, bytes) = self
+            .cache
+            .get(usize::try_from(index.checked_sub(front)?).ok()?)?;
+        (*i == index).then_some(bytes.as_slice())
+    }
+
+    fn cache_push(&mut self, index: u64, bytes: Vec<u8>, limit: usize) {
+        if self.cache.back().is_some_and(|(last, _)| last + 1 != index) {
+            self.cache_clear();
+        }
+        self.cache_bytes += bytes.len();
+        self.cache.push_back((index, bytes));
+        while self.cache_bytes > limit {
+            match self.cache.pop_front() {
+                Some((_, b)) => self.cache_bytes -= b.len(),
+                None => break,
+            }
+        }
+    }
+
+    /// Drops cached records with index `>= from` (truncate).
+    fn cache_truncate(&mut self, from: u64) {
+        while self.cache.back().is_some_and(|(i, _)| *i >= from) {
+            if let Some((_, b)) = self.cache.pop_back() {
+                self.cache_bytes -= b.len();
+            }
+        }
+    }
+
+    /// Drops cached records with index `< below` (purge).
+    fn cache_purge(&mut self, below: u64) {
+        while self.cache.front().is_some_and(|(i, _)| *i < below) {
+            if let Some((_, b)) = self.cache.pop_front() {
+                self.cache_bytes -= b.len();
+            }
+        }
+    }
+
+    fn cache_clear(&mut self) {
+        self.cache.clear();
+        self.cache_bytes = 0;
+    }
 }
 
 fn floor(x: u64) -> u64 {
@@ -451,6 +510,12 @@ impl<I: LogIo> Log<I> {
                 (self.on_persisted)(&r.payload);
             }
         }
+        if self.cfg.cache_bytes > 0 {
+            let mut st = self.st.borrow_mut();
+            for p in flushed {
+                st.cache_push(p.index, p.bytes, self.cfg.cache_bytes);
+            }
+        }
         for cb in callbacks {
             cb(Ok(()));
         }
@@ -469,6 +534,8 @@ impl<I: LogIo> Log<I> {
             };
             if let Some(p) = st.pending.iter().find(|p| p.index == index) {
                 (String::new(), 0, 0, Some(p.bytes.clone()))
+            } else if let Some(b) = st.cached(index) {
+                (String::new(), 0, 0, Some(b.to_vec()))
             } else {
                 (segment_name(first), offset, len, None)
             }
@@ -501,6 +568,7 @@ impl<I: LogIo> Log<I> {
                 return Ok(());
             };
             st.locs.split_off(&from);
+            st.cache_truncate(from);
             let doomed: Vec<String> = st
                 .segments
                 .iter()
@@ -581,6 +649,7 @@ impl<I: LogIo> Log<I> {
                 && st.pending.is_empty();
             if all {
                 st.locs.clear();
+                st.cache_clear();
                 st.segments.drain(..).map(|s| s.name).collect()
             } else {
                 let keep = st
@@ -591,6 +660,7 @@ impl<I: LogIo> Log<I> {
                 if keep > 0 {
                     let keep_from = st.segments[keep].first;
                     st.locs = st.locs.split_off(&keep_from);
+                    st.cache_purge(keep_from);
                 }
                 st.segments.drain(..keep).map(|s| s.name).collect()
             }
