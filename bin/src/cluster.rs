@@ -335,6 +335,7 @@ pub async fn serve(
     });
     core.metrics.clustered.store(true, Ordering::Relaxed);
     let watcher = glommio::spawn_local(watch(Rc::clone(&core), shutdown.clone()));
+    glommio::spawn_local(watch_stalls(shutdown.clone())).detach();
     glommio::spawn_local(register(Rc::clone(&core), shutdown.clone())).detach();
     let requests = async {
         while let Ok(req) = rx.recv_async().await {
@@ -368,6 +369,27 @@ pub async fn serve(
     });
     node.shutdown().await;
     tracing::info!(target: "raft", "raft groups stopped");
+}
+
+/// Ticks checked for lateness by [`watch_stalls`].
+const STALL_TICK: Duration = Duration::from_millis(10);
+/// Lateness of a tick that is reported: the Raft core's reactor did not run for this long.
+const STALL_REPORT: Duration = Duration::from_millis(100);
+
+/// Warns when the Raft core's reactor was blocked (a tick ran late by [`STALL_REPORT`]):
+/// heartbeats stop while it is, and followers start elections after an election timeout.
+async fn watch_stalls(shutdown: Shutdown) {
+    let ticks = async {
+        loop {
+            let t = Instant::now();
+            glommio::timer::sleep(STALL_TICK).await;
+            let late = t.elapsed().saturating_sub(STALL_TICK);
+            if late >= STALL_REPORT {
+                tracing::warn!(target: "raft", late_ms = late.as_millis() as u64, "the Raft core's reactor was blocked; heartbeats were late");
+            }
+        }
+    };
+    future::or(ticks, shutdown.wait()).await;
 }
 
 impl Core {

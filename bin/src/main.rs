@@ -23,7 +23,7 @@ use futureq_net::grpc::ServerConfig;
 use futureq_net::http::HttpResponse;
 use futureq_net::Shutdown;
 use futureq_storage::{StoreMode, StoreService};
-use glommio::{LocalExecutorBuilder, Placement};
+use glommio::{LocalExecutorBuilder, Placement, PoolPlacement};
 
 use crate::broker::Ctx;
 use crate::config::Settings;
@@ -266,6 +266,9 @@ fn start(settings: Settings) -> anyhow::Result<()> {
         let h = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("futureq-core{core}"))
             .io_memory(runtime::IO_MEMORY_PER_EXECUTOR)
+            // Work handed off the reactor (Raft apply, snapshot builds, sweeps) must not queue
+            // behind one long job: a snapshot build stalled every apply for seconds.
+            .blocking_thread_pool_placement(PoolPlacement::Unbound(runtime::BLOCKING_THREADS))
             .spawn(move || async move { core_main(core, ctx_parts, hub_rx, ready).await })
             .map_err(|e| anyhow::anyhow!("starting executor {core} on CPU {cpu}: {e}"))?;
         handles.push(h);

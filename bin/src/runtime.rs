@@ -6,6 +6,8 @@ use anyhow::{bail, Context};
 /// executors (redb has its own threads), so a small pool suffices; it must fit in
 /// RLIMIT_MEMLOCK together with the other executors (and, in tests, other brokers).
 pub const IO_MEMORY_PER_EXECUTOR: usize = 512 << 10;
+/// Threads per executor for blocking work (not pinned: they may run on any CPU).
+pub const BLOCKING_THREADS: usize = 2;
 
 /// Raises RLIMIT_MEMLOCK as far as allowed (unlimited when privileged, else the hard limit)
 /// and checks that `executors` io_uring pools fit.

@@ -6,7 +6,7 @@
 //! proposal); every replica skips it alike.
 
 use std::cell::RefCell;
-use std::io::{self, Cursor};
+use std::io;
 use std::rc::Rc;
 
 use futureq_core::metadata::{MetaCommand, MetaState};
@@ -16,9 +16,11 @@ use openraft::{EntryPayload, StoredMembership};
 
 use std::path::{Path, PathBuf};
 
+use bytes::Bytes;
+
 use crate::codec::{decode_snapshot_meta, encode_snapshot_meta, RaftLogId, RaftMembership};
 use crate::state_machine::{CurrentSnapshot, EventSnapshot, Meta};
-use crate::types::TypeConfig;
+use crate::types::{SnapshotData, TypeConfig};
 
 fn io_err(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
@@ -73,13 +75,13 @@ impl MetaStateMachine {
         Ok(sm)
     }
 
-    fn restore(&self, meta: &Meta, data: Vec<u8>) -> io::Result<()> {
-        let state = MetaState::restore(&data).map_err(io_err)?;
+    fn restore(&self, meta: &Meta, data: impl Into<Bytes> + AsRef<[u8]>) -> io::Result<()> {
+        let state = MetaState::restore(data.as_ref()).map_err(io_err)?;
         let mut inner = self.0.borrow_mut();
         inner.state = state;
         inner.applied = meta.last_log_id;
         inner.membership = meta.last_membership.clone();
-        self.1.set(meta.clone(), data);
+        self.1.set(meta.clone(), data.into());
         Ok(())
     }
 
@@ -102,7 +104,7 @@ impl MetaStateMachine {
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for MetaStateMachine {
-    type SnapshotData = Cursor<Vec<u8>>;
+    type SnapshotData = SnapshotData;
 
     async fn build_snapshot(&mut self) -> Result<EventSnapshot, io::Error> {
         let (meta, data) = {
@@ -115,12 +117,12 @@ impl RaftSnapshotBuilder<TypeConfig> for MetaStateMachine {
         };
         // Durable before openraft may purge the log behind it.
         self.persist(&meta, &data).await?;
-        Ok(self.1.set(meta, data))
+        Ok(self.1.set(meta, data.into()))
     }
 }
 
 impl RaftStateMachine<TypeConfig> for MetaStateMachine {
-    type SnapshotData = Cursor<Vec<u8>>;
+    type SnapshotData = SnapshotData;
     type SnapshotBuilder = Self;
 
     async fn applied_state(&mut self) -> Result<(Option<RaftLogId>, RaftMembership), io::Error> {

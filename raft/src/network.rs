@@ -30,7 +30,7 @@ use crate::rpc::{
     KIND_VOTE,
 };
 use crate::state_machine::{EventSnapshot, Meta};
-use crate::types::{TypeConfig, Vote};
+use crate::types::{SnapshotData, TypeConfig, Vote};
 
 /// Largest frame on a peer link (bounds a snapshot until chunking lands).
 pub const PEER_FRAME_MAX: usize = 256 << 20;
@@ -141,7 +141,7 @@ fn decode_snapshot(b: &[u8]) -> Result<(Vote, Meta, Vec<u8>), CodecError> {
 }
 
 impl RaftNetworkV2<TypeConfig> for PeerConn {
-    type SnapshotData = Cursor<Vec<u8>>;
+    type SnapshotData = SnapshotData;
 
     async fn append_entries(
         &mut self,
@@ -187,7 +187,7 @@ impl RaftNetworkV2<TypeConfig> for PeerConn {
 /// A node with several groups routes frames by group id to one of these each.
 pub fn raft_handler<SM>(group: u8, raft: openraft::Raft<TypeConfig, SM>) -> PeerHandler
 where
-    SM: RaftStateMachine<TypeConfig, SnapshotData = Cursor<Vec<u8>>>,
+    SM: RaftStateMachine<TypeConfig, SnapshotData = SnapshotData>,
 {
     Rc::new(move |f: PeerFrame| {
         let raft = raft.clone();
@@ -212,7 +212,7 @@ where
                     let (vote, meta, data) = decode_snapshot(&f.payload).ok()?;
                     let snap = Snapshot {
                         meta,
-                        snapshot: Cursor::new(data),
+                        snapshot: Cursor::new(Bytes::from(data)),
                     };
                     encode_snapshot_response(&raft.install_full_snapshot(vote, snap).await.ok()?)
                 }

@@ -21,10 +21,12 @@ use openraft::storage::{
 };
 use openraft::{BasicNode, EntryPayload, StoredMembership};
 
+use bytes::Bytes;
+
 use crate::codec::{
     decode_log_id, decode_membership, encode_log_id, encode_membership, RaftLogId, RaftMembership,
 };
-use crate::types::TypeConfig;
+use crate::types::{SnapshotData, TypeConfig};
 
 /// Raft-meta key of the applied log id.
 const APPLIED: &str = "applied";
@@ -35,18 +37,18 @@ type LeaderId = openraft::impls::leader_id_adv::LeaderId<u64, u64>;
 /// Snapshot metadata of [`TypeConfig`].
 pub type Meta = SnapshotMeta<LeaderId, u64, BasicNode>;
 /// A snapshot of [`TypeConfig`] with in-memory data.
-pub type EventSnapshot = Snapshot<LeaderId, u64, BasicNode, Cursor<Vec<u8>>>;
+pub type EventSnapshot = Snapshot<LeaderId, u64, BasicNode, SnapshotData>;
 
 /// The last snapshot a state machine built or installed, kept for `get_current_snapshot`.
 #[derive(Clone, Default)]
 pub(crate) struct CurrentSnapshot(Rc<RefCell<Option<SnapshotBytes>>>);
 
 /// A snapshot's metadata and data.
-type SnapshotBytes = (Meta, Vec<u8>);
+type SnapshotBytes = (Meta, Bytes);
 
 impl CurrentSnapshot {
     /// Remembers a snapshot and returns it.
-    pub(crate) fn set(&self, meta: Meta, data: Vec<u8>) -> EventSnapshot {
+    pub(crate) fn set(&self, meta: Meta, data: Bytes) -> EventSnapshot {
         *self.0.borrow_mut() = Some((meta.clone(), data.clone()));
         Snapshot {
             meta,
@@ -119,7 +121,7 @@ fn decode_state(
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for EventStateMachine {
-    type SnapshotData = Cursor<Vec<u8>>;
+    type SnapshotData = SnapshotData;
 
     async fn build_snapshot(&mut self) -> Result<EventSnapshot, io::Error> {
         let store = self.store.clone();
@@ -139,12 +141,12 @@ impl RaftSnapshotBuilder<TypeConfig> for EventStateMachine {
             last_log_id,
             last_membership,
         };
-        Ok(self.current.set(meta, data))
+        Ok(self.current.set(meta, Bytes::from(data)))
     }
 }
 
 impl RaftStateMachine<TypeConfig> for EventStateMachine {
-    type SnapshotData = Cursor<Vec<u8>>;
+    type SnapshotData = SnapshotData;
     type SnapshotBuilder = Self;
 
     async fn applied_state(&mut self) -> Result<(Option<RaftLogId>, RaftMembership), io::Error> {
@@ -226,7 +228,7 @@ impl RaftStateMachine<TypeConfig> for EventStateMachine {
         let data = snapshot.into_inner();
         let store = self.store.clone();
         let bytes = data.clone();
-        blocking(move || store.install_snapshot(&mut bytes.as_slice(), expect))
+        blocking(move || store.install_snapshot(&mut &bytes[..], expect))
             .await
             .map_err(io_err)?;
         tracing::info!(target: "raft", last_log_id = ?meta.last_log_id, bytes = data.len(), "installed a snapshot of the event shard");

@@ -28,6 +28,10 @@ openraft::declare_raft_types!(
         AsyncRuntime = crate::rt::GlommioRuntime,
 );
 
+/// Snapshot data of both groups: the bytes in memory, shared (a clone copies nothing: event
+/// snapshots can be hundreds of MiB and must not be copied on the Raft core).
+pub type SnapshotData = std::io::Cursor<bytes::Bytes>;
+
 /// A log entry of [`TypeConfig`].
 pub type Entry = <TypeConfig as openraft::RaftTypeConfig>::Entry;
 /// A vote of [`TypeConfig`].

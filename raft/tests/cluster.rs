@@ -4,7 +4,6 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::io::Cursor;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +12,7 @@ use futureq_core::command::{encode_store, StoreBatch, StoreItem};
 use futureq_raft::log_store::LogStore;
 use futureq_raft::rt::GlommioRuntime;
 use futureq_raft::state_machine::{EventSnapshot, EventStateMachine};
-use futureq_raft::types::{Command, TypeConfig, Vote};
+use futureq_raft::types::{Command, SnapshotData, TypeConfig, Vote};
 use futureq_storage::log::io::MemLogIo;
 use futureq_storage::log::tracker::PersistTracker;
 use futureq_storage::log::LogConfig;
@@ -59,7 +58,7 @@ impl RaftNetworkFactory<TypeConfig> for Router {
 }
 
 impl RaftNetworkV2<TypeConfig> for Net {
-    type SnapshotData = Cursor<Vec<u8>>;
+    type SnapshotData = SnapshotData;
 
     async fn append_entries(
         &mut self,

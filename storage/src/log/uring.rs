@@ -88,8 +88,15 @@ impl DmaLogIo {
         Ok(f)
     }
 
-    fn sync_dir(&self) -> io::Result<()> {
-        std::fs::File::open(&self.dir)?.sync_all()
+    /// Makes the directory's entries durable, off the reactor: an fsync of a directory waits
+    /// for the file system's journal commit, which (ext4 `data=ordered`) may first write out
+    /// every other file's dirty data — redb's included — and take seconds. On the Raft core
+    /// that stalled heartbeats long enough to lose leadership.
+    async fn sync_dir(&self) -> io::Result<()> {
+        let dir = self.dir.clone();
+        glommio::executor()
+            .spawn_blocking(move || std::fs::File::open(dir)?.sync_all())
+            .await
     }
 }
 
@@ -121,7 +128,7 @@ impl LogIo for DmaLogIo {
             f.pre_allocate(len, false).await.map_err(to_io)?;
             f.fdatasync().await.map_err(to_io)?;
             f.close().await.map_err(to_io)?;
-            self.sync_dir()?;
+            self.sync_dir().await?;
         }
         let f = self.file(name).await?;
         if f.file_size().await.map_err(to_io)? < len {
@@ -132,8 +139,11 @@ impl LogIo for DmaLogIo {
 
     async fn remove(&self, name: &str) -> io::Result<()> {
         self.files.borrow_mut().remove(name);
-        std::fs::remove_file(self.dir.join(name))?;
-        self.sync_dir()
+        let path = self.dir.join(name);
+        glommio::executor()
+            .spawn_blocking(move || std::fs::remove_file(path))
+            .await?;
+        self.sync_dir().await
     }
 
     async fn read_at(&self, name: &str, offset: u64, len: usize) -> io::Result<Vec<u8>> {
