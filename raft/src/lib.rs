@@ -1,7 +1,7 @@
 //! futureq-raft: replication of the event shard and the metadata group on openraft
 //! (`=0.10.0-alpha.37`, single-threaded, no tokio runtime). The only crate that knows
-//! openraft. Clustering is in progress: the pieces below are tested (openraft's runtime and
-//! storage conformance suites, an in-process 3-node cluster), the broker does not use them yet.
+//! openraft. Tested with openraft's runtime and storage conformance suites, an in-process
+//! 3-node cluster, and (in `bin`) clusters of real broker processes.
 //!
 //! - [`rt`]: openraft's `AsyncRuntime` on glommio (detached spawns, Timer-based
 //!   sleep/timeout, tokio-sync channels).
@@ -14,10 +14,11 @@
 //!   the applied log id and membership; snapshots from one read transaction).
 //! - [`rpc`]: encodings of the Raft RPCs; [`network`]: openraft's network over
 //!   `futureq_net::peer_link` (TCP, multiplexed by group).
-//! - [`metadata_sm`]: the metadata group (in-memory topology and address registry).
-//!
-//! Next: the TCP transport (`futureq_net::peer` framing), the Raft core wiring in the broker,
-//! the metadata service, join/leave.
+//! - [`metadata_sm`]: the metadata group (in-memory topology and address registry, durable
+//!   snapshot file).
+//! - [`node`]: one node's two groups on the Raft core: bootstrap, proposals (bounded, retried
+//!   while leadership settles), leadership view, membership changes and requests forwarded
+//!   to the leader.
 //!
 //! # Invariants
 //! - Only the event-shard leader assigns event ids; replicas store them verbatim; ids never
