@@ -309,9 +309,15 @@ async fn a_new_node_joins_from_a_snapshot_and_leaves_again() {
     let leader = c.leader(Duration::from_secs(10)).await;
     c.wait_topology(leader, 3).await;
     let mut p = Publisher::open(c.nodes[leader].channel().await).await;
+    // 100 messages of 30 KB: the snapshot (~3 MB) travels in several 1 MiB chunks.
+    let filler = "x".repeat(30_000);
     for n in 0..100u64 {
         let ack = p
-            .publish(batch(n, 0, vec![msg("s", &format!("m{n}"), 60_000, 0)]))
+            .publish(batch(
+                n,
+                0,
+                vec![msg("s", &format!("m{n}{filler}"), 60_000, 0)],
+            ))
             .await;
         assert!(ack.success, "{ack:?}");
     }
@@ -337,6 +343,11 @@ async fn a_new_node_joins_from_a_snapshot_and_leaves_again() {
             .contains("installed a snapshot of the event shard"),
         "the new node caught up from a snapshot; log:\n{}",
         c.nodes[new].log()
+    );
+    let installed = snapshot_bytes(&c.nodes[new].log());
+    assert!(
+        installed > futureq_raft::network::SNAPSHOT_CHUNK_BYTES * 2,
+        "a snapshot of several chunks was installed: {installed} bytes"
     );
     // It restarts from its own Raft data (no second join).
     let asked = c.nodes[new].log().matches("asking to join").count();
@@ -386,4 +397,35 @@ async fn a_new_node_joins_from_a_snapshot_and_leaves_again() {
         )),
         "{r:?}"
     );
+}
+
+/// Bytes of the last event-shard snapshot a node's log says it installed.
+fn snapshot_bytes(log: &str) -> usize {
+    let mut plain = String::with_capacity(log.len());
+    let mut chars = log.chars();
+    while let Some(ch) = chars.next() {
+        if ch == '\x1b' {
+            // Skip an ANSI colour sequence: ESC [ ... m
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            plain.push(ch);
+        }
+    }
+    plain
+        .lines()
+        .rev()
+        .filter(|l| l.contains("installed a snapshot of the event shard"))
+        .filter_map(|l| l.split("bytes=").nth(1))
+        .filter_map(|rest| {
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()?
+                .parse()
+                .ok()
+        })
+        .next()
+        .unwrap_or(0)
 }

@@ -37,5 +37,8 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(r) = decode_vote_response(data) {
         assert_eq!(encode_vote_response(&r), data);
     }
+    if let Ok(c) = decode_snapshot_chunk(data) {
+        assert_eq!(encode_snapshot_chunk(&c), data);
+    }
     let _ = decode_snapshot_response(data);
 });

@@ -3,8 +3,9 @@
 //!
 //! - The server answers each request on its own task; responses go through one bounded
 //!   writer queue per connection.
-//! - The client connects lazily and reconnects (at most once per [`RECONNECT_MIN`]) after a
-//!   failure; requests in flight on a broken connection fail at once.
+//! - The client connects lazily and reconnects after a failure with exponential backoff
+//!   ([`RECONNECT_MIN`] doubling per failed attempt up to [`RECONNECT_MAX`], reset by a
+//!   connection that succeeds); requests in flight on a broken connection fail at once.
 //! - Every wait is bounded: queues by [`PEER_QUEUE_MAX`], calls by their timeout.
 
 use std::cell::{Cell, RefCell};
@@ -28,6 +29,8 @@ use crate::shutdown::Shutdown;
 pub const PEER_QUEUE_MAX: usize = 1024;
 /// Least time between two connection attempts to the same peer.
 pub const RECONNECT_MIN: Duration = Duration::from_millis(50);
+/// Longest wait between connection attempts to a peer that keeps refusing.
+pub const RECONNECT_MAX: Duration = Duration::from_secs(1);
 /// Bytes read from the socket at a time.
 const READ_CHUNK: usize = 64 << 10;
 
@@ -151,6 +154,8 @@ pub struct PeerClient {
     max_frame: usize,
     conn: RefCell<Option<Rc<Conn>>>,
     last_attempt: Cell<Option<Instant>>,
+    /// Connection attempts that failed since the last one that succeeded.
+    failures: Cell<u32>,
     next_id: Cell<u64>,
     /// A connection attempt is running: other callers wait for it instead of failing.
     connecting: Cell<bool>,
@@ -166,10 +171,18 @@ impl PeerClient {
             max_frame,
             conn: RefCell::new(None),
             last_attempt: Cell::new(None),
+            failures: Cell::new(0),
             next_id: Cell::new(1),
             connecting: Cell::new(false),
             connect_done: event_listener::Event::new(),
         }
+    }
+
+    /// The wait before the next connection attempt: [`RECONNECT_MIN`], doubled per failed
+    /// attempt beyond the first, at most [`RECONNECT_MAX`].
+    fn backoff(&self) -> Duration {
+        let doublings = self.failures.get().saturating_sub(1).min(16);
+        (RECONNECT_MIN * 2u32.pow(doublings)).min(RECONNECT_MAX)
     }
 
     async fn connection(&self) -> Result<Rc<Conn>, PeerError> {
@@ -194,7 +207,7 @@ impl PeerClient {
         if self
             .last_attempt
             .get()
-            .is_some_and(|t| t.elapsed() < RECONNECT_MIN)
+            .is_some_and(|t| t.elapsed() < self.backoff())
         {
             return Err(PeerError::Unreachable(
                 self.addr,
@@ -207,11 +220,13 @@ impl PeerClient {
         let stream = match connected {
             Ok(s) => s,
             Err(e) => {
+                self.failures.set(self.failures.get().saturating_add(1));
                 self.connecting.set(false);
                 self.connect_done.notify(usize::MAX);
                 return Err(PeerError::Unreachable(self.addr, e.to_string()));
             }
         };
+        self.failures.set(0);
         let _ = stream.set_nodelay(true);
         let (r, w) = futures_lite::io::split(stream);
         let alive = Rc::new(Cell::new(true));
@@ -296,5 +311,24 @@ impl PeerClient {
                 Err(PeerError::Timeout(self.addr, timeout))
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconnect_backoff_doubles_per_failure_up_to_the_cap() {
+        let c = PeerClient::new("127.0.0.1:1".parse().unwrap(), 1024);
+        let waits: Vec<Duration> = [0, 1, 2, 3, 5, 40]
+            .iter()
+            .map(|&f| {
+                c.failures.set(f);
+                c.backoff()
+            })
+            .collect();
+        let ms = |n| Duration::from_millis(n);
+        assert_eq!(waits, [ms(50), ms(50), ms(100), ms(200), ms(800), ms(1000)]);
     }
 }

@@ -81,15 +81,17 @@ fn requests_are_matched_timeouts_fire_and_links_recover() {
             .unwrap();
         assert_eq!(late.kind, 9);
 
-        // The server goes away: calls fail instead of hanging.
+        // The server goes away: calls fail instead of hanging; an attempt right after a
+        // refused one is not even made.
         stop.trigger();
         server.await;
         drop(client);
         let client = PeerClient::new(addr, 1 << 20);
-        assert!(client
-            .call(0, 1, Bytes::new(), Duration::from_secs(5))
-            .await
-            .is_err());
+        let call = || client.call(0, 1, Bytes::new(), Duration::from_secs(5));
+        let e = call().await.unwrap_err();
+        assert!(!e.to_string().contains("too soon"), "{e}");
+        let e = call().await.unwrap_err();
+        assert!(e.to_string().contains("too soon"), "{e}");
 
         // It comes back on the same address: the client reconnects.
         let listener = glommio::net::TcpListener::bind(addr).unwrap();

@@ -1,8 +1,11 @@
 //! openraft's network over [`futureq_net::peer_link`]: one TCP link per peer, requests
 //! multiplexed by Raft group, RPCs encoded by [`crate::rpc`].
 //!
-//! Snapshots travel in one frame (the link's frame limit bounds them); chunked streaming is
-//! still to come.
+//! A snapshot travels as [`KIND_SNAPSHOT_CHUNK`] frames of at most
+//! [`SNAPSHOT_CHUNK_BYTES`], each acknowledged before the next is sent, then one
+//! [`KIND_SNAPSHOT`] frame with the vote and metadata that installs what the receiver
+//! assembled. The receiver keeps one transfer per group: a chunk at offset 0 starts a new one,
+//! any other must continue the current one exactly, or the transfer is refused.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -29,13 +32,24 @@ use crate::rpc::{
     encode_vote_request, encode_vote_response, KIND_APPEND, KIND_RESPONSE, KIND_SNAPSHOT,
     KIND_VOTE,
 };
+use crate::rpc::{
+    decode_snapshot_chunk, encode_snapshot_chunk, SnapshotChunk, KIND_SNAPSHOT_CHUNK,
+};
 use crate::state_machine::{EventSnapshot, Meta};
 use crate::types::{SnapshotData, TypeConfig, Vote};
 
-/// Largest frame on a peer link (bounds a snapshot until chunking lands).
+/// Largest frame on a peer link.
 pub const PEER_FRAME_MAX: usize = 256 << 20;
-/// Timeout of a snapshot transfer (one frame of up to [`PEER_FRAME_MAX`]).
+/// Timeout of the frame that installs a snapshot (the receiver loads it into its store).
 pub const SNAPSHOT_RPC_TIMEOUT: Duration = Duration::from_secs(60);
+/// Largest piece of snapshot data per frame.
+pub const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
+/// Largest snapshot a receiver assembles.
+pub const SNAPSHOT_BYTES_MAX: u64 = 16 << 30;
+/// Answer to a chunk that was taken.
+const CHUNK_TAKEN: u8 = 0;
+/// Answer to a chunk that does not continue the current transfer (the sender starts over).
+const CHUNK_REFUSED: u8 = 1;
 
 fn unreachable(e: impl std::fmt::Display) -> Unreachable<TypeConfig> {
     Unreachable::from_string(e.to_string())
@@ -46,6 +60,7 @@ fn unreachable(e: impl std::fmt::Display) -> Unreachable<TypeConfig> {
 pub struct PeerNetwork {
     group: u8,
     timeout: Duration,
+    chunk: usize,
     clients: Rc<RefCell<HashMap<SocketAddr, Rc<PeerClient>>>>,
 }
 
@@ -56,8 +71,16 @@ impl PeerNetwork {
         PeerNetwork {
             group,
             timeout,
+            chunk: SNAPSHOT_CHUNK_BYTES,
             clients: Rc::default(),
         }
+    }
+
+    /// The same network sending snapshot data in pieces of `bytes` (tests use small ones).
+    #[must_use]
+    pub fn with_snapshot_chunk(mut self, bytes: usize) -> Self {
+        self.chunk = bytes.max(1);
+        self
     }
 
     /// The same links (one connection per peer), for another group.
@@ -66,6 +89,7 @@ impl PeerNetwork {
         PeerNetwork {
             group,
             timeout: self.timeout,
+            chunk: self.chunk,
             clients: Rc::clone(&self.clients),
         }
     }
@@ -86,6 +110,7 @@ impl PeerNetwork {
 pub struct PeerConn {
     group: u8,
     timeout: Duration,
+    chunk: usize,
     client: Result<Rc<PeerClient>, String>,
 }
 
@@ -101,6 +126,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
         PeerConn {
             group: self.group,
             timeout: self.timeout,
+            chunk: self.chunk,
             client,
         }
     }
@@ -174,12 +200,78 @@ impl RaftNetworkV2<TypeConfig> for PeerConn {
         _cancel: impl std::future::Future<Output = ReplicationClosed> + 'static,
         _option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
-        let payload = encode_snapshot(&vote, &snapshot.meta, snapshot.snapshot.get_ref());
+        let data = snapshot.snapshot.get_ref();
+        let id = &transfer_id(&snapshot.meta);
+        let mut offset = 0;
+        // At least one chunk, so that an empty snapshot also starts a transfer.
+        loop {
+            let end = (offset + self.chunk).min(data.len());
+            let chunk = encode_snapshot_chunk(&SnapshotChunk {
+                snapshot_id: id,
+                offset: offset as u64,
+                total: data.len() as u64,
+                data: &data[offset..end],
+            });
+            let answer = self
+                .call(KIND_SNAPSHOT_CHUNK, chunk)
+                .await
+                .map_err(StreamingError::Unreachable)?;
+            if answer.as_ref() != [CHUNK_TAKEN] {
+                return Err(StreamingError::Unreachable(unreachable(format!(
+                    "peer refused snapshot chunk at byte {offset}"
+                ))));
+            }
+            offset = end;
+            if offset == data.len() {
+                break;
+            }
+        }
         let b = self
-            .call(KIND_SNAPSHOT, payload)
+            .call(KIND_SNAPSHOT, encode_snapshot(&vote, &snapshot.meta, &[]))
             .await
             .map_err(StreamingError::Unreachable)?;
         decode_snapshot_response(&b).map_err(|e| StreamingError::Unreachable(unreachable(e)))
+    }
+}
+
+/// Names a transfer: the encoded metadata (last log id and membership).
+fn transfer_id(meta: &Meta) -> Vec<u8> {
+    encode_snapshot_meta(meta, &[])
+}
+
+/// A snapshot being received.
+struct Transfer {
+    id: Vec<u8>,
+    total: u64,
+    data: Vec<u8>,
+}
+
+/// Adds `c` to the transfer in progress (offset 0 starts a new one). False when it does not
+/// continue it exactly or the snapshot is larger than [`SNAPSHOT_BYTES_MAX`].
+fn take_chunk(t: &mut Option<Transfer>, c: &SnapshotChunk<'_>) -> bool {
+    if c.total > SNAPSHOT_BYTES_MAX {
+        return false;
+    }
+    if c.offset == 0 {
+        *t = Some(Transfer {
+            id: c.snapshot_id.to_vec(),
+            total: c.total,
+            data: Vec::new(),
+        });
+    }
+    match t {
+        Some(cur)
+            if cur.id == c.snapshot_id
+                && cur.total == c.total
+                && cur.data.len() as u64 == c.offset =>
+        {
+            cur.data.extend_from_slice(c.data);
+            true
+        }
+        _ => {
+            *t = None;
+            false
+        }
     }
 }
 
@@ -189,8 +281,10 @@ pub fn raft_handler<SM>(group: u8, raft: openraft::Raft<TypeConfig, SM>) -> Peer
 where
     SM: RaftStateMachine<TypeConfig, SnapshotData = SnapshotData>,
 {
+    let transfer: Rc<RefCell<Option<Transfer>>> = Rc::default();
     Rc::new(move |f: PeerFrame| {
         let raft = raft.clone();
+        let transfer = Rc::clone(&transfer);
         Box::pin(async move {
             if f.group != group {
                 return None;
@@ -208,11 +302,21 @@ where
                         .await
                         .ok()?,
                 ),
+                KIND_SNAPSHOT_CHUNK => {
+                    let taken = decode_snapshot_chunk(&f.payload)
+                        .is_ok_and(|c| take_chunk(&mut transfer.borrow_mut(), &c));
+                    vec![if taken { CHUNK_TAKEN } else { CHUNK_REFUSED }]
+                }
                 KIND_SNAPSHOT => {
-                    let (vote, meta, data) = decode_snapshot(&f.payload).ok()?;
+                    let (vote, meta, _) = decode_snapshot(&f.payload).ok()?;
+                    let t = transfer.borrow_mut().take()?;
+                    if t.id != transfer_id(&meta) || t.data.len() as u64 != t.total {
+                        tracing::warn!(target: "raft", last_log_id = ?meta.last_log_id, "snapshot transfer incomplete; refusing to install it");
+                        return None;
+                    }
                     let snap = Snapshot {
                         meta,
-                        snapshot: Cursor::new(Bytes::from(data)),
+                        snapshot: Cursor::new(Bytes::from(t.data)),
                     };
                     encode_snapshot_response(&raft.install_full_snapshot(vote, snap).await.ok()?)
                 }
