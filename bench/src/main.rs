@@ -5,7 +5,12 @@
 //! - `lateness`: delivery lateness (receive time − due time) for a burst of messages due at
 //!   one instant, or a steady rate of messages falling due.
 //!
+//! - `compare`: starts the brokers itself and measures them side by side in one run (see
+//!   [`compare`]); writes `results.json` and prints a markdown table.
+//!
 //! Every latency figure comes from an HDR histogram; results print as a markdown table.
+
+mod compare;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -31,7 +36,7 @@ struct Cli {
     cmd: Cmd,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, Debug, ValueEnum)]
 #[allow(clippy::enum_variant_names)]
 enum Ack {
     Quorum,
@@ -76,6 +81,37 @@ enum Cmd {
         #[arg(long, default_value_t = 1000)]
         lead_ms: i64,
     },
+    /// Starts the systems under test itself and measures them in one run.
+    Compare {
+        /// Small counts and short runs (CI smoke test; ≤ 90 s).
+        #[arg(long)]
+        quick: bool,
+        /// Directory for results.json.
+        #[arg(long, default_value = "results")]
+        out: std::path::PathBuf,
+        /// The futureq binary (default: next to this one, built with cargo if missing).
+        #[arg(long)]
+        futureq: Option<std::path::PathBuf>,
+    },
+}
+
+/// One closed-loop publish measurement.
+struct PublishParams {
+    streams: usize,
+    window: usize,
+    batch: usize,
+    size: usize,
+    warmup: Duration,
+    measure: Duration,
+    ack: Ack,
+    delay_ms: i64,
+}
+
+/// What a publish measurement found.
+struct PublishOut {
+    msgs_per_s: f64,
+    /// Per-batch ack latency, µs.
+    latency: Histogram<u64>,
 }
 
 fn now_us() -> i64 {
@@ -116,22 +152,22 @@ async fn connect(addr: &str) -> anyhow::Result<Channel> {
         .with_context(|| format!("connecting to {addr}"))
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn publish(
-    addr: &str,
-    streams: usize,
-    window: usize,
-    batch: usize,
-    size: usize,
-    seconds: u64,
-    ack: Ack,
-    delay_ms: i64,
-) -> anyhow::Result<()> {
+async fn publish_run(addr: &str, p: &PublishParams) -> anyhow::Result<PublishOut> {
+    let PublishParams {
+        streams,
+        window,
+        batch,
+        size,
+        warmup,
+        measure,
+        ack,
+        delay_ms,
+    } = *p;
     let payload = vec![b'x'; size];
     let level = ack as i32;
     let start = Instant::now();
-    let warm = start + Duration::from_secs(1);
-    let end = warm + Duration::from_secs(seconds);
+    let warm = start + warmup;
+    let end = warm + measure;
     let lat = Arc::new(Mutex::new(hist()));
     let mut tasks = Vec::new();
     for s in 0..streams {
@@ -196,8 +232,41 @@ async fn publish(
         total += t.await??;
     }
     #[allow(clippy::cast_precision_loss)]
-    let rate = total as f64 / seconds as f64;
-    let h = lat.lock().await;
+    let msgs_per_s = total as f64 / measure.as_secs_f64();
+    let latency = lat.lock().await.clone();
+    Ok(PublishOut {
+        msgs_per_s,
+        latency,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn publish(
+    addr: &str,
+    streams: usize,
+    window: usize,
+    batch: usize,
+    size: usize,
+    seconds: u64,
+    ack: Ack,
+    delay_ms: i64,
+) -> anyhow::Result<()> {
+    let level = ack as i32;
+    let out = publish_run(
+        addr,
+        &PublishParams {
+            streams,
+            window,
+            batch,
+            size,
+            warmup: Duration::from_secs(1),
+            measure: Duration::from_secs(seconds),
+            ack,
+            delay_ms,
+        },
+    )
+    .await?;
+    let (rate, h) = (out.msgs_per_s, out.latency);
     println!(
         "publish: {streams} streams × {window} in flight, {batch} msgs/batch, {size} B payload, ack level {level}\n"
     );
@@ -215,7 +284,14 @@ fn tokio_stream<T: Send + 'static>(
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
-async fn lateness(addr: &str, count: usize, rate: u64, lead_ms: i64) -> anyhow::Result<()> {
+/// Publishes `count` messages falling due at `rate` msgs/s (0: all at one instant) and
+/// returns the lateness histogram (µs) and how many came early.
+async fn lateness_run(
+    addr: &str,
+    count: usize,
+    rate: u64,
+    lead_ms: i64,
+) -> anyhow::Result<(Histogram<u64>, u64)> {
     let topic = format!("lateness-{}", now_us());
     // Subscribe first (universal consumer, room for everything).
     let (ack_tx, ack_rx) = tokio::sync::mpsc::unbounded_channel::<ConsumerFrame>();
@@ -306,6 +382,11 @@ async fn lateness(addr: &str, count: usize, rate: u64, lead_ms: i64) -> anyhow::
             })),
         })?;
     }
+    Ok((h, early))
+}
+
+async fn lateness(addr: &str, count: usize, rate: u64, lead_ms: i64) -> anyhow::Result<()> {
+    let (h, early) = lateness_run(addr, count, rate, lead_ms).await?;
     let shape = if rate == 0 {
         format!("burst of {count} due at one instant")
     } else {
@@ -339,5 +420,10 @@ async fn main() -> anyhow::Result<()> {
             rate,
             lead_ms,
         } => lateness(&cli.addr, count, rate, lead_ms).await,
+        Cmd::Compare {
+            quick,
+            out,
+            futureq,
+        } => compare::run(quick, &out, futureq).await,
     }
 }
