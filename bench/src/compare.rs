@@ -1,9 +1,13 @@
 //! `futureq-bench compare`: starts each system under test itself, measures it, stops it, and
 //! reports every run side by side (markdown table on stdout, `results.json` in `--out`).
 //!
-//! This increment measures futureq standalone (publish at each ack level, batches of 100 and
-//! of 1; delivery lateness at a steady due rate and for a burst). Peers (Redis, NATS
-//! JetStream), the 3-node cluster, the pending-scale scenario and plots come next.
+//! Measured so far: futureq standalone (publish at each ack level, batches of 100 and of 1;
+//! delivery lateness at a steady due rate and for a burst) and Redis sorted sets (publish with
+//! `appendfsync always` and `everysec`; delivery lateness with the usual ZRANGEBYSCORE+ZREM
+//! poller; skipped with a line when `redis-server` is missing — `scripts/install-peers.sh`).
+//! NATS JetStream R1 with file storage (publish, one ack per message; skipped likewise). The
+//! 3-node cluster (and JetStream R3), lateness of JetStream, the pending-scale scenario and
+//! plots come next.
 //!
 //! `results.json` schema (stable, other tools read it): `{"machine": {...}, "runs": [{"system",
 //! "mode", "ack_level", "scenario", "msg_bytes", "msgs_per_s", "p50_us", "p99_us", "p999_us",
@@ -135,15 +139,7 @@ impl Broker {
 
     /// Resident memory of the process, MiB.
     fn rss_mb(&self) -> Option<f64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
-        let kb: f64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))?
-            .split_whitespace()
-            .next()?
-            .parse()
-            .ok()?;
-        Some(kb / 1024.0)
+        rss_mb(self.child.id())
     }
 
     /// SIGTERM, then waits up to 10 s (SIGKILL after).
@@ -172,6 +168,19 @@ impl Drop for Broker {
             let _ = self.child.wait();
         }
     }
+}
+
+/// Resident memory of process `pid`, MiB.
+pub(crate) fn rss_mb(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0)
 }
 
 /// The futureq binary: `explicit`, else the one next to this executable, else built with
@@ -272,7 +281,7 @@ pub async fn run(quick: bool, out: &Path, futureq: Option<PathBuf>) -> anyhow::R
     let bin = futureq_binary(futureq)?;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let mut runs = Vec::new();
-    let progress = Progress::new(6 + plan.lateness.len());
+    let progress = Progress::new(6 + plan.lateness.len() + 2 * (2 + plan.lateness.len()) + 1);
     let broker = Broker::start(&bin).await?;
     for ack in [Ack::Quorum, Ack::Leader, Ack::NoAck] {
         for (batch, streams, window) in [(100, 8, 4), (1, 8, 4)] {
@@ -332,6 +341,108 @@ pub async fn run(quick: bool, out: &Path, futureq: Option<PathBuf>) -> anyhow::R
         });
     }
     broker.stop()?;
+    for (policy, level) in [
+        ("always", "appendfsync-always"),
+        ("everysec", "appendfsync-everysec"),
+    ] {
+        let Some(redis) = crate::redis_peer::RedisServer::start(policy).await? else {
+            progress.0.println(
+                "redis-server not installed: skipping the Redis runs (scripts/install-peers.sh)",
+            );
+            break;
+        };
+        for batch in [100, 1] {
+            progress.step(format!(
+                "redis-zset: publish (ZADD), {level}, {batch}/batch"
+            ));
+            let o = crate::redis_peer::publish(
+                redis.port(),
+                &PublishParams {
+                    streams: 8,
+                    window: 4,
+                    batch,
+                    size: 100,
+                    warmup: plan.warmup,
+                    measure: plan.measure,
+                    ack: Ack::Quorum,
+                    delay_ms: 3_600_000,
+                },
+            )
+            .await?;
+            let (p50_us, p99_us, p999_us) = percentiles(&o.latency);
+            runs.push(Run {
+                system: "redis-zset",
+                mode: "standalone",
+                ack_level: level,
+                scenario: "publish",
+                msg_bytes: 100,
+                msgs_per_s: o.msgs_per_s,
+                p50_us,
+                p99_us,
+                p999_us,
+                rss_mb: redis.rss_mb(),
+                batch,
+            });
+        }
+        for &(count, rate) in &plan.lateness {
+            progress.step(format!(
+                "redis-zset: lateness (ZRANGEBYSCORE+ZREM poller), {level}, {count} due at {rate}/s"
+            ));
+            let h = crate::redis_peer::lateness(redis.port(), count, rate, 2000).await?;
+            let (p50_us, p99_us, p999_us) = percentiles(&h);
+            #[allow(clippy::cast_precision_loss)]
+            runs.push(Run {
+                system: "redis-zset",
+                mode: "standalone",
+                ack_level: level,
+                scenario: "lateness",
+                msg_bytes: 100,
+                msgs_per_s: rate as f64,
+                p50_us,
+                p99_us,
+                p999_us,
+                rss_mb: redis.rss_mb(),
+                batch: 0,
+            });
+        }
+    }
+    match crate::nats_peer::NatsServer::start().await? {
+        None => progress.0.println(
+            "nats-server not installed: skipping the NATS JetStream runs (scripts/install-peers.sh)",
+        ),
+        Some(nats) => {
+            progress.step("nats-jetstream: publish, file storage R1, 1/msg".into());
+            crate::nats_peer::create_stream(nats.port(), 1).await?;
+            let o = crate::nats_peer::publish(
+                nats.port(),
+                &PublishParams {
+                    streams: 8,
+                    window: 4,
+                    batch: 1,
+                    size: 100,
+                    warmup: plan.warmup,
+                    measure: plan.measure,
+                    ack: Ack::Quorum,
+                    delay_ms: 0,
+                },
+            )
+            .await?;
+            let (p50_us, p99_us, p999_us) = percentiles(&o.latency);
+            runs.push(Run {
+                system: "nats-jetstream",
+                mode: "standalone",
+                ack_level: "file-r1 (acked before fsync)",
+                scenario: "publish",
+                msg_bytes: 100,
+                msgs_per_s: o.msgs_per_s,
+                p50_us,
+                p99_us,
+                p999_us,
+                rss_mb: nats.rss_mb(),
+                batch: 1,
+            });
+        }
+    }
     progress.0.finish_and_clear();
     let results = Results {
         machine: machine(),

@@ -11,6 +11,8 @@
 //! Every latency figure comes from an HDR histogram; results print as a markdown table.
 
 mod compare;
+mod nats_peer;
+mod redis_peer;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -152,7 +154,33 @@ async fn connect(addr: &str) -> anyhow::Result<Channel> {
         .with_context(|| format!("connecting to {addr}"))
 }
 
+/// Publishes one QUORUM message and waits for its ack: the broker's writer is FIFO, so this
+/// returns once everything queued before (a NO_ACK backlog of the previous run) is committed.
+async fn drain(addr: &str) -> anyhow::Result<()> {
+    let batch = PublishBatch {
+        messages: vec![PublishMessage {
+            topic: "bench-drain".into(),
+            payload: b"x".to_vec(),
+            delay_ms: 3_600_000,
+            ttl_ms: 0,
+            indexes: vec![],
+        }],
+        ack_level: 0,
+        batch_id: 0,
+    };
+    let mut acks = FutureQProducerClient::new(connect(addr).await?)
+        .publish_stream(futures::stream::iter([batch]))
+        .await?
+        .into_inner();
+    let a = acks.message().await?.context("publish stream ended")?;
+    if !a.success {
+        bail!("drain batch rejected: {}", a.error_message);
+    }
+    Ok(())
+}
+
 async fn publish_run(addr: &str, p: &PublishParams) -> anyhow::Result<PublishOut> {
+    drain(addr).await?;
     let PublishParams {
         streams,
         window,

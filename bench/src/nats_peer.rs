@@ -1,0 +1,232 @@
+//! NATS JetStream as a peer of `compare`: a `nats-server -js` this run starts on a loopback
+//! port with file storage, one stream (R1), and publishers that wait for JetStream's publish
+//! ack with a bounded window per connection. A minimal NATS client of our own (CONNECT, SUB,
+//! PUB with a reply subject, MSG, PING/PONG).
+//!
+//! JetStream 2.9 does not fsync every message by default (it syncs on an interval): its acks
+//! mean "in the stream's file, not necessarily on disk". Its rows say so.
+
+use std::collections::HashMap;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use hdrhistogram::Histogram;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::sync::Mutex;
+
+use crate::{hist, PublishOut, PublishParams};
+
+/// A nats-server this run started; killed when dropped.
+pub struct NatsServer {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl NatsServer {
+    /// Starts `nats-server` with JetStream (file storage in a temp dir), or `Ok(None)` when it
+    /// is not installed.
+    pub async fn start() -> anyhow::Result<Option<NatsServer>> {
+        let Some(bin) = crate::redis_peer::which("nats-server") else {
+            return Ok(None);
+        };
+        let dir = tempfile::tempdir()?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let child = Command::new(bin)
+            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting nats-server")?;
+        let server = NatsServer {
+            child,
+            port,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            if Instant::now() > deadline {
+                bail!("nats-server did not listen on port {port} within 10 s");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(Some(server))
+    }
+
+    /// Its port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Resident memory, MiB.
+    pub fn rss_mb(&self) -> Option<f64> {
+        crate::compare::rss_mb(self.child.id())
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One connection: messages to our inbox come back from [`Conn::next_msg`].
+struct Conn {
+    r: BufReader<tokio::net::tcp::OwnedReadHalf>,
+    w: tokio::net::tcp::OwnedWriteHalf,
+    inbox: String,
+}
+
+impl Conn {
+    async fn open(port: u16, inbox: String) -> anyhow::Result<Conn> {
+        let s = TcpStream::connect(("127.0.0.1", port)).await?;
+        s.set_nodelay(true)?;
+        let (r, w) = s.into_split();
+        let mut c = Conn {
+            r: BufReader::new(r),
+            w,
+            inbox,
+        };
+        let mut info = String::new();
+        c.r.read_line(&mut info).await?;
+        if !info.starts_with("INFO ") {
+            bail!("nats: expected INFO, got {info:?}");
+        }
+        let hello = format!(
+            "CONNECT {{\"verbose\":false,\"pedantic\":false,\"headers\":false}}\r\nSUB {}.> 1\r\n",
+            c.inbox
+        );
+        c.w.write_all(hello.as_bytes()).await?;
+        Ok(c)
+    }
+
+    fn publish(buf: &mut Vec<u8>, subject: &str, reply: &str, payload: &[u8]) {
+        buf.extend_from_slice(format!("PUB {subject} {reply} {}\r\n", payload.len()).as_bytes());
+        buf.extend_from_slice(payload);
+        buf.extend_from_slice(b"\r\n");
+    }
+
+    /// The next message delivered to this connection: (subject, payload). Answers PINGs.
+    async fn next_msg(&mut self) -> anyhow::Result<(String, Vec<u8>)> {
+        loop {
+            let mut line = String::new();
+            if self.r.read_line(&mut line).await? == 0 {
+                bail!("nats closed the connection");
+            }
+            let line = line.trim_end();
+            if line == "PING" {
+                self.w.write_all(b"PONG\r\n").await?;
+            } else if let Some(rest) = line.strip_prefix("MSG ") {
+                let parts: Vec<&str> = rest.split(' ').collect();
+                let (subject, len) = match parts.as_slice() {
+                    [s, _sid, len] | [s, _sid, _, len] => (*s, len.parse::<usize>()?),
+                    _ => bail!("nats: bad MSG line {line:?}"),
+                };
+                let mut payload = vec![0u8; len + 2];
+                self.r.read_exact(&mut payload).await?;
+                payload.truncate(len);
+                return Ok((subject.to_owned(), payload));
+            } else if line.starts_with("-ERR") {
+                bail!("nats: {line}");
+            }
+            // +OK, PONG, INFO updates: nothing to do.
+        }
+    }
+}
+
+/// Creates the file-storage stream `BENCH` (subjects `bench.>`, `replicas`).
+pub async fn create_stream(port: u16, replicas: u32) -> anyhow::Result<()> {
+    let mut c = Conn::open(port, "_INBOX.setup".into()).await?;
+    let cfg = format!(
+        "{{\"name\":\"BENCH\",\"subjects\":[\"bench.>\"],\"storage\":\"file\",\"num_replicas\":{replicas}}}"
+    );
+    let mut buf = Vec::new();
+    Conn::publish(
+        &mut buf,
+        "$JS.API.STREAM.CREATE.BENCH",
+        "_INBOX.setup.1",
+        cfg.as_bytes(),
+    );
+    c.w.write_all(&buf).await?;
+    let (_, answer) = tokio::time::timeout(Duration::from_secs(10), c.next_msg())
+        .await
+        .context("JetStream did not answer the stream creation")??;
+    let answer = String::from_utf8_lossy(&answer);
+    if answer.contains("\"error\"") {
+        bail!("JetStream refused the stream: {answer}");
+    }
+    Ok(())
+}
+
+/// Closed-loop JetStream publishing: `streams` connections, `window` publishes awaiting
+/// their ack each, one message per publish (JetStream has no batch publish).
+pub async fn publish(port: u16, p: &PublishParams) -> anyhow::Result<PublishOut> {
+    let start = Instant::now();
+    let (warm, end) = (start + p.warmup, start + p.warmup + p.measure);
+    let lat = Arc::new(Mutex::new(hist()));
+    let mut tasks = Vec::new();
+    for s in 0..p.streams {
+        let (window, size) = (p.window, p.size);
+        let lat = Arc::clone(&lat);
+        tasks.push(tokio::spawn(async move {
+            let mut c = Conn::open(port, format!("_INBOX.bench{s}")).await?;
+            let subject = format!("bench.{}", s % 4);
+            let payload = vec![b'x'; size];
+            let mut sent_at: HashMap<String, Instant> = HashMap::new();
+            let mut seq = 0u64;
+            let mut buf = Vec::new();
+            for _ in 0..window {
+                seq += 1;
+                let reply = format!("{}.{seq}", c.inbox);
+                Conn::publish(&mut buf, &subject, &reply, &payload);
+                sent_at.insert(reply, Instant::now());
+            }
+            c.w.write_all(&buf).await?;
+            let (mut local, mut msgs) = (hist(), 0u64);
+            loop {
+                let (reply, ack) = c.next_msg().await?;
+                if ack.windows(7).any(|w| w == b"\"error\"") {
+                    bail!(
+                        "JetStream refused a publish: {}",
+                        String::from_utf8_lossy(&ack)
+                    );
+                }
+                let now = Instant::now();
+                let t0 = sent_at.remove(&reply).unwrap_or(now);
+                if now >= warm && now < end {
+                    local.record(u64::try_from((now - t0).as_micros())?.max(1))?;
+                    msgs += 1;
+                }
+                if now >= end {
+                    break;
+                }
+                seq += 1;
+                let reply = format!("{}.{seq}", c.inbox);
+                buf.clear();
+                Conn::publish(&mut buf, &subject, &reply, &payload);
+                sent_at.insert(reply, Instant::now());
+                c.w.write_all(&buf).await?;
+            }
+            lat.lock().await.add(&local)?;
+            Ok::<u64, anyhow::Error>(msgs)
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await??;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let msgs_per_s = total as f64 / p.measure.as_secs_f64();
+    let latency: Histogram<u64> = lat.lock().await.clone();
+    Ok(PublishOut {
+        msgs_per_s,
+        latency,
+    })
+}

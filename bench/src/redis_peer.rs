@@ -1,0 +1,299 @@
+//! Redis as the common delayed queue (a sorted set scored by due time), measured by
+//! `compare`: a `redis-server` this run starts on a loopback port with AOF on and
+//! `appendfsync` always (durability like QUORUM on one node) or everysec, and publishers that
+//! ZADD with pipelining. A minimal RESP client of our own (commands out, one reply each in).
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use hdrhistogram::Histogram;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::sync::Mutex;
+
+use crate::{hist, PublishOut, PublishParams};
+
+/// A redis-server this run started; killed when dropped.
+pub struct RedisServer {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    /// Starts `redis-server` with AOF and the given `appendfsync` policy, or `Ok(None)` when
+    /// it is not installed.
+    pub async fn start(appendfsync: &str) -> anyhow::Result<Option<RedisServer>> {
+        let Some(bin) = which("redis-server") else {
+            return Ok(None);
+        };
+        let dir = tempfile::tempdir()?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let child = Command::new(bin)
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--appendonly", "yes", "--appendfsync", appendfsync])
+            .args(["--save", "", "--daemonize", "no", "--protected-mode", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting redis-server")?;
+        let server = RedisServer {
+            child,
+            port,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
+            if Instant::now() > deadline {
+                bail!("redis-server did not listen on port {port} within 10 s");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(Some(server))
+    }
+
+    /// Its port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Resident memory, MiB.
+    pub fn rss_mb(&self) -> Option<f64> {
+        crate::compare::rss_mb(self.child.id())
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The path of `name` on `PATH` (or in /usr/sbin, where Debian puts some servers).
+pub fn which(name: &str) -> Option<std::path::PathBuf> {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .chain([Path::new("/usr/sbin").to_path_buf()])
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// Appends one RESP command (an array of bulk strings).
+fn command(out: &mut Vec<u8>, args: &[&[u8]]) {
+    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
+    for a in args {
+        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
+        out.extend_from_slice(a);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
+type Reader = BufReader<tokio::net::tcp::OwnedReadHalf>;
+
+/// Reads one reply: the bulk strings of an array reply (one for a bulk reply, none for a
+/// status or integer); an error reply (`-ERR …`) is an error.
+async fn reply(r: &mut Reader) -> anyhow::Result<Vec<Vec<u8>>> {
+    let mut line = String::new();
+    if r.read_line(&mut line).await? == 0 {
+        bail!("redis closed the connection");
+    }
+    let n = || line[1..].trim_end().parse::<i64>();
+    match line.as_bytes().first() {
+        Some(b'+' | b':') => Ok(Vec::new()),
+        Some(b'-') => bail!("redis: {}", line.trim_end()),
+        Some(b'$') => Ok(bulk(r, n()?).await?.into_iter().collect()),
+        Some(b'*') => {
+            let mut items = Vec::new();
+            for _ in 0..n()?.max(0) {
+                let mut l = String::new();
+                r.read_line(&mut l).await?;
+                if !l.starts_with('$') {
+                    bail!("unexpected redis array item {l:?}");
+                }
+                items.extend(bulk(r, l[1..].trim_end().parse()?).await?);
+            }
+            Ok(items)
+        }
+        _ => bail!("unexpected redis reply {line:?}"),
+    }
+}
+
+/// The body of a bulk string of length `n` (-1: nil).
+async fn bulk(r: &mut Reader, n: i64) -> anyhow::Result<Option<Vec<u8>>> {
+    if n < 0 {
+        return Ok(None);
+    }
+    let mut b = vec![0u8; usize::try_from(n)? + 2];
+    r.read_exact(&mut b).await?;
+    b.truncate(b.len() - 2);
+    Ok(Some(b))
+}
+
+/// Takes up to ARGV[2] members due by ARGV[1] (ms) off the set KEYS[1], atomically: the
+/// usual sorted-set delayed-queue consumer.
+const TAKE_DUE: &str =
+    "local m = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2]) \
+if #m > 0 then redis.call('ZREM', KEYS[1], unpack(m)) end return m";
+
+/// Delivery lateness of the sorted-set queue: `count` members falling due at `rate` per
+/// second (0: all at one instant), `lead_ms` after publishing starts; one consumer polls
+/// with [`TAKE_DUE`] (1 ms pause when nothing is due). Lateness = take time − due time (µs).
+pub async fn lateness(
+    port: u16,
+    count: usize,
+    rate: u64,
+    lead_ms: i64,
+) -> anyhow::Result<Histogram<u64>> {
+    let key = format!("lateness-{}", crate::now_us());
+    let first_due_us = crate::now_us() + lead_ms * 1000;
+    let conn = TcpStream::connect(("127.0.0.1", port)).await?;
+    conn.set_nodelay(true)?;
+    let (r, mut w) = conn.into_split();
+    let mut r = BufReader::new(r);
+    for chunk in (0..count).collect::<Vec<_>>().chunks(100) {
+        let members: Vec<(String, Vec<u8>)> = chunk
+            .iter()
+            .map(|&i| {
+                let offset_us = (i as u64 * 1_000_000)
+                    .checked_div(rate)
+                    .map_or(0, |v| i64::try_from(v).unwrap_or(0));
+                let due_us = first_due_us + offset_us;
+                let mut m = format!("{due_us}:{i}:").into_bytes();
+                m.resize(m.len() + 100, b'x');
+                ((due_us / 1000).to_string(), m)
+            })
+            .collect();
+        let mut args: Vec<&[u8]> = vec![b"ZADD", key.as_bytes()];
+        for (score, m) in &members {
+            args.push(score.as_bytes());
+            args.push(m);
+        }
+        let mut buf = Vec::new();
+        command(&mut buf, &args);
+        w.write_all(&buf).await?;
+        reply(&mut r).await?;
+    }
+    if crate::now_us() > first_due_us {
+        bail!("publishing to redis took longer than the lead time");
+    }
+    let mut h = hist();
+    let deadline = Instant::now() + Duration::from_secs(60 + count as u64 / rate.max(1));
+    while h.len() < count as u64 {
+        if Instant::now() > deadline {
+            bail!("redis lateness: only {} of {count} taken in time", h.len());
+        }
+        let now_ms = (crate::now_us() / 1000).to_string();
+        let mut buf = Vec::new();
+        command(
+            &mut buf,
+            &[
+                b"EVAL",
+                TAKE_DUE.as_bytes(),
+                b"1",
+                key.as_bytes(),
+                now_ms.as_bytes(),
+                b"1000",
+            ],
+        );
+        w.write_all(&buf).await?;
+        let taken = reply(&mut r).await?;
+        let now = crate::now_us();
+        if taken.is_empty() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        for m in taken {
+            let due_us: i64 = std::str::from_utf8(&m)?
+                .split(':')
+                .next()
+                .unwrap_or_default()
+                .parse()?;
+            h.record(u64::try_from(now - due_us).unwrap_or(0).max(1))?;
+        }
+    }
+    Ok(h)
+}
+
+/// Closed-loop ZADD publishing: `streams` connections, `window` commands in flight each,
+/// `batch` members per ZADD (score = due time in ms), like futureq's `publish_run`.
+pub async fn publish(port: u16, p: &PublishParams) -> anyhow::Result<PublishOut> {
+    let start = Instant::now();
+    let (warm, end) = (start + p.warmup, start + p.warmup + p.measure);
+    let lat = Arc::new(Mutex::new(hist()));
+    let mut tasks = Vec::new();
+    for s in 0..p.streams {
+        let (batch, window, size, delay_ms) = (p.batch, p.window, p.size, p.delay_ms);
+        let lat = Arc::clone(&lat);
+        tasks.push(tokio::spawn(async move {
+            let conn = TcpStream::connect(("127.0.0.1", port)).await?;
+            conn.set_nodelay(true)?;
+            let (r, mut w) = conn.into_split();
+            let mut r = BufReader::new(r);
+            let key = format!("bench-{}", s % 4);
+            let mut seq = 0u64;
+            let mut next = |buf: &mut Vec<u8>| {
+                let due = (crate::now_us() / 1000 + delay_ms).to_string();
+                let members: Vec<Vec<u8>> = (0..batch)
+                    .map(|_| {
+                        seq += 1;
+                        let mut m = format!("{s}:{seq}:").into_bytes();
+                        m.resize(m.len() + size, b'x');
+                        m
+                    })
+                    .collect();
+                let mut args: Vec<&[u8]> = vec![b"ZADD", key.as_bytes()];
+                for m in &members {
+                    args.push(due.as_bytes());
+                    args.push(m);
+                }
+                command(buf, &args);
+            };
+            let mut sent_at = std::collections::VecDeque::new();
+            let mut buf = Vec::new();
+            for _ in 0..window {
+                next(&mut buf);
+                sent_at.push_back(Instant::now());
+            }
+            w.write_all(&buf).await?;
+            let (mut local, mut msgs) = (hist(), 0u64);
+            loop {
+                reply(&mut r).await?;
+                let now = Instant::now();
+                let t0 = sent_at.pop_front().unwrap_or(now);
+                if now >= warm && now < end {
+                    local.record(u64::try_from((now - t0).as_micros())?.max(1))?;
+                    msgs += batch as u64;
+                }
+                if now >= end {
+                    break;
+                }
+                buf.clear();
+                next(&mut buf);
+                sent_at.push_back(Instant::now());
+                w.write_all(&buf).await?;
+            }
+            lat.lock().await.add(&local)?;
+            Ok::<u64, anyhow::Error>(msgs)
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += t.await??;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let msgs_per_s = total as f64 / p.measure.as_secs_f64();
+    let latency: Histogram<u64> = lat.lock().await.clone();
+    Ok(PublishOut {
+        msgs_per_s,
+        latency,
+    })
+}
