@@ -41,6 +41,32 @@ struct Run {
     batch: usize,
 }
 
+impl Run {
+    /// A standalone run of 100-byte messages: `(system, ack level, scenario, batch)`, its
+    /// rate and latency histogram (µs).
+    fn new(
+        (system, ack_level, scenario, batch): (&'static str, &'static str, &'static str, usize),
+        msgs_per_s: f64,
+        h: &Histogram<u64>,
+        rss_mb: Option<f64>,
+    ) -> Run {
+        let (p50_us, p99_us, p999_us) = percentiles(h);
+        Run {
+            system,
+            mode: "standalone",
+            ack_level,
+            scenario,
+            msg_bytes: 100,
+            msgs_per_s,
+            p50_us,
+            p99_us,
+            p999_us,
+            rss_mb,
+            batch,
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 struct Machine {
     cpus: usize,
@@ -83,6 +109,11 @@ fn percentiles(h: &Histogram<u64>) -> (f64, f64, f64) {
     #[allow(clippy::cast_precision_loss)]
     let q = |x| h.value_at_quantile(x) as f64;
     (q(0.5), q(0.99), q(0.999))
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn per_s(rate: u64) -> f64 {
+    rate as f64
 }
 
 fn ack_name(a: Ack) -> &'static str {
@@ -168,6 +199,80 @@ impl Drop for Broker {
             let _ = self.child.wait();
         }
     }
+}
+
+/// A peer server this run started on a free loopback port with a temp dir; killed when dropped.
+pub(crate) struct PeerProcess {
+    child: Child,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl PeerProcess {
+    /// Starts `name` (if installed; `Ok(None)` otherwise) with the arguments `args(port, dir)`
+    /// returns, and waits up to 10 s until it accepts connections.
+    pub(crate) async fn start(
+        name: &str,
+        args: impl FnOnce(u16, &Path) -> Vec<std::ffi::OsString>,
+    ) -> anyhow::Result<Option<PeerProcess>> {
+        let Some(bin) = which(name) else {
+            return Ok(None);
+        };
+        let dir = tempfile::tempdir()?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let child = Command::new(bin)
+            .args(args(port, dir.path()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        let peer = PeerProcess {
+            child,
+            port,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            if Instant::now() > deadline {
+                bail!("{name} did not listen on port {port} within 10 s");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(Some(peer))
+    }
+
+    /// Its port on 127.0.0.1.
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Resident memory, MiB.
+    pub(crate) fn rss_mb(&self) -> Option<f64> {
+        rss_mb(self.child.id())
+    }
+}
+
+impl Drop for PeerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The path of `name` on `PATH` (or in /usr/sbin, where Debian puts some servers).
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .chain([PathBuf::from("/usr/sbin")])
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
 }
 
 /// Resident memory of process `pid`, MiB.
@@ -303,20 +408,12 @@ pub async fn run(quick: bool, out: &Path, futureq: Option<PathBuf>) -> anyhow::R
                 },
             )
             .await?;
-            let (p50_us, p99_us, p999_us) = percentiles(&o.latency);
-            runs.push(Run {
-                system: "futureq",
-                mode: "standalone",
-                ack_level: ack_name(ack),
-                scenario: "publish",
-                msg_bytes: 100,
-                msgs_per_s: o.msgs_per_s,
-                p50_us,
-                p99_us,
-                p999_us,
-                rss_mb: broker.rss_mb(),
-                batch,
-            });
+            runs.push(Run::new(
+                ("futureq", ack_name(ack), "publish", batch),
+                o.msgs_per_s,
+                &o.latency,
+                broker.rss_mb(),
+            ));
         }
     }
     for &(count, rate) in &plan.lateness {
@@ -324,28 +421,19 @@ pub async fn run(quick: bool, out: &Path, futureq: Option<PathBuf>) -> anyhow::R
             "futureq standalone: lateness, {count} messages due at {rate}/s (0 = burst)"
         ));
         let (h, _early) = lateness_run(&broker.addr, count, rate, 2000).await?;
-        let (p50_us, p99_us, p999_us) = percentiles(&h);
-        #[allow(clippy::cast_precision_loss)]
-        runs.push(Run {
-            system: "futureq",
-            mode: "standalone",
-            ack_level: "quorum",
-            scenario: "lateness",
-            msg_bytes: 100,
-            msgs_per_s: rate as f64,
-            p50_us,
-            p99_us,
-            p999_us,
-            rss_mb: broker.rss_mb(),
-            batch: 0,
-        });
+        runs.push(Run::new(
+            ("futureq", "quorum", "lateness", 0),
+            per_s(rate),
+            &h,
+            broker.rss_mb(),
+        ));
     }
     broker.stop()?;
     for (policy, level) in [
         ("always", "appendfsync-always"),
         ("everysec", "appendfsync-everysec"),
     ] {
-        let Some(redis) = crate::redis_peer::RedisServer::start(policy).await? else {
+        let Some(redis) = crate::redis_peer::start(policy).await? else {
             progress.0.println(
                 "redis-server not installed: skipping the Redis runs (scripts/install-peers.sh)",
             );
@@ -369,44 +457,27 @@ pub async fn run(quick: bool, out: &Path, futureq: Option<PathBuf>) -> anyhow::R
                 },
             )
             .await?;
-            let (p50_us, p99_us, p999_us) = percentiles(&o.latency);
-            runs.push(Run {
-                system: "redis-zset",
-                mode: "standalone",
-                ack_level: level,
-                scenario: "publish",
-                msg_bytes: 100,
-                msgs_per_s: o.msgs_per_s,
-                p50_us,
-                p99_us,
-                p999_us,
-                rss_mb: redis.rss_mb(),
-                batch,
-            });
+            runs.push(Run::new(
+                ("redis-zset", level, "publish", batch),
+                o.msgs_per_s,
+                &o.latency,
+                redis.rss_mb(),
+            ));
         }
         for &(count, rate) in &plan.lateness {
             progress.step(format!(
                 "redis-zset: lateness (ZRANGEBYSCORE+ZREM poller), {level}, {count} due at {rate}/s"
             ));
             let h = crate::redis_peer::lateness(redis.port(), count, rate, 2000).await?;
-            let (p50_us, p99_us, p999_us) = percentiles(&h);
-            #[allow(clippy::cast_precision_loss)]
-            runs.push(Run {
-                system: "redis-zset",
-                mode: "standalone",
-                ack_level: level,
-                scenario: "lateness",
-                msg_bytes: 100,
-                msgs_per_s: rate as f64,
-                p50_us,
-                p99_us,
-                p999_us,
-                rss_mb: redis.rss_mb(),
-                batch: 0,
-            });
+            runs.push(Run::new(
+                ("redis-zset", level, "lateness", 0),
+                per_s(rate),
+                &h,
+                redis.rss_mb(),
+            ));
         }
     }
-    match crate::nats_peer::NatsServer::start().await? {
+    match crate::nats_peer::start().await? {
         None => progress.0.println(
             "nats-server not installed: skipping the NATS JetStream runs (scripts/install-peers.sh)",
         ),
@@ -427,20 +498,12 @@ pub async fn run(quick: bool, out: &Path, futureq: Option<PathBuf>) -> anyhow::R
                 },
             )
             .await?;
-            let (p50_us, p99_us, p999_us) = percentiles(&o.latency);
-            runs.push(Run {
-                system: "nats-jetstream",
-                mode: "standalone",
-                ack_level: "file-r1 (acked before fsync)",
-                scenario: "publish",
-                msg_bytes: 100,
-                msgs_per_s: o.msgs_per_s,
-                p50_us,
-                p99_us,
-                p999_us,
-                rss_mb: nats.rss_mb(),
-                batch: 1,
-            });
+            runs.push(Run::new(
+                ("nats-jetstream", "file-r1 (acked before fsync)", "publish", 1),
+                o.msgs_per_s,
+                &o.latency,
+                nats.rss_mb(),
+            ));
         }
     }
     progress.0.finish_and_clear();

@@ -14,7 +14,6 @@ mod compare;
 mod nats_peer;
 mod redis_peer;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
@@ -25,7 +24,6 @@ use futureq_bench::pb::{
     consumer_frame, AckRequest, ConsumerFrame, PublishBatch, PublishMessage, SubscribeInit,
 };
 use hdrhistogram::Histogram;
-use tokio::sync::Mutex;
 use tonic::transport::Channel;
 
 #[derive(Parser)]
@@ -196,12 +194,10 @@ async fn publish_run(addr: &str, p: &PublishParams) -> anyhow::Result<PublishOut
     let start = Instant::now();
     let warm = start + warmup;
     let end = warm + measure;
-    let lat = Arc::new(Mutex::new(hist()));
     let mut tasks = Vec::new();
     for s in 0..streams {
         let ch = connect(addr).await?;
         let payload = payload.clone();
-        let lat = Arc::clone(&lat);
         tasks.push(tokio::spawn(async move {
             let (tx, rx) = tokio::sync::mpsc::channel::<PublishBatch>(window * 2);
             let mut acks = FutureQProducerClient::new(ch)
@@ -251,17 +247,26 @@ async fn publish_run(addr: &str, p: &PublishParams) -> anyhow::Result<PublishOut
                 tx.send(mk(next_id)).await?;
                 next_id += 1;
             }
-            lat.lock().await.add(&local)?;
-            Ok::<u64, anyhow::Error>(msgs)
+            Ok::<_, anyhow::Error>((msgs, local))
         }));
     }
-    let mut total = 0;
+    crate::collect(tasks, measure).await
+}
+
+/// One publishing connection's task: messages acked in the measured window, and their
+/// latency histogram.
+type StreamTask = tokio::task::JoinHandle<anyhow::Result<(u64, Histogram<u64>)>>;
+
+/// Joins publishing tasks into one result.
+async fn collect(tasks: Vec<StreamTask>, measure: Duration) -> anyhow::Result<PublishOut> {
+    let (mut total, mut latency) = (0, hist());
     for t in tasks {
-        total += t.await??;
+        let (msgs, h) = t.await??;
+        total += msgs;
+        latency.add(&h)?;
     }
     #[allow(clippy::cast_precision_loss)]
     let msgs_per_s = total as f64 / measure.as_secs_f64();
-    let latency = lat.lock().await.clone();
     Ok(PublishOut {
         msgs_per_s,
         latency,

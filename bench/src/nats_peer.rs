@@ -7,74 +7,28 @@
 //! mean "in the stream's file, not necessarily on disk". Its rows say so.
 
 use std::collections::HashMap;
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use hdrhistogram::Histogram;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use tokio::sync::Mutex;
 
+use crate::compare::PeerProcess;
 use crate::{hist, PublishOut, PublishParams};
 
-/// A nats-server this run started; killed when dropped.
-pub struct NatsServer {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl NatsServer {
-    /// Starts `nats-server` with JetStream (file storage in a temp dir), or `Ok(None)` when it
-    /// is not installed.
-    pub async fn start() -> anyhow::Result<Option<NatsServer>> {
-        let Some(bin) = crate::redis_peer::which("nats-server") else {
-            return Ok(None);
-        };
-        let dir = tempfile::tempdir()?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let child = Command::new(bin)
-            .args(["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"])
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting nats-server")?;
-        let server = NatsServer {
-            child,
-            port,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
-            if Instant::now() > deadline {
-                bail!("nats-server did not listen on port {port} within 10 s");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Ok(Some(server))
-    }
-
-    /// Its port on 127.0.0.1.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// Resident memory, MiB.
-    pub fn rss_mb(&self) -> Option<f64> {
-        crate::compare::rss_mb(self.child.id())
-    }
-}
-
-impl Drop for NatsServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Starts `nats-server` with JetStream (file storage in the temp dir), or `Ok(None)` when it
+/// is not installed.
+pub async fn start() -> anyhow::Result<Option<PeerProcess>> {
+    PeerProcess::start("nats-server", |port, dir| {
+        let mut a: Vec<OsString> = ["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        a.push(dir.into());
+        a
+    })
+    .await
 }
 
 /// One connection: messages to our inbox come back from [`Conn::next_msg`].
@@ -170,11 +124,9 @@ pub async fn create_stream(port: u16, replicas: u32) -> anyhow::Result<()> {
 pub async fn publish(port: u16, p: &PublishParams) -> anyhow::Result<PublishOut> {
     let start = Instant::now();
     let (warm, end) = (start + p.warmup, start + p.warmup + p.measure);
-    let lat = Arc::new(Mutex::new(hist()));
     let mut tasks = Vec::new();
     for s in 0..p.streams {
         let (window, size) = (p.window, p.size);
-        let lat = Arc::clone(&lat);
         tasks.push(tokio::spawn(async move {
             let mut c = Conn::open(port, format!("_INBOX.bench{s}")).await?;
             let subject = format!("bench.{}", s % 4);
@@ -214,19 +166,8 @@ pub async fn publish(port: u16, p: &PublishParams) -> anyhow::Result<PublishOut>
                 sent_at.insert(reply, Instant::now());
                 c.w.write_all(&buf).await?;
             }
-            lat.lock().await.add(&local)?;
-            Ok::<u64, anyhow::Error>(msgs)
+            Ok::<_, anyhow::Error>((msgs, local))
         }));
     }
-    let mut total = 0;
-    for t in tasks {
-        total += t.await??;
-    }
-    #[allow(clippy::cast_precision_loss)]
-    let msgs_per_s = total as f64 / p.measure.as_secs_f64();
-    let latency: Histogram<u64> = lat.lock().await.clone();
-    Ok(PublishOut {
-        msgs_per_s,
-        latency,
-    })
+    crate::collect(tasks, p.measure).await
 }

@@ -3,89 +3,45 @@
 //! `appendfsync` always (durability like QUORUM on one node) or everysec, and publishers that
 //! ZADD with pipelining. A minimal RESP client of our own (commands out, one reply each in).
 
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use hdrhistogram::Histogram;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use tokio::sync::Mutex;
 
+use crate::compare::PeerProcess;
 use crate::{hist, PublishOut, PublishParams};
 
-/// A redis-server this run started; killed when dropped.
-pub struct RedisServer {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl RedisServer {
-    /// Starts `redis-server` with AOF and the given `appendfsync` policy, or `Ok(None)` when
-    /// it is not installed.
-    pub async fn start(appendfsync: &str) -> anyhow::Result<Option<RedisServer>> {
-        let Some(bin) = which("redis-server") else {
-            return Ok(None);
-        };
-        let dir = tempfile::tempdir()?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let child = Command::new(bin)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--appendonly", "yes", "--appendfsync", appendfsync])
-            .args(["--save", "", "--daemonize", "no", "--protected-mode", "no"])
-            .arg("--dir")
-            .arg(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting redis-server")?;
-        let server = RedisServer {
-            child,
-            port,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).await.is_err() {
-            if Instant::now() > deadline {
-                bail!("redis-server did not listen on port {port} within 10 s");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Ok(Some(server))
-    }
-
-    /// Its port on 127.0.0.1.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// Resident memory, MiB.
-    pub fn rss_mb(&self) -> Option<f64> {
-        crate::compare::rss_mb(self.child.id())
-    }
-}
-
-impl Drop for RedisServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The path of `name` on `PATH` (or in /usr/sbin, where Debian puts some servers).
-pub fn which(name: &str) -> Option<std::path::PathBuf> {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .unwrap_or_default()
-        .into_iter()
-        .chain([Path::new("/usr/sbin").to_path_buf()])
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
+/// Starts `redis-server` with AOF and the given `appendfsync` policy, or `Ok(None)` when it
+/// is not installed.
+pub async fn start(appendfsync: &str) -> anyhow::Result<Option<PeerProcess>> {
+    PeerProcess::start("redis-server", |port, dir| {
+        let mut a: Vec<OsString> = [
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            appendfsync,
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--protected-mode",
+            "no",
+            "--dir",
+        ]
+        .iter()
+        .map(OsString::from)
+        .collect();
+        a.push(dir.into());
+        a
+    })
+    .await
 }
 
 /// Appends one RESP command (an array of bulk strings).
@@ -228,11 +184,9 @@ pub async fn lateness(
 pub async fn publish(port: u16, p: &PublishParams) -> anyhow::Result<PublishOut> {
     let start = Instant::now();
     let (warm, end) = (start + p.warmup, start + p.warmup + p.measure);
-    let lat = Arc::new(Mutex::new(hist()));
     let mut tasks = Vec::new();
     for s in 0..p.streams {
         let (batch, window, size, delay_ms) = (p.batch, p.window, p.size, p.delay_ms);
-        let lat = Arc::clone(&lat);
         tasks.push(tokio::spawn(async move {
             let conn = TcpStream::connect(("127.0.0.1", port)).await?;
             conn.set_nodelay(true)?;
@@ -281,19 +235,8 @@ pub async fn publish(port: u16, p: &PublishParams) -> anyhow::Result<PublishOut>
                 sent_at.push_back(Instant::now());
                 w.write_all(&buf).await?;
             }
-            lat.lock().await.add(&local)?;
-            Ok::<u64, anyhow::Error>(msgs)
+            Ok::<_, anyhow::Error>((msgs, local))
         }));
     }
-    let mut total = 0;
-    for t in tasks {
-        total += t.await??;
-    }
-    #[allow(clippy::cast_precision_loss)]
-    let msgs_per_s = total as f64 / p.measure.as_secs_f64();
-    let latency: Histogram<u64> = lat.lock().await.clone();
-    Ok(PublishOut {
-        msgs_per_s,
-        latency,
-    })
+    crate::collect(tasks, p.measure).await
 }
