@@ -60,7 +60,6 @@ fn unreachable(e: impl std::fmt::Display) -> Unreachable<TypeConfig> {
 pub struct PeerNetwork {
     group: u8,
     timeout: Duration,
-    chunk: usize,
     clients: Rc<RefCell<HashMap<SocketAddr, Rc<PeerClient>>>>,
 }
 
@@ -71,16 +70,8 @@ impl PeerNetwork {
         PeerNetwork {
             group,
             timeout,
-            chunk: SNAPSHOT_CHUNK_BYTES,
             clients: Rc::default(),
         }
-    }
-
-    /// The same network sending snapshot data in pieces of `bytes` (tests use small ones).
-    #[must_use]
-    pub fn with_snapshot_chunk(mut self, bytes: usize) -> Self {
-        self.chunk = bytes.max(1);
-        self
     }
 
     /// The same links (one connection per peer), for another group.
@@ -89,7 +80,6 @@ impl PeerNetwork {
         PeerNetwork {
             group,
             timeout: self.timeout,
-            chunk: self.chunk,
             clients: Rc::clone(&self.clients),
         }
     }
@@ -110,7 +100,6 @@ impl PeerNetwork {
 pub struct PeerConn {
     group: u8,
     timeout: Duration,
-    chunk: usize,
     client: Result<Rc<PeerClient>, String>,
 }
 
@@ -126,7 +115,6 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
         PeerConn {
             group: self.group,
             timeout: self.timeout,
-            chunk: self.chunk,
             client,
         }
     }
@@ -205,7 +193,7 @@ impl RaftNetworkV2<TypeConfig> for PeerConn {
         let mut offset = 0;
         // At least one chunk, so that an empty snapshot also starts a transfer.
         loop {
-            let end = (offset + self.chunk).min(data.len());
+            let end = (offset + SNAPSHOT_CHUNK_BYTES).min(data.len());
             let chunk = encode_snapshot_chunk(&SnapshotChunk {
                 snapshot_id: id,
                 offset: offset as u64,
