@@ -105,6 +105,23 @@ impl Plan {
     }
 }
 
+impl Plan {
+    /// The closed-loop publish every system gets: 8 connections × 4 in flight, 100-byte
+    /// messages, `batch` per request (`ack` and `delay_ms` matter to futureq only).
+    fn publish(&self, batch: usize, ack: Ack, delay_ms: i64) -> PublishParams {
+        PublishParams {
+            streams: 8,
+            window: 4,
+            batch,
+            size: 100,
+            warmup: self.warmup,
+            measure: self.measure,
+            ack,
+            delay_ms,
+        }
+    }
+}
+
 fn percentiles(h: &Histogram<u64>) -> (f64, f64, f64) {
     #[allow(clippy::cast_precision_loss)]
     let q = |x| h.value_at_quantile(x) as f64;
@@ -389,25 +406,12 @@ pub async fn run(quick: bool, out: &Path, futureq: Option<PathBuf>) -> anyhow::R
     let progress = Progress::new(6 + plan.lateness.len() + 2 * (2 + plan.lateness.len()) + 1);
     let broker = Broker::start(&bin).await?;
     for ack in [Ack::Quorum, Ack::Leader, Ack::NoAck] {
-        for (batch, streams, window) in [(100, 8, 4), (1, 8, 4)] {
+        for batch in [100, 1] {
             progress.step(format!(
                 "futureq standalone: publish, ack {}, {batch}/batch",
                 ack_name(ack)
             ));
-            let o = publish_run(
-                &broker.addr,
-                &PublishParams {
-                    streams,
-                    window,
-                    batch,
-                    size: 100,
-                    warmup: plan.warmup,
-                    measure: plan.measure,
-                    ack,
-                    delay_ms: 3_600_000,
-                },
-            )
-            .await?;
+            let o = publish_run(&broker.addr, &plan.publish(batch, ack, 3_600_000)).await?;
             runs.push(Run::new(
                 ("futureq", ack_name(ack), "publish", batch),
                 o.msgs_per_s,
@@ -445,16 +449,7 @@ pub async fn run(quick: bool, out: &Path, futureq: Option<PathBuf>) -> anyhow::R
             ));
             let o = crate::redis_peer::publish(
                 redis.port(),
-                &PublishParams {
-                    streams: 8,
-                    window: 4,
-                    batch,
-                    size: 100,
-                    warmup: plan.warmup,
-                    measure: plan.measure,
-                    ack: Ack::Quorum,
-                    delay_ms: 3_600_000,
-                },
+                &plan.publish(batch, Ack::Quorum, 3_600_000),
             )
             .await?;
             runs.push(Run::new(
@@ -486,16 +481,7 @@ pub async fn run(quick: bool, out: &Path, futureq: Option<PathBuf>) -> anyhow::R
             crate::nats_peer::create_stream(nats.port(), 1).await?;
             let o = crate::nats_peer::publish(
                 nats.port(),
-                &PublishParams {
-                    streams: 8,
-                    window: 4,
-                    batch: 1,
-                    size: 100,
-                    warmup: plan.warmup,
-                    measure: plan.measure,
-                    ack: Ack::Quorum,
-                    delay_ms: 0,
-                },
+                &plan.publish(1, Ack::Quorum, 0),
             )
             .await?;
             runs.push(Run::new(
