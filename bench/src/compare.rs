@@ -1,69 +1,143 @@
 //! `futureq-bench compare`: starts each system under test itself, measures it, stops it, and
-//! reports every run side by side (markdown table on stdout, `results.json` in `--out`).
+//! reports every run side by side (markdown table on stdout; `results.json` and PNG plots in
+//! `--out`).
 //!
-//! Measured so far: futureq standalone (publish at each ack level, batches of 100 and of 1;
-//! delivery lateness at a steady due rate and for a burst) and Redis sorted sets (publish with
-//! `appendfsync always` and `everysec`; delivery lateness with the usual ZRANGEBYSCORE+ZREM
-//! poller; skipped with a line when `redis-server` is missing — `scripts/install-peers.sh`).
-//! NATS JetStream R1 with file storage (publish, one ack per message; skipped likewise). The
-//! 3-node cluster (and JetStream R3), lateness of JetStream, the pending-scale scenario and
-//! plots come next.
+//! Systems: futureq standalone and as a 3-node loopback cluster (real processes); Redis 7
+//! sorted sets with AOF `appendfsync always` and `everysec`; NATS JetStream 2.9 with file
+//! storage, R1 and a 3-server R3 cluster. A peer that is not installed is skipped with a line
+//! (`scripts/install-peers.sh` installs them).
+//!
+//! Scenarios: `publish` closed-loop (8 connections × 4 requests in flight; batches of 100 and
+//! of 1 — the peers publish one message per ack) and open-loop at fixed offered rates
+//! (coordinated-omission corrected, see [`crate::openloop`]); `lateness` (receive − due) at a
+//! steady due rate and for a burst; `pending` (publish rate, latency and RSS with a backlog of
+//! far-future messages; restart time to serving with it).
 //!
 //! `results.json` schema (stable, other tools read it): `{"machine": {...}, "runs": [{"system",
 //! "mode", "ack_level", "scenario", "msg_bytes", "msgs_per_s", "p50_us", "p99_us", "p999_us",
-//! "rss_mb", "batch"}]}`; for `lateness` runs `msgs_per_s` is the due rate (0 for a burst)
-//! and the percentiles are lateness (receive − due).
+//! "rss_mb", …}]}` plus, per run: `batch` (messages per request; 0 outside publish), `load`
+//! (`closed` or `open`), `offered_msgs_per_s` (open loop), `mb_per_s`, `p90_us`, `max_us`,
+//! `pending_msgs`, `fill_msgs_per_s` and `restart_ms` (pending). For `lateness` runs
+//! `msgs_per_s` is the due rate (0 for a burst) and the percentiles are lateness.
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use crate::{connect, lateness_run, publish_run, Ack, PublishParams};
+use crate::openloop::Schedule;
+use crate::procs::{standalone, Broker, Cluster, PeerProcess};
+use crate::{drain, lateness_run, publish_open, publish_run, Ack, PublishOut, PublishParams};
+
+/// The systems `compare` can measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum System {
+    Futureq,
+    Redis,
+    Nats,
+}
+
+/// Payload bytes of every message.
+const MSG_BYTES: usize = 100;
 
 /// One measured run (one row of the table, one element of `runs`).
 #[derive(Debug, Serialize)]
-struct Run {
-    system: &'static str,
-    mode: &'static str,
-    ack_level: &'static str,
-    scenario: &'static str,
+pub(crate) struct Run {
+    pub(crate) system: &'static str,
+    pub(crate) mode: &'static str,
+    pub(crate) ack_level: &'static str,
+    pub(crate) scenario: &'static str,
     msg_bytes: usize,
-    msgs_per_s: f64,
+    pub(crate) msgs_per_s: f64,
+    mb_per_s: f64,
     p50_us: f64,
-    p99_us: f64,
+    p90_us: f64,
+    pub(crate) p99_us: f64,
     p999_us: f64,
+    max_us: f64,
     rss_mb: Option<f64>,
-    /// Messages per publish batch (1 = one ack per message); 0 for non-publish scenarios.
-    batch: usize,
+    /// Messages per publish request (1 = one ack per message); 0 for other scenarios.
+    pub(crate) batch: usize,
+    /// `closed` (fixed requests in flight) or `open` (fixed offered rate).
+    pub(crate) load: &'static str,
+    pub(crate) offered_msgs_per_s: Option<f64>,
+    pending_msgs: Option<u64>,
+    fill_msgs_per_s: Option<f64>,
+    restart_ms: Option<f64>,
+    /// The latency (or lateness) histogram, µs: for the plots.
+    #[serde(skip)]
+    pub(crate) hist: Histogram<u64>,
 }
 
+/// What a row measured: `(system, mode, ack level or peer setting, scenario, batch)`.
+type Key = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    usize,
+);
+
 impl Run {
-    /// A standalone run of 100-byte messages: `(system, ack level, scenario, batch)`, its
-    /// rate and latency histogram (µs).
     fn new(
-        (system, ack_level, scenario, batch): (&'static str, &'static str, &'static str, usize),
+        (system, mode, ack_level, scenario, batch): Key,
         msgs_per_s: f64,
-        h: &Histogram<u64>,
+        h: Histogram<u64>,
         rss_mb: Option<f64>,
     ) -> Run {
-        let (p50_us, p99_us, p999_us) = percentiles(h);
+        #[allow(clippy::cast_precision_loss)]
+        let q = |x| h.value_at_quantile(x) as f64;
+        #[allow(clippy::cast_precision_loss)]
+        let max_us = h.max() as f64;
+        #[allow(clippy::cast_precision_loss)]
+        let mb_per_s = msgs_per_s * MSG_BYTES as f64 / 1e6;
         Run {
             system,
-            mode: "standalone",
+            mode,
             ack_level,
             scenario,
-            msg_bytes: 100,
+            msg_bytes: MSG_BYTES,
             msgs_per_s,
-            p50_us,
-            p99_us,
-            p999_us,
+            mb_per_s: if scenario == "lateness" {
+                0.0
+            } else {
+                mb_per_s
+            },
+            p50_us: q(0.5),
+            p90_us: q(0.9),
+            p99_us: q(0.99),
+            p999_us: q(0.999),
+            max_us,
             rss_mb,
             batch,
+            load: "closed",
+            offered_msgs_per_s: None,
+            pending_msgs: None,
+            fill_msgs_per_s: None,
+            restart_ms: None,
+            hist: h,
         }
+    }
+
+    fn publish(key: Key, o: PublishOut, rss_mb: Option<f64>) -> Run {
+        Run::new(key, o.msgs_per_s, o.latency, rss_mb)
+    }
+
+    fn open(mut self, offered: f64) -> Run {
+        self.load = "open";
+        self.offered_msgs_per_s = Some(offered);
+        self
+    }
+
+    fn pending(mut self, count: u64, fill_rate: f64, restart: Duration) -> Run {
+        self.pending_msgs = Some(count);
+        self.fill_msgs_per_s = Some(fill_rate);
+        self.restart_ms = Some(restart.as_secs_f64() * 1000.0);
+        self
     }
 }
 
@@ -84,7 +158,13 @@ struct Results {
 struct Plan {
     warmup: Duration,
     measure: Duration,
+    /// Lateness series: (messages, due rate per second; 0 = burst).
     lateness: Vec<(usize, u64)>,
+    lead_ms: i64,
+    /// Open-loop offered rates, msgs/s (one message per request).
+    open_rates: Vec<f64>,
+    /// Far-future messages waiting in the pending scenario.
+    pending: u64,
 }
 
 impl Plan {
@@ -92,20 +172,24 @@ impl Plan {
         if quick {
             Plan {
                 warmup: Duration::from_millis(500),
-                measure: Duration::from_secs(2),
+                measure: Duration::from_millis(1500),
                 lateness: vec![(10_000, 10_000), (10_000, 0)],
+                lead_ms: 1000,
+                open_rates: vec![10_000.0],
+                pending: 1_000_000,
             }
         } else {
             Plan {
                 warmup: Duration::from_secs(1),
                 measure: Duration::from_secs(10),
                 lateness: vec![(100_000, 10_000), (1_000_000, 100_000), (100_000, 0)],
+                lead_ms: 2000,
+                open_rates: vec![10_000.0, 20_000.0],
+                pending: 10_000_000,
             }
         }
     }
-}
 
-impl Plan {
     /// The closed-loop publish every system gets: 8 connections × 4 in flight, 100-byte
     /// messages, `batch` per request (`ack` and `delay_ms` matter to futureq only).
     fn publish(&self, batch: usize, ack: Ack, delay_ms: i64) -> PublishParams {
@@ -113,24 +197,33 @@ impl Plan {
             streams: 8,
             window: 4,
             batch,
-            size: 100,
+            size: MSG_BYTES,
             warmup: self.warmup,
             measure: self.measure,
             ack,
             delay_ms,
         }
     }
-}
 
-fn percentiles(h: &Histogram<u64>) -> (f64, f64, f64) {
-    #[allow(clippy::cast_precision_loss)]
-    let q = |x| h.value_at_quantile(x) as f64;
-    (q(0.5), q(0.99), q(0.999))
-}
+    /// The open-loop schedule at `rate` msgs/s: 8 connections, one message per request.
+    fn open(&self, rate: f64) -> Schedule {
+        Schedule {
+            rate,
+            streams: 8,
+            batch: 1,
+            warmup: self.warmup,
+            measure: self.measure,
+        }
+    }
 
-#[allow(clippy::cast_precision_loss)]
-fn per_s(rate: u64) -> f64 {
-    rate as f64
+    /// Progress steps of a run with every peer installed.
+    fn steps(&self) -> usize {
+        let (open, late) = (self.open_rates.len(), self.lateness.len());
+        let futureq = 6 + open + late + 1 + 1 + 6 + open;
+        let redis = 2 * (2 + late) + open + 1;
+        let nats = 2 * (1 + open);
+        futureq + redis + nats
+    }
 }
 
 fn ack_name(a: Ack) -> &'static str {
@@ -141,168 +234,242 @@ fn ack_name(a: Ack) -> &'static str {
     }
 }
 
-/// A futureq process this run started; killed if still running when dropped.
-struct Broker {
-    child: Child,
-    addr: String,
-    _dir: tempfile::TempDir,
+#[allow(clippy::cast_precision_loss)]
+fn per_s(rate: u64) -> f64 {
+    rate as f64
 }
 
-impl Broker {
-    /// Starts a standalone broker on a free loopback port with its data in a temp dir.
-    async fn start(bin: &Path) -> anyhow::Result<Broker> {
-        let dir = tempfile::tempdir()?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let log = std::fs::File::create(dir.path().join("futureq.log"))?;
-        let child = Command::new(bin)
-            .arg("start")
-            .env("FUTUREQ_API_GRPC_LISTEN", format!("127.0.0.1:{port}"))
-            .env("FUTUREQ_OBSERVABILITY_METRICS_LISTEN", "")
-            .env("FUTUREQ_STORAGE_DATADIR", dir.path().join("data"))
-            .env("FUTUREQ_PUBLISH_MINACKLEVEL", "noAck")
-            .env("FUTUREQ_OBSERVABILITY_LOGGING_LEVEL", "warn")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        let mut b = Broker {
-            child,
-            addr: format!("http://127.0.0.1:{port}"),
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while connect(&b.addr).await.is_err() {
-            if let Some(status) = b.child.try_wait()? {
-                bail!("futureq exited during start-up ({status})");
-            }
-            if Instant::now() > deadline {
-                bail!("futureq did not listen on {} within 15 s", b.addr);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+/// The futureq deployment a series runs against.
+enum Target<'a> {
+    One(&'a Broker),
+    Three(&'a Cluster),
+}
+
+impl Target<'_> {
+    fn mode(&self) -> &'static str {
+        match self {
+            Target::One(_) => "standalone",
+            Target::Three(_) => "cluster3",
         }
-        Ok(b)
     }
 
-    /// Resident memory of the process, MiB.
+    /// Resident memory of the broker (the sum over the cluster), MiB.
     fn rss_mb(&self) -> Option<f64> {
-        rss_mb(self.child.id())
+        match self {
+            Target::One(b) => b.rss_mb(),
+            Target::Three(c) => c.rss_mb(),
+        }
     }
 
-    /// SIGTERM, then waits up to 10 s (SIGKILL after).
-    fn stop(mut self) -> anyhow::Result<()> {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait()? {
-                if !status.success() {
-                    bail!("futureq exited with {status} on SIGTERM");
+    /// Runs `series` against the broker, or the cluster's current leader; in a cluster, a
+    /// series that fails because leadership moved (elections happen on a loaded 2-CPU
+    /// machine) runs again on the new leader, at most twice.
+    async fn on_leader<T, F: Future<Output = anyhow::Result<T>>>(
+        &self,
+        series: impl Fn(String) -> F,
+    ) -> anyhow::Result<T> {
+        let cluster = match self {
+            Target::One(b) => return series(b.addr.clone()).await,
+            Target::Three(c) => c,
+        };
+        let mut retries = 0;
+        loop {
+            let leader = cluster.leader().await?.addr.clone();
+            match series(leader.clone()).await {
+                Err(e) if retries < 2 && format!("{e:#}").contains("leader") => {
+                    retries += 1;
+                    eprintln!(
+                        "leadership moved away from {leader} ({e:#}); running the series again"
+                    );
                 }
+                r => return r,
+            }
+        }
+    }
+}
+
+/// One compare run in progress: the plan, the rows so far, the progress display.
+struct Compare {
+    plan: Plan,
+    runs: Vec<Run>,
+    progress: Progress,
+}
+
+impl Compare {
+    fn step(&self, what: String) {
+        self.progress.step(what);
+    }
+
+    fn skip(&self, what: &str) {
+        self.progress.0.println(what);
+    }
+
+    /// Closed-loop publish at every ack level, batches of 100 and of 1, then the open-loop
+    /// rates at QUORUM.
+    async fn futureq_publish(&mut self, target: &Target<'_>) -> anyhow::Result<()> {
+        let mode = target.mode();
+        for ack in [Ack::Quorum, Ack::Leader, Ack::NoAck] {
+            for batch in [100, 1] {
+                let level = ack_name(ack);
+                self.step(format!(
+                    "futureq {mode}: publish, ack {level}, {batch}/request"
+                ));
+                let p = self.plan.publish(batch, ack, 3_600_000);
+                let o = target
+                    .on_leader(|addr| async move { publish_run(&addr, &p).await })
+                    .await?;
+                let key = ("futureq", mode, level, "publish", batch);
+                self.runs.push(Run::publish(key, o, target.rss_mb()));
+            }
+        }
+        for rate in self.plan.open_rates.clone() {
+            self.step(format!(
+                "futureq {mode}: open-loop publish, ack quorum, {rate} msgs/s"
+            ));
+            let s = self.plan.open(rate);
+            let o = target
+                .on_leader(
+                    |addr| async move { publish_open(&addr, s, Ack::Quorum, MSG_BYTES).await },
+                )
+                .await?;
+            let key = ("futureq", mode, "quorum", "publish", 1);
+            self.runs
+                .push(Run::publish(key, o, target.rss_mb()).open(rate));
+        }
+        Ok(())
+    }
+
+    async fn futureq_standalone(&mut self, bin: &Path, dir: &Path) -> anyhow::Result<()> {
+        let mut broker = standalone(bin, dir).await?;
+        self.futureq_publish(&Target::One(&broker)).await?;
+        for &(count, rate) in &self.plan.lateness {
+            self.step(format!(
+                "futureq standalone: lateness, {count} messages due at {rate}/s (0 = burst)"
+            ));
+            let (h, _early) = lateness_run(&broker.addr, count, rate, self.plan.lead_ms).await?;
+            let key = ("futureq", "standalone", "quorum", "lateness", 0);
+            self.runs
+                .push(Run::new(key, per_s(rate), h, broker.rss_mb()));
+        }
+        let n = self.plan.pending;
+        self.step(format!(
+            "futureq standalone: pending, {n} far-future messages, restart"
+        ));
+        let fill = crate::fill(&broker.addr, n).await?;
+        let o = publish_run(
+            &broker.addr,
+            &self.plan.publish(100, Ack::Quorum, 3_600_000),
+        )
+        .await?;
+        let rss = broker.rss_mb();
+        let t0 = Instant::now();
+        let listening = broker.restart().await?;
+        let stopped = t0.elapsed() - listening;
+        drain(&broker.addr).await?;
+        let restart = t0.elapsed() - stopped;
+        let key = ("futureq", "standalone", "quorum", "pending", 100);
+        self.runs
+            .push(Run::publish(key, o, rss).pending(n, fill, restart));
+        broker.stop()
+    }
+
+    async fn futureq_cluster(&mut self, bin: &Path, dir: &Path) -> anyhow::Result<()> {
+        self.step("futureq cluster3: starting 3 nodes on 127.0.0.1-3".into());
+        let cluster = Cluster::start(bin, dir).await?;
+        self.futureq_publish(&Target::Three(&cluster)).await?;
+        cluster.stop()
+    }
+
+    async fn redis(&mut self) -> anyhow::Result<()> {
+        for (policy, level) in [
+            ("always", "appendfsync-always"),
+            ("everysec", "appendfsync-everysec"),
+        ] {
+            let Some(mut redis) = crate::redis_peer::start(policy).await? else {
+                self.skip("redis-server not installed: skipping the Redis runs (scripts/install-peers.sh)");
                 return Ok(());
+            };
+            let port = redis.port();
+            for batch in [100, 1] {
+                self.step(format!(
+                    "redis-zset: publish (ZADD), {level}, {batch}/request"
+                ));
+                let p = self.plan.publish(batch, Ack::Quorum, 3_600_000);
+                let o = crate::redis_peer::publish(port, &p).await?;
+                let key = ("redis-zset", "standalone", level, "publish", batch);
+                self.runs.push(Run::publish(key, o, redis.rss_mb()));
             }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        bail!("futureq did not stop within 10 s of SIGTERM")
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
-}
-
-/// A peer server this run started on a free loopback port with a temp dir; killed when dropped.
-pub(crate) struct PeerProcess {
-    child: Child,
-    port: u16,
-    _dir: tempfile::TempDir,
-}
-
-impl PeerProcess {
-    /// Starts `name` (if installed; `Ok(None)` otherwise) with the arguments `args(port, dir)`
-    /// returns, and waits up to 10 s until it accepts connections.
-    pub(crate) async fn start(
-        name: &str,
-        args: impl FnOnce(u16, &Path) -> Vec<std::ffi::OsString>,
-    ) -> anyhow::Result<Option<PeerProcess>> {
-        let Some(bin) = which(name) else {
-            return Ok(None);
-        };
-        let dir = tempfile::tempdir()?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let child = Command::new(bin)
-            .args(args(port, dir.path()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .with_context(|| format!("starting {name}"))?;
-        let peer = PeerProcess {
-            child,
-            port,
-            _dir: dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
-            if Instant::now() > deadline {
-                bail!("{name} did not listen on port {port} within 10 s");
+            for &(count, rate) in &self.plan.lateness {
+                self.step(format!(
+                    "redis-zset: lateness (ZRANGEBYSCORE+ZREM poller), {level}, {count} due at {rate}/s"
+                ));
+                let h = crate::redis_peer::lateness(port, count, rate, self.plan.lead_ms).await?;
+                let key = ("redis-zset", "standalone", level, "lateness", 0);
+                self.runs
+                    .push(Run::new(key, per_s(rate), h, redis.rss_mb()));
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            if policy != "always" {
+                continue;
+            }
+            for rate in self.plan.open_rates.clone() {
+                self.step(format!(
+                    "redis-zset: open-loop publish, {level}, {rate} msgs/s"
+                ));
+                let o =
+                    crate::redis_peer::publish_open(port, self.plan.open(rate), MSG_BYTES).await?;
+                let key = ("redis-zset", "standalone", level, "publish", 1);
+                self.runs
+                    .push(Run::publish(key, o, redis.rss_mb()).open(rate));
+            }
+            let n = self.plan.pending;
+            self.step(format!(
+                "redis-zset: pending, {n} far-future members, restart"
+            ));
+            let fill = crate::redis_peer::fill(port, n).await?;
+            let p = self.plan.publish(100, Ack::Quorum, 3_600_000);
+            let o = crate::redis_peer::publish(port, &p).await?;
+            let rss = redis.rss_mb();
+            let restart = redis.restart(crate::redis_peer::ready).await?;
+            let key = ("redis-zset", "standalone", level, "pending", 100);
+            self.runs
+                .push(Run::publish(key, o, rss).pending(n, fill, restart));
         }
-        Ok(Some(peer))
+        Ok(())
     }
 
-    /// Its port on 127.0.0.1.
-    pub(crate) fn port(&self) -> u16 {
-        self.port
+    /// JetStream R1 (one server) and R3 (three), one message per publish.
+    async fn nats(&mut self) -> anyhow::Result<()> {
+        for (mode, level) in [
+            ("standalone", "file-r1 (acked before fsync)"),
+            ("cluster3", "file-r3 (acked before fsync)"),
+        ] {
+            let servers = if mode == "standalone" {
+                crate::nats_peer::start().await?.map(|s| vec![s])
+            } else {
+                crate::nats_peer::start_cluster().await?
+            };
+            let Some(servers) = servers else {
+                self.skip("nats-server not installed: skipping the NATS JetStream runs (scripts/install-peers.sh)");
+                return Ok(());
+            };
+            let rss = || servers.iter().map(PeerProcess::rss_mb).sum::<Option<f64>>();
+            let port = servers[0].port();
+            crate::nats_peer::create_stream(port, u32::try_from(servers.len())?).await?;
+            self.step(format!("nats-jetstream {mode}: publish, {level}"));
+            let o = crate::nats_peer::publish(port, &self.plan.publish(1, Ack::Quorum, 0)).await?;
+            let key = ("nats-jetstream", mode, level, "publish", 1);
+            self.runs.push(Run::publish(key, o, rss()));
+            for rate in self.plan.open_rates.clone() {
+                self.step(format!(
+                    "nats-jetstream {mode}: open-loop publish, {rate} msgs/s"
+                ));
+                let o =
+                    crate::nats_peer::publish_open(port, self.plan.open(rate), MSG_BYTES).await?;
+                self.runs.push(Run::publish(key, o, rss()).open(rate));
+            }
+        }
+        Ok(())
     }
-
-    /// Resident memory, MiB.
-    pub(crate) fn rss_mb(&self) -> Option<f64> {
-        rss_mb(self.child.id())
-    }
-}
-
-impl Drop for PeerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// The path of `name` on `PATH` (or in /usr/sbin, where Debian puts some servers).
-fn which(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .unwrap_or_default()
-        .into_iter()
-        .chain([PathBuf::from("/usr/sbin")])
-        .map(|d| d.join(name))
-        .find(|p| p.is_file())
-}
-
-/// Resident memory of process `pid`, MiB.
-pub(crate) fn rss_mb(pid: u32) -> Option<f64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    Some(kb / 1024.0)
 }
 
 /// The futureq binary: `explicit`, else the one next to this executable, else built with
@@ -352,12 +519,23 @@ fn machine() -> Machine {
 
 fn table(runs: &[Run]) -> String {
     let mut t = String::from(
-        "| system | mode | ack level | scenario | batch | msgs/s | p50 ms | p99 ms | p99.9 ms | RSS MiB |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
+        "| system | mode | ack level / setting | scenario | load | batch | msgs/s | p50 ms | p99 ms | p99.9 ms | RSS MiB | notes |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in runs {
+        let load = match r.offered_msgs_per_s {
+            Some(rate) => format!("open {rate:.0}/s"),
+            None if r.scenario == "lateness" => "-".into(),
+            None => "closed 8×4".into(),
+        };
+        let notes = match (r.pending_msgs, r.fill_msgs_per_s, r.restart_ms) {
+            (Some(n), Some(fill), Some(restart)) => {
+                format!("{n} waiting (filled at {fill:.0}/s); restart to serving {restart:.0} ms")
+            }
+            _ => String::new(),
+        };
         t.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {} |\n",
+            "| {} | {} | {} | {} | {load} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {} | {notes} |\n",
             r.system,
             r.mode,
             r.ack_level,
@@ -397,110 +575,52 @@ impl Progress {
     }
 }
 
-/// Runs every scenario on futureq standalone; writes `out/results.json`, prints the table.
-pub async fn run(quick: bool, out: &Path, futureq: Option<PathBuf>) -> anyhow::Result<()> {
+/// Runs every scenario on every system; writes `out/results.json` and the plots, prints the
+/// table.
+pub async fn run(
+    quick: bool,
+    out: &Path,
+    futureq: Option<PathBuf>,
+    only: &[System],
+) -> anyhow::Result<()> {
     let plan = Plan::new(quick);
     let bin = futureq_binary(futureq)?;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
-    let mut runs = Vec::new();
-    let progress = Progress::new(6 + plan.lateness.len() + 2 * (2 + plan.lateness.len()) + 1);
-    let broker = Broker::start(&bin).await?;
-    for ack in [Ack::Quorum, Ack::Leader, Ack::NoAck] {
-        for batch in [100, 1] {
-            progress.step(format!(
-                "futureq standalone: publish, ack {}, {batch}/batch",
-                ack_name(ack)
-            ));
-            let o = publish_run(&broker.addr, &plan.publish(batch, ack, 3_600_000)).await?;
-            runs.push(Run::new(
-                ("futureq", ack_name(ack), "publish", batch),
-                o.msgs_per_s,
-                &o.latency,
-                broker.rss_mb(),
-            ));
-        }
+    let work = tempfile::tempdir()?;
+    let progress = Progress::new(plan.steps());
+    let mut c = Compare {
+        plan,
+        runs: Vec::new(),
+        progress,
+    };
+    // A failing system does not cost the others' results: every error is reported at the end.
+    let mut failed = Vec::new();
+    if only.contains(&System::Futureq) {
+        failed.extend(c.futureq_standalone(&bin, work.path()).await.err());
+        failed.extend(c.futureq_cluster(&bin, work.path()).await.err());
     }
-    for &(count, rate) in &plan.lateness {
-        progress.step(format!(
-            "futureq standalone: lateness, {count} messages due at {rate}/s (0 = burst)"
-        ));
-        let (h, _early) = lateness_run(&broker.addr, count, rate, 2000).await?;
-        runs.push(Run::new(
-            ("futureq", "quorum", "lateness", 0),
-            per_s(rate),
-            &h,
-            broker.rss_mb(),
-        ));
+    if only.contains(&System::Redis) {
+        failed.extend(c.redis().await.err());
     }
-    broker.stop()?;
-    for (policy, level) in [
-        ("always", "appendfsync-always"),
-        ("everysec", "appendfsync-everysec"),
-    ] {
-        let Some(redis) = crate::redis_peer::start(policy).await? else {
-            progress.0.println(
-                "redis-server not installed: skipping the Redis runs (scripts/install-peers.sh)",
-            );
-            break;
-        };
-        for batch in [100, 1] {
-            progress.step(format!(
-                "redis-zset: publish (ZADD), {level}, {batch}/batch"
-            ));
-            let o = crate::redis_peer::publish(
-                redis.port(),
-                &plan.publish(batch, Ack::Quorum, 3_600_000),
-            )
-            .await?;
-            runs.push(Run::new(
-                ("redis-zset", level, "publish", batch),
-                o.msgs_per_s,
-                &o.latency,
-                redis.rss_mb(),
-            ));
-        }
-        for &(count, rate) in &plan.lateness {
-            progress.step(format!(
-                "redis-zset: lateness (ZRANGEBYSCORE+ZREM poller), {level}, {count} due at {rate}/s"
-            ));
-            let h = crate::redis_peer::lateness(redis.port(), count, rate, 2000).await?;
-            runs.push(Run::new(
-                ("redis-zset", level, "lateness", 0),
-                per_s(rate),
-                &h,
-                redis.rss_mb(),
-            ));
-        }
+    if only.contains(&System::Nats) {
+        failed.extend(c.nats().await.err());
     }
-    match crate::nats_peer::start().await? {
-        None => progress.0.println(
-            "nats-server not installed: skipping the NATS JetStream runs (scripts/install-peers.sh)",
-        ),
-        Some(nats) => {
-            progress.step("nats-jetstream: publish, file storage R1, 1/msg".into());
-            crate::nats_peer::create_stream(nats.port(), 1).await?;
-            let o = crate::nats_peer::publish(
-                nats.port(),
-                &plan.publish(1, Ack::Quorum, 0),
-            )
-            .await?;
-            runs.push(Run::new(
-                ("nats-jetstream", "file-r1 (acked before fsync)", "publish", 1),
-                o.msgs_per_s,
-                &o.latency,
-                nats.rss_mb(),
-            ));
-        }
-    }
-    progress.0.finish_and_clear();
+    c.progress.0.finish_and_clear();
     let results = Results {
         machine: machine(),
-        runs,
+        runs: c.runs,
     };
     let path = out.join("results.json");
     std::fs::write(&path, serde_json::to_vec_pretty(&results)?)
         .with_context(|| format!("writing {}", path.display()))?;
     println!("{}", table(&results.runs));
     println!("results: {}", path.display());
+    for plot in crate::plot::write_all(&results.runs, out)? {
+        println!("plot: {}", plot.display());
+    }
+    if !failed.is_empty() {
+        let list: Vec<String> = failed.iter().map(|e| format!("{e:#}")).collect();
+        bail!("some measurements failed:\n  {}", list.join("\n  "));
+    }
     Ok(())
 }

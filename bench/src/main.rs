@@ -12,6 +12,9 @@
 
 mod compare;
 mod nats_peer;
+mod openloop;
+mod plot;
+mod procs;
 mod redis_peer;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -21,7 +24,8 @@ use clap::{Parser, Subcommand, ValueEnum};
 use futureq_bench::pb::future_q_consumer_client::FutureQConsumerClient;
 use futureq_bench::pb::future_q_producer_client::FutureQProducerClient;
 use futureq_bench::pb::{
-    consumer_frame, AckRequest, ConsumerFrame, PublishBatch, PublishMessage, SubscribeInit,
+    consumer_frame, AckRequest, ConsumerFrame, PublishBatch, PublishBatchAck, PublishMessage,
+    SubscribeInit,
 };
 use hdrhistogram::Histogram;
 use tonic::transport::Channel;
@@ -92,10 +96,14 @@ enum Cmd {
         /// The futureq binary (default: next to this one, built with cargo if missing).
         #[arg(long)]
         futureq: Option<std::path::PathBuf>,
+        /// Measure only these systems (comma-separated; default: all).
+        #[arg(long, value_enum, value_delimiter = ',', default_values_t = [compare::System::Futureq, compare::System::Redis, compare::System::Nats])]
+        only: Vec<compare::System>,
     },
 }
 
 /// One closed-loop publish measurement.
+#[derive(Clone, Copy)]
 struct PublishParams {
     streams: usize,
     window: usize,
@@ -271,6 +279,125 @@ async fn collect(tasks: Vec<StreamTask>, measure: Duration) -> anyhow::Result<Pu
         msgs_per_s,
         latency,
     })
+}
+
+/// The sending half of one open-loop futureq publish stream.
+struct OpenSender {
+    tx: tokio::sync::mpsc::UnboundedSender<PublishBatch>,
+    messages: Vec<PublishMessage>,
+    ack_level: i32,
+}
+
+impl openloop::Sender for OpenSender {
+    async fn send(&mut self, seq: u64) -> anyhow::Result<()> {
+        self.tx
+            .send(PublishBatch {
+                messages: self.messages.clone(),
+                ack_level: self.ack_level,
+                batch_id: seq,
+            })
+            .map_err(|_| anyhow::anyhow!("publish stream closed"))
+    }
+}
+
+impl openloop::Acks for tonic::Streaming<PublishBatchAck> {
+    async fn recv(&mut self) -> anyhow::Result<u64> {
+        let a = self.message().await?.context("publish stream ended")?;
+        if !a.success {
+            bail!("batch {} rejected: {}", a.batch_id, a.error_message);
+        }
+        Ok(a.batch_id)
+    }
+}
+
+/// Open-loop futureq publishing on the schedule `s` (see [`openloop`]).
+async fn publish_open(
+    addr: &str,
+    s: openloop::Schedule,
+    ack: Ack,
+    size: usize,
+) -> anyhow::Result<PublishOut> {
+    drain(addr).await?;
+    let mut halves = Vec::new();
+    for i in 0..s.streams {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let acks = FutureQProducerClient::new(connect(addr).await?)
+            .publish_stream(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)))
+            .await?
+            .into_inner();
+        let messages = messages(&format!("bench-{}", i % 4), s.batch, size, 3_600_000);
+        halves.push((
+            OpenSender {
+                tx,
+                messages,
+                ack_level: ack as i32,
+            },
+            acks,
+        ));
+    }
+    let start = Instant::now();
+    let tasks = halves
+        .into_iter()
+        .map(|(tx, rx)| openloop::stream(tx, rx, s, start))
+        .collect();
+    collect(tasks, s.measure).await
+}
+
+/// `n` messages of `size` bytes on `topic`, due in `delay_ms`.
+fn messages(topic: &str, n: usize, size: usize, delay_ms: i64) -> Vec<PublishMessage> {
+    (0..n)
+        .map(|_| PublishMessage {
+            topic: topic.to_owned(),
+            payload: vec![b'x'; size],
+            delay_ms,
+            ttl_ms: 0,
+            indexes: vec![],
+        })
+        .collect()
+}
+
+/// Publishes `count` messages due in a year (QUORUM, batches of 100 on 4 streams with 8 in
+/// flight each) and returns the publish rate, msgs/s.
+async fn fill(addr: &str, count: u64) -> anyhow::Result<f64> {
+    let start = Instant::now();
+    let per_stream = count.div_ceil(4);
+    let mut tasks = Vec::new();
+    for s in 0..4u64 {
+        let n = per_stream.min(count.saturating_sub(s * per_stream));
+        let (tx, rx) = tokio::sync::mpsc::channel::<PublishBatch>(8);
+        let mut acks = FutureQProducerClient::new(connect(addr).await?)
+            .publish_stream(tokio_stream(rx))
+            .await?
+            .into_inner();
+        tasks.push(tokio::spawn(async move {
+            let batches = n.div_ceil(100);
+            let sender = tokio::spawn(async move {
+                for b in 0..batches {
+                    let k = usize::try_from((n - b * 100).min(100))?;
+                    let messages = messages(&format!("pending-{s}"), k, 100, 365 * 86_400_000);
+                    tx.send(PublishBatch {
+                        messages,
+                        ack_level: Ack::Quorum as i32,
+                        batch_id: b,
+                    })
+                    .await?;
+                }
+                Ok::<_, anyhow::Error>(())
+            });
+            for _ in 0..batches {
+                let a = acks.message().await?.context("publish stream ended")?;
+                if !a.success {
+                    bail!("fill batch rejected: {}", a.error_message);
+                }
+            }
+            sender.await?
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    Ok(count as f64 / start.elapsed().as_secs_f64())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -457,6 +584,7 @@ async fn main() -> anyhow::Result<()> {
             quick,
             out,
             futureq,
-        } => compare::run(quick, &out, futureq).await,
+            only,
+        } => compare::run(quick, &out, futureq, &only).await,
     }
 }

@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use hdrhistogram::Histogram;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 
-use crate::compare::PeerProcess;
+use crate::procs::PeerProcess;
 use crate::{hist, PublishOut, PublishParams};
 
 /// Starts `redis-server` with AOF and the given `appendfsync` policy, or `Ok(None)` when it
@@ -179,6 +180,56 @@ pub async fn lateness(
     Ok(h)
 }
 
+/// Builds ZADD commands adding `batch` fresh members scored `delay_ms` from now (ms).
+struct Zadd {
+    key: String,
+    /// Unique per connection and run, so members never repeat (ZADD of an existing member
+    /// only moves it).
+    tag: String,
+    seq: u64,
+    batch: usize,
+    size: usize,
+    delay_ms: i64,
+}
+
+impl Zadd {
+    fn new(stream: usize, batch: usize, size: usize, delay_ms: i64) -> Self {
+        Zadd {
+            key: format!("bench-{}", stream % 4),
+            tag: format!("{}-{stream}", crate::now_us()),
+            seq: 0,
+            batch,
+            size,
+            delay_ms,
+        }
+    }
+
+    fn append(&mut self, buf: &mut Vec<u8>) {
+        let due = (crate::now_us() / 1000 + self.delay_ms).to_string();
+        let members: Vec<Vec<u8>> = (0..self.batch)
+            .map(|_| {
+                self.seq += 1;
+                let mut m = format!("{}:{}:", self.tag, self.seq).into_bytes();
+                m.resize(m.len() + self.size, b'x');
+                m
+            })
+            .collect();
+        let mut args: Vec<&[u8]> = vec![b"ZADD", self.key.as_bytes()];
+        for m in &members {
+            args.push(due.as_bytes());
+            args.push(m);
+        }
+        command(buf, &args);
+    }
+}
+
+async fn open(port: u16) -> anyhow::Result<(Reader, OwnedWriteHalf)> {
+    let conn = TcpStream::connect(("127.0.0.1", port)).await?;
+    conn.set_nodelay(true)?;
+    let (r, w) = conn.into_split();
+    Ok((BufReader::new(r), w))
+}
+
 /// Closed-loop ZADD publishing: `streams` connections, `window` commands in flight each,
 /// `batch` members per ZADD (score = due time in ms), like futureq's `publish_run`.
 pub async fn publish(port: u16, p: &PublishParams) -> anyhow::Result<PublishOut> {
@@ -186,35 +237,14 @@ pub async fn publish(port: u16, p: &PublishParams) -> anyhow::Result<PublishOut>
     let (warm, end) = (start + p.warmup, start + p.warmup + p.measure);
     let mut tasks = Vec::new();
     for s in 0..p.streams {
-        let (batch, window, size, delay_ms) = (p.batch, p.window, p.size, p.delay_ms);
+        let mut zadd = Zadd::new(s, p.batch, p.size, p.delay_ms);
+        let (batch, window) = (p.batch, p.window);
         tasks.push(tokio::spawn(async move {
-            let conn = TcpStream::connect(("127.0.0.1", port)).await?;
-            conn.set_nodelay(true)?;
-            let (r, mut w) = conn.into_split();
-            let mut r = BufReader::new(r);
-            let key = format!("bench-{}", s % 4);
-            let mut seq = 0u64;
-            let mut next = |buf: &mut Vec<u8>| {
-                let due = (crate::now_us() / 1000 + delay_ms).to_string();
-                let members: Vec<Vec<u8>> = (0..batch)
-                    .map(|_| {
-                        seq += 1;
-                        let mut m = format!("{s}:{seq}:").into_bytes();
-                        m.resize(m.len() + size, b'x');
-                        m
-                    })
-                    .collect();
-                let mut args: Vec<&[u8]> = vec![b"ZADD", key.as_bytes()];
-                for m in &members {
-                    args.push(due.as_bytes());
-                    args.push(m);
-                }
-                command(buf, &args);
-            };
+            let (mut r, mut w) = open(port).await?;
             let mut sent_at = std::collections::VecDeque::new();
             let mut buf = Vec::new();
             for _ in 0..window {
-                next(&mut buf);
+                zadd.append(&mut buf);
                 sent_at.push_back(Instant::now());
             }
             w.write_all(&buf).await?;
@@ -231,7 +261,7 @@ pub async fn publish(port: u16, p: &PublishParams) -> anyhow::Result<PublishOut>
                     break;
                 }
                 buf.clear();
-                next(&mut buf);
+                zadd.append(&mut buf);
                 sent_at.push_back(Instant::now());
                 w.write_all(&buf).await?;
             }
@@ -239,4 +269,110 @@ pub async fn publish(port: u16, p: &PublishParams) -> anyhow::Result<PublishOut>
         }));
     }
     crate::collect(tasks, p.measure).await
+}
+
+struct OpenSender {
+    w: OwnedWriteHalf,
+    zadd: Zadd,
+    buf: Vec<u8>,
+}
+
+impl crate::openloop::Sender for OpenSender {
+    async fn send(&mut self, _seq: u64) -> anyhow::Result<()> {
+        self.buf.clear();
+        self.zadd.append(&mut self.buf);
+        self.w.write_all(&self.buf).await?;
+        Ok(())
+    }
+}
+
+/// Replies come in command order: the n-th reply acknowledges request n.
+struct OpenAcks {
+    r: Reader,
+    next: u64,
+}
+
+impl crate::openloop::Acks for OpenAcks {
+    async fn recv(&mut self) -> anyhow::Result<u64> {
+        reply(&mut self.r).await?;
+        self.next += 1;
+        Ok(self.next - 1)
+    }
+}
+
+/// Open-loop ZADD publishing on the schedule `s` (one ZADD of `s.batch` members per request).
+pub async fn publish_open(
+    port: u16,
+    s: crate::openloop::Schedule,
+    size: usize,
+) -> anyhow::Result<PublishOut> {
+    let mut halves = Vec::new();
+    for i in 0..s.streams {
+        let (r, w) = open(port).await?;
+        let zadd = Zadd::new(i, s.batch, size, 3_600_000);
+        halves.push((
+            OpenSender {
+                w,
+                zadd,
+                buf: Vec::new(),
+            },
+            OpenAcks { r, next: 0 },
+        ));
+    }
+    let start = Instant::now();
+    let tasks = halves
+        .into_iter()
+        .map(|(tx, rx)| crate::openloop::stream(tx, rx, s, start))
+        .collect();
+    crate::collect(tasks, s.measure).await
+}
+
+/// Adds `count` members due in a year (ZADDs of 100, 16 pipelined, on 4 connections) and
+/// returns the rate, members/s.
+pub async fn fill(port: u16, count: u64) -> anyhow::Result<f64> {
+    let start = Instant::now();
+    let per_stream = count.div_ceil(4);
+    let mut tasks = Vec::new();
+    for s in 0..4u64 {
+        let mut left = per_stream.min(count.saturating_sub(s * per_stream));
+        tasks.push(tokio::spawn(async move {
+            let (mut r, mut w) = open(port).await?;
+            let mut buf = Vec::new();
+            let mut zadd = Zadd::new(usize::try_from(s)?, 100, 100, 365 * 86_400_000);
+            while left > 0 {
+                buf.clear();
+                let mut cmds = 0;
+                while left > 0 && cmds < 16 {
+                    let n = left.min(100);
+                    zadd.batch = usize::try_from(n)?;
+                    zadd.append(&mut buf);
+                    left -= n;
+                    cmds += 1;
+                }
+                w.write_all(&buf).await?;
+                for _ in 0..cmds {
+                    reply(&mut r).await?;
+                }
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    Ok(count as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Whether the server answers PING (not while it is still loading its AOF).
+pub async fn ready(port: u16) -> bool {
+    async {
+        let (mut r, mut w) = open(port).await?;
+        let mut buf = Vec::new();
+        command(&mut buf, &[b"PING"]);
+        w.write_all(&buf).await?;
+        reply(&mut r).await
+    }
+    .await
+    .is_ok()
 }

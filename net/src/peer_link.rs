@@ -4,8 +4,9 @@
 //! - The server answers each request on its own task; responses go through one bounded
 //!   writer queue per connection.
 //! - The client connects lazily and reconnects after a failure with exponential backoff
-//!   ([`RECONNECT_MIN`] doubling per failed attempt up to [`RECONNECT_MAX`], reset by a
-//!   connection that succeeds); requests in flight on a broken connection fail at once.
+//!   ([`RECONNECT_MIN`] doubling per failed attempt up to [`RECONNECT_MAX`] or the client's
+//!   own cap, reset by a connection that succeeds); requests in flight on a broken
+//!   connection fail at once.
 //! - Every wait is bounded: queues by [`PEER_QUEUE_MAX`], calls by their timeout.
 
 use std::cell::{Cell, RefCell};
@@ -156,6 +157,8 @@ pub struct PeerClient {
     last_attempt: Cell<Option<Instant>>,
     /// Connection attempts that failed since the last one that succeeded.
     failures: Cell<u32>,
+    /// Longest wait between two attempts ([`RECONNECT_MAX`] unless set lower).
+    reconnect_max: Duration,
     next_id: Cell<u64>,
     /// A connection attempt is running: other callers wait for it instead of failing.
     connecting: Cell<bool>,
@@ -172,17 +175,27 @@ impl PeerClient {
             conn: RefCell::new(None),
             last_attempt: Cell::new(None),
             failures: Cell::new(0),
+            reconnect_max: RECONNECT_MAX,
             next_id: Cell::new(1),
             connecting: Cell::new(false),
             connect_done: event_listener::Event::new(),
         }
     }
 
+    /// Caps the wait between connection attempts at `max` (at least [`RECONNECT_MIN`]):
+    /// Raft sets it below the election timeout, so that a peer that comes back hears from
+    /// the leader before it times out and disrupts the group with an election.
+    #[must_use]
+    pub fn with_reconnect_max(mut self, max: Duration) -> Self {
+        self.reconnect_max = max.clamp(RECONNECT_MIN, RECONNECT_MAX);
+        self
+    }
+
     /// The wait before the next connection attempt: [`RECONNECT_MIN`], doubled per failed
-    /// attempt beyond the first, at most [`RECONNECT_MAX`].
+    /// attempt beyond the first, at most the client's cap.
     fn backoff(&self) -> Duration {
         let doublings = self.failures.get().saturating_sub(1).min(16);
-        (RECONNECT_MIN * 2u32.pow(doublings)).min(RECONNECT_MAX)
+        (RECONNECT_MIN * 2u32.pow(doublings)).min(self.reconnect_max)
     }
 
     async fn connection(&self) -> Result<Rc<Conn>, PeerError> {
@@ -330,5 +343,12 @@ mod tests {
             .collect();
         let ms = |n| Duration::from_millis(n);
         assert_eq!(waits, [ms(50), ms(50), ms(100), ms(200), ms(800), ms(1000)]);
+        let capped =
+            PeerClient::new("127.0.0.1:1".parse().unwrap(), 1024).with_reconnect_max(ms(120));
+        capped.failures.set(40);
+        assert_eq!(capped.backoff(), ms(120));
+        let floor = PeerClient::new("127.0.0.1:1".parse().unwrap(), 1024).with_reconnect_max(ms(1));
+        floor.failures.set(40);
+        assert_eq!(floor.backoff(), RECONNECT_MIN);
     }
 }

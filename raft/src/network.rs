@@ -60,6 +60,7 @@ fn unreachable(e: impl std::fmt::Display) -> Unreachable<TypeConfig> {
 pub struct PeerNetwork {
     group: u8,
     timeout: Duration,
+    reconnect_max: Duration,
     clients: Rc<RefCell<HashMap<SocketAddr, Rc<PeerClient>>>>,
 }
 
@@ -70,8 +71,16 @@ impl PeerNetwork {
         PeerNetwork {
             group,
             timeout,
+            reconnect_max: futureq_net::peer_link::RECONNECT_MAX,
             clients: Rc::default(),
         }
+    }
+
+    /// Caps the reconnect backoff of every link (keep it below the election timeout).
+    #[must_use]
+    pub fn with_reconnect_max(mut self, max: Duration) -> Self {
+        self.reconnect_max = max;
+        self
     }
 
     /// The same links (one connection per peer), for another group.
@@ -80,6 +89,7 @@ impl PeerNetwork {
         PeerNetwork {
             group,
             timeout: self.timeout,
+            reconnect_max: self.reconnect_max,
             clients: Rc::clone(&self.clients),
         }
     }
@@ -87,12 +97,9 @@ impl PeerNetwork {
     /// The link to `addr` (created on first use).
     #[must_use]
     pub fn client(&self, addr: SocketAddr) -> Rc<PeerClient> {
-        Rc::clone(
-            self.clients
-                .borrow_mut()
-                .entry(addr)
-                .or_insert_with(|| Rc::new(PeerClient::new(addr, PEER_FRAME_MAX))),
-        )
+        Rc::clone(self.clients.borrow_mut().entry(addr).or_insert_with(|| {
+            Rc::new(PeerClient::new(addr, PEER_FRAME_MAX).with_reconnect_max(self.reconnect_max))
+        }))
     }
 }
 

@@ -469,7 +469,9 @@ impl Node {
             META_SNAPSHOT_ENTRIES,
         )?;
         let election_timeout = Duration::from_millis(event_cfg.election_timeout_min);
-        let network = PeerNetwork::new(EVENT_GROUP, RPC_TIMEOUT);
+        // A restarted peer must hear from the leader well within its election timeout
+        // (10 rtt): retry links to a down peer at least every 2 rtt.
+        let network = PeerNetwork::new(EVENT_GROUP, RPC_TIMEOUT).with_reconnect_max(cfg.rtt * 2);
         let event = EventRaft::new(
             cfg.node_id,
             event_cfg,

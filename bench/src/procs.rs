@@ -1,0 +1,388 @@
+//! The processes `compare` starts and stops: futureq (standalone, or a 3-node loopback
+//! cluster) and peer servers. Every one runs on 127.0.0.x ports in a temp dir and is killed
+//! when its handle drops, so a failed run leaves nothing behind.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::connect;
+
+/// A free TCP port on 127.0.0.1 (nothing listens on it when this returns).
+pub(crate) fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// One futureq process with its own data directory (kept across [`Broker::restart`]).
+pub(crate) struct Broker {
+    bin: PathBuf,
+    env: Vec<(String, OsString)>,
+    child: Child,
+    /// gRPC address (`http://ip:port`).
+    pub(crate) addr: String,
+    /// `ip:port` of the metrics listener.
+    metrics: String,
+    dir: PathBuf,
+}
+
+impl Broker {
+    /// Starts futureq listening on `ip` (gRPC `port`, metrics `port + 1`), its data in
+    /// `dir`, with `extra` settings (environment overrides), and waits until gRPC accepts.
+    pub(crate) async fn start(
+        bin: &Path,
+        ip: &str,
+        port: u16,
+        dir: PathBuf,
+        extra: Vec<(String, OsString)>,
+    ) -> anyhow::Result<Broker> {
+        let metrics = format!("{ip}:{}", port + 1);
+        let mut env: Vec<(String, OsString)> = [
+            ("API_GRPC_LISTEN", format!("{ip}:{port}")),
+            ("API_GRPC_ADVERTISE", format!("{ip}:{port}")),
+            ("OBSERVABILITY_METRICS_LISTEN", metrics.clone()),
+            ("PUBLISH_MINACKLEVEL", "noAck".into()),
+            ("OBSERVABILITY_LOGGING_LEVEL", "warn".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.into()))
+        .collect();
+        env.push(("STORAGE_DATADIR".into(), dir.join("data").into()));
+        env.extend(extra);
+        let child = spawn(bin, &env, &dir)?;
+        let mut b = Broker {
+            bin: bin.to_owned(),
+            env,
+            child,
+            addr: format!("http://{ip}:{port}"),
+            metrics,
+            dir,
+        };
+        b.wait_serving().await?;
+        Ok(b)
+    }
+
+    async fn wait_serving(&mut self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while connect(&self.addr).await.is_err() {
+            if let Some(status) = self.child.try_wait()? {
+                bail!(
+                    "futureq exited during start-up ({status}); log: {}",
+                    self.dir.join("futureq.log").display()
+                );
+            }
+            if Instant::now() > deadline {
+                bail!("futureq did not listen on {} within 60 s", self.addr);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
+    }
+
+    /// Stops it (SIGTERM, checked clean exit), starts it again on the same data and returns
+    /// the time from the new process's start until its gRPC listener accepts.
+    pub(crate) async fn restart(&mut self) -> anyhow::Result<Duration> {
+        self.terminate()?;
+        let t0 = Instant::now();
+        self.child = spawn(&self.bin, &self.env, &self.dir)?;
+        self.wait_serving().await?;
+        Ok(t0.elapsed())
+    }
+
+    /// Resident memory of the process, MiB.
+    pub(crate) fn rss_mb(&self) -> Option<f64> {
+        rss_mb(self.child.id())
+    }
+
+    /// The text of its Prometheus `/metrics` page.
+    pub(crate) async fn metrics(&self) -> anyhow::Result<String> {
+        let mut s = tokio::net::TcpStream::connect(&self.metrics).await?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await?;
+        let mut page = String::new();
+        s.read_to_string(&mut page).await?;
+        Ok(page)
+    }
+
+    /// SIGTERM, then waits up to 20 s for a clean exit.
+    fn terminate(&mut self) -> anyhow::Result<()> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Some(status) = self.child.try_wait()? {
+                if !status.success() {
+                    bail!("futureq exited with {status} on SIGTERM");
+                }
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        bail!("futureq did not stop within 20 s of SIGTERM")
+    }
+
+    /// Stops it with SIGTERM and checks that it exited cleanly.
+    pub(crate) fn stop(mut self) -> anyhow::Result<()> {
+        self.terminate()
+    }
+}
+
+fn spawn(bin: &Path, env: &[(String, OsString)], dir: &Path) -> anyhow::Result<Child> {
+    std::fs::create_dir_all(dir)?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("futureq.log"))?;
+    Command::new(bin)
+        .arg("start")
+        .envs(env.iter().map(|(k, v)| (format!("FUTUREQ_{k}"), v)))
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A standalone futureq on a free loopback port, its data in `dir`.
+pub(crate) async fn standalone(bin: &Path, dir: &Path) -> anyhow::Result<Broker> {
+    Broker::start(
+        bin,
+        "127.0.0.1",
+        free_port()?,
+        dir.join("standalone"),
+        vec![],
+    )
+    .await
+}
+
+/// Three futureq nodes on 127.0.0.1–3 (one executor each, `cluster.raft.rtt` 50 ms: the
+/// three nodes and the load generator share this machine's CPUs).
+pub(crate) struct Cluster {
+    pub(crate) nodes: Vec<Broker>,
+}
+
+impl Cluster {
+    pub(crate) async fn start(bin: &Path, dir: &Path) -> anyhow::Result<Cluster> {
+        let (port, raft) = (free_port()?, free_port()?);
+        let members = format!(
+            "{{1: \"127.0.0.1:{raft}\", 2: \"127.0.0.2:{raft}\", 3: \"127.0.0.3:{raft}\"}}"
+        );
+        let mut nodes = Vec::new();
+        for i in 1..=3 {
+            let ndir = dir.join(format!("node{i}"));
+            let extra: Vec<(String, OsString)> = [
+                ("CLUSTER_ENABLED", "true".into()),
+                ("CLUSTER_NODEID", i.to_string()),
+                ("CLUSTER_RAFT_LISTEN", format!("127.0.0.{i}:{raft}")),
+                ("CLUSTER_RAFT_ADVERTISE", format!("127.0.0.{i}:{raft}")),
+                ("CLUSTER_RAFT_INITIALMEMBERS", members.clone()),
+                ("CLUSTER_RAFT_RTT", "50ms".into()),
+                ("RUNTIME_CORES", "1".into()),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.into()))
+            .chain([("CLUSTER_RAFT_DATADIR".to_owned(), ndir.join("raft").into())])
+            .collect();
+            nodes.push(Broker::start(bin, &format!("127.0.0.{i}"), port, ndir, extra).await?);
+        }
+        let cluster = Cluster { nodes };
+        cluster.settle().await?;
+        Ok(cluster)
+    }
+
+    /// Waits until one node has led for 1.5 s (twice the election timeout): a node that
+    /// bootstraps just after the others elected a leader forces one more election.
+    async fn settle(&self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut since: Option<(String, Instant)> = None;
+        loop {
+            let leader = self.leader().await?.addr.clone();
+            match &since {
+                Some((l, t)) if *l == leader => {
+                    if t.elapsed() >= Duration::from_millis(1500) {
+                        return Ok(());
+                    }
+                }
+                _ => since = Some((leader, Instant::now())),
+            }
+            if Instant::now() > deadline {
+                bail!("the cluster's leadership did not settle within 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The node that reports itself Raft leader (waits up to 30 s for an election).
+    pub(crate) async fn leader(&self) -> anyhow::Result<&Broker> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            for n in &self.nodes {
+                if let Ok(page) = n.metrics().await {
+                    if page.lines().any(|l| l == "futureq_raft_is_leader 1") {
+                        return Ok(n);
+                    }
+                }
+            }
+            if Instant::now() > deadline {
+                bail!("no futureq node became leader within 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Resident memory of all three processes, MiB.
+    pub(crate) fn rss_mb(&self) -> Option<f64> {
+        self.nodes.iter().map(Broker::rss_mb).sum()
+    }
+
+    /// Stops every node with SIGTERM; each must exit cleanly.
+    pub(crate) fn stop(self) -> anyhow::Result<()> {
+        self.nodes.into_iter().try_for_each(Broker::stop)
+    }
+}
+
+/// A peer server this run started on loopback ports with a temp dir; killed when dropped.
+pub(crate) struct PeerProcess {
+    child: Child,
+    bin: PathBuf,
+    args: Vec<OsString>,
+    port: u16,
+    _dir: tempfile::TempDir,
+}
+
+impl PeerProcess {
+    /// Starts `name` (if installed; `Ok(None)` otherwise) on a free port with the arguments
+    /// `args(port, dir)` returns, and waits up to 10 s until it accepts connections.
+    pub(crate) async fn start(
+        name: &str,
+        args: impl FnOnce(u16, &Path) -> Vec<OsString>,
+    ) -> anyhow::Result<Option<PeerProcess>> {
+        Self::start_on(name, free_port()?, args).await
+    }
+
+    /// Like [`PeerProcess::start`] on a port the caller chose.
+    pub(crate) async fn start_on(
+        name: &str,
+        port: u16,
+        args: impl FnOnce(u16, &Path) -> Vec<OsString>,
+    ) -> anyhow::Result<Option<PeerProcess>> {
+        let Some(bin) = which(name) else {
+            return Ok(None);
+        };
+        let dir = tempfile::tempdir()?;
+        let args = args(port, dir.path());
+        let child = spawn_peer(&bin, &args)?;
+        let peer = PeerProcess {
+            child,
+            bin,
+            args,
+            port,
+            _dir: dir,
+        };
+        peer.wait_until(|port| async move {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+        })
+        .await?;
+        Ok(Some(peer))
+    }
+
+    /// Waits up to 120 s until `ready(port)`.
+    async fn wait_until<F: std::future::Future<Output = bool>>(
+        &self,
+        ready: impl Fn(u16) -> F,
+    ) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !ready(self.port).await {
+            if Instant::now() > deadline {
+                bail!(
+                    "{} was not ready on port {} within 120 s",
+                    self.bin.display(),
+                    self.port
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(())
+    }
+
+    /// Stops it (SIGTERM, waits for the exit), starts it again on the same data and returns
+    /// the time from the new start until `ready(port)`.
+    pub(crate) async fn restart<F: std::future::Future<Output = bool>>(
+        &mut self,
+        ready: impl Fn(u16) -> F,
+    ) -> anyhow::Result<Duration> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        self.child.wait()?;
+        let t0 = Instant::now();
+        self.child = spawn_peer(&self.bin, &self.args)?;
+        self.wait_until(ready).await?;
+        Ok(t0.elapsed())
+    }
+
+    /// Its port on 127.0.0.1.
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Resident memory, MiB.
+    pub(crate) fn rss_mb(&self) -> Option<f64> {
+        rss_mb(self.child.id())
+    }
+}
+
+impl Drop for PeerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn_peer(bin: &Path, args: &[OsString]) -> anyhow::Result<Child> {
+    Command::new(bin)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))
+}
+
+/// The path of `name` on `PATH` (or in /usr/sbin, where Debian puts some servers).
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .chain([PathBuf::from("/usr/sbin")])
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// Resident memory of process `pid`, MiB.
+fn rss_mb(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kb / 1024.0)
+}
