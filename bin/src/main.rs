@@ -220,7 +220,14 @@ fn start(settings: Settings) -> anyhow::Result<()> {
         StoreMode::Disk(settings.data_dir.clone(), settings.cache_bytes)
     };
     let commit_tx = hub_tx.clone();
-    let (store, store_threads) = StoreService::start(
+    // Standalone, the store's own write-ahead log makes groups durable; in a cluster the
+    // Raft log does.
+    let start_store = if settings.cluster.is_some() {
+        StoreService::start
+    } else {
+        StoreService::start_logged
+    };
+    let (store, store_threads) = start_store(
         &mode,
         Box::new(move |keys| {
             let _ = commit_tx.send(HubCmd::Published(keys.to_vec()));

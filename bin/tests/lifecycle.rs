@@ -101,6 +101,52 @@ async fn acked_deletes_survive_a_graceful_restart() {
     );
 }
 
+/// Acks are deletes made durable by the write-ahead log (standalone): a kill -9 soon after
+/// (well within a checkpoint interval) must not bring the acked message back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acked_deletes_survive_kill9() {
+    let mut b = Broker::start("delivery:\n  deleteBatchInterval: 10ms\n").await;
+    let mut p = Publisher::open(b.channel().await).await;
+    let topics: Vec<String> = (0..20).map(|i| format!("m{i}")).collect();
+    assert!(
+        p.publish(batch(
+            1,
+            QUORUM,
+            topics.iter().map(|t| msg("k9", t, 0, 0)).collect()
+        ))
+        .await
+        .success
+    );
+    let mut sub = Subscriber::open(b.channel().await, "k9", "", 0).await;
+    let got = sub.drain(Duration::from_millis(400)).await;
+    assert_eq!(got.len(), 20);
+    // This group takes the due checkpoint, so the acks' deletes right after go to the
+    // write-ahead log only.
+    assert!(
+        p.publish(batch(2, QUORUM, vec![msg("other", "x", 60_000, 0)]))
+            .await
+            .success
+    );
+    for m in &got[..15] {
+        sub.ack(&m.delivery_tag, true);
+    }
+    // Long enough for the delete batch (10 ms) and its commit; short of the 250 ms checkpoint.
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    b.kill9();
+    b.spawn().await;
+    let mut sub = Subscriber::open(b.channel().await, "k9", "", 0).await;
+    let mut again: Vec<_> = sub
+        .drain(Duration::from_millis(600))
+        .await
+        .into_iter()
+        .map(|m| m.payload)
+        .collect();
+    let mut want: Vec<_> = got[15..].iter().map(|m| m.payload.clone()).collect();
+    again.sort();
+    want.sort();
+    assert_eq!(again, want, "only the 5 unacked messages come back");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_open_streams_exits_zero_promptly() {
     let mut b = Broker::start("").await;

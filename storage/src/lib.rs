@@ -6,6 +6,8 @@
 //! - [`service`]: the store's writer and reader threads with an async, channel-based API,
 //!   so that no redb call ever runs on an executor's reactor.
 //! - [`log`]: the Raft log's record format and leader-persist tracker (clustering, in progress).
+//! - [`wal`]: the standalone store's write-ahead log (durability without a redb fsync per
+//!   group commit).
 //! - `error`: the crate error type, `StoreError`.
 //!
 //! # Invariants
@@ -13,13 +15,15 @@
 //!   transaction as the messages that carry it, and ids start above it after a restart.
 //! - A batch is atomic: all of its messages, index entries and expiry entries commit in one
 //!   transaction, or none do.
-//! - A durable commit (`Durability::Immediate`) has been fsynced when its reply is sent.
+//! - A durable group has been fsynced when its reply is sent: as a durable redb commit, or
+//!   (standalone) as a write-ahead log record.
 //! - Index and expiry entries exist exactly as long as their message.
 
 pub mod error;
 pub mod log;
 pub mod service;
 pub mod store;
+pub mod wal;
 
 pub use error::StoreError;
 pub use service::{StoreService, WriteStats};

@@ -32,6 +32,8 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// data it describes.
 const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft-meta");
 const LAST_ID: &str = "last-id";
+/// The last write-ahead log record a durable commit contains ([`crate::wal`]).
+const WAL_SEQ: &str = "wal-seq";
 const APPLIED_INDEX: &str = "applied-index";
 const APPLIED_TERM: &str = "applied-term";
 /// Raft-meta key written by [`Store::sync`] so that its transaction has a change to commit.
@@ -47,7 +49,7 @@ pub enum StoreMode {
 }
 
 /// A message ready to store, encoded by the ingress core (which also assigned its id).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct NewMessage {
     /// The event key: topic hash, time bucket, event id.
     pub key: EventKey,
@@ -147,9 +149,33 @@ impl Store {
         Ok(meta.get(LAST_ID)?.map_or(0, |v| v.value()))
     }
 
+    /// The last write-ahead log record the durable database contains (0: none).
+    ///
+    /// # Errors
+    /// A storage error.
+    pub fn wal_seq(&self) -> Result<u64, StoreError> {
+        let txn = self.db.begin_read()?;
+        let meta = txn.open_table(META)?;
+        Ok(meta.get(WAL_SEQ)?.map_or(0, |v| v.value()))
+    }
+
+    /// A durable commit recording that everything up to write-ahead log record `wal_seq` is
+    /// in the database (a checkpoint).
+    ///
+    /// # Errors
+    /// A storage error.
+    pub fn checkpoint(&self, wal_seq: u64) -> Result<(), StoreError> {
+        let txn = self.begin_write(true)?;
+        txn.open_table(META)?.insert(WAL_SEQ, wal_seq)?;
+        txn.commit()?;
+        Ok(())
+    }
+
     /// Commits a group of operations in one transaction: publish batches, then deletes, then
     /// a TTL sweep. `last_id` is the persisted id high-water mark: it is raised (in the same
-    /// transaction) to the largest id stored, and never lowered.
+    /// transaction) to the largest id stored, and never lowered. `checkpoint`: make it durable
+    /// and record that it contains write-ahead log records up to this one; otherwise durable
+    /// only when `durable`.
     ///
     /// # Errors
     /// Any storage error; then nothing of the group is committed.
@@ -160,8 +186,9 @@ impl Store {
         sweep: Option<(i64, usize)>,
         last_id: &mut u64,
         durable: bool,
+        checkpoint: Option<u64>,
     ) -> Result<GroupOutcome, StoreError> {
-        let txn = self.begin_write(durable)?;
+        let txn = self.begin_write(durable || checkpoint.is_some())?;
         let mut out = GroupOutcome::default();
         {
             let mut t = Tables::open(&txn)?;
@@ -198,9 +225,12 @@ impl Store {
                     out.expired.push(key);
                 }
             }
-            if max_id > *last_id {
+            if max_id > *last_id || checkpoint.is_some() {
                 let mut meta = txn.open_table(META)?;
                 meta.insert(LAST_ID, max_id)?;
+                if let Some(seq) = checkpoint {
+                    meta.insert(WAL_SEQ, seq)?;
+                }
             }
             out.last_id = max_id;
         }
