@@ -551,6 +551,130 @@ fn table(runs: &[Run]) -> String {
     t
 }
 
+/// The like-for-like pairs the ratios compare: a futureq run and a peer run, matched by
+/// `(system, mode, ack level, scenario, batch)`; closed loop, and open loop at every offered
+/// rate both were measured at.
+const PAIRS: &[(&str, Key, Key)] = &[
+    (
+        "standalone, QUORUM vs Redis appendfsync always, 100/request",
+        ("futureq", "standalone", "quorum", "publish", 100),
+        (
+            "redis-zset",
+            "standalone",
+            "appendfsync-always",
+            "publish",
+            100,
+        ),
+    ),
+    (
+        "standalone, QUORUM vs Redis appendfsync always, 1/request",
+        ("futureq", "standalone", "quorum", "publish", 1),
+        (
+            "redis-zset",
+            "standalone",
+            "appendfsync-always",
+            "publish",
+            1,
+        ),
+    ),
+    (
+        "standalone, QUORUM vs JetStream R1 file (no fsync per message), 1/request",
+        ("futureq", "standalone", "quorum", "publish", 1),
+        (
+            "nats-jetstream",
+            "standalone",
+            "file-r1 (acked before fsync)",
+            "publish",
+            1,
+        ),
+    ),
+    (
+        "standalone, NO_ACK vs Redis appendfsync everysec, 1/request",
+        ("futureq", "standalone", "no_ack", "publish", 1),
+        (
+            "redis-zset",
+            "standalone",
+            "appendfsync-everysec",
+            "publish",
+            1,
+        ),
+    ),
+    (
+        "3 nodes, QUORUM vs JetStream R3 file, 1/request",
+        ("futureq", "cluster3", "quorum", "publish", 1),
+        (
+            "nats-jetstream",
+            "cluster3",
+            "file-r3 (acked before fsync)",
+            "publish",
+            1,
+        ),
+    ),
+];
+
+fn pick<'r>(runs: &'r [Run], k: &Key, offered: Option<f64>) -> Option<&'r Run> {
+    runs.iter().find(|r| {
+        (r.system, r.mode, r.ack_level, r.scenario, r.batch) == *k
+            && r.offered_msgs_per_s == offered
+    })
+}
+
+/// futureq ÷ peer for throughput and p99 latency (p99 ratio < 1: futureq is faster), for
+/// every pair both of whose runs exist; lateness p99 for every due rate both measured.
+fn ratios(runs: &[Run]) -> String {
+    let mut t = String::from(
+        "| comparison | futureq msgs/s | peer msgs/s | throughput ratio | futureq p99 ms | peer p99 ms | p99 ratio |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    let mut row = |what: &str, f: &Run, p: &Run| {
+        t.push_str(&format!(
+            "| {what} | {:.0} | {:.0} | {:.2}× | {:.3} | {:.3} | {:.2}× |\n",
+            f.msgs_per_s,
+            p.msgs_per_s,
+            f.msgs_per_s / p.msgs_per_s.max(1e-9),
+            f.p99_us / 1000.0,
+            p.p99_us / 1000.0,
+            f.p99_us / p.p99_us.max(1e-9),
+        ));
+    };
+    let mut offered: Vec<Option<f64>> = vec![None];
+    for r in runs {
+        if r.offered_msgs_per_s.is_some() && !offered.contains(&r.offered_msgs_per_s) {
+            offered.push(r.offered_msgs_per_s);
+        }
+    }
+    for o in offered {
+        for (what, f, p) in PAIRS {
+            if let (Some(f), Some(p)) = (pick(runs, f, o), pick(runs, p, o)) {
+                match o {
+                    None => row(what, f, p),
+                    Some(rate) => row(&format!("{what}, open loop {rate:.0}/s"), f, p),
+                }
+            }
+        }
+    }
+    let lateness = |system: &'static str| {
+        runs.iter()
+            .filter(move |r| r.system == system && r.scenario == "lateness")
+            .filter(|r| r.ack_level == "quorum" || r.ack_level == "appendfsync-always")
+    };
+    for f in lateness("futureq") {
+        if let Some(p) = lateness("redis-zset").find(|p| p.msgs_per_s == f.msgs_per_s) {
+            let shape = if f.msgs_per_s > 0.0 {
+                format!("{:.0} due/s", f.msgs_per_s)
+            } else {
+                "a burst".into()
+            };
+            row(
+                &format!("lateness, {shape}: futureq vs Redis poller (always)"),
+                f,
+                p,
+            );
+        }
+    }
+    t
+}
+
 /// Progress: a bar on a terminal, one line per step otherwise (CI logs).
 struct Progress(indicatif::ProgressBar);
 
@@ -614,6 +738,10 @@ pub async fn run(
     std::fs::write(&path, serde_json::to_vec_pretty(&results)?)
         .with_context(|| format!("writing {}", path.display()))?;
     println!("{}", table(&results.runs));
+    println!(
+        "futureq ÷ peer, like for like:\n\n{}",
+        ratios(&results.runs)
+    );
     println!("results: {}", path.display());
     for plot in crate::plot::write_all(&results.runs, out)? {
         println!("plot: {}", plot.display());
@@ -623,4 +751,75 @@ pub async fn run(
         bail!("some measurements failed:\n  {}", list.join("\n  "));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(key: Key, rate: f64, latency_us: u64) -> Run {
+        let mut h = crate::hist();
+        h.record(latency_us).unwrap();
+        Run::new(key, rate, h, None)
+    }
+
+    #[test]
+    fn ratios_pair_like_with_like() {
+        let runs = vec![
+            run(
+                ("futureq", "standalone", "quorum", "publish", 1),
+                60_000.0,
+                1000,
+            ),
+            run(("futureq", "standalone", "leader", "publish", 1), 1.0, 1),
+            run(
+                (
+                    "redis-zset",
+                    "standalone",
+                    "appendfsync-always",
+                    "publish",
+                    1,
+                ),
+                30_000.0,
+                4000,
+            ),
+            run(
+                (
+                    "redis-zset",
+                    "standalone",
+                    "appendfsync-always",
+                    "publish",
+                    1,
+                ),
+                10_000.0,
+                500,
+            )
+            .open(10_000.0),
+        ];
+        let t = ratios(&runs);
+        let rows: Vec<&str> = t.lines().skip(2).collect();
+        assert_eq!(
+            rows.len(),
+            1,
+            "the open-loop run has no futureq partner: {t}"
+        );
+        assert!(rows[0].contains("1/request"), "{t}");
+        assert!(rows[0].contains("| 2.00× |"), "throughput ratio: {t}");
+        assert!(rows[0].ends_with("| 0.25× |"), "p99 ratio: {t}");
+        let mut runs = runs;
+        runs.push(
+            run(
+                ("futureq", "standalone", "quorum", "publish", 1),
+                10_000.0,
+                250,
+            )
+            .open(10_000.0),
+        );
+        let t = ratios(&runs);
+        let open = t
+            .lines()
+            .find(|l| l.contains("open loop 10000/s"))
+            .expect(&t);
+        assert!(open.ends_with("| 0.50× |"), "{t}");
+    }
 }

@@ -335,12 +335,7 @@ async fn publish_open(
             acks,
         ));
     }
-    let start = Instant::now();
-    let tasks = halves
-        .into_iter()
-        .map(|(tx, rx)| openloop::stream(tx, rx, s, start))
-        .collect();
-    collect(tasks, s.measure).await
+    openloop::run(halves, s).await
 }
 
 /// `n` messages of `size` bytes on `topic`, due in `delay_ms`.
@@ -444,6 +439,12 @@ fn tokio_stream<T: Send + 'static>(
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
+/// Time from the start of publishing `count` lateness messages to the first due instant:
+/// `lead_ms`, plus room to publish them at 50k msgs/s.
+fn lead_time_ms(count: usize, lead_ms: i64) -> i64 {
+    lead_ms + i64::try_from(count / 50).unwrap_or(i64::MAX / 2)
+}
+
 /// Publishes `count` messages falling due at `rate` msgs/s (0: all at one instant) and
 /// returns the lateness histogram (µs) and how many came early.
 async fn lateness_run(
@@ -472,8 +473,7 @@ async fn lateness_run(
 
     // Publish: every message carries its own delay so that due times land where we want.
     let publish_start_ms = now_us() / 1000;
-    let first_due_ms =
-        publish_start_ms + lead_ms + i64::try_from(count / 20_000).unwrap_or(0) * 1000;
+    let first_due_ms = publish_start_ms + lead_time_ms(count, lead_ms);
     let (tx, rx) = tokio::sync::mpsc::channel::<PublishBatch>(64);
     let mut acks = FutureQProducerClient::new(connect(addr).await?)
         .publish_stream(tokio_stream(rx))

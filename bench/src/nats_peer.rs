@@ -294,10 +294,5 @@ pub async fn publish_open(
         };
         halves.push((tx, OpenAcks(c.r)));
     }
-    let start = Instant::now();
-    let tasks = halves
-        .into_iter()
-        .map(|(tx, rx)| crate::openloop::stream(tx, rx, s, start))
-        .collect();
-    crate::collect(tasks, s.measure).await
+    crate::openloop::run(halves, s).await
 }

@@ -54,14 +54,22 @@ impl Schedule {
     }
 }
 
+/// Runs every connection's halves on the schedule `s`, starting now, and joins the results.
+pub(crate) async fn run<S: Sender, A: Acks>(
+    halves: Vec<(S, A)>,
+    s: Schedule,
+) -> anyhow::Result<crate::PublishOut> {
+    let start = Instant::now();
+    let tasks = halves
+        .into_iter()
+        .map(|(tx, rx)| stream(tx, rx, s, start))
+        .collect();
+    crate::collect(tasks, s.measure).await
+}
+
 /// Runs one connection's halves against the schedule that starts at `start`; the task yields
 /// the messages acknowledged among those scheduled in the measured window and their latency.
-pub(crate) fn stream(
-    tx: impl Sender,
-    mut rx: impl Acks,
-    s: Schedule,
-    start: Instant,
-) -> StreamTask {
+fn stream(tx: impl Sender, mut rx: impl Acks, s: Schedule, start: Instant) -> StreamTask {
     let interval = s.interval();
     let (warm, end) = (start + s.warmup, start + s.warmup + s.measure);
     let total = u64::try_from(

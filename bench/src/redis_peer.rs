@@ -112,7 +112,7 @@ pub async fn lateness(
     lead_ms: i64,
 ) -> anyhow::Result<Histogram<u64>> {
     let key = format!("lateness-{}", crate::now_us());
-    let first_due_us = crate::now_us() + lead_ms * 1000;
+    let first_due_us = crate::now_us() + crate::lead_time_ms(count, lead_ms) * 1000;
     let conn = TcpStream::connect(("127.0.0.1", port)).await?;
     conn.set_nodelay(true)?;
     let (r, mut w) = conn.into_split();
@@ -319,12 +319,7 @@ pub async fn publish_open(
             OpenAcks { r, next: 0 },
         ));
     }
-    let start = Instant::now();
-    let tasks = halves
-        .into_iter()
-        .map(|(tx, rx)| crate::openloop::stream(tx, rx, s, start))
-        .collect();
-    crate::collect(tasks, s.measure).await
+    crate::openloop::run(halves, s).await
 }
 
 /// Adds `count` members due in a year (ZADDs of 100, 16 pipelined, on 4 connections) and
