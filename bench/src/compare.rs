@@ -17,7 +17,8 @@
 //! "mode", "ack_level", "scenario", "msg_bytes", "msgs_per_s", "p50_us", "p99_us", "p999_us",
 //! "rss_mb", …}]}` plus, per run: `batch` (messages per request; 0 outside publish), `load`
 //! (`closed` or `open`), `offered_msgs_per_s` (open loop), `mb_per_s`, `p90_us`, `max_us`,
-//! `pending_msgs`, `fill_msgs_per_s` and `restart_ms` (pending). For `lateness` runs
+//! `pending_msgs`, `fill_msgs_per_s` and `restart_ms` (pending), `early` (lateness: messages
+//! delivered before their due time, not in the percentiles). For `lateness` runs
 //! `msgs_per_s` is the due rate (0 for a burst) and the percentiles are lateness.
 
 use std::future::Future;
@@ -68,6 +69,8 @@ pub(crate) struct Run {
     pending_msgs: Option<u64>,
     fill_msgs_per_s: Option<f64>,
     restart_ms: Option<f64>,
+    /// Lateness runs: messages delivered before their due time (not in the percentiles).
+    early: Option<u64>,
     /// The latency (or lateness) histogram, µs: for the plots.
     #[serde(skip)]
     pub(crate) hist: Histogram<u64>,
@@ -119,6 +122,7 @@ impl Run {
             pending_msgs: None,
             fill_msgs_per_s: None,
             restart_ms: None,
+            early: None,
             hist: h,
         }
     }
@@ -346,10 +350,11 @@ impl Compare {
             self.step(format!(
                 "futureq standalone: lateness, {count} messages due at {rate}/s (0 = burst)"
             ));
-            let (h, _early) = lateness_run(&broker.addr, count, rate, self.plan.lead_ms).await?;
+            let (h, early) = lateness_run(&broker.addr, count, rate, self.plan.lead_ms).await?;
             let key = ("futureq", "standalone", "quorum", "lateness", 0);
-            self.runs
-                .push(Run::new(key, per_s(rate), h, broker.rss_mb()));
+            let mut run = Run::new(key, per_s(rate), h, broker.rss_mb());
+            run.early = Some(early);
+            self.runs.push(run);
         }
         let n = self.plan.pending;
         self.step(format!(

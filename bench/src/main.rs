@@ -585,6 +585,16 @@ async fn main() -> anyhow::Result<()> {
             out,
             futureq,
             only,
-        } => compare::run(quick, &out, futureq, &only).await,
+        } => {
+            // Ctrl-C or SIGTERM drops the run: every server it started is killed (their
+            // handles kill on drop) and every temp dir removed — nothing is left running.
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+            tokio::select! {
+                r = compare::run(quick, &out, futureq, &only) => r,
+                _ = tokio::signal::ctrl_c() => bail!("interrupted; every server this run started is stopped"),
+                _ = term.recv() => bail!("terminated; every server this run started is stopped"),
+            }
+        }
     }
 }

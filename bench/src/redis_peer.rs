@@ -96,8 +96,9 @@ async fn bulk(r: &mut Reader, n: i64) -> anyhow::Result<Option<Vec<u8>>> {
     Ok(Some(b))
 }
 
-/// Takes up to ARGV[2] members due by ARGV[1] (ms) off the set KEYS[1], atomically: the
-/// usual sorted-set delayed-queue consumer.
+/// Takes up to ARGV[2] members due by ARGV[1] off the set KEYS[1], atomically: the usual
+/// sorted-set delayed-queue consumer. (Scores are due times in µs here, so that the poller
+/// never takes a member before it is due — with ms scores it would, by up to 1 ms.)
 const TAKE_DUE: &str =
     "local m = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[2]) \
 if #m > 0 then redis.call('ZREM', KEYS[1], unpack(m)) end return m";
@@ -127,7 +128,7 @@ pub async fn lateness(
                 let due_us = first_due_us + offset_us;
                 let mut m = format!("{due_us}:{i}:").into_bytes();
                 m.resize(m.len() + 100, b'x');
-                ((due_us / 1000).to_string(), m)
+                (due_us.to_string(), m)
             })
             .collect();
         let mut args: Vec<&[u8]> = vec![b"ZADD", key.as_bytes()];
@@ -149,7 +150,7 @@ pub async fn lateness(
         if Instant::now() > deadline {
             bail!("redis lateness: only {} of {count} taken in time", h.len());
         }
-        let now_ms = (crate::now_us() / 1000).to_string();
+        let now_us = crate::now_us().to_string();
         let mut buf = Vec::new();
         command(
             &mut buf,
@@ -158,7 +159,7 @@ pub async fn lateness(
                 TAKE_DUE.as_bytes(),
                 b"1",
                 key.as_bytes(),
-                now_ms.as_bytes(),
+                now_us.as_bytes(),
                 b"1000",
             ],
         );
