@@ -169,10 +169,23 @@ struct Plan {
     open_rates: Vec<f64>,
     /// Far-future messages waiting in the pending scenario.
     pending: u64,
+    /// Payload bytes of each published message (lateness and pending use 100).
+    msg_bytes: usize,
+    /// Messages per request of the batched closed-loop series (every system also runs 1).
+    batch: usize,
 }
 
 impl Plan {
-    fn new(quick: bool) -> Self {
+    fn new(quick: bool, msg_bytes: usize, batch: usize) -> Self {
+        let base = Self::durations(quick);
+        Plan {
+            msg_bytes,
+            batch,
+            ..base
+        }
+    }
+
+    fn durations(quick: bool) -> Self {
         if quick {
             Plan {
                 warmup: Duration::from_millis(500),
@@ -181,6 +194,8 @@ impl Plan {
                 lead_ms: 1000,
                 open_rates: vec![10_000.0],
                 pending: 1_000_000,
+                msg_bytes: MSG_BYTES,
+                batch: 100,
             }
         } else {
             Plan {
@@ -190,18 +205,20 @@ impl Plan {
                 lead_ms: 2000,
                 open_rates: vec![10_000.0, 20_000.0],
                 pending: 10_000_000,
+                msg_bytes: MSG_BYTES,
+                batch: 100,
             }
         }
     }
 
-    /// The closed-loop publish every system gets: 8 connections × 4 in flight, 100-byte
+    /// The closed-loop publish every system gets: 8 connections × 4 in flight, `msg_bytes`
     /// messages, `batch` per request (`ack` and `delay_ms` matter to futureq only).
     fn publish(&self, batch: usize, ack: Ack, delay_ms: i64) -> PublishParams {
         PublishParams {
             streams: 8,
             window: 4,
             batch,
-            size: MSG_BYTES,
+            size: self.msg_bytes,
             warmup: self.warmup,
             measure: self.measure,
             ack,
@@ -217,6 +234,15 @@ impl Plan {
             batch: 1,
             warmup: self.warmup,
             measure: self.measure,
+        }
+    }
+
+    /// The batch sizes of the closed-loop series: the configured one, and 1.
+    fn batches(&self) -> Vec<usize> {
+        if self.batch == 1 {
+            vec![1]
+        } else {
+            vec![self.batch, 1]
         }
     }
 
@@ -313,7 +339,7 @@ impl Compare {
     async fn futureq_publish(&mut self, target: &Target<'_>) -> anyhow::Result<()> {
         let mode = target.mode();
         for ack in [Ack::Quorum, Ack::Leader, Ack::NoAck] {
-            for batch in [100, 1] {
+            for batch in self.plan.batches() {
                 let level = ack_name(ack);
                 self.step(format!(
                     "futureq {mode}: publish, ack {level}, {batch}/request"
@@ -330,11 +356,9 @@ impl Compare {
             self.step(format!(
                 "futureq {mode}: open-loop publish, ack quorum, {rate} msgs/s"
             ));
-            let s = self.plan.open(rate);
+            let (s, bytes) = (self.plan.open(rate), self.plan.msg_bytes);
             let o = target
-                .on_leader(
-                    |addr| async move { publish_open(&addr, s, Ack::Quorum, MSG_BYTES).await },
-                )
+                .on_leader(|addr| async move { publish_open(&addr, s, Ack::Quorum, bytes).await })
                 .await?;
             let key = ("futureq", mode, "quorum", "publish", 1);
             self.runs
@@ -395,7 +419,7 @@ impl Compare {
                 return Ok(());
             };
             let port = redis.port();
-            for batch in [100, 1] {
+            for batch in self.plan.batches() {
                 self.step(format!(
                     "redis-zset: publish (ZADD), {level}, {batch}/request"
                 ));
@@ -420,8 +444,12 @@ impl Compare {
                 self.step(format!(
                     "redis-zset: open-loop publish, {level}, {rate} msgs/s"
                 ));
-                let o =
-                    crate::redis_peer::publish_open(port, self.plan.open(rate), MSG_BYTES).await?;
+                let o = crate::redis_peer::publish_open(
+                    port,
+                    self.plan.open(rate),
+                    self.plan.msg_bytes,
+                )
+                .await?;
                 let key = ("redis-zset", "standalone", level, "publish", 1);
                 self.runs
                     .push(Run::publish(key, o, redis.rss_mb()).open(rate));
@@ -469,7 +497,8 @@ impl Compare {
                     "nats-jetstream {mode}: open-loop publish, {rate} msgs/s"
                 ));
                 let o =
-                    crate::nats_peer::publish_open(port, self.plan.open(rate), MSG_BYTES).await?;
+                    crate::nats_peer::publish_open(port, self.plan.open(rate), self.plan.msg_bytes)
+                        .await?;
                 self.runs.push(Run::publish(key, o, rss()).open(rate));
             }
         }
@@ -558,64 +587,66 @@ fn table(runs: &[Run]) -> String {
 
 /// The like-for-like pairs the ratios compare: a futureq run and a peer run, matched by
 /// `(system, mode, ack level, scenario, batch)`; closed loop, and open loop at every offered
-/// rate both were measured at.
-const PAIRS: &[(&str, Key, Key)] = &[
-    (
-        "standalone, QUORUM vs Redis appendfsync always, 100/request",
-        ("futureq", "standalone", "quorum", "publish", 100),
+/// rate both were measured at; `batch` is the batched series' size.
+fn pairs(batch: usize) -> [(String, Key, Key); 5] {
+    [
         (
-            "redis-zset",
-            "standalone",
-            "appendfsync-always",
-            "publish",
-            100,
+            format!("standalone, QUORUM vs Redis appendfsync always, {batch}/request"),
+            ("futureq", "standalone", "quorum", "publish", batch),
+            (
+                "redis-zset",
+                "standalone",
+                "appendfsync-always",
+                "publish",
+                batch,
+            ),
         ),
-    ),
-    (
-        "standalone, QUORUM vs Redis appendfsync always, 1/request",
-        ("futureq", "standalone", "quorum", "publish", 1),
         (
-            "redis-zset",
-            "standalone",
-            "appendfsync-always",
-            "publish",
-            1,
+            "standalone, QUORUM vs Redis appendfsync always, 1/request".into(),
+            ("futureq", "standalone", "quorum", "publish", 1),
+            (
+                "redis-zset",
+                "standalone",
+                "appendfsync-always",
+                "publish",
+                1,
+            ),
         ),
-    ),
-    (
-        "standalone, QUORUM vs JetStream R1 file (no fsync per message), 1/request",
-        ("futureq", "standalone", "quorum", "publish", 1),
         (
-            "nats-jetstream",
-            "standalone",
-            "file-r1 (acked before fsync)",
-            "publish",
-            1,
+            "standalone, QUORUM vs JetStream R1 file (no fsync per message), 1/request".into(),
+            ("futureq", "standalone", "quorum", "publish", 1),
+            (
+                "nats-jetstream",
+                "standalone",
+                "file-r1 (acked before fsync)",
+                "publish",
+                1,
+            ),
         ),
-    ),
-    (
-        "standalone, NO_ACK vs Redis appendfsync everysec, 1/request",
-        ("futureq", "standalone", "no_ack", "publish", 1),
         (
-            "redis-zset",
-            "standalone",
-            "appendfsync-everysec",
-            "publish",
-            1,
+            "standalone, NO_ACK vs Redis appendfsync everysec, 1/request".into(),
+            ("futureq", "standalone", "no_ack", "publish", 1),
+            (
+                "redis-zset",
+                "standalone",
+                "appendfsync-everysec",
+                "publish",
+                1,
+            ),
         ),
-    ),
-    (
-        "3 nodes, QUORUM vs JetStream R3 file, 1/request",
-        ("futureq", "cluster3", "quorum", "publish", 1),
         (
-            "nats-jetstream",
-            "cluster3",
-            "file-r3 (acked before fsync)",
-            "publish",
-            1,
+            "3 nodes, QUORUM vs JetStream R3 file, 1/request".into(),
+            ("futureq", "cluster3", "quorum", "publish", 1),
+            (
+                "nats-jetstream",
+                "cluster3",
+                "file-r3 (acked before fsync)",
+                "publish",
+                1,
+            ),
         ),
-    ),
-];
+    ]
+}
 
 fn pick<'r>(runs: &'r [Run], k: &Key, offered: Option<f64>) -> Option<&'r Run> {
     runs.iter().find(|r| {
@@ -626,7 +657,7 @@ fn pick<'r>(runs: &'r [Run], k: &Key, offered: Option<f64>) -> Option<&'r Run> {
 
 /// futureq ÷ peer for throughput and p99 latency (p99 ratio < 1: futureq is faster), for
 /// every pair both of whose runs exist; lateness p99 for every due rate both measured.
-fn ratios(runs: &[Run]) -> String {
+fn ratios(runs: &[Run], batch: usize) -> String {
     let mut t = String::from(
         "| comparison | futureq msgs/s | peer msgs/s | throughput ratio | futureq p99 ms | peer p99 ms | p99 ratio |\n\
          |---|---|---|---|---|---|---|\n",
@@ -649,7 +680,7 @@ fn ratios(runs: &[Run]) -> String {
         }
     }
     for o in offered {
-        for (what, f, p) in PAIRS {
+        for (what, f, p) in &pairs(batch) {
             if let (Some(f), Some(p)) = (pick(runs, f, o), pick(runs, p, o)) {
                 match o {
                     None => row(what, f, p),
@@ -708,11 +739,15 @@ impl Progress {
 /// table.
 pub async fn run(
     quick: bool,
+    (msg_bytes, batch): (usize, usize),
     out: &Path,
     futureq: Option<PathBuf>,
     only: &[System],
 ) -> anyhow::Result<()> {
-    let plan = Plan::new(quick);
+    if msg_bytes == 0 || batch == 0 {
+        bail!("--msg-bytes and --batch must be at least 1");
+    }
+    let plan = Plan::new(quick, msg_bytes, batch);
     let bin = futureq_binary(futureq)?;
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let work = tempfile::tempdir()?;
@@ -735,6 +770,15 @@ pub async fn run(
         failed.extend(c.nats().await.err());
     }
     c.progress.0.finish_and_clear();
+    for r in &mut c.runs {
+        if r.scenario != "lateness" {
+            r.msg_bytes = c.plan.msg_bytes;
+            #[allow(clippy::cast_precision_loss)]
+            let mb = r.msgs_per_s * c.plan.msg_bytes as f64 / 1e6;
+            r.mb_per_s = mb;
+        }
+    }
+    let batch = c.plan.batch;
     let results = Results {
         machine: machine(),
         runs: c.runs,
@@ -745,7 +789,7 @@ pub async fn run(
     println!("{}", table(&results.runs));
     println!(
         "futureq ÷ peer, like for like:\n\n{}",
-        ratios(&results.runs)
+        ratios(&results.runs, batch)
     );
     println!("results: {}", path.display());
     for plot in crate::plot::write_all(&results.runs, out)? {
@@ -801,7 +845,7 @@ mod tests {
             )
             .open(10_000.0),
         ];
-        let t = ratios(&runs);
+        let t = ratios(&runs, 100);
         let rows: Vec<&str> = t.lines().skip(2).collect();
         assert_eq!(
             rows.len(),
@@ -820,7 +864,7 @@ mod tests {
             )
             .open(10_000.0),
         );
-        let t = ratios(&runs);
+        let t = ratios(&runs, 100);
         let open = t
             .lines()
             .find(|l| l.contains("open loop 10000/s"))

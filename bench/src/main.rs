@@ -96,6 +96,12 @@ enum Cmd {
         /// The futureq binary (default: next to this one, built with cargo if missing).
         #[arg(long)]
         futureq: Option<std::path::PathBuf>,
+        /// Payload bytes of each published message.
+        #[arg(long, default_value_t = 100)]
+        msg_bytes: usize,
+        /// Messages per request of the batched publish series (a series of 1 always runs too).
+        #[arg(long, default_value_t = 100)]
+        batch: usize,
         /// Measure only these systems (comma-separated; default: all).
         #[arg(long, value_enum, value_delimiter = ',', default_values_t = [compare::System::Futureq, compare::System::Redis, compare::System::Nats])]
         only: Vec<compare::System>,
@@ -585,13 +591,15 @@ async fn main() -> anyhow::Result<()> {
             out,
             futureq,
             only,
+            msg_bytes,
+            batch,
         } => {
             // Ctrl-C or SIGTERM drops the run: every server it started is killed (their
             // handles kill on drop) and every temp dir removed — nothing is left running.
             let mut term =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
             tokio::select! {
-                r = compare::run(quick, &out, futureq, &only) => r,
+                r = compare::run(quick, (msg_bytes, batch), &out, futureq, &only) => r,
                 _ = tokio::signal::ctrl_c() => bail!("interrupted; every server this run started is stopped"),
                 _ = term.recv() => bail!("terminated; every server this run started is stopped"),
             }
