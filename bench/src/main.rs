@@ -170,13 +170,7 @@ async fn connect(addr: &str) -> anyhow::Result<Channel> {
 /// returns once everything queued before (a NO_ACK backlog of the previous run) is committed.
 async fn drain(addr: &str) -> anyhow::Result<()> {
     let batch = PublishBatch {
-        messages: vec![PublishMessage {
-            topic: "bench-drain".into(),
-            payload: b"x".to_vec(),
-            delay_ms: 3_600_000,
-            ttl_ms: 0,
-            indexes: vec![],
-        }],
+        messages: messages("bench-drain", 1, 1, 3_600_000),
         ack_level: 0,
         batch_id: 0,
     };
