@@ -402,46 +402,60 @@ impl Core {
         }
     }
 
-    async fn handle(&self, req: RaftReq) {
+    async fn handle(self: Rc<Self>, req: RaftReq) {
         match req {
             RaftReq::Publish {
-                mut items,
+                items,
                 level,
                 deadline,
                 reply,
             } => {
-                let out = async {
-                    self.leading_now()?;
-                    let first = self.next_id.get();
-                    self.next_id.set(first + items.len() as u64);
-                    for (i, it) in items.iter_mut().enumerate() {
-                        it.event_id = first + i as u64;
+                let ack = match level {
+                    AckLevel::Quorum => Ack::Quorum,
+                    AckLevel::Leader => Ack::Leader,
+                    AckLevel::NoAck => Ack::Submitted,
+                };
+                let first = Rc::new(Cell::new(0));
+                let make = {
+                    let (core, first) = (Rc::clone(&self), Rc::clone(&first));
+                    let mut batch = StoreBatch { items };
+                    // Ids are assigned here, at the moment of proposal (see `write_event`):
+                    // a proposal that waited, or is retried, gets fresh ids of the current
+                    // term, so ids follow log order.
+                    move || {
+                        core.leading_now()?;
+                        let start = core.next_id.get();
+                        core.next_id.set(start + batch.items.len() as u64);
+                        for (i, it) in batch.items.iter_mut().enumerate() {
+                            it.event_id = start + i as u64;
+                        }
+                        first.set(start);
+                        Ok(encode_store(&batch))
                     }
-                    let cmd = encode_store(&StoreBatch { items });
-                    let ack = match level {
-                        AckLevel::Quorum => Ack::Quorum,
-                        AckLevel::Leader => Ack::Leader,
-                        AckLevel::NoAck => Ack::Submitted,
-                    };
-                    self.node.write_event(cmd, ack, deadline).await?;
-                    Ok(first)
-                }
-                .await;
-                let _ = reply.send(out);
+                };
+                let out = self.node.write_event(make, ack, deadline).await;
+                let _ = reply.send(out.map(|()| first.get()));
             }
             RaftReq::Delete {
                 keys,
                 deadline,
                 reply,
             } => {
-                let out = async {
-                    self.leading_now()?;
-                    let cmd = encode_delete(&DeleteBatch {
-                        keys: keys.iter().map(|k| k.0).collect(),
-                    });
-                    self.node.write_event(cmd, Ack::Quorum, deadline).await
-                }
-                .await;
+                let cmd = encode_delete(&DeleteBatch {
+                    keys: keys.iter().map(|k| k.0).collect(),
+                });
+                let out = if self.leading_now().is_ok() {
+                    let core = Rc::clone(&self);
+                    let make = move || {
+                        core.leading_now()?;
+                        Ok(cmd.clone())
+                    };
+                    self.node.write_event(make, Ack::Quorum, deadline).await
+                } else {
+                    // ACKs this node took while it led: the leader deletes them now.
+                    let keys = keys.iter().map(|k| k.0).collect();
+                    self.node.forward_delete(keys, deadline).await
+                };
                 let _ = reply.send(out);
             }
             RaftReq::Membership { op, reply } => {

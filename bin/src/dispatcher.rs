@@ -12,7 +12,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futureq_core::hub::{ConsumerId, Delivery, Hub, HubConfig, Sink, Subscription};
 use futureq_core::EventKey;
 use futureq_net::Shutdown;
-use futureq_raft::node::WriteError;
 use futureq_storage::StoreService;
 use futures::channel::oneshot;
 use futures_lite::future;
@@ -225,8 +224,9 @@ impl Dispatcher {
     }
 }
 
-/// Deletes keys through the Raft log. A node that no longer leads drops them: the new
-/// leader redelivers what it still holds (at least once), and deleting is its job now.
+/// Deletes keys through the Raft log; a node that no longer leads forwards them to the
+/// leader. A failure (no leader known, timeout) keeps them queued for the next flush:
+/// deletes are idempotent, and an ACKed key is never dropped.
 async fn delete_replicated(
     cluster: &Cluster,
     keys: Vec<EventKey>,
@@ -245,10 +245,6 @@ async fn delete_replicated(
         .map_err(|_| "the Raft core stopped".to_owned())?;
     match rx.await {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(WriteError::NotLeader { leader })) => {
-            tracing::debug!(target: "deleter", ?leader, "not the leader any more: dropping pending deletes");
-            Ok(())
-        }
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err("the Raft core stopped".to_owned()),
     }

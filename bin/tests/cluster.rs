@@ -25,8 +25,20 @@ struct Cluster {
 
 /// The configuration of node `id`; `membership` is its `initialMembers` or `joinSeeds` line.
 fn node_yaml(b: &Broker, id: usize, raft_addr: &str, membership: &str, extra: &str) -> String {
+    node_yaml_deletes(b, id, raft_addr, membership, extra, "100ms")
+}
+
+/// [`node_yaml`] with `delivery.deleteBatchInterval` set.
+fn node_yaml_deletes(
+    b: &Broker,
+    id: usize,
+    raft_addr: &str,
+    membership: &str,
+    extra: &str,
+    delete_interval: &str,
+) -> String {
     format!(
-        "cluster:\n  enabled: true\n  nodeId: {id}\n{membership}  raft:\n    listen: {raft_addr}\n    advertise: {raft_addr}\n    dataDir: {dir}\n    rtt: {RTT_MS}ms\n{extra}api:\n  grpc:\n    advertise: 127.0.0.1:{grpc}\ndelivery:\n  deleteBatchInterval: 100ms\npublish:\n  minAckLevel: noAck\n",
+        "cluster:\n  enabled: true\n  nodeId: {id}\n{membership}  raft:\n    listen: {raft_addr}\n    advertise: {raft_addr}\n    dataDir: {dir}\n    rtt: {RTT_MS}ms\n{extra}api:\n  grpc:\n    advertise: 127.0.0.1:{grpc}\ndelivery:\n  deleteBatchInterval: {delete_interval}\npublish:\n  minAckLevel: noAck\n",
         dir = b.dir.path().join("raft").display(),
         grpc = b.grpc_port,
     )
@@ -36,6 +48,11 @@ impl Cluster {
     /// Starts `n` nodes and waits until each serves (a leader is known). `extra` is added to
     /// each node's `cluster.raft` section.
     async fn start(n: usize, extra: &str) -> Cluster {
+        Cluster::start_deletes(n, extra, "100ms").await
+    }
+
+    /// [`Cluster::start`] with `delivery.deleteBatchInterval` set.
+    async fn start_deletes(n: usize, extra: &str, delete_interval: &str) -> Cluster {
         let raft: Vec<String> = (1..=n)
             .map(|i| format!("127.0.0.{i}:{}", common::free_port()))
             .collect();
@@ -49,7 +66,7 @@ impl Cluster {
         for (i, addr) in raft.iter().enumerate() {
             let mut b = Broker::prepare("");
             let raft_extra = format!("    initialMembers: {{{members}}}\n{extra}");
-            b.extra = node_yaml(&b, i + 1, addr, "", &raft_extra);
+            b.extra = node_yaml_deletes(&b, i + 1, addr, "", &raft_extra, delete_interval);
             b.launch();
             nodes.push(b);
         }
@@ -76,10 +93,18 @@ impl Cluster {
 
     /// Index of the node that leads (metrics), waiting up to `within`.
     async fn leader(&self, within: Duration) -> usize {
+        self.leader_except(None, within).await
+    }
+
+    /// Index of a node other than `except` (e.g. a paused one) that leads.
+    async fn leader_except(&self, except: Option<usize>, within: Duration) -> usize {
         let deadline = Instant::now() + within;
         loop {
             for (i, b) in self.nodes.iter().enumerate() {
-                if b.running() && b.metric("futureq_raft_is_leader").await == 1.0 {
+                if b.running()
+                    && Some(i) != except
+                    && b.metric("futureq_raft_is_leader").await == 1.0
+                {
                     return i;
                 }
             }
@@ -300,6 +325,61 @@ async fn three_nodes_serve_on_the_leader_and_fail_over_without_losing_acked_mess
         .await;
     c.wait_topology(new_leader, 3).await;
     eprintln!("failover took {failover:?}");
+}
+
+/// Issue 10.4: an ACK taken by a leader that loses leadership before its delete flush must
+/// not be dropped (it was: NotLeader counted as done, and the new leader redelivered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_taken_just_before_losing_leadership_is_not_redelivered() {
+    let c = Cluster::start_deletes(3, "", "3s").await;
+    let old = c.leader(Duration::from_secs(10)).await;
+    let mut p = Publisher::open(c.nodes[old].channel().await).await;
+    let ack = p
+        .publish(batch(
+            1,
+            0,
+            vec![msg("acked", "m", 0, 0), msg("acked", "keep", 0, 0)],
+        ))
+        .await;
+    assert!(ack.success, "{ack:?}");
+    let mut s = Subscriber::open(c.nodes[old].channel().await, "acked", "", 10).await;
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        got.push(s.next(Duration::from_secs(5)).await.expect("delivered"));
+    }
+    let acked = got.iter().find(|m| m.payload == b"m").unwrap();
+    s.ack(&acked.delivery_tag, true);
+    // The ACK reaches the dispatcher; its delete flush is seconds away.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Pause the leader past an election timeout: another node takes over.
+    let pid = c.nodes[old].pid().to_string();
+    assert!(std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let new = c.leader_except(Some(old), Duration::from_secs(10)).await;
+    assert!(std::process::Command::new("kill")
+        .args(["-CONT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    drop(s);
+    // The old leader's flush runs after it learned it no longer leads.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut s = Subscriber::open(c.nodes[new].channel().await, "acked", "", 10).await;
+    let again: Vec<Vec<u8>> = s
+        .drain(Duration::from_secs(2))
+        .await
+        .into_iter()
+        .map(|m| m.payload)
+        .collect();
+    assert_eq!(
+        again,
+        vec![b"keep".to_vec()],
+        "only the un-ACKed message comes back; old leader log:\n{}",
+        c.nodes[old].log()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

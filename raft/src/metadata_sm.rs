@@ -20,7 +20,7 @@ use bytes::Bytes;
 
 use crate::codec::{decode_snapshot_meta, encode_snapshot_meta, RaftLogId, RaftMembership};
 use crate::state_machine::{CurrentSnapshot, EventSnapshot, Meta};
-use crate::types::{SnapshotData, TypeConfig};
+use crate::types::{Applied, SnapshotData, TypeConfig};
 
 fn io_err(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
@@ -155,7 +155,7 @@ impl RaftStateMachine<TypeConfig> for MetaStateMachine {
                 }
             }
             if let Some(r) = responder {
-                r.send(());
+                r.send(Applied::Done);
             }
         }
         Ok(())

@@ -21,6 +21,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futureq_core::command::{encode_delete, DeleteBatch};
+use futureq_core::KEY_LEN;
 use futureq_net::peer::PeerFrame;
 use futureq_net::peer_link::{serve_peers, PeerHandler};
 use futureq_net::Shutdown;
@@ -37,7 +39,7 @@ use crate::metadata_sm::MetaStateMachine;
 use crate::network::{raft_handler, PeerNetwork, PEER_FRAME_MAX, SNAPSHOT_RPC_TIMEOUT};
 use crate::rpc::KIND_RESPONSE;
 use crate::state_machine::{EventStateMachine, OnApplied};
-use crate::types::{Command, TypeConfig};
+use crate::types::{Applied, Command, TypeConfig};
 
 /// Peer-frame group id of the metadata group.
 pub const META_GROUP: u8 = 0;
@@ -119,6 +121,9 @@ pub enum WriteError {
     /// Raft refused the request or stopped.
     #[error("{0}")]
     Failed(String),
+    /// Committed, but the state machine refused it on every replica: nothing of it applied.
+    #[error("refused by the state machine: {0}")]
+    Refused(String),
 }
 
 /// How long a write waits.
@@ -163,6 +168,10 @@ pub enum Forward {
     AddVoter(u64),
     /// Remove a node (voter or learner) from the group.
     Remove(u64),
+    /// Delete these event keys (ACKs and TTL expiry of a node that stopped leading): the
+    /// only request the event shard takes over the peer port. The leader builds the delete
+    /// command itself, so a peer frame can never commit bytes of its own choosing.
+    Delete(Vec<[u8; KEY_LEN]>),
 }
 
 impl Forward {
@@ -188,6 +197,12 @@ impl Forward {
                 out.push(4);
                 out.extend_from_slice(&id.to_le_bytes());
             }
+            Forward::Delete(keys) => {
+                out.push(5);
+                for k in keys {
+                    out.extend_from_slice(k);
+                }
+            }
         }
         out
     }
@@ -208,6 +223,15 @@ impl Forward {
             )),
             3 if rest.len() == 8 => Some(Forward::AddVoter(id()?)),
             4 if rest.len() == 8 => Some(Forward::Remove(id()?)),
+            5 if !rest.is_empty() && rest.len() % KEY_LEN == 0 => Some(Forward::Delete(
+                rest.chunks_exact(KEY_LEN)
+                    .map(|k| {
+                        let mut key = [0u8; KEY_LEN];
+                        key.copy_from_slice(k);
+                        key
+                    })
+                    .collect(),
+            )),
             _ => None,
         }
     }
@@ -227,6 +251,11 @@ fn encode_outcome(r: &Result<(), WriteError>) -> Vec<u8> {
             v.extend_from_slice(m.as_bytes());
             v
         }
+        Err(WriteError::Refused(m)) => {
+            let mut v = vec![4];
+            v.extend_from_slice(m.as_bytes());
+            v
+        }
     }
 }
 
@@ -241,6 +270,7 @@ fn decode_outcome(b: &[u8]) -> Result<(), WriteError> {
         }
         Some((2, _)) => Err(WriteError::Timeout),
         Some((3, m)) => Err(WriteError::Failed(String::from_utf8_lossy(m).into_owned())),
+        Some((4, m)) => Err(WriteError::Refused(String::from_utf8_lossy(m).into_owned())),
         _ => Err(WriteError::Failed("malformed forwarded reply".into())),
     }
 }
@@ -306,6 +336,9 @@ where
         Forward::Write(c) => with_retry(me, deadline, || raft.client_write(Command(c.clone())))
             .await
             .map(drop),
+        Forward::Delete(_) => Err(WriteError::Failed(
+            "event deletes go through Node::write_event".into(),
+        )),
         Forward::AddLearner(id, addr) => {
             let node = BasicNode { addr: addr.clone() };
             with_retry(me, deadline, || raft.add_learner(*id, node.clone(), false))
@@ -544,13 +577,44 @@ impl Node {
         })
     }
 
-    /// Serves a request another node forwarded here (this node must lead the group).
+    /// Serves a request another node forwarded here (this node must lead the group). The
+    /// event shard takes only [`Forward::Delete`]: its commands are built by its leader.
     async fn forwarded(&self, group: u8, req: &Forward) -> Result<(), WriteError> {
         let deadline = Instant::now() + RPC_TIMEOUT;
-        match group {
-            META_GROUP => change(&self.meta, self.id, req, deadline).await,
-            EVENT_GROUP => change(&self.event, self.id, req, deadline).await,
+        match (group, req) {
+            (META_GROUP, Forward::Delete(_)) => Err(WriteError::Failed(
+                "the metadata group has no event keys to delete".into(),
+            )),
+            (META_GROUP, _) => change(&self.meta, self.id, req, deadline).await,
+            (EVENT_GROUP, Forward::Delete(keys)) => {
+                let cmd = encode_delete(&DeleteBatch { keys: keys.clone() });
+                self.write_event(move || Ok(cmd.clone()), Ack::Quorum, deadline)
+                    .await
+            }
+            (EVENT_GROUP, _) => Err(WriteError::Failed(
+                "the event shard takes no forwarded writes or membership changes".into(),
+            )),
             _ => Err(WriteError::Failed(format!("unknown group {group}"))),
+        }
+    }
+
+    /// Deletes event keys through the event shard's leader when this node does not lead
+    /// (an ACK taken while it led must not be lost when leadership moves).
+    ///
+    /// # Errors
+    /// [`WriteError`]; `NotLeader { leader: None }` while no leader is known.
+    pub async fn forward_delete(
+        &self,
+        keys: Vec<[u8; KEY_LEN]>,
+        deadline: Instant,
+    ) -> Result<(), WriteError> {
+        let leader = self.event.metrics().borrow_watched().current_leader;
+        match leader {
+            Some(l) if l != self.id => {
+                self.forward(EVENT_GROUP, l, &Forward::Delete(keys), deadline)
+                    .await
+            }
+            _ => Err(WriteError::NotLeader { leader }),
         }
     }
 
@@ -590,16 +654,23 @@ impl Node {
     /// Proposes an event-shard command on this node (the leader) and waits as `ack` says,
     /// until `deadline`.
     ///
+    /// `make` builds the command at the moment of proposal: it is called right before each
+    /// attempt is handed to Raft, with no await in between, so whatever it assigns (event
+    /// ids) follows log order on this leader; it refuses (e.g. leadership not confirmed in
+    /// the current term) by returning an error, which ends the write. A refusal by Raft while
+    /// leadership settles calls it again.
+    ///
     /// At most [`PROPOSALS_MAX`] proposals are outstanding (proposed, not yet applied), whatever
     /// their ack level: LEADER and NO_ACK acks return before the commit, and without this
     /// bound a fast producer would pile up entries faster than followers take them (the
     /// leader then misses heartbeats and loses leadership).
     ///
     /// # Errors
-    /// [`WriteError`].
+    /// [`WriteError`]; [`WriteError::Refused`] when the state machine refused the committed
+    /// entry (nothing of it applied).
     pub async fn write_event(
         &self,
-        cmd: Vec<u8>,
+        mut make: impl FnMut() -> Result<Vec<u8>, WriteError> + 'static,
         ack: Ack,
         deadline: Instant,
     ) -> Result<(), WriteError> {
@@ -615,34 +686,61 @@ impl Node {
                 None => return Err(WriteError::Timeout),
             }
         };
-        // Registered before the proposal, so a fast fsync cannot be missed.
-        let persisted = (ack == Ack::Leader).then(|| self.tracker.register(&cmd));
         let (done_tx, done_rx) = futures::channel::oneshot::channel();
-        let (raft, me) = (self.event.clone(), self.id);
+        let (raft, me, tracker) = (self.event.clone(), self.id, self.tracker.clone());
         glommio::spawn_local(async move {
-            let r = with_retry(me, deadline, || raft.client_write(Command(cmd.clone())))
-                .await
-                .map(drop);
+            let reply = std::cell::Cell::new(Some(done_tx));
+            let answer = |r: Result<(), WriteError>| {
+                if let Some(tx) = reply.take() {
+                    let _ = tx.send(r);
+                }
+            };
+            let r = loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break Err(WriteError::Timeout);
+                }
+                let cmd = match make() {
+                    Ok(c) => c,
+                    Err(e) => break Err(e),
+                };
+                // Registered before the proposal, so a fast fsync cannot be missed.
+                let persisted = (ack == Ack::Leader).then(|| tracker.register(&cmd));
+                let write = raft.client_write(Command(cmd));
+                if ack == Ack::Submitted {
+                    answer(Ok(()));
+                }
+                let attempt = async { Some(write.await) };
+                let early = async {
+                    if let Some(p) = persisted {
+                        p.await;
+                        answer(Ok(()));
+                    }
+                    glommio::timer::sleep(left).await;
+                    None
+                };
+                match future::or(attempt, early).await {
+                    None => break Err(WriteError::Timeout),
+                    Some(Ok(resp)) => match resp.data {
+                        Applied::Done => break Ok(()),
+                        Applied::Refused(why) => break Err(WriteError::Refused(why)),
+                    },
+                    Some(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))))
+                        if settling(&f, me) =>
+                    {
+                        tracing::debug!(target: "raft", reason = ?f.reason, leader = ?f.leader_id, "write refused while leadership settles; retrying");
+                        glommio::timer::sleep(RETRY_PAUSE).await;
+                    }
+                    Some(Err(e)) => break Err(write_error(e)),
+                }
+            };
             drop(permit);
-            let _ = done_tx.send(r);
+            answer(r);
         })
         .detach();
-        let committed = async {
-            done_rx
-                .await
-                .unwrap_or_else(|_| Err(WriteError::Failed("raft stopped".into())))
-        };
-        match (ack, persisted) {
-            (Ack::Leader, Some(persisted)) => {
-                let fired = async {
-                    persisted.await;
-                    Ok(())
-                };
-                future::or(fired, committed).await
-            }
-            (Ack::Submitted, _) => Ok(()),
-            _ => committed.await,
-        }
+        done_rx
+            .await
+            .unwrap_or_else(|_| Err(WriteError::Failed("raft stopped".into())))
     }
 
     /// Applies a metadata request on the metadata leader, forwarding it there when this node
@@ -675,7 +773,11 @@ impl Node {
         deadline: Instant,
     ) -> Result<(), WriteError> {
         let addr = {
-            let m = self.meta.metrics();
+            let m = if group == EVENT_GROUP {
+                self.event.metrics()
+            } else {
+                self.meta.metrics()
+            };
             let m = m.borrow_watched();
             m.membership_config
                 .membership()
@@ -792,10 +894,20 @@ mod tests {
             Forward::AddLearner(7, "127.0.0.1:5000".into()),
             Forward::AddVoter(u64::MAX),
             Forward::Remove(3),
+            Forward::Delete(vec![[7; KEY_LEN], [9; KEY_LEN]]),
         ] {
             assert_eq!(Forward::decode(&f.encode()), Some(f));
         }
-        for bad in [&[][..], &[0], &[2, 1], &[3, 1, 2], &[4; 10], &[9, 0]] {
+        for bad in [
+            &[][..],
+            &[0],
+            &[2, 1],
+            &[3, 1, 2],
+            &[4; 10],
+            &[9, 0],
+            &[5],
+            &[5; 24],
+        ] {
             assert_eq!(Forward::decode(bad), None, "{bad:?}");
         }
     }
@@ -808,6 +920,7 @@ mod tests {
             Err(WriteError::NotLeader { leader: None }),
             Err(WriteError::Timeout),
             Err(WriteError::Failed("boom".into())),
+            Err(WriteError::Refused("stale ids".into())),
         ] {
             assert_eq!(decode_outcome(&encode_outcome(&r)), r);
         }

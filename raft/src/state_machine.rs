@@ -26,7 +26,7 @@ use bytes::Bytes;
 use crate::codec::{
     decode_log_id, decode_membership, encode_log_id, encode_membership, RaftLogId, RaftMembership,
 };
-use crate::types::{SnapshotData, TypeConfig};
+use crate::types::{Applied, SnapshotData, TypeConfig};
 
 /// Raft-meta key of the applied log id.
 const APPLIED: &str = "applied";
@@ -89,6 +89,8 @@ pub struct EventStateMachine {
     current: CurrentSnapshot,
     on_applied: OnApplied,
     last_durable: Rc<std::cell::Cell<Instant>>,
+    /// Entries refused since start (undecodable or stale ids), for the metrics.
+    refused: Rc<std::cell::Cell<u64>>,
 }
 
 impl EventStateMachine {
@@ -100,7 +102,15 @@ impl EventStateMachine {
             current: CurrentSnapshot::default(),
             on_applied,
             last_durable: Rc::new(std::cell::Cell::new(Instant::now())),
+            refused: Rc::default(),
         }
+    }
+
+    /// Log entries this replica's state machine refused since start (see
+    /// [`futureq_storage::Store::apply_entries`]).
+    #[must_use]
+    pub fn refused_entries(&self) -> u64 {
+        self.refused.get()
     }
 }
 
@@ -167,7 +177,7 @@ impl RaftStateMachine<TypeConfig> for EventStateMachine {
         Strm: futures::Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin,
     {
         let mut batch: Vec<(u64, u64, Vec<u8>)> = Vec::new();
-        let mut responders = Vec::new();
+        let mut responders: Vec<(u64, _)> = Vec::new();
         let mut last = None;
         let mut membership = None;
         while let Some(item) = entries.next().await {
@@ -183,7 +193,7 @@ impl RaftStateMachine<TypeConfig> for EventStateMachine {
             };
             batch.push((id.index, id.leader_id.term, cmd));
             last = Some(id);
-            responders.extend(responder);
+            responders.extend(responder.map(|r| (id.index, r)));
         }
         let Some(last) = last else { return Ok(()) };
         let mut meta = vec![(APPLIED, encode_log_id(Some(&last)))];
@@ -209,8 +219,16 @@ impl RaftStateMachine<TypeConfig> for EventStateMachine {
         if !out.deleted.is_empty() || !out.published.is_empty() {
             (self.on_applied)(&out.published, &out.deleted);
         }
-        for r in responders {
-            r.send(());
+        for (index, why) in &out.refused {
+            self.refused.set(self.refused.get() + 1);
+            tracing::warn!(target: "raft", index, reason = %why, "log entry refused by the state machine");
+        }
+        for (index, r) in responders {
+            let applied = match out.refused.binary_search_by_key(&index, |(i, _)| *i) {
+                Ok(at) => Applied::Refused(out.refused[at].1.to_string()),
+                Err(_) => Applied::Done,
+            };
+            r.send(applied);
         }
         Ok(())
     }

@@ -24,9 +24,20 @@ openraft::declare_raft_types!(
     /// `(term, node id)`, and the runtime is glommio.
     pub TypeConfig:
         D = Command,
-        R = (),
+        R = Applied,
         AsyncRuntime = crate::rt::GlommioRuntime,
 );
+
+/// What applying one client entry did: the response of a client write. Decided from the
+/// entry and the applied state only, so every replica decides the same.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Applied {
+    /// Applied.
+    #[default]
+    Done,
+    /// Refused: nothing of the entry changed the state (the reason says why).
+    Refused(String),
+}
 
 /// Snapshot data of both groups: the bytes in memory, shared (a clone copies nothing: event
 /// snapshots can be hundreds of MiB and must not be copied on the Raft core).

@@ -268,10 +268,11 @@ fn three_nodes_elect_replicate_and_fail_over() {
             .await
             .expect("leader-persist hook fired");
 
-        let applied = write(&lraft, 1..=100).await;
+        // Ids only ever rise (the state machine refuses lower ones).
+        let applied = write(&lraft, 1001..=1100).await;
         assert_replicated(&nodes, &stores, applied, 101).await;
         for id in stores.keys() {
-            assert_eq!(stores[id].last_id().unwrap(), 1000);
+            assert_eq!(stores[id].last_id().unwrap(), 1100);
         }
 
         // Kill the leader: the others elect a new one and keep accepting writes.
@@ -281,8 +282,30 @@ fn three_nodes_elect_replicate_and_fail_over() {
         let new_leader = leader_of(&rest).await;
         assert_ne!(new_leader, leader);
         let nraft = node(&rest, new_leader);
-        let applied = write(&nraft, 101..=110).await;
+        let applied = write(&nraft, 1101..=1110).await;
         assert_replicated(&rest, &stores, applied, 111).await;
+
+        // A batch carrying ids from an earlier term (a stale proposal committed late):
+        // committed, refused by every replica's state machine, the client told so, and the
+        // messages stored under those ids untouched.
+        let before = stores[&new_leader].get(&futureq_core::EventKey::new(7, 1000, 1005));
+        let stale = encode_store(&StoreBatch {
+            items: (1005..=1006).map(|i| StoreItem { message: b"stale".to_vec(), ..item(i) }).collect(),
+        });
+        let resp = nraft.client_write(Command(stale)).await.unwrap();
+        assert!(
+            matches!(&resp.data, futureq_raft::types::Applied::Refused(why) if why.contains("1005..=1006")),
+            "{:?}",
+            resp.data
+        );
+        assert_replicated(&rest, &stores, Some(resp.log_id.index), 111).await;
+        for (id, _) in &rest {
+            assert_eq!(
+                stores[id].get(&futureq_core::EventKey::new(7, 1000, 1005)).unwrap(),
+                before.as_ref().unwrap().clone(),
+                "node {id}"
+            );
+        }
         for (_, r) in &rest {
             r.shutdown().await.unwrap();
         }

@@ -15,14 +15,6 @@ pub enum StoreError {
         /// What is wrong.
         reason: String,
     },
-    /// A replicated command failed validation; nothing of its apply call was written.
-    #[error("log entry {index} is not a valid command: {reason}")]
-    BadCommand {
-        /// Raft index of the entry.
-        index: u64,
-        /// What is wrong.
-        reason: String,
-    },
     /// A snapshot stream is malformed or does not match what was expected; nothing of it
     /// was installed.
     #[error("bad snapshot: {0}")]

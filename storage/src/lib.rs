@@ -27,4 +27,4 @@ pub mod wal;
 
 pub use error::StoreError;
 pub use service::{StoreService, WriteStats};
-pub use store::{ApplyOutcome, NewMessage, SnapshotInfo, Store, StoreMode};
+pub use store::{ApplyOutcome, NewMessage, Refusal, SnapshotInfo, Store, StoreMode};

@@ -254,14 +254,23 @@ impl Store {
     /// Applies committed Raft entries `(index, term, command)` in one write transaction,
     /// together with the new applied log id and the raised `last-id`. Entries at or below
     /// the applied index are skipped (replay after a restart); an empty command is a no-op
-    /// that only advances the applied index. Every command is validated before anything is
-    /// written: one malformed entry fails the whole call and nothing is applied.
+    /// that only advances the applied index.
+    ///
+    /// # Invariants
+    /// - **Event ids never regress**: a store command is applied only when its ids are
+    ///   strictly increasing and all above the highest id applied so far (`last-id`);
+    ///   otherwise the whole batch is refused (its ids were assigned by a leader of an
+    ///   earlier term and may collide with stored messages). Nothing of it is written.
+    /// - A command that fails validation is refused and skipped, never fatal.
+    ///
+    /// Both decisions depend only on the entries and the applied state, so every replica
+    /// takes the same one; they are reported in [`ApplyOutcome::refused`].
     ///
     /// `durable` = false commits without fsync: allowed when the Raft log is the WAL, as long
     /// as the log is not purged past the last durably applied index.
     ///
     /// # Errors
-    /// [`StoreError::BadCommand`] or a storage error; then nothing changed.
+    /// A storage error; then nothing changed.
     pub fn apply_entries(
         &self,
         entries: &[(u64, u64, &[u8])],
@@ -284,20 +293,28 @@ impl Store {
         let mut commands = Vec::with_capacity(fresh.len());
         for (index, _, bytes) in &fresh {
             if !bytes.is_empty() {
-                let c = decode(bytes).map_err(|e| StoreError::BadCommand {
-                    index: *index,
-                    reason: e.to_string(),
-                })?;
-                commands.push(c);
+                match decode(bytes) {
+                    Ok(c) => commands.push((*index, c)),
+                    Err(e) => out.refused.push((
+                        *index,
+                        Refusal::Undecodable {
+                            reason: e.to_string(),
+                        },
+                    )),
+                }
             }
         }
         let txn = self.begin_write(durable)?;
         let mut stored = Vec::new();
         {
             let mut t = Tables::open(&txn)?;
-            for c in &commands {
+            for (index, c) in &commands {
                 match c {
                     CommandRef::Store(b) => {
+                        if let Err(r) = ids_above(b, out.max_event_id) {
+                            out.refused.push((*index, r));
+                            continue;
+                        }
                         for item in b.items.iter() {
                             let key = item.key();
                             stored.push(key);
@@ -331,6 +348,7 @@ impl Store {
             }
         }
         txn.commit()?;
+        out.refused.sort_by_key(|(i, _)| *i);
         out.applied = Some((last_index, last_term));
         out.published = min_key_per_topic(stored);
         Ok(out)
@@ -642,6 +660,51 @@ pub struct ApplyOutcome {
     pub max_event_id: u64,
     /// The applied log id after the call, if anything was applied.
     pub applied: Option<(u64, u64)>,
+    /// Entries that changed nothing, by log index (ascending), and why.
+    pub refused: Vec<(u64, Refusal)>,
+}
+
+/// Why an applied log entry changed nothing. Every replica decides the same.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The entry is not a valid command (skipped; nothing of it applied).
+    #[error("not a valid command ({reason}); skipped")]
+    Undecodable {
+        /// What is wrong.
+        reason: String,
+    },
+    /// A store command whose ids are not strictly increasing above the highest applied id:
+    /// they were assigned by a leader of an earlier term. Nothing of the batch is stored.
+    #[error("event ids {first}..={last} are not above the highest stored id {max} (assigned in an earlier term); batch not stored")]
+    StaleIds {
+        /// The batch's first id.
+        first: u64,
+        /// The batch's last id.
+        last: u64,
+        /// The highest id applied before it.
+        max: u64,
+    },
+}
+
+/// Checks that a store command's ids are strictly increasing and above `max`.
+fn ids_above(b: &futureq_core::command::ArchivedStoreBatch, max: u64) -> Result<(), Refusal> {
+    let mut prev = max;
+    for item in b.items.iter() {
+        let id = item.event_id.to_native();
+        if id <= prev {
+            let id_at = |i: Option<usize>| {
+                i.and_then(|i| b.items.get(i))
+                    .map_or(0, |it| it.event_id.to_native())
+            };
+            return Err(Refusal::StaleIds {
+                first: id_at(Some(0)),
+                last: id_at(b.items.len().checked_sub(1)),
+                max,
+            });
+        }
+        prev = id;
+    }
+    Ok(())
 }
 
 /// What one group commit did.

@@ -4,7 +4,7 @@
 use bytes::Bytes;
 use futureq_core::command::{encode_delete, encode_store, DeleteBatch, StoreBatch, StoreItem};
 use futureq_core::{bucket_of, topic_hash, EventKey, IndexValue, StoredMessage};
-use futureq_storage::{Store, StoreError, StoreMode};
+use futureq_storage::{Refusal, Store, StoreError, StoreMode};
 
 fn item(id: u64, ttl_ms: i64) -> StoreItem {
     let m = StoredMessage {
@@ -60,7 +60,7 @@ fn store_and_delete_commands_apply_atomically_with_the_log_id() {
 }
 
 #[test]
-fn a_malformed_entry_fails_the_whole_call() {
+fn a_malformed_entry_is_skipped_deterministically_and_never_fatal() {
     let s = Store::open(&StoreMode::Memory).unwrap();
     let good = encode_store(&StoreBatch {
         items: vec![item(1, 0)],
@@ -69,16 +69,78 @@ fn a_malformed_entry_fails_the_whole_call() {
         items: vec![item(2, 0)],
     });
     bad.truncate(bad.len() - 3);
-    let err = s
-        .apply_entries(&[(1, 1, &good), (2, 1, &bad)], &[], false)
-        .unwrap_err();
-    assert!(
-        matches!(err, StoreError::BadCommand { index: 2, .. }),
-        "{err}"
+    let later = encode_store(&StoreBatch {
+        items: vec![item(3, 0)],
+    });
+    let out = s
+        .apply_entries(&[(1, 1, &good), (2, 1, &bad), (3, 1, &later)], &[], false)
+        .unwrap();
+    assert_eq!(out.refused.len(), 1, "{:?}", out.refused);
+    assert_eq!(out.refused[0].0, 2);
+    assert!(matches!(out.refused[0].1, Refusal::Undecodable { .. }));
+    assert_eq!(out.stored, 2);
+    assert_eq!(s.counts().unwrap().0, 2);
+    assert!(s.get(&key(2)).unwrap().is_none());
+    assert_eq!(s.applied().unwrap(), Some((3, 1)), "the log moves on");
+    assert_eq!(s.last_id().unwrap(), 3);
+}
+
+/// Issue 10.1: leader A (term 1) assigned ids 1000..=1099 and its proposal waited; leader B
+/// (term 2) assigned the same ids and committed; A, leading again in term 3, commits its
+/// stale batch. Every replica must refuse it: the acked messages of B stay as they were.
+#[test]
+fn a_batch_with_ids_from_an_earlier_term_is_refused_and_changes_nothing() {
+    let s = Store::open(&StoreMode::Memory).unwrap();
+    let mut b_items: Vec<StoreItem> = (1000..1100).map(|i| item(i, 100)).collect();
+    for it in &mut b_items {
+        it.message = b"from leader B".to_vec();
+    }
+    let from_b = encode_store(&StoreBatch { items: b_items });
+    s.apply_entries(&[(5, 2, &from_b)], &[], false).unwrap();
+    let stored_b = s.get(&key(1000)).unwrap();
+    let counts = s.counts().unwrap();
+
+    let stale_a = encode_store(&StoreBatch {
+        items: (1000..1100).map(|i| item(i, 0)).collect(),
+    });
+    // Overlapping, and below-but-disjoint: both refused.
+    let low = encode_store(&StoreBatch {
+        items: vec![item(10, 0)],
+    });
+    let out = s
+        .apply_entries(&[(6, 3, &stale_a), (7, 3, &low)], &[], false)
+        .unwrap();
+    assert_eq!(out.stored, 0);
+    assert_eq!(out.refused.len(), 2);
+    assert_eq!(
+        out.refused[0],
+        (
+            6,
+            Refusal::StaleIds {
+                first: 1000,
+                last: 1099,
+                max: 1099
+            }
+        )
     );
-    assert_eq!(s.counts().unwrap(), (0, 0, 0));
-    assert_eq!(s.applied().unwrap(), None);
-    assert_eq!(s.last_id().unwrap(), 0);
+    assert_eq!(s.get(&key(1000)).unwrap(), stored_b, "B's message intact");
+    assert_eq!(s.counts().unwrap(), counts, "no stale expiry/index rows");
+    assert_eq!(s.applied().unwrap(), Some((7, 3)));
+
+    // Ids out of order inside one batch are refused whole.
+    let unordered = encode_store(&StoreBatch {
+        items: vec![item(2001, 0), item(2000, 0)],
+    });
+    let out = s.apply_entries(&[(8, 3, &unordered)], &[], false).unwrap();
+    assert_eq!(out.refused.len(), 1);
+    assert!(s.get(&key(2001)).unwrap().is_none());
+    // And a fresh batch above the mark goes in.
+    let fresh = encode_store(&StoreBatch {
+        items: vec![item(1100, 0)],
+    });
+    let out = s.apply_entries(&[(9, 3, &fresh)], &[], false).unwrap();
+    assert!(out.refused.is_empty());
+    assert_eq!(s.last_id().unwrap(), 1100);
 }
 
 #[test]
@@ -96,11 +158,12 @@ fn replayed_entries_are_skipped_and_ids_never_regress() {
     let out = s.apply_entries(&[(1, 1, &a)], &[], true).unwrap();
     assert_eq!(out.applied, None);
     assert_eq!(s.counts().unwrap().0, 0);
-    // A lower id applied later keeps the high-water mark.
+    // A lower id applied later is refused and keeps the high-water mark.
     let low = encode_store(&StoreBatch {
         items: vec![item(3, 0)],
     });
     let out = s.apply_entries(&[(3, 1, &low)], &[], true).unwrap();
+    assert_eq!(out.refused.len(), 1);
     assert_eq!(out.max_event_id, 50);
     assert_eq!(s.last_id().unwrap(), 50);
 }

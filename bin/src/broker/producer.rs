@@ -206,6 +206,14 @@ async fn store_clustered(
             timeout_message(timeout),
             String::new(),
         ),
+        Ok(Err(WriteError::Refused(e))) => {
+            tracing::warn!(target: "producer", error = %e, "batch refused by the state machine");
+            Outcome::Failed(
+                Code::Aborted,
+                format!("batch not stored ({e}); it is safe to publish it again"),
+                String::new(),
+            )
+        }
         Ok(Err(WriteError::Failed(e))) => {
             tracing::warn!(target: "producer", error = %e, "batch not replicated");
             Outcome::Failed(
