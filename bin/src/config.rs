@@ -1,7 +1,7 @@
 //! Configuration: built-in defaults → YAML file → `FUTUREQ_*` environment, then validation
 //! into typed [`Settings`]. Unknown keys are errors; every error names its key.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -417,6 +417,14 @@ impl Config {
             "memory" => true,
             m => return err("storage.mode", format!("{m:?} must be disk or memory")),
         };
+        if memory_storage && cluster.is_some() {
+            // The Raft log purges entries behind snapshots of the store: a store lost at
+            // exit cannot be rebuilt from it, and the node would serve an empty replica.
+            return err(
+                "storage.mode",
+                "memory cannot be used with cluster.enabled: a clustered node needs storage.mode: disk",
+            );
+        }
         if !memory_storage && self.storage.data_dir.trim().is_empty() {
             return err("storage.dataDir", "is required when storage.mode is disk");
         }
@@ -625,30 +633,40 @@ fn merge(base: &mut Value, over: Value) {
 }
 
 /// Applies `FUTUREQ_*` variables to every leaf of the tree (key path upper-cased, dots and
-/// dashes → underscores). Lists are comma-separated; maps and scalars are parsed as YAML.
+/// dashes → underscores). The shape comes from `defaults`: a map that is empty there (such as
+/// `cluster.raft.initialMembers`) is one leaf, so its variable replaces the whole map, also
+/// one from the file. Lists are comma-separated; maps and scalars are parsed as YAML. Every
+/// variable used is added to `used`.
 fn apply_env(
+    defaults: &Value,
     v: &mut Value,
     path: &str,
-    env: &dyn Fn(&str) -> Option<String>,
+    env: &BTreeMap<String, String>,
+    used: &mut BTreeSet<String>,
 ) -> Result<(), ConfigError> {
-    if let Value::Mapping(m) = v {
-        if !m.is_empty() {
-            for (k, child) in m.iter_mut() {
+    if let (Value::Mapping(d), Value::Mapping(m)) = (defaults, &mut *v) {
+        if !d.is_empty() {
+            for (k, dchild) in d {
                 let name = k.as_str().unwrap_or_default();
                 let full = if path.is_empty() {
                     name.to_owned()
                 } else {
                     format!("{path}.{name}")
                 };
-                apply_env(child, &full, env)?;
+                if let Some(child) = m.get_mut(k) {
+                    apply_env(dchild, child, &full, env, used)?;
+                }
             }
             return Ok(());
         }
     }
-    let var = format!("FUTUREQ_{}", path.to_uppercase().replace(['.', '-'], "_"));
-    let Some(raw) = env(&var) else { return Ok(()) };
-    *v = match v {
-        Value::String(_) => Value::String(raw),
+    let var = env_var_name(path);
+    let Some(raw) = env.get(&var) else {
+        return Ok(());
+    };
+    used.insert(var.clone());
+    *v = match defaults {
+        Value::String(_) => Value::String(raw.clone()),
         Value::Sequence(_) => Value::Sequence(
             raw.split(',')
                 .map(str::trim)
@@ -656,10 +674,24 @@ fn apply_env(
                 .map(|s| Value::String(s.into()))
                 .collect(),
         ),
-        _ => serde_yaml::from_str(&raw)
+        _ => serde_yaml::from_str(raw)
             .or_else(|e| err(path, format!("environment {var}={raw:?}: {e}")))?,
     };
     Ok(())
+}
+
+/// The variable that sets configuration key `path`.
+fn env_var_name(path: &str) -> String {
+    format!("FUTUREQ_{}", path.to_uppercase().replace(['.', '-'], "_"))
+}
+
+/// The `FUTUREQ_*` variables of this process's environment.
+#[must_use]
+pub fn process_env() -> BTreeMap<String, String> {
+    std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+        .filter(|(k, _)| k.starts_with("FUTUREQ_"))
+        .collect()
 }
 
 /// Loads the configuration: defaults, then the file (if any), then the environment.
@@ -669,7 +701,7 @@ fn apply_env(
 /// names the key.
 pub fn load(
     path: Option<&std::path::Path>,
-    env: &dyn Fn(&str) -> Option<String>,
+    env: &BTreeMap<String, String>,
 ) -> Result<(Config, Settings), ConfigError> {
     let defaults = serde_yaml::to_value(Config::default()).expect("defaults serialize");
     let mut tree = defaults.clone();
@@ -702,7 +734,16 @@ pub fn load(
         }
         merge(&mut tree, file);
     }
-    apply_env(&mut tree, "", env)?;
+    let mut used = BTreeSet::new();
+    apply_env(&defaults, &mut tree, "", env, &mut used)?;
+    if let Some(var) = env
+        .keys()
+        .find(|k| k.starts_with("FUTUREQ_") && !used.contains(*k))
+    {
+        return Err(ConfigError(format!(
+            "environment variable {var}: no configuration key is set by it (a FUTUREQ_* variable is the key path upper-cased with dots as underscores, e.g. FUTUREQ_API_GRPC_LISTEN)"
+        )));
+    }
     let cfg: Config = serde_path_to_error::deserialize(tree)
         .map_err(|e| ConfigError(format!("{}: {}", e.path(), e.inner())))?;
     let settings = cfg.validate()?;
@@ -713,11 +754,17 @@ pub fn load(
 mod tests {
     use super::*;
 
-    fn no_env(_: &str) -> Option<String> {
-        None
+    fn no_env() -> BTreeMap<String, String> {
+        BTreeMap::new()
     }
 
-    fn load_str(yaml: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Settings, ConfigError> {
+    fn env_of(vars: &[(&str, &str)]) -> BTreeMap<String, String> {
+        vars.iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn load_str(yaml: &str, env: &BTreeMap<String, String>) -> Result<Settings, ConfigError> {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("c.yaml");
         std::fs::write(&p, yaml).unwrap();
@@ -739,7 +786,7 @@ mod tests {
             &format!(
                 "{base}    initialMembers: {{1: \"127.0.0.1:50005\", 2: \"127.0.0.2:50005\"}}\n"
             ),
-            &no_env,
+            &no_env(),
         )
         .unwrap();
         let c = ok.cluster.unwrap();
@@ -755,14 +802,14 @@ mod tests {
             (&base.replace("nodeId: 2", "nodeId: 0"), "nodeId"),
             (&format!("{base}  joinSeeds: [nohost]\n").replace("  raft:\n    advertise: 127.0.0.2:50005\n  joinSeeds", "  joinSeeds").replace("]\n", "]\n  raft:\n    advertise: 127.0.0.2:50005\n"), "cluster.joinSeeds"),
         ] {
-            let e = load_str(yaml, &no_env).unwrap_err().to_string();
+            let e = load_str(yaml, &no_env()).unwrap_err().to_string();
             assert!(e.contains(fragment), "{yaml}: {e}");
         }
     }
 
     #[test]
     fn defaults_without_a_file() {
-        let (_, s) = load(None, &no_env).unwrap();
+        let (_, s) = load(None, &no_env()).unwrap();
         assert_eq!(s.grpc_listen.to_string(), "127.0.0.1:8443");
         assert_eq!(s.metrics_listen.unwrap().to_string(), "127.0.0.1:9090");
         assert_eq!(s.max_recv_message_len, 4 << 20);
@@ -774,12 +821,11 @@ mod tests {
 
     #[test]
     fn file_then_env_override() {
-        let env = |k: &str| match k {
-            "FUTUREQ_API_GRPC_LISTEN" => Some("127.0.0.1:7000".to_owned()),
-            "FUTUREQ_OBSERVABILITY_METRICS_LISTEN" => Some(String::new()),
-            "FUTUREQ_DELIVERY_CONSUMERQUEUESIZE" => Some("7".to_owned()),
-            _ => None,
-        };
+        let env = env_of(&[
+            ("FUTUREQ_API_GRPC_LISTEN", "127.0.0.1:7000"),
+            ("FUTUREQ_OBSERVABILITY_METRICS_LISTEN", ""),
+            ("FUTUREQ_DELIVERY_CONSUMERQUEUESIZE", "7"),
+        ]);
         let s = load_str("configVersion: 1\napi:\n  grpc:\n    listen: 127.0.0.1:6000\nstorage:\n  mode: memory\n", &env).unwrap();
         assert_eq!(s.grpc_listen.to_string(), "127.0.0.1:7000");
         assert_eq!(
@@ -810,14 +856,65 @@ mod tests {
             ("configVersion: 1\ncluster:\n  joinSeeds: [a:1]\n  raft:\n    initialMembers: {1: b:2}\n", "cannot both be set"),
         ];
         for (yaml, want) in cases {
-            let e = load_str(yaml, &no_env).unwrap_err().to_string();
+            let e = load_str(yaml, &no_env()).unwrap_err().to_string();
             assert!(e.contains(want), "{yaml:?}: {e:?} should mention {want}");
         }
-        let env = |k: &str| (k == "FUTUREQ_CLUSTER_NODEID").then(|| "abc".to_owned());
+        let env = env_of(&[("FUTUREQ_CLUSTER_NODEID", "abc")]);
         let e = load_str("configVersion: 1\n", &env)
             .unwrap_err()
             .to_string();
         assert!(e.contains("nodeId"), "{e}");
+    }
+
+    /// Issue 10.3: a memory store cannot back a Raft replica.
+    #[test]
+    fn memory_storage_is_refused_with_clustering() {
+        let yaml = "configVersion: 1\napi:\n  grpc:\n    advertise: 127.0.0.1:8443\nstorage:\n  mode: memory\ncluster:\n  enabled: true\n  nodeId: 1\n  raft:\n    advertise: 127.0.0.1:50005\n    initialMembers: {1: \"127.0.0.1:50005\"}\n";
+        let e = load_str(yaml, &no_env()).unwrap_err().to_string();
+        assert!(e.starts_with("storage.mode:"), "{e}");
+        assert!(load_str(&yaml.replace("mode: memory", "mode: disk"), &no_env()).is_ok());
+    }
+
+    /// Issue 10.13: a mistyped variable is refused, naming it; a whole-map variable replaces
+    /// the file's map.
+    #[test]
+    fn environment_variables_are_checked_and_maps_replaced_whole() {
+        let e = load_str(
+            "configVersion: 1\n",
+            &env_of(&[("FUTUREQ_API_GRPC_LISTN", "127.0.0.1:1")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("FUTUREQ_API_GRPC_LISTN"), "{e}");
+        // A section is not a leaf.
+        let e = load_str("configVersion: 1\n", &env_of(&[("FUTUREQ_API", "x")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("FUTUREQ_API:") || e.contains("FUTUREQ_API "),
+            "{e}"
+        );
+        let yaml = "configVersion: 1\napi:\n  grpc:\n    advertise: 127.0.0.1:8443\ncluster:\n  enabled: true\n  nodeId: 1\n  raft:\n    advertise: 127.0.0.1:50005\n    initialMembers: {1: \"127.0.0.1:50005\", 2: \"127.0.0.2:50005\"}\n";
+        let s = load_str(
+            yaml,
+            &env_of(&[
+                ("FUTUREQ_CLUSTER_RAFT_INITIALMEMBERS", "{}"),
+                ("FUTUREQ_CLUSTER_JOINSEEDS", "127.0.0.9:1"),
+            ]),
+        )
+        .unwrap();
+        let c = s.cluster.unwrap();
+        assert!(c.initial_members.is_empty(), "{:?}", c.initial_members);
+        assert_eq!(c.join_seeds, vec!["127.0.0.9:1".to_owned()]);
+        let s = load_str(
+            yaml,
+            &env_of(&[(
+                "FUTUREQ_CLUSTER_RAFT_INITIALMEMBERS",
+                "{1: \"127.0.0.1:50005\"}",
+            )]),
+        )
+        .unwrap();
+        assert_eq!(s.cluster.unwrap().initial_members.len(), 1);
     }
 
     #[test]

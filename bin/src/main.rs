@@ -65,8 +65,7 @@ enum Command {
 
 fn main() {
     let cli = Cli::parse();
-    let env = |k: &str| std::env::var(k).ok();
-    let (_, settings) = match config::load(cli.config.as_deref(), &env) {
+    let (_, settings) = match config::load(cli.config.as_deref(), &config::process_env()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("futureq: invalid configuration: {e}");
