@@ -580,6 +580,8 @@ impl Core {
         m.raft_applied_index.store(l.applied, Ordering::Relaxed);
         m.raft_last_log_index.store(l.last_log, Ordering::Relaxed);
         m.raft_purged_index.store(l.purged, Ordering::Relaxed);
+        m.raft_refused_entries
+            .store(self.node.refused_entries(), Ordering::Relaxed);
         self.cluster.state.update(|v| {
             if v.leading != leading {
                 m.raft_leader_changes.fetch_add(1, Ordering::Relaxed);

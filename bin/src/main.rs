@@ -211,6 +211,23 @@ fn start(settings: Settings) -> anyhow::Result<()> {
     }
     let memlock = runtime::raise_memlock(cores)?;
     tracing::debug!(target: "app", memlock, cores, "runtime limits");
+    // The executors' listeners share their ports (SO_REUSEPORT), which would also let them
+    // join a port another broker serves: clients would be split between two stores.
+    let mut exclusive = vec![("api.grpc.listen", settings.grpc_listen)];
+    exclusive.extend(
+        settings
+            .metrics_listen
+            .map(|a| ("observability.metrics.listen", a)),
+    );
+    exclusive.extend(
+        settings
+            .cluster
+            .as_ref()
+            .map(|c| ("cluster.raft.listen", c.raft_listen)),
+    );
+    for (key, addr) in exclusive {
+        runtime::check_port_free(key, addr)?;
+    }
 
     let (hub_tx, hub_rx) = flume::bounded::<HubCmd>(HUB_QUEUE_MAX);
     let mode = if settings.memory_storage {

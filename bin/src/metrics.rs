@@ -151,6 +151,7 @@ pub struct Metrics {
     pub raft_last_log_index: AtomicU64,
     pub raft_purged_index: AtomicU64,
     pub raft_leader_changes: AtomicU64,
+    pub raft_refused_entries: AtomicU64,
 }
 
 impl Default for Metrics {
@@ -185,6 +186,7 @@ impl Default for Metrics {
             raft_last_log_index: AtomicU64::new(0),
             raft_purged_index: AtomicU64::new(0),
             raft_leader_changes: AtomicU64::new(0),
+            raft_refused_entries: AtomicU64::new(0),
         }
     }
 }
@@ -280,6 +282,12 @@ impl Metrics {
                     "counter",
                     "Times this node gained or lost event-shard leadership.",
                     &self.raft_leader_changes,
+                ),
+                (
+                    "futureq_raft_refused_entries_total",
+                    "counter",
+                    "Committed event-shard entries the state machine refused (undecodable, or event ids from an earlier term); nothing of them was applied.",
+                    &self.raft_refused_entries,
                 ),
             ] {
                 scalar(&mut o, name, kind, help, v.load(r));

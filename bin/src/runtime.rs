@@ -37,6 +37,117 @@ pub fn raise_memlock(executors: usize) -> anyhow::Result<u64> {
     Ok(soft)
 }
 
+/// How long start-up waits for a listener that no process holds any more to close: the
+/// io_uring of a broker killed just before releases its files a little after its exit.
+const ORPHAN_LISTENER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Fails when another process listens on `addr`'s port at that address or a wildcard (port 0
+/// always passes). The executors' listeners share their port (SO_REUSEPORT), which would also
+/// let them join a port another broker serves and split the clients between two stores.
+///
+/// A trial bind cannot tell (the kernel also refuses it for the lingering connections of a
+/// broker that was just killed), so the listening sockets are read from `/proc/net/tcp{,6}`
+/// (this network namespace) and their owners from `/proc/*/fd`. A listener that no process
+/// holds (a killed broker's, released late by its io_uring) is waited for, up to
+/// [`ORPHAN_LISTENER_WAIT`].
+///
+/// # Errors
+/// Another process listens there; the message names the configuration key and the process.
+pub fn check_port_free(key: &str, addr: std::net::SocketAddr) -> anyhow::Result<()> {
+    if addr.port() == 0 {
+        return Ok(());
+    }
+    let until = std::time::Instant::now() + ORPHAN_LISTENER_WAIT;
+    loop {
+        let mut tables = String::new();
+        for f in ["/proc/net/tcp", "/proc/net/tcp6"] {
+            if let Ok(t) = std::fs::read_to_string(f) {
+                tables.push_str(&t);
+            }
+        }
+        let clash: Vec<(std::net::SocketAddr, u64)> = listeners(&tables)
+            .into_iter()
+            .filter(|(l, _)| {
+                l.port() == addr.port()
+                    && (l.ip() == addr.ip()
+                        || l.ip().is_unspecified()
+                        || addr.ip().is_unspecified())
+            })
+            .collect();
+        if clash.is_empty() {
+            return Ok(());
+        }
+        for (other, inode) in &clash {
+            if let Some(pid) = socket_owner(*inode) {
+                let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+                bail!(
+                    "cannot listen on {key} {addr}: the port is already in use ({other} is served by process {pid} {}: another futureq or another server)",
+                    name.trim()
+                );
+            }
+        }
+        if std::time::Instant::now() >= until {
+            tracing::warn!(target: "app", %addr, "a listener no process holds is still open on {key}; starting anyway");
+            return Ok(());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// The process (other than this one) that holds the socket with this inode, if any.
+fn socket_owner(inode: u64) -> Option<u32> {
+    let want = format!("socket:[{inode}]");
+    let me = std::process::id();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|p| {
+        let pid: u32 = p.file_name().to_str()?.parse().ok()?;
+        if pid == me {
+            return None;
+        }
+        std::fs::read_dir(p.path().join("fd"))
+            .ok()?
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == want.as_str()))
+            .then_some(pid)
+    })
+}
+
+/// The local addresses and inodes of the sockets in LISTEN state in `/proc/net/tcp{,6}` text.
+fn listeners(tables: &str) -> Vec<(std::net::SocketAddr, u64)> {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+    const LISTEN: &str = "0A";
+    tables
+        .lines()
+        .filter_map(|line| {
+            let mut f = line.split_whitespace();
+            let local = f.nth(1)?;
+            let state = f.nth(1)?;
+            if state != LISTEN {
+                return None;
+            }
+            let inode: u64 = f.nth(5)?.parse().ok()?;
+            let (ip, port) = local.split_once(':')?;
+            let port = u16::from_str_radix(port, 16).ok()?;
+            // The kernel prints each 32-bit word of the address in host (little-endian) order.
+            let words: Vec<u32> = (0..ip.len() / 8)
+                .map(|i| u32::from_str_radix(ip.get(i * 8..i * 8 + 8)?, 16).ok())
+                .collect::<Option<_>>()?;
+            let ip = match words.as_slice() {
+                [w] => IpAddr::V4(Ipv4Addr::from(w.to_le_bytes())),
+                [a, b, c, d] => {
+                    let mut bytes = [0u8; 16];
+                    for (i, w) in [a, b, c, d].iter().enumerate() {
+                        bytes[i * 4..i * 4 + 4].copy_from_slice(&w.to_le_bytes());
+                    }
+                    let v6 = Ipv6Addr::from(bytes);
+                    v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+                }
+                _ => return None,
+            };
+            Some((SocketAddr::new(ip, port), inode))
+        })
+        .collect()
+}
+
 /// The CPUs this process may run on (from /proc/self/status `Cpus_allowed_list`), falling
 /// back to `0..available_parallelism`.
 #[must_use]
@@ -81,6 +192,31 @@ pub fn parse_cpu_list(s: &str) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn listening_sockets_are_read_from_proc_net_tcp() {
+        let tcp = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:20FB 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1
+   1: 0100007F:20FB 0100007F:9C40 06 00000000:00000000 00:00000000 00000000     0        0 0 3
+   2: 00000000:0016 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2 1
+   0: 00000000000000000000000001000000:1F90 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 3 1
+   1: 0000000000000000FFFF00000100007F:1F91 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4 1
+";
+        let got: Vec<String> = listeners(tcp)
+            .iter()
+            .map(|(a, inode)| format!("{a} {inode}"))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                "127.0.0.1:8443 1",
+                "0.0.0.0:22 2",
+                "[::1]:8080 3",
+                "127.0.0.1:8081 4"
+            ],
+            "time-wait rows are not listeners"
+        );
+    }
 
     #[test]
     fn cpu_lists() {

@@ -240,3 +240,43 @@ fn bad_config_and_busy_port_fail_with_clear_messages() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("api.grpc.listen"), "{err}");
 }
+
+/// Issue 10.12: a second broker on a gRPC port a broker already serves (SO_REUSEPORT would
+/// let it share the port and split the clients between two stores) refuses to start; so does
+/// one on a taken metrics port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_broker_on_a_served_port_refuses_to_start() {
+    let first = Broker::start("").await;
+    for (var, port) in [
+        ("FUTUREQ_API_GRPC_LISTEN", first.grpc_port),
+        ("FUTUREQ_OBSERVABILITY_METRICS_LISTEN", first.metrics_port),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_futureq"))
+            .arg("start")
+            .current_dir(dir.path())
+            .env(
+                "FUTUREQ_API_GRPC_LISTEN",
+                format!("127.0.0.1:{}", free_port()),
+            )
+            .env(
+                "FUTUREQ_OBSERVABILITY_METRICS_LISTEN",
+                format!("127.0.0.1:{}", free_port()),
+            )
+            .env(var, format!("127.0.0.1:{port}"))
+            .env("FUTUREQ_RUNTIME_CORES", "1")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{var}: second broker started; {err}");
+        assert!(err.contains("already in use"), "{var}: {err}");
+    }
+    // The first one still serves.
+    let mut p = Publisher::open(first.channel().await).await;
+    assert!(
+        p.publish(batch(1, QUORUM, vec![msg("t", "x", 0, 0)]))
+            .await
+            .success
+    );
+}

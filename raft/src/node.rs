@@ -416,6 +416,7 @@ pub struct Node {
     stop: Shutdown,
     election_timeout: Duration,
     proposals: Rc<glommio::sync::Semaphore>,
+    event_sm: EventStateMachine,
 }
 
 fn raft_config(
@@ -505,12 +506,13 @@ impl Node {
         // A restarted peer must hear from the leader well within its election timeout
         // (10 rtt): retry links to a down peer at least every 2 rtt.
         let network = PeerNetwork::new(EVENT_GROUP, RPC_TIMEOUT).with_reconnect_max(cfg.rtt * 2);
+        let event_sm = EventStateMachine::new(store, on_applied);
         let event = EventRaft::new(
             cfg.node_id,
             event_cfg,
             network.clone(),
             event_log,
-            EventStateMachine::new(store, on_applied),
+            event_sm.clone(),
         )
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
@@ -544,6 +546,7 @@ impl Node {
             stop: Shutdown::new(),
             election_timeout,
             proposals: Rc::new(glommio::sync::Semaphore::new(PROPOSALS_MAX)),
+            event_sm,
         };
         glommio::spawn_local(serve_peers(
             listener,
@@ -825,6 +828,12 @@ impl Node {
             last_log: m.last_log_index.unwrap_or(0),
             purged: m.purged.as_ref().map_or(0, |l| l.index),
         }
+    }
+
+    /// Committed event-shard entries this replica's state machine refused since start.
+    #[must_use]
+    pub fn refused_entries(&self) -> u64 {
+        self.event_sm.refused_entries()
     }
 
     /// The event shard's last log index (0 for an empty log).
