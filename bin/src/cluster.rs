@@ -12,6 +12,7 @@
 //!   [`View::lost`] signal of that leadership fires and every consumer stream of it ends.
 
 use std::cell::Cell;
+use std::collections::BTreeSet;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -117,6 +118,8 @@ pub struct View {
     pub leader_addr: String,
     /// What `GetClusterInfo` answers (`None` before the topology is known).
     pub info: Option<ClusterView>,
+    /// On the leader: the members it heard from within an election timeout.
+    pub alive: Option<BTreeSet<u64>>,
     /// Fires when the leadership that `leading` describes ends.
     pub lost: Shutdown,
 }
@@ -597,6 +600,7 @@ impl Core {
             v.leader_id = l.leader;
             v.leader_addr = leader_addr;
             v.info = info;
+            v.alive = if leading { l.alive.clone() } else { None };
         });
         if leading && !self.publishing_topology.get() {
             let members: Vec<Member> = l

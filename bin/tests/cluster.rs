@@ -172,6 +172,29 @@ async fn info(b: &Broker) -> Option<ClusterInfoResponse> {
         .map(tonic::Response::into_inner)
 }
 
+/// Waits until `b` answers GetClusterInfo with exactly the nodes of `dead` (node ids) not
+/// alive, and a Raft address for every node.
+async fn wait_liveness(b: &Broker, dead: &[u64]) -> ClusterInfoResponse {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = info(b).await;
+        if let Some(i) = &got {
+            let ok = i.nodes.iter().all(|n| {
+                n.is_alive != dead.contains(&n.node_id) && n.raft_address.starts_with("127.0.0.")
+            });
+            if ok {
+                return got.unwrap();
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "liveness on {} never showed {dead:?} dead: {got:#?}",
+            b.grpc_port
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn id_of(tag: &[u8]) -> u64 {
     u64::from_be_bytes(tag[16..24].try_into().unwrap())
 }
@@ -287,6 +310,11 @@ async fn three_nodes_serve_on_the_leader_and_fail_over_without_losing_acked_mess
     let failover = killed_at.elapsed();
     assert_ne!(new_leader, leader);
     assert!(failover < FAILOVER_MAX, "failover took {failover:?}");
+    // Issue 10.14: the dead node is reported dead, by the leader and through a follower.
+    let dead = [leader as u64 + 1];
+    wait_liveness(&c.nodes[new_leader], &dead).await;
+    let other = (0..3).find(|i| *i != leader && *i != new_leader).unwrap();
+    wait_liveness(&c.nodes[other], &dead).await;
 
     // Every acked message not ACKed by a consumer is delivered by the new leader; the ACKed
     // ones never come back.
@@ -324,6 +352,7 @@ async fn three_nodes_serve_on_the_leader_and_fail_over_without_losing_acked_mess
     c.wait_applied(leader, target, Duration::from_secs(10))
         .await;
     c.wait_topology(new_leader, 3).await;
+    wait_liveness(&c.nodes[leader], &[]).await;
     eprintln!("failover took {failover:?}");
 }
 

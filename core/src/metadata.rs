@@ -101,8 +101,23 @@ pub struct ClusterView {
     pub leader_id: u64,
     /// The leader's client address, if registered.
     pub leader_addr: String,
-    /// Members: (node id, client address or raft address, is leader, is voter).
-    pub nodes: Vec<(u64, String, bool, bool)>,
+    /// Members, by node id.
+    pub nodes: Vec<NodeView>,
+}
+
+/// One member as `GetClusterInfo` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeView {
+    /// Its id.
+    pub node_id: u64,
+    /// Its client address (its Raft address until it registered one).
+    pub address: String,
+    /// Its Raft address.
+    pub raft_address: String,
+    /// It leads the shard.
+    pub is_leader: bool,
+    /// It votes (else a learner).
+    pub is_voter: bool,
 }
 
 fn unframe<'b>(bytes: &'b [u8], what: &'static str) -> Result<(u8, &'b [u8]), MetaDecodeError> {
@@ -208,13 +223,12 @@ impl MetaState {
             nodes: t
                 .members
                 .iter()
-                .map(|m| {
-                    (
-                        m.node_id,
-                        addr(m.node_id, &m.raft_addr),
-                        m.node_id == t.leader_id,
-                        m.voter,
-                    )
+                .map(|m| NodeView {
+                    node_id: m.node_id,
+                    address: addr(m.node_id, &m.raft_addr),
+                    raft_address: m.raft_addr.clone(),
+                    is_leader: m.node_id == t.leader_id,
+                    is_voter: m.voter,
                 })
                 .collect(),
         })
@@ -309,16 +323,22 @@ mod tests {
         let v = s.cluster_view(1).unwrap();
         assert_eq!((v.leader_id, v.leader_addr.as_str()), (1, "10.0.0.1:8443"));
         assert_eq!(
-            v.nodes.iter().map(|n| n.0).collect::<Vec<_>>(),
+            v.nodes.iter().map(|n| n.node_id).collect::<Vec<_>>(),
             vec![1, 2, 3],
             "sorted by id"
         );
         assert_eq!(
             v.nodes[1],
-            (2, "127.0.0.2:50005".into(), false, true),
+            NodeView {
+                node_id: 2,
+                address: "127.0.0.2:50005".into(),
+                raft_address: "127.0.0.2:50005".into(),
+                is_leader: false,
+                is_voter: true
+            },
             "raft address until registered"
         );
-        assert!(!v.nodes[2].3, "node 3 is a learner");
+        assert!(!v.nodes[2].is_voter, "node 3 is a learner");
         assert!(s.apply(MetaCommand::UpdateTopology(topo(3, 2))));
         assert_eq!(s.cluster_view(1).unwrap().leader_id, 2);
         assert_eq!(s.epoch(), 3);

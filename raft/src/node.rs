@@ -155,6 +155,9 @@ pub struct Leadership {
     pub last_log: u64,
     /// Highest purged log index (0 = none).
     pub purged: u64,
+    /// On a leader: the members heard from within an election timeout (itself included).
+    /// `None` on a follower, which does not know.
+    pub alive: Option<BTreeSet<u64>>,
 }
 
 /// A request forwarded to a group's leader over the peer link.
@@ -817,6 +820,18 @@ impl Node {
             .nodes()
             .map(|(id, n)| (*id, n.addr.clone(), voters.contains(id)))
             .collect();
+        let alive = m.heartbeat.as_ref().map(|beats| {
+            use openraft_rt::Instant as _;
+            beats
+                .iter()
+                .filter(|(_, at)| {
+                    at.as_ref()
+                        .is_some_and(|t| t.elapsed() < self.election_timeout)
+                })
+                .map(|(id, _)| *id)
+                .chain([self.id])
+                .collect()
+        });
         Leadership {
             term: m.current_term,
             leader: m.current_leader,
@@ -827,6 +842,7 @@ impl Node {
             applied: m.last_applied.as_ref().map_or(0, |l| l.index),
             last_log: m.last_log_index.unwrap_or(0),
             purged: m.purged.as_ref().map_or(0, |l| l.index),
+            alive,
         }
     }
 

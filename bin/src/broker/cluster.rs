@@ -6,6 +6,8 @@ use futureq_net::pb::health::{
     health_check_response::ServingStatus, HealthCheckRequest, HealthCheckResponse,
 };
 
+use std::time::Duration;
+
 use futures::channel::oneshot;
 
 use super::{unary_request, Ctx};
@@ -19,32 +21,65 @@ const SERVICES: [&str; 4] = [
     "futureq.FutureQCluster",
 ];
 
-/// Clustered: the topology from the metadata replica (UNAVAILABLE before it is known).
+/// How long a follower waits for the leader's answer to a `GetClusterInfo` it passes on.
+const INFO_FROM_LEADER_TIMEOUT: Duration = Duration::from_secs(1);
+/// Header of a `GetClusterInfo` a follower passed on: answered locally, never passed on again
+/// (two nodes that each name the other as leader for a moment would bounce it).
+const FORWARDED: &str = "futureq-forwarded";
+
+/// Clustered: the topology from the metadata replica (UNAVAILABLE before it is known), with
+/// liveness as the leader knows it (heard from within an election timeout). A follower asks
+/// the leader; when it cannot reach it, it answers its own view with only itself alive.
 /// Standalone: a one-node topology with itself as leader.
 pub async fn get_cluster_info(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
-    if let Err(s) = unary_request::<pb::ClusterInfoRequest>(&mut call).await {
-        return s;
-    }
+    let req = match unary_request::<pb::ClusterInfoRequest>(&mut call).await {
+        Ok(r) => r,
+        Err(s) => return s,
+    };
     let s = &ctx.settings;
     let resp = if let Some(c) = &ctx.cluster {
-        let Some(info) = c.state.view().info else {
+        let view = c.state.view();
+        let Some(info) = view.info else {
             return Status::new(Code::Unavailable, "topology not yet available");
         };
-        pb::ClusterInfoResponse {
-            leader_node_id: info.leader_id,
-            leader_address: info.leader_addr,
-            nodes: info
-                .nodes
-                .into_iter()
-                .map(|(node_id, address, is_leader, is_voter)| pb::NodeInfo {
-                    node_id,
-                    address,
-                    is_leader,
-                    is_alive: true,
-                    raft_address: String::new(),
-                    is_voter,
-                })
-                .collect(),
+        let forwarded = call.headers.contains_key(FORWARDED);
+        let from_leader = if view.leading || view.leader_addr.is_empty() || forwarded {
+            None
+        } else {
+            futureq_net::grpc::client::unary_with_headers::<_, pb::ClusterInfoResponse>(
+                &view.leader_addr,
+                "/futureq.FutureQCluster/GetClusterInfo",
+                &req,
+                &[(FORWARDED, "1")],
+                INFO_FROM_LEADER_TIMEOUT,
+            )
+            .await
+            .map_err(|e| tracing::debug!(target: "grpc", leader = %view.leader_addr, error = %e.message, "cluster info from the leader failed; answering locally"))
+            .ok()
+        };
+        if let Some(r) = from_leader {
+            r
+        } else {
+            let alive = |id: u64| match &view.alive {
+                Some(alive) => alive.contains(&id),
+                None => id == s.node_id,
+            };
+            pb::ClusterInfoResponse {
+                leader_node_id: info.leader_id,
+                leader_address: info.leader_addr,
+                nodes: info
+                    .nodes
+                    .into_iter()
+                    .map(|n| pb::NodeInfo {
+                        node_id: n.node_id,
+                        address: n.address,
+                        is_leader: n.is_leader,
+                        is_alive: alive(n.node_id),
+                        raft_address: n.raft_address,
+                        is_voter: n.is_voter,
+                    })
+                    .collect(),
+            }
         }
     } else {
         pb::ClusterInfoResponse {

@@ -102,7 +102,25 @@ where
     Req: prost::Message,
     Resp: prost::Message + Default,
 {
-    let call = call(addr, path, encode_message(req));
+    unary_with_headers(addr, path, req, &[], timeout).await
+}
+
+/// [`unary`] with extra request headers (lower-case names).
+///
+/// # Errors
+/// As [`unary`].
+pub async fn unary_with_headers<Req, Resp>(
+    addr: &str,
+    path: &str,
+    req: &Req,
+    headers: &[(&'static str, &str)],
+    timeout: Duration,
+) -> Result<Resp, Status>
+where
+    Req: prost::Message,
+    Resp: prost::Message + Default,
+{
+    let call = call(addr, path, encode_message(req), headers);
     let deadline = async {
         glommio::timer::sleep(timeout).await;
         Err(Status::new(
@@ -114,7 +132,12 @@ where
     Resp::decode(bytes).map_err(|e| Status::new(Code::Internal, format!("bad response: {e}")))
 }
 
-async fn call(addr: &str, path: &str, body: Bytes) -> Result<Bytes, Status> {
+async fn call(
+    addr: &str,
+    path: &str,
+    body: Bytes,
+    headers: &[(&'static str, &str)],
+) -> Result<Bytes, Status> {
     let sock = resolve(addr)?;
     let stream = glommio::net::TcpStream::connect(sock)
         .await
@@ -126,9 +149,13 @@ async fn call(addr: &str, path: &str, body: Bytes) -> Result<Bytes, Status> {
     let driver = glommio::spawn_local(async move {
         let _ = conn.await;
     });
-    let request = Request::post(format!("http://{addr}{path}"))
+    let mut request = Request::post(format!("http://{addr}{path}"))
         .header("content-type", "application/grpc")
-        .header("te", "trailers")
+        .header("te", "trailers");
+    for (k, v) in headers {
+        request = request.header(*k, *v);
+    }
+    let request = request
         .body(())
         .map_err(|e| Status::new(Code::InvalidArgument, e.to_string()))?;
     let (response, mut send) = client
