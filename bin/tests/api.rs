@@ -127,6 +127,44 @@ async fn oversized_frames_end_the_stream_with_resource_exhausted() {
     );
 }
 
+/// Issue 10.11: a message whose delivery could never be sent (over maxSendMessageSize) is
+/// refused at publish, naming it; it never reaches the store and never blocks its topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_too_large_to_deliver_is_refused_at_publish() {
+    let b = Broker::start("api:\n  grpc:\n    maxSendMessageSize: 1KiB\n").await;
+    let mut p = Publisher::open(b.channel().await).await;
+    let ack = p
+        .publish(batch(
+            1,
+            QUORUM,
+            vec![
+                msg("big", "first", 0, 0),
+                msg("big", &"x".repeat(1000), 0, 0),
+            ],
+        ))
+        .await;
+    assert!(!ack.success, "{ack:?}");
+    assert_eq!(ack.error_code, 8, "RESOURCE_EXHAUSTED: {ack:?}");
+    assert!(
+        ack.error_message.contains("messages[1]")
+            && ack.error_message.contains("maxSendMessageSize"),
+        "{ack:?}"
+    );
+    // The batch is atomic: nothing of it stored; the topic keeps delivering.
+    let ack = p
+        .publish(batch(2, QUORUM, vec![msg("big", "after", 0, 0)]))
+        .await;
+    assert!(ack.success, "{ack:?}");
+    let mut s = Subscriber::open(b.channel().await, "big", "", 10).await;
+    let got: Vec<Vec<u8>> = s
+        .drain(Duration::from_millis(500))
+        .await
+        .into_iter()
+        .map(|m| m.payload)
+        .collect();
+    assert_eq!(got, vec![b"after".to_vec()]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscribe_rejects_bad_first_frames() {
     let b = Broker::start("").await;

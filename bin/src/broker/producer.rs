@@ -67,15 +67,28 @@ fn prepare(
     batch: pb::PublishBatch,
     level: AckLevel,
     enqueued_at_ms: i64,
-) -> Result<(Vec<StoreItem>, String), ValidationError> {
+) -> Result<(Vec<StoreItem>, String), (Code, String)> {
+    let invalid = |e: ValidationError| (Code::InvalidArgument, e.to_string());
     let s = &ctx.settings;
     let limits = PublishLimits {
         max_delay_ms: i64::try_from(s.max_delay.as_millis()).unwrap_or(i64::MAX),
         min_ack_level: s.min_ack_level,
     };
-    validate_batch(batch.messages.len(), level, &limits)?;
+    validate_batch(batch.messages.len(), level, &limits).map_err(invalid)?;
     for (i, m) in batch.messages.iter().enumerate() {
-        validate_message(i, &m.topic, m.delay_ms, m.ttl_ms, m.indexes.len(), &limits)?;
+        validate_message(i, &m.topic, m.delay_ms, m.ttl_ms, m.indexes.len(), &limits)
+            .map_err(invalid)?;
+        // A message no consumer stream could carry would block its topic forever.
+        let delivery = delivery_len(m, enqueued_at_ms);
+        if delivery > s.max_send_message_len {
+            return Err((
+                Code::ResourceExhausted,
+                format!(
+                    "PublishBatch.messages[{i}]: its delivery would be {delivery} bytes, over api.grpc.maxSendMessageSize ({} bytes); nothing of the batch was stored",
+                    s.max_send_message_len
+                ),
+            ));
+        }
     }
     // Distinct topics of the batch for the metrics label (bounded to keep labels small).
     let mut topics: Vec<String> = Vec::new();
@@ -86,7 +99,8 @@ fn prepare(
             .into_iter()
             .enumerate()
             .map(|(j, x)| index_value(i, j, x))
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(invalid)?;
         let stored = StoredMessage {
             topic: m.topic,
             payload: m.payload,
@@ -108,6 +122,21 @@ fn prepare(
         });
     }
     Ok((items, topics.join("|")))
+}
+
+/// The encoded size of the largest `QueueMessage` that delivers `m` (every field at its
+/// widest: a 24-byte tag, the largest attempt counter).
+fn delivery_len(m: &pb::PublishMessage, enqueued_at_ms: i64) -> usize {
+    use prost::Message as _;
+    pb::QueueMessage {
+        topic: m.topic.clone(),
+        payload: m.payload.clone(),
+        delivery_tag: Bytes::from_static(&[0xff; futureq_core::KEY_LEN]),
+        enqueued_at_unix_ms: enqueued_at_ms,
+        delay_ms: m.delay_ms,
+        attempt: u32::MAX,
+    }
+    .encoded_len()
 }
 
 /// How a batch ended, before it becomes an ack.
@@ -237,17 +266,13 @@ fn process(ctx: &Rc<Ctx>, batch: pb::PublishBatch, received: Instant) -> (AckLev
     let metrics = std::sync::Arc::clone(&ctx.metrics);
     let (items, topics) = match prepare(ctx, batch, level, now_ms()) {
         Ok(x) => x,
-        Err(e) => {
+        Err((code, message)) => {
             metrics
                 .publish_requests
                 .add(&["", level.label(), "rejected"], 1);
             return (
                 level,
-                Box::pin(future::ready(reject(
-                    batch_id,
-                    Code::InvalidArgument,
-                    e.to_string(),
-                ))),
+                Box::pin(future::ready(reject(batch_id, code, message))),
             );
         }
     };
