@@ -104,6 +104,16 @@ pub enum NodeError {
     /// openraft refused to start or initialize.
     #[error("raft: {0}")]
     Raft(String),
+    /// The store applied less than the log purged: the entries between are in neither.
+    #[error("the event store applied log index {applied}, but the Raft log was purged up to {purged}: entries {from}..={purged} are in neither, so this node cannot serve its state; remove it from the cluster (futureq leave --seed <member>), delete its Raft data ({dir}) and its store, and join it again", from = applied + 1)]
+    BehindPurge {
+        /// The store's applied index (0 = none).
+        applied: u64,
+        /// The log's purge point.
+        purged: u64,
+        /// The Raft data directory.
+        dir: String,
+    },
 }
 
 /// Why a write or membership change did not succeed.
@@ -471,6 +481,41 @@ async fn open_log(
     .map_err(err)
 }
 
+/// Refuses a store that applied less than the log purged (see [`NodeError::BehindPurge`]):
+/// openraft would apply the entries after the purge point over the gap and serve a replica
+/// that silently lacks messages.
+async fn check_not_behind_purge(
+    log: &mut LogStore<DmaLogIo>,
+    store: &Store,
+    dir: &std::path::Path,
+) -> Result<(), NodeError> {
+    use openraft::storage::RaftLogStorage as _;
+    let err = |source| NodeError::Log {
+        path: dir.display().to_string(),
+        source,
+    };
+    let purged = log
+        .get_log_state()
+        .await
+        .map_err(err)?
+        .last_purged_log_id
+        .map_or(0, |l| l.index);
+    let s = store.clone();
+    let applied = glommio::executor()
+        .spawn_blocking(move || s.applied())
+        .await
+        .map_err(|e| err(io::Error::other(e.to_string())))?
+        .map_or(0, |(i, _)| i);
+    if purged > 0 && applied < purged {
+        return Err(NodeError::BehindPurge {
+            applied,
+            purged,
+            dir: dir.display().to_string(),
+        });
+    }
+    Ok(())
+}
+
 impl Node {
     /// Opens both logs, starts both groups and the peer listener. The groups are not
     /// initialized: see [`Node::bootstrap`] and the join flow.
@@ -491,7 +536,8 @@ impl Node {
                 }
             }
         });
-        let event_log = open_log(cfg.data_dir.join("event"), hook).await?;
+        let mut event_log = open_log(cfg.data_dir.join("event"), hook).await?;
+        check_not_behind_purge(&mut event_log, &store, &cfg.data_dir).await?;
         let meta_log = open_log(cfg.data_dir.join("meta"), Box::new(|_| {})).await?;
         let event_cfg = raft_config(
             "futureq-event",

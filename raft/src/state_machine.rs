@@ -137,9 +137,10 @@ impl RaftSnapshotBuilder<TypeConfig> for EventStateMachine {
         let store = self.store.clone();
         // The log is purged behind a snapshot: everything it covers must be durable first.
         let (data, info) = blocking(move || {
-            store.sync()?;
             let mut data = Vec::new();
-            store.write_snapshot(&mut data).map(|info| (data, info))
+            store
+                .write_durable_snapshot(&mut data)
+                .map(|info| (data, info))
         })
         .await
         .map_err(io_err)?;

@@ -398,6 +398,25 @@ impl Store {
         Ok(t.get(key)?.map(|v| v.value().to_vec()))
     }
 
+    /// A snapshot for the replication layer, which purges its log behind it: everything the
+    /// snapshot contains is durable when this returns (see [`Store::write_snapshot`]).
+    ///
+    /// # Invariants
+    /// The snapshot's read transaction begins *before* the durable commit: a commit made
+    /// between a sync and a later read would be in the snapshot without being durable, and a
+    /// crash would leave the store behind the log's purge point.
+    ///
+    /// # Errors
+    /// Storage or write failure.
+    pub fn write_durable_snapshot(
+        &self,
+        w: &mut impl std::io::Write,
+    ) -> Result<SnapshotInfo, StoreError> {
+        let txn = self.db.begin_read()?;
+        self.sync()?;
+        Self::snapshot_from(&txn, w)
+    }
+
     /// Writes a snapshot of the whole store (one read transaction, so it is consistent and
     /// never blocks writers) and returns the applied log id it contains.
     ///
@@ -409,7 +428,13 @@ impl Store {
     /// # Errors
     /// Storage or write failure.
     pub fn write_snapshot(&self, w: &mut impl std::io::Write) -> Result<SnapshotInfo, StoreError> {
-        let txn = self.db.begin_read()?;
+        Self::snapshot_from(&self.db.begin_read()?, w)
+    }
+
+    fn snapshot_from(
+        txn: &redb::ReadTransaction,
+        w: &mut impl std::io::Write,
+    ) -> Result<SnapshotInfo, StoreError> {
         let meta = txn.open_table(META)?;
         let get =
             |k: &str| -> Result<u64, StoreError> { Ok(meta.get(k)?.map_or(0, |v| v.value())) };
