@@ -18,7 +18,10 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futureq_core::command::{encode_delete, encode_store, DeleteBatch, StoreBatch, StoreItem};
+use futureq_core::command::{
+    encode_delete, encode_register_group, encode_store, DeleteBatch, RegisterGroup, StoreBatch,
+    StoreItem,
+};
 use futureq_core::metadata::{ClusterView, Member, MetaCommand, NodeAddr, ShardTopology};
 use futureq_core::{AckLevel, EventKey};
 use futureq_net::Shutdown;
@@ -64,6 +67,17 @@ pub enum RaftReq {
     Delete {
         /// The keys.
         keys: Vec<EventKey>,
+        /// When to give up.
+        deadline: Instant,
+        /// Done.
+        reply: oneshot::Sender<Result<(), WriteError>>,
+    },
+    /// Add a consumer group to the durable registry (a no-op when it is there).
+    RegisterGroup {
+        /// Topic hash.
+        topic_hash: u64,
+        /// The group.
+        group: String,
         /// When to give up.
         deadline: Instant,
         /// Done.
@@ -461,6 +475,15 @@ impl Core {
                 };
                 let _ = reply.send(out);
             }
+            RaftReq::RegisterGroup {
+                topic_hash,
+                group,
+                deadline,
+                reply,
+            } => {
+                let out = self.register_group(topic_hash, group, deadline).await;
+                let _ = reply.send(out);
+            }
             RaftReq::Membership { op, reply } => {
                 let out = self.membership(&op).await;
                 match &out {
@@ -472,6 +495,30 @@ impl Core {
                 let _ = reply.send(out);
             }
         }
+    }
+
+    async fn register_group(
+        self: &Rc<Self>,
+        topic_hash: u64,
+        group: String,
+        deadline: Instant,
+    ) -> Result<(), WriteError> {
+        self.leading_now()?;
+        let (store, g) = (self.store.clone(), group.clone());
+        let known = glommio::executor()
+            .spawn_blocking(move || store.has_group(topic_hash, &g))
+            .await
+            .map_err(|e| WriteError::Failed(e.to_string()))?;
+        if known {
+            return Ok(());
+        }
+        let cmd = encode_register_group(&RegisterGroup { topic_hash, group });
+        let core = Rc::clone(self);
+        let make = move || {
+            core.leading_now()?;
+            Ok(cmd.clone())
+        };
+        self.node.write_event(make, Ack::Quorum, deadline).await
     }
 
     fn not_leader_message(&self) -> String {

@@ -115,6 +115,14 @@ struct Dispatcher {
 }
 
 impl Dispatcher {
+    /// Applies a command; a consumer's registration first loads its topic's known groups.
+    async fn handle(&mut self, cmd: HubCmd) {
+        if let HubCmd::Register { sub, .. } = &cmd {
+            self.load_known_groups(&sub.topic).await;
+        }
+        self.apply(cmd);
+    }
+
     fn apply(&mut self, cmd: HubCmd) {
         match cmd {
             HubCmd::Register { sub, sink, reply } => {
@@ -148,6 +156,26 @@ impl Dispatcher {
                 if !committed {
                     self.metrics.delete_failures.fetch_add(1, Ordering::Relaxed);
                 }
+            }
+        }
+    }
+
+    /// Before the first consumer of a topic registers (after a restart, a leadership change,
+    /// or when every consumer had left), loads the topic's groups from the durable registry:
+    /// they are recipients even while away.
+    async fn load_known_groups(&mut self, topic: &str) {
+        if self.hub.topic_has_consumers(topic) {
+            return;
+        }
+        let store = self.store.store().clone();
+        let h = futureq_core::topic_hash(topic);
+        match glommio::executor()
+            .spawn_blocking(move || store.groups_of(h))
+            .await
+        {
+            Ok(groups) => self.hub.add_known_groups(topic, groups, now_ms()),
+            Err(e) => {
+                tracing::error!(target: "dispatcher", topic, error = %e, "cannot read the topic's consumer groups; groups away now may miss messages");
             }
         }
     }
@@ -274,7 +302,7 @@ pub async fn run(
     let mut stop_by: Option<Instant> = None;
     loop {
         while let Ok(cmd) = rx.try_recv() {
-            d.apply(cmd);
+            d.handle(cmd).await;
         }
         let scanned = d.pass().await;
         if Instant::now() >= next_flush || d.hub.pending_deletes() >= DELETE_FLUSH_EARLY {
@@ -331,13 +359,13 @@ pub async fn run(
         )
         .await;
         if let Some(cmd) = cmd {
-            d.apply(cmd);
+            d.handle(cmd).await;
         }
     }
     // Final flush: wait for a running one, then flush the rest (a few retries).
     for _ in 0..50 {
         while let Ok(cmd) = rx.try_recv() {
-            d.apply(cmd);
+            d.handle(cmd).await;
         }
         if !d.flushing && d.hub.pending_deletes() == 0 {
             break;
@@ -345,7 +373,7 @@ pub async fn run(
         d.start_flush();
         if d.flushing {
             if let Ok(cmd) = rx.recv_async().await {
-                d.apply(cmd);
+                d.handle(cmd).await;
             }
         } else {
             glommio::timer::sleep(Duration::from_millis(20)).await;

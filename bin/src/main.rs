@@ -96,6 +96,9 @@ fn main() {
     }
 }
 
+/// How long `futureq leave` follows leader redirects and waits out elections.
+const LEAVE_RETRY_FOR: Duration = Duration::from_secs(10);
+
 /// `futureq leave --seed`: asks the cluster (through `seed`, its leader) to remove this node
 /// from the event shard and then the metadata group.
 fn leave(settings: &Settings, seed: &str) -> anyhow::Result<()> {
@@ -105,16 +108,35 @@ fn leave(settings: &Settings, seed: &str) -> anyhow::Result<()> {
     };
     runtime::raise_memlock(1)?;
     let (node_id, seed_owned) = (c.node_id, seed.to_owned());
+    // A refusal that names the leader is retried there, and one while leadership settles
+    // (right after an election) a little later, for up to LEAVE_RETRY_FOR.
     let outcome = LocalExecutorBuilder::new(Placement::Unbound)
         .io_memory(runtime::IO_MEMORY_PER_EXECUTOR)
         .spawn(move || async move {
-            futureq_net::grpc::client::unary::<_, LeaveResponse>(
-                &seed_owned,
-                "/futureq.FutureQCluster/LeaveCluster",
-                &LeaveRequest { node_id },
-                Duration::from_secs(30),
-            )
-            .await
+            let until = std::time::Instant::now() + LEAVE_RETRY_FOR;
+            let mut target = seed_owned;
+            loop {
+                let r = futureq_net::grpc::client::unary::<_, LeaveResponse>(
+                    &target,
+                    "/futureq.FutureQCluster/LeaveCluster",
+                    &LeaveRequest { node_id },
+                    Duration::from_secs(30),
+                )
+                .await;
+                let retry = match &r {
+                    Ok(r) if !r.success && r.error_message.contains("not the cluster leader") => {
+                        if let Some(l) = r.error_message.split("leader: ").nth(1) {
+                            target = l.to_owned();
+                        }
+                        true
+                    }
+                    _ => false,
+                };
+                if !retry || std::time::Instant::now() >= until {
+                    return r;
+                }
+                glommio::timer::sleep(Duration::from_millis(200)).await;
+            }
         })
         .map_err(|e| anyhow::anyhow!("starting the client executor: {e}"))?
         .join()

@@ -295,3 +295,58 @@ async fn half_closed_subscriptions_keep_receiving_and_redeliver_unacked() {
     let again = sub.next(Duration::from_secs(5)).await.expect("redelivered");
     assert_eq!((again.delivery_tag, again.attempt), (m.delivery_tag, 2));
 }
+
+/// Issue 10.5: a group whose members all left still gets every message stored meanwhile,
+/// however fast another group acks — also across a kill -9, with the other group back first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_away_gets_every_message_stored_meanwhile() {
+    let mut b = Broker::start("delivery:\n  deleteBatchInterval: 10ms\n").await;
+    // Both groups subscribe once; then "late" leaves.
+    let late = Subscriber::open(b.channel().await, "owed", "late", 10).await;
+    let mut early = Subscriber::open(b.channel().await, "owed", "early", 100).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    drop(late);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut p = Publisher::open(b.channel().await).await;
+    let payloads: Vec<String> = (0..10).map(|i| format!("m{i}")).collect();
+    let ack = p
+        .publish(batch(
+            1,
+            QUORUM,
+            payloads.iter().map(|s| msg("owed", s, 0, 0)).collect(),
+        ))
+        .await;
+    assert!(ack.success, "{ack:?}");
+    let mut got = 0;
+    while got < 10 {
+        let m = early
+            .next(Duration::from_secs(5))
+            .await
+            .expect("early gets all");
+        early.ack(&m.delivery_tag, true);
+        got += 1;
+    }
+    // Let the acks' deletes (if any) commit, then crash.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(early);
+    b.kill9();
+    b.spawn().await;
+    // The other group is back first and acks whatever it gets (nothing: it acked them all).
+    let mut early = Subscriber::open(b.channel().await, "owed", "early", 100).await;
+    for m in early.drain(Duration::from_millis(300)).await {
+        early.ack(&m.delivery_tag, true);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut late = Subscriber::open(b.channel().await, "owed", "late", 100).await;
+    let mut owed: Vec<String> = late
+        .drain(Duration::from_millis(800))
+        .await
+        .into_iter()
+        .map(|m| String::from_utf8(m.payload).unwrap())
+        .collect();
+    owed.sort();
+    assert_eq!(
+        owed, payloads,
+        "group late got what was stored while it was away"
+    );
+}

@@ -3,7 +3,7 @@
 //!
 //! | bytes | field |
 //! |---|---|
-//! | 1 | tag: 1 = `StoreBatch` v1, 2 = `DeleteBatch` v1 |
+//! | 1 | tag: 1 = `StoreBatch` v1, 2 = `DeleteBatch` v1, 3 = `RegisterGroup` v1 |
 //! | 4 | archive length (u32 LE): the rest of the entry, exactly |
 //! | n | rkyv archive of the command |
 //!
@@ -26,6 +26,19 @@ use crate::key::{EventKey, KEY_LEN};
 pub const TAG_STORE_V1: u8 = 1;
 /// Tag of a v1 [`DeleteBatch`].
 pub const TAG_DELETE_V1: u8 = 2;
+/// Tag of a v1 [`RegisterGroup`].
+pub const TAG_REGISTER_GROUP_V1: u8 = 3;
+
+/// Records that a consumer group subscribed to a topic: from then on it is a recipient of
+/// every message of the topic, also while it has no members (durable registry).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct RegisterGroup {
+    /// Topic hash.
+    pub topic_hash: u64,
+    /// The group name.
+    pub group: String,
+}
 
 /// One message of a publish batch, ready to store on every replica.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -80,6 +93,8 @@ pub enum CommandRef<'a> {
     Store(&'a ArchivedStoreBatch),
     /// Delete keys.
     Delete(&'a ArchivedDeleteBatch),
+    /// Register a consumer group.
+    RegisterGroup(&'a ArchivedRegisterGroup),
 }
 
 /// Why entry bytes are not a command.
@@ -121,6 +136,18 @@ pub fn encode_delete(b: &DeleteBatch) -> Vec<u8> {
     )
 }
 
+/// Encodes a group registration.
+///
+/// # Panics
+/// Only if rkyv cannot serialize plain data (it always can).
+#[must_use]
+pub fn encode_register_group(r: &RegisterGroup) -> Vec<u8> {
+    frame(
+        TAG_REGISTER_GROUP_V1,
+        &rkyv::to_bytes::<RkyvError>(r).expect("serializing plain data"),
+    )
+}
+
 /// Validates entry bytes and returns the command, borrowed in place.
 ///
 /// # Errors
@@ -136,6 +163,9 @@ pub fn decode(bytes: &[u8]) -> Result<CommandRef<'_>, CommandError> {
             .map_err(|e| CommandError::Invalid(e.to_string())),
         TAG_DELETE_V1 => rkyv::access::<ArchivedDeleteBatch, RkyvError>(archive)
             .map(CommandRef::Delete)
+            .map_err(|e| CommandError::Invalid(e.to_string())),
+        TAG_REGISTER_GROUP_V1 => rkyv::access::<ArchivedRegisterGroup, RkyvError>(archive)
+            .map(CommandRef::RegisterGroup)
             .map_err(|e| CommandError::Invalid(e.to_string())),
         t => Err(CommandError::UnknownTag(t)),
     }
@@ -199,6 +229,15 @@ mod tests {
             let a = encode_store(&StoreBatch { items: vec![item.clone()] });
             let b = encode_store(&StoreBatch { items: vec![StoreItem { event_id: other_id, ..item }] });
             prop_assert_ne!(a, b);
+        }
+
+        #[test]
+        fn register_group_round_trips(topic_hash: u64, group in ".{0,40}") {
+            let r = RegisterGroup { topic_hash, group };
+            let enc = encode_register_group(&r);
+            let CommandRef::RegisterGroup(a) = decode(&enc).unwrap() else { panic!("register") };
+            prop_assert_eq!(a.topic_hash.to_native(), r.topic_hash);
+            prop_assert_eq!(a.group.as_str(), r.group.as_str());
         }
 
         #[test]

@@ -8,18 +8,28 @@
 //! # Delivery model
 //! - Each due message is offered once to every *recipient* of its topic: each consumer group
 //!   (one member, round-robin among members with room) and each universal consumer.
+//! - A group, once known for a topic (it subscribed there, or the durable registry says so:
+//!   [`Hub::add_known_groups`]), stays a recipient of every message of the topic while it has
+//!   no members: at-least-once per recipient, also for a group that reconnects later.
+//!   Universal consumers are recipients only while connected.
 //! - A message in memory is an *entry*; each recipient of an entry is pending (sent to one
-//!   consumer, with a deadline), waiting (needs a (re)delivery), acked, or dropped (its group
-//!   or universal consumer went away).
-//! - When every recipient is acked or dropped the entry ends: if anyone acked, the key goes to
-//!   the delete queue; if nobody did, the message is released and rescanned later.
+//!   consumer, with a deadline), waiting (needs a (re)delivery), acked, or dropped (its
+//!   universal consumer went away).
+//! - An entry ends when no recipient is pending and none that is connected waits: if every
+//!   group acked (and anyone acked at all), the key goes to the delete queue; if groups
+//!   without members still wait, the entry is *parked* — out of memory, with who acked it —
+//!   and the message stays stored for them; if nobody acked, it is released and rescanned.
+//! - A message whose only open recipients have no members never holds the topic's scan: the
+//!   scan passes it, and rewinds when such a group gets a member again.
 //! - NACK and in-flight timeout make that recipient waiting again (attempt + 1 on resend).
 //!
 //! # Invariants
 //! - A consumer never holds more than its `max_in_flight` unacknowledged deliveries.
 //! - A key that is in memory or pending deletion is never offered again by a scan.
 //! - A message is never delivered before it is due nor once its TTL has passed.
-//! - Memory per topic is bounded by [`Hub::entry_cap`], whatever the number of pending messages.
+//! - Memory per topic is bounded by [`Hub::entry_cap`], whatever the number of pending messages;
+//!   parked records are bounded by [`PARKED_MAX`] in all (beyond it entries stay in memory and
+//!   the entry cap holds the topic back: no loss).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -39,6 +49,9 @@ pub const SCAN_BATCH_MAX: usize = 1024;
 pub const SCAN_BYTES_MAX: usize = 8 << 20;
 /// Lower bound of a topic's entry cap, so a topic with small consumers still pipelines.
 pub const TOPIC_ENTRIES_MIN: usize = 1024;
+/// Most parked messages (acked by some recipients, waiting for groups without members) the
+/// hub remembers; beyond it such entries stay in memory under the topic's entry cap.
+pub const PARKED_MAX: usize = 1_000_000;
 
 /// One delivery of a message to a consumer.
 #[derive(Debug, Clone)]
@@ -187,6 +200,54 @@ struct Topic {
     /// Messages read ahead of their due instant, by (due, key); they count against the
     /// topic's entry cap.
     ahead: BTreeMap<(i64, EventKey), Arc<StoredMessage>>,
+    /// Parked messages: the recipients that acked them (the rest are groups without
+    /// members, which still get them).
+    parked: BTreeMap<EventKey, Vec<RecipientId>>,
+}
+
+impl Topic {
+    fn new(h: u64, now_ms: i64) -> Topic {
+        Topic {
+            groups: BTreeMap::new(),
+            universal: Vec::new(),
+            resume: EventKey::topic_start(h),
+            next_scan_ms: Some(now_ms),
+            waiting: VecDeque::new(),
+            entries: 0,
+            capacity: 0,
+            ahead: BTreeMap::new(),
+            parked: BTreeMap::new(),
+        }
+    }
+
+    /// Whether a recipient can be served at all now (a connected universal consumer, or a
+    /// group with members).
+    fn present(&self, r: &RecipientId) -> bool {
+        match r {
+            RecipientId::Universal(c) => self.universal.contains(c),
+            RecipientId::Group(g) => self.groups.get(g).is_some_and(|g| !g.members.is_empty()),
+        }
+    }
+
+    /// Every recipient of the topic's messages now: all known groups, connected universals.
+    fn recipients(&self) -> impl Iterator<Item = RecipientId> + '_ {
+        self.groups
+            .keys()
+            .map(|g| RecipientId::Group(g.clone()))
+            .chain(self.universal.iter().map(|u| RecipientId::Universal(*u)))
+    }
+}
+
+/// What [`Hub::dispatch_new`] did with a due message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dispatch {
+    /// Sent to at least one recipient.
+    Sent,
+    /// Nothing to do now (no connected recipient still needs it, or every one acked): the
+    /// scan goes on.
+    Passed,
+    /// Connected recipients need it but none has room: the scan stops here.
+    NoRoom,
 }
 
 struct Consumer<S> {
@@ -213,6 +274,8 @@ pub struct Hub<S> {
     deletes: DeleteQueue,
     next_consumer: u64,
     counters: HubCounters,
+    /// Parked records over all topics.
+    parked: usize,
 }
 
 impl<S: Sink> Hub<S> {
@@ -228,6 +291,40 @@ impl<S: Sink> Hub<S> {
             deletes: DeleteQueue::default(),
             next_consumer: 1,
             counters: HubCounters::default(),
+            parked: 0,
+        }
+    }
+
+    /// Messages parked for groups without members.
+    #[must_use]
+    pub fn parked(&self) -> usize {
+        self.parked
+    }
+
+    /// Whether the topic has a connected consumer (a universal one or a group member).
+    #[must_use]
+    pub fn topic_has_consumers(&self, topic: &str) -> bool {
+        self.topics.get(&topic_hash(topic)).is_some_and(|t| {
+            !t.universal.is_empty() || t.groups.values().any(|g| !g.members.is_empty())
+        })
+    }
+
+    /// Adds groups known for `topic` from the durable registry: recipients of its messages
+    /// even without members. Call it before the first consumer of a topic registers (after a
+    /// restart or a leadership change), so that no message is deleted before they got it.
+    pub fn add_known_groups(
+        &mut self,
+        topic: &str,
+        groups: impl IntoIterator<Item = String>,
+        now_ms: i64,
+    ) {
+        let h = topic_hash(topic);
+        let t = self
+            .topics
+            .entry(h)
+            .or_insert_with(|| Topic::new(h, now_ms));
+        for g in groups {
+            t.groups.entry(g).or_default();
         }
     }
 
@@ -267,24 +364,28 @@ impl<S: Sink> Hub<S> {
         let id = ConsumerId(self.next_consumer);
         self.next_consumer += 1;
         let h = topic_hash(&sub.topic);
-        let t = self.topics.entry(h).or_insert_with(|| Topic {
-            groups: BTreeMap::new(),
-            universal: Vec::new(),
-            resume: EventKey::topic_start(h),
-            next_scan_ms: Some(now_ms),
-            waiting: VecDeque::new(),
-            entries: 0,
-            capacity: 0,
-            ahead: BTreeMap::new(),
-        });
+        let t = self
+            .topics
+            .entry(h)
+            .or_insert_with(|| Topic::new(h, now_ms));
         if sub.group.is_empty() {
             t.universal.push(id);
         } else {
-            t.groups
-                .entry(sub.group.clone())
-                .or_default()
-                .members
-                .push(id);
+            let g = t.groups.entry(sub.group.clone()).or_default();
+            g.members.push(id);
+            if g.members.len() == 1 {
+                // The group was away: its waiting deliveries in memory can go out now.
+                let rid = RecipientId::Group(sub.group.clone());
+                for (k, e) in &self.entries {
+                    if k.topic_hash() == h
+                        && e.recipients
+                            .iter()
+                            .any(|r| r.id == rid && r.state == RState::Waiting)
+                    {
+                        t.waiting.push_back(*k);
+                    }
+                }
+            }
         }
         let max = sub.max_in_flight.max(1);
         t.capacity += max as usize;
@@ -305,7 +406,8 @@ impl<S: Sink> Hub<S> {
     }
 
     /// Removes a consumer. Its in-flight deliveries become due again at once (to its group's
-    /// other members); a group or universal consumer that is gone is dropped from entries.
+    /// other members); a universal consumer that is gone is dropped from entries, a group
+    /// without members stays a recipient (its messages wait for it).
     pub fn unregister(&mut self, id: ConsumerId, now_ms: i64) {
         let Some(c) = self.consumers.remove(&id) else {
             return;
@@ -318,15 +420,10 @@ impl<S: Sink> Hub<S> {
         let gone = if c.group.is_empty() {
             t.universal.retain(|u| *u != id);
             Some(RecipientId::Universal(id))
-        } else if let Some(g) = t.groups.get_mut(&c.group) {
-            g.members.retain(|m| *m != id);
-            if g.members.is_empty() {
-                t.groups.remove(&c.group);
-                Some(RecipientId::Group(c.group.clone()))
-            } else {
-                None
-            }
         } else {
+            if let Some(g) = t.groups.get_mut(&c.group) {
+                g.members.retain(|m| *m != id);
+            }
             None
         };
         for key in c.in_flight {
@@ -375,7 +472,7 @@ impl<S: Sink> Hub<S> {
             if t.groups.is_empty() && t.universal.is_empty() {
                 debug_assert_eq!(
                     t.entries, 0,
-                    "every entry ends when its topic has no consumers"
+                    "every entry ends when its topic has no recipients"
                 );
                 self.topics.remove(&h);
             }
@@ -402,6 +499,9 @@ impl<S: Sink> Hub<S> {
             if !t.ahead.is_empty() {
                 t.ahead.retain(|(_, k), _| !gone.contains(k));
             }
+        }
+        for key in keys {
+            self.unpark(*key);
         }
         for key in keys {
             if let Some(e) = self.entries.remove(key) {
@@ -468,25 +568,64 @@ impl<S: Sink> Hub<S> {
         outcome
     }
 
-    /// Ends `key`'s entry if no recipient is pending or waiting.
+    /// Forgets `key`'s parked record; returns the recipients it says acked.
+    fn unpark(&mut self, key: EventKey) -> Vec<RecipientId> {
+        match self
+            .topics
+            .get_mut(&key.topic_hash())
+            .and_then(|t| t.parked.remove(&key))
+        {
+            Some(acked) => {
+                self.parked -= 1;
+                acked
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// Ends `key`'s entry if no recipient is pending and no connected one waits: deletes it
+    /// when every group acked, parks it while groups without members still wait, releases it
+    /// when nobody acked.
     fn finish_if_done(&mut self, key: EventKey, now_ms: i64) {
-        let Some(e) = self.entries.get(&key) else {
+        let h = key.topic_hash();
+        let (Some(e), Some(t)) = (self.entries.get(&key), self.topics.get(&h)) else {
             return;
         };
-        let open = e
-            .recipients
-            .iter()
-            .any(|r| matches!(r.state, RState::Pending { .. } | RState::Waiting));
+        let open = e.recipients.iter().any(|r| match r.state {
+            RState::Pending { .. } => true,
+            RState::Waiting => t.present(&r.id),
+            RState::Acked | RState::Dropped => false,
+        });
         if open {
             return;
         }
-        let acked = e.recipients.iter().any(|r| r.state == RState::Acked);
+        let absent_waiting = e.recipients.iter().any(|r| r.state == RState::Waiting);
+        let acked_now: Vec<RecipientId> = e
+            .recipients
+            .iter()
+            .filter(|r| r.state == RState::Acked)
+            .map(|r| r.id.clone())
+            .collect();
+        let parked_before = t.parked.contains_key(&key);
+        if absent_waiting && !parked_before && !acked_now.is_empty() && self.parked >= PARKED_MAX {
+            // No room to remember who acked: keep the entry (the entry cap holds the topic).
+            return;
+        }
         let e = self.entries.remove(&key).expect("entry present");
         self.drop_entry_tracking(key, &e);
-        if acked {
+        let mut acked = self.unpark(key);
+        acked.extend(acked_now);
+        let t = self.topics.get_mut(&h).expect("checked above");
+        if absent_waiting {
+            if !acked.is_empty() {
+                t.parked.insert(key, acked);
+                self.parked += 1;
+            }
+            // Else nothing to remember: the message is found again when its group returns.
+        } else if !acked.is_empty() {
             // Capacity was checked when the ACK was accepted.
             let _ = self.deletes.push(key);
-        } else if let Some(t) = self.topics.get_mut(&key.topic_hash()) {
+        } else {
             // Nobody took it: leave it in storage and let the scan find it again.
             if key < t.resume {
                 t.resume = key;
@@ -621,7 +760,12 @@ impl<S: Sink> Hub<S> {
                 let mut left = false;
                 for ri in waiting {
                     if !self.try_deliver(key, ri, now_ms) {
-                        left = true;
+                        let t = &self.topics[&h];
+                        // A group without members is pushed again when one registers.
+                        left |= self.entries[&key]
+                            .recipients
+                            .get(ri)
+                            .is_some_and(|r| t.present(&r.id));
                     }
                 }
                 if left {
@@ -639,6 +783,7 @@ impl<S: Sink> Hub<S> {
         if let Some(e) = self.entries.remove(&key) {
             self.drop_entry_tracking(key, &e);
         }
+        self.unpark(key);
         if self.deletes.push(key).is_ok() {
             self.counters.expired += 1;
         }
@@ -707,6 +852,7 @@ impl<S: Sink> Hub<S> {
             }
             if msg.is_expired(now_ms) {
                 if self.deletes.push(key).is_ok() {
+                    self.unpark(key);
                     self.counters.expired += 1;
                 }
                 continue;
@@ -725,8 +871,8 @@ impl<S: Sink> Hub<S> {
                 stop = Some((key, due));
                 break;
             }
-            if !self.dispatch_new(h, key, msg, now_ms) {
-                // No recipient has room: retry from this key once one does.
+            if self.dispatch_new(h, key, msg, now_ms) == Dispatch::NoRoom {
+                // No recipient that needs it has room: retry from this key once one does.
                 stop = Some((key, now_ms));
                 break;
             }
@@ -757,35 +903,43 @@ impl<S: Sink> Hub<S> {
         }
     }
 
-    /// Creates the entry for a newly due message and sends it to every recipient with room.
-    /// Returns false (and creates nothing) when no recipient has room.
+    /// Creates the entry for a newly due message and sends it to every connected recipient
+    /// that has room and has not acked it (a parked message goes to the groups still owed it).
     fn dispatch_new(
         &mut self,
         h: u64,
         key: EventKey,
         msg: Arc<StoredMessage>,
         now_ms: i64,
-    ) -> bool {
+    ) -> Dispatch {
         let Some(t) = self.topics.get(&h) else {
-            return false;
+            return Dispatch::Passed;
         };
-        if !self.topic_has_room(t) {
-            return false;
+        let acked = t.parked.get(&key);
+        let open: Vec<RecipientId> = t
+            .recipients()
+            .filter(|r| acked.is_none_or(|a| !a.contains(r)))
+            .collect();
+        if open.iter().all(|r| !t.present(r)) {
+            if open.is_empty() {
+                // Every recipient acked it (a group was forgotten meanwhile): delete it.
+                if self.deletes.push(key).is_ok() {
+                    self.unpark(key);
+                }
+            }
+            return Dispatch::Passed;
         }
-        let mut recipients: Vec<Recipient> = t
-            .groups
-            .keys()
-            .map(|g| Recipient {
-                id: RecipientId::Group(g.clone()),
+        if !self.topic_has_room(t) {
+            return Dispatch::NoRoom;
+        }
+        let recipients: Vec<Recipient> = open
+            .into_iter()
+            .map(|id| Recipient {
+                id,
                 state: RState::Waiting,
                 attempts: 0,
             })
             .collect();
-        recipients.extend(t.universal.iter().map(|u| Recipient {
-            id: RecipientId::Universal(*u),
-            state: RState::Waiting,
-            attempts: 0,
-        }));
         let n = recipients.len();
         self.entries.insert(
             key,
@@ -796,24 +950,28 @@ impl<S: Sink> Hub<S> {
         );
         self.topics.get_mut(&h).expect("present").entries += 1;
         let mut sent = 0;
+        let mut unsent_present = false;
         for ri in 0..n {
             if self.try_deliver(key, ri, now_ms) {
                 sent += 1;
+            } else {
+                let t = &self.topics[&h];
+                unsent_present |= t.present(&self.entries[&key].recipients[ri].id);
             }
         }
         if sent == 0 {
             let e = self.entries.remove(&key).expect("just inserted");
             self.drop_entry_tracking(key, &e);
-            return false;
+            return Dispatch::NoRoom;
         }
-        if sent < n {
+        if unsent_present {
             self.topics
                 .get_mut(&h)
                 .expect("present")
                 .waiting
                 .push_back(key);
         }
-        true
+        Dispatch::Sent
     }
 
     /// The earliest instant the dispatcher has work: a scan, a waiting recipient with room, or
@@ -860,12 +1018,13 @@ impl<S: Sink> Hub<S> {
                 let ((due, key), msg) = entry.remove_entry();
                 if msg.is_expired(now_ms) {
                     if self.deletes.push(key).is_ok() {
+                        self.unpark(key);
                         self.counters.expired += 1;
                     }
                     continue;
                 }
                 // Its slot in the entry cap passes to the entry dispatch_new creates.
-                if !self.dispatch_new(h, key, Arc::clone(&msg), now_ms) {
+                if self.dispatch_new(h, key, Arc::clone(&msg), now_ms) == Dispatch::NoRoom {
                     if let Some(t) = self.topics.get_mut(&h) {
                         t.ahead.insert((due, key), msg);
                     }

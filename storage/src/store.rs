@@ -8,6 +8,7 @@
 //! | `indexes` | index key ([`futureq_core::IndexValue::index_key`]) · event key | () |
 //! | `expiry` | expires-at (u64 BE ms) · event key | () |
 //! | `meta` | name | u64 (`last-id`) |
+//! | `groups` | topic hash (u64 BE) · group name | () |
 //!
 //! Every method is blocking: call them only from the threads in [`crate::service`].
 
@@ -28,6 +29,8 @@ const MESSAGES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("messages")
 const INDEXES: TableDefinition<&[u8], ()> = TableDefinition::new("indexes");
 const EXPIRY: TableDefinition<&[u8], ()> = TableDefinition::new("expiry");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// The durable group registry: topic hash (u64 BE) · group name → ().
+const GROUPS: TableDefinition<&[u8], ()> = TableDefinition::new("groups");
 /// Opaque state of the replication layer (applied log id, membership), written with the
 /// data it describes.
 const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft-meta");
@@ -88,6 +91,13 @@ fn expiry_entry_key(k: &[u8]) -> EventKey {
     EventKey(e)
 }
 
+fn group_key(topic_hash: u64, group: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + group.len());
+    k.extend_from_slice(&topic_hash.to_be_bytes());
+    k.extend_from_slice(group.as_bytes());
+    k
+}
+
 fn index_entry(index_key: &[u8], key: &EventKey) -> Vec<u8> {
     let mut k = Vec::with_capacity(index_key.len() + KEY_LEN);
     k.extend_from_slice(index_key);
@@ -123,6 +133,7 @@ impl Store {
             txn.open_table(EXPIRY)?;
             txn.open_table(META)?;
             txn.open_table(RAFT_META)?;
+            txn.open_table(GROUPS)?;
         }
         txn.commit()?;
         Ok(Store { db: Arc::new(db) })
@@ -239,6 +250,54 @@ impl Store {
         Ok(out)
     }
 
+    /// The groups registered for a topic (see [`Store::register_group`]).
+    ///
+    /// # Errors
+    /// A storage error.
+    pub fn groups_of(&self, topic_hash: u64) -> Result<Vec<String>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let t = txn.open_table(GROUPS)?;
+        let start = topic_hash.to_be_bytes();
+        let mut out = Vec::new();
+        for r in t.range(start.as_slice()..)? {
+            let (k, _) = r?;
+            let k = k.value();
+            if k.get(..8) != Some(start.as_slice()) {
+                break;
+            }
+            out.push(String::from_utf8_lossy(&k[8..]).into_owned());
+        }
+        Ok(out)
+    }
+
+    /// Whether `group` is registered for the topic.
+    ///
+    /// # Errors
+    /// A storage error.
+    pub fn has_group(&self, topic_hash: u64, group: &str) -> Result<bool, StoreError> {
+        let txn = self.db.begin_read()?;
+        let t = txn.open_table(GROUPS)?;
+        Ok(t.get(group_key(topic_hash, group).as_slice())?.is_some())
+    }
+
+    /// Registers a consumer group for a topic, durably (standalone; in a cluster the
+    /// replicated command does it). Returns whether it was new.
+    ///
+    /// # Errors
+    /// A storage error.
+    pub fn register_group(&self, topic_hash: u64, group: &str) -> Result<bool, StoreError> {
+        if self.has_group(topic_hash, group)? {
+            return Ok(false);
+        }
+        let txn = self.begin_write(true)?;
+        let new = txn
+            .open_table(GROUPS)?
+            .insert(group_key(topic_hash, group).as_slice(), ())?
+            .is_none();
+        txn.commit()?;
+        Ok(new)
+    }
+
     /// The last applied Raft log id `(index, term)`, if any entry was applied.
     ///
     /// # Errors
@@ -336,6 +395,12 @@ impl Store {
                             out.deleted.push(key);
                         }
                     }
+                    CommandRef::RegisterGroup(r) => {
+                        txn.open_table(GROUPS)?.insert(
+                            group_key(r.topic_hash.to_native(), r.group.as_str()).as_slice(),
+                            (),
+                        )?;
+                    }
                 }
             }
             let mut meta = txn.open_table(META)?;
@@ -422,8 +487,8 @@ impl Store {
     ///
     /// Stream: magic `FQSNAP1\0`, applied index + 1 (0 = none), applied term, last-id (u64 LE
     /// each), then
-    /// records `table (u8: 1 messages, 2 indexes, 3 expiry) · key length (u32 LE) · key ·
-    /// value length (u32 LE) · value`, then a 0 byte.
+    /// records `table (u8: 1 messages, 2 indexes, 3 expiry, 4 raft meta, 5 groups) · key length
+    /// (u32 LE) · key · value length (u32 LE) · value`, then a 0 byte.
     ///
     /// # Errors
     /// Storage or write failure.
@@ -455,6 +520,10 @@ impl Store {
                 let (k, _) = r?;
                 write_record(w, id, k.value(), &[])?;
             }
+        }
+        for r in txn.open_table(GROUPS)?.range::<&[u8]>(..)? {
+            let (k, _) = r?;
+            write_record(w, 5, k.value(), &[])?;
         }
         let mut raft_meta = BTreeMap::new();
         for r in txn.open_table(RAFT_META)?.range::<&str>(..)? {
@@ -507,6 +576,8 @@ impl Store {
             t.expiry.retain(|_, _| false)?;
             let mut rm = txn.open_table(RAFT_META)?;
             rm.retain(|_, _| false)?;
+            let mut groups = txn.open_table(GROUPS)?;
+            groups.retain(|_, _| false)?;
             loop {
                 let mut id = [0u8; 1];
                 r.read_exact(&mut id)
@@ -525,6 +596,7 @@ impl Store {
                         .map(|_| ())?,
                     2 => t.indexes.insert(key.as_slice(), ()).map(|_| ())?,
                     3 => t.expiry.insert(key.as_slice(), ()).map(|_| ())?,
+                    5 if key.len() >= 8 => groups.insert(key.as_slice(), ()).map(|_| ())?,
                     4 => {
                         let k = std::str::from_utf8(&key)
                             .map_err(|_| bad("raft meta key is not UTF-8"))?;

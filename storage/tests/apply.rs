@@ -2,7 +2,10 @@
 //! replay-safe, ids and applied log id persisted with the data.
 
 use bytes::Bytes;
-use futureq_core::command::{encode_delete, encode_store, DeleteBatch, StoreBatch, StoreItem};
+use futureq_core::command::{
+    encode_delete, encode_register_group, encode_store, DeleteBatch, RegisterGroup, StoreBatch,
+    StoreItem,
+};
 use futureq_core::{bucket_of, topic_hash, EventKey, IndexValue, StoredMessage};
 use futureq_storage::{Refusal, Store, StoreError, StoreMode};
 
@@ -239,4 +242,46 @@ fn bad_snapshots_change_nothing() {
         .install_snapshot(&mut junk.as_slice(), Some((3, 1)))
         .is_err());
     assert_eq!((dst.counts().unwrap(), dst.applied().unwrap()), before);
+}
+
+/// The group registry is replicated (a command) and travels with snapshots.
+#[test]
+fn group_registrations_apply_and_travel_with_snapshots() {
+    let src = Store::open(&StoreMode::Memory).unwrap();
+    let reg = |g: &str| {
+        encode_register_group(&RegisterGroup {
+            topic_hash: topic_hash("t"),
+            group: g.into(),
+        })
+    };
+    let other = encode_register_group(&RegisterGroup {
+        topic_hash: topic_hash("u"),
+        group: "z".into(),
+    });
+    src.apply_entries(
+        &[
+            (1, 1, &reg("b")),
+            (2, 1, &reg("a")),
+            (3, 1, &reg("a")),
+            (4, 1, &other),
+        ],
+        &[],
+        false,
+    )
+    .unwrap();
+    assert_eq!(src.groups_of(topic_hash("t")).unwrap(), vec!["a", "b"]);
+    assert!(src.has_group(topic_hash("u"), "z").unwrap());
+    assert!(!src.has_group(topic_hash("u"), "a").unwrap());
+    let mut snap = Vec::new();
+    src.write_snapshot(&mut snap).unwrap();
+    let dst = Store::open(&StoreMode::Memory).unwrap();
+    assert!(dst.register_group(topic_hash("t"), "stale").unwrap());
+    assert!(
+        !dst.register_group(topic_hash("t"), "stale").unwrap(),
+        "idempotent"
+    );
+    dst.install_snapshot(&mut snap.as_slice(), Some((4, 1)))
+        .unwrap();
+    assert_eq!(dst.groups_of(topic_hash("t")).unwrap(), vec!["a", "b"]);
+    assert_eq!(dst.groups_of(topic_hash("u")).unwrap(), vec!["z"]);
 }

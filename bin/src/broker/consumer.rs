@@ -13,6 +13,7 @@ use futures::channel::oneshot;
 use futures_lite::future;
 
 use super::Ctx;
+use crate::cluster::RaftReq;
 use crate::dispatcher::{now_ms, ConsumerSink, HubCmd};
 
 /// Most queued deliveries written to the stream in one go.
@@ -73,6 +74,40 @@ fn not_leader(leader_addr: String, code: Code, message: &str) -> Status {
     }
 }
 
+/// Makes sure `group` is in the durable group registry of `topic` before its first member
+/// takes messages: from then on the group is owed every message of the topic, also across
+/// disconnects, restarts and failovers (standalone: a durable store commit; clustered: a
+/// replicated command, committed by a quorum).
+async fn register_group(ctx: &Ctx, topic: &str, group: &str) -> Result<(), String> {
+    let h = futureq_core::topic_hash(topic);
+    match &ctx.cluster {
+        None => {
+            let (store, g) = (ctx.store.store().clone(), group.to_owned());
+            glommio::executor()
+                .spawn_blocking(move || store.register_group(h, &g))
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        }
+        Some(c) => {
+            let (reply, rx) = oneshot::channel();
+            let req = RaftReq::RegisterGroup {
+                topic_hash: h,
+                group: group.to_owned(),
+                deadline: std::time::Instant::now() + ctx.settings.proposal_timeout,
+                reply,
+            };
+            c.tx.send_async(req)
+                .await
+                .map_err(|_| "the Raft core stopped".to_owned())?;
+            match rx.await {
+                Ok(r) => r.map_err(|e| e.to_string()),
+                Err(_) => Err("the Raft core stopped".to_owned()),
+            }
+        }
+    }
+}
+
 /// Serves one Subscribe stream.
 pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
     let init = match call.inbound.next::<ConsumerFrame>().await {
@@ -100,6 +135,15 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
             format!(
                 "SubscribeInit.topic is {} bytes, the limit is {TOPIC_LEN_MAX}",
                 init.topic.len()
+            ),
+        );
+    }
+    if init.group_id.len() > TOPIC_LEN_MAX {
+        return Status::new(
+            Code::InvalidArgument,
+            format!(
+                "SubscribeInit.group_id is {} bytes, the limit is {TOPIC_LEN_MAX}",
+                init.group_id.len()
             ),
         );
     }
@@ -132,6 +176,18 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
     } else {
         init.max_in_flight
     };
+    if !init.group_id.is_empty() {
+        if let Err(e) = register_group(ctx, &init.topic, &init.group_id).await {
+            tracing::warn!(target: "consumer", topic = %init.topic, group = %init.group_id, error = %e, "group registration failed");
+            return Status::new(
+                Code::Unavailable,
+                format!(
+                    "cannot register consumer group {:?} of topic {:?}: {e}",
+                    init.group_id, init.topic
+                ),
+            );
+        }
+    }
     let (tx, rx) = flume::bounded::<Delivery>(max_in_flight as usize);
     let (reply_tx, reply_rx) = oneshot::channel();
     let sub = Subscription {

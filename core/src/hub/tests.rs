@@ -304,6 +304,72 @@ fn released_message_waits_for_the_next_subscriber() {
     assert_eq!(b.take().len(), 1);
 }
 
+/// Issue 10.5: a group whose last member left still gets every message stored while it was
+/// away — also one it had in flight — however fast another group acks; and the away group
+/// never holds the topic's scan for the others.
+#[test]
+fn a_group_that_comes_back_gets_everything_it_missed() {
+    let mut hub = Hub::new(CFG);
+    let mut store = Store::default();
+    let (a, b) = (MemSink::new(), MemSink::new());
+    let ida = hub.register(&sub("t", "a", 100), a.clone(), 0);
+    let idb = hub.register(&sub("t", "b", 100), b.clone(), 0);
+    let first = store.put(1, msg("t", 0, 0, 0));
+    pass(&mut hub, &mut store, 1);
+    assert_eq!(b.take().len(), 1, "b has the first one in flight");
+    hub.unregister(idb, 2);
+    for id in 2..=50 {
+        let k = store.put(id, msg("t", 2, 0, 0));
+        hub.on_published(k);
+    }
+    // Group a takes and acks everything, several passes over the backlog.
+    for now in 3..10 {
+        pass(&mut hub, &mut store, now);
+        for d in a.take() {
+            assert_eq!(hub.ack(ida, d.key, true, now), AckOutcome::Acked);
+        }
+    }
+    assert_eq!(store.0.len(), 50, "nothing deleted while group b is away");
+    assert_eq!(hub.parked(), 50);
+    assert!(hub.entries.is_empty(), "parked messages leave memory");
+    // b comes back: it gets all 50, a gets nothing again; then everything is deleted.
+    let b2 = MemSink::new();
+    let idb2 = hub.register(&sub("t", "b", 100), b2.clone(), 10);
+    pass(&mut hub, &mut store, 10);
+    let got = b2.take();
+    assert_eq!(got.len(), 50);
+    assert!(got.iter().any(|d| d.key == first));
+    assert!(a.take().is_empty(), "a already acked them");
+    for d in got {
+        hub.ack(idb2, d.key, true, 11);
+    }
+    pass(&mut hub, &mut store, 12);
+    assert!(store.0.is_empty());
+    assert_eq!(hub.parked(), 0);
+}
+
+/// Known groups from the durable registry (after a restart or failover) are recipients
+/// before they reconnect.
+#[test]
+fn groups_from_the_registry_hold_messages_until_they_ack() {
+    let mut hub = Hub::new(CFG);
+    let mut store = Store::default();
+    hub.add_known_groups("t", ["late".to_owned()], 0);
+    let a = MemSink::new();
+    let ida = hub.register(&sub("t", "a", 10), a.clone(), 0);
+    let k = store.put(1, msg("t", 0, 0, 0));
+    hub.on_published(k);
+    pass(&mut hub, &mut store, 1);
+    let d = a.take().pop().unwrap();
+    hub.ack(ida, d.key, true, 2);
+    pass(&mut hub, &mut store, 3);
+    assert_eq!(store.0.len(), 1, "group late has not had it");
+    let l = MemSink::new();
+    hub.register(&sub("t", "late", 10), l.clone(), 4);
+    pass(&mut hub, &mut store, 4);
+    assert_eq!(l.take().len(), 1);
+}
+
 #[test]
 fn publish_behind_the_cursor_is_found() {
     let mut hub = Hub::new(CFG);
@@ -438,17 +504,27 @@ proptest! {
                 prop_assert!(hub.consumers[c].in_flight.len() <= *max as usize);
             }
         }
-        // With one universal consumer left and time passing, everything drains.
+        // Everyone leaves; then one consumer per group and a universal one come back, time
+        // passes, they ack everything: everything drains (groups got what was owed to them).
         for (c, s, _) in sinks.drain(..) { s.take(); hub.unregister(c, now); }
         prop_assert_eq!(hub.in_flight(), 0);
         prop_assert!(hub.entries.is_empty());
-        let s = MemSink::new();
-        let c = hub.register(&sub("t", "", 1000), s.clone(), now);
+        let back: Vec<(ConsumerId, MemSink)> = ["", "g", "h"]
+            .iter()
+            .map(|g| {
+                let s = MemSink::new();
+                (hub.register(&sub("t", g, 1000), s.clone(), now), s)
+            })
+            .collect();
         now += 10_000;
-        pass(&mut hub, &mut store, now);
-        for d in s.take() { hub.ack(c, d.key, true, now); }
-        pass(&mut hub, &mut store, now + 1);
-        pass(&mut hub, &mut store, now + 2);
+        for step in 0..3 {
+            pass(&mut hub, &mut store, now + step);
+            for (c, s) in &back {
+                for d in s.take() { hub.ack(*c, d.key, true, now + step); }
+            }
+        }
+        pass(&mut hub, &mut store, now + 3);
         prop_assert!(store.0.is_empty(), "left: {:?}", store.0.keys().collect::<Vec<_>>());
+        prop_assert_eq!(hub.parked(), 0);
     }
 }
