@@ -25,7 +25,7 @@ use futureq_core::command::{
 use futureq_core::metadata::{ClusterView, Member, MetaCommand, NodeAddr, ShardTopology};
 use futureq_core::{AckLevel, EventKey};
 use futureq_net::Shutdown;
-use futureq_raft::node::{Ack, Forward, Leadership, Node, NodeConfig, WriteError};
+use futureq_raft::node::{Ack, Forward, Leadership, Node, NodeConfig, Standing, WriteError};
 use futureq_storage::Store;
 use futures::channel::oneshot;
 use futures_lite::future;
@@ -49,6 +49,10 @@ const CATCH_UP_DEADLINE: Duration = Duration::from_secs(30);
 const JOIN_TIMEOUT: Duration = Duration::from_secs(60);
 /// Catch-up polling interval.
 const CATCH_UP_POLL: Duration = Duration::from_millis(500);
+/// Attempts to finish an unfinished join after a restart.
+const REJOIN_ATTEMPTS: u32 = 30;
+/// Pause between them.
+const REJOIN_PAUSE: Duration = Duration::from_secs(2);
 
 /// A request from an ingress core to the Raft core.
 pub enum RaftReq {
@@ -215,9 +219,9 @@ struct Core {
 }
 
 /// Starts the node: opens the logs, starts both groups and the peer listener, bootstraps
-/// from `cluster.raft.initialMembers` or joins through `cluster.joinSeeds` (a restart with
-/// local Raft data does neither); a failed bootstrap or join wipes the Raft data so the next
-/// start retries cleanly. Returns once the node runs; [`serve`] then
+/// from `cluster.raft.initialMembers` (idempotent: only groups not yet initialized) or joins
+/// through `cluster.joinSeeds` (a restart with local Raft data finishes an unfinished join in
+/// the background). Raft data is never wiped. Returns once the node runs; [`serve`] then
 /// drives it.
 ///
 /// # Errors
@@ -249,24 +253,49 @@ pub async fn start(
     let node = Node::start(&node_cfg, store, on_applied)
         .await
         .map_err(|e| e.to_string())?;
+    // Never wipe Raft data here: once a bootstrap or join may have begun, other nodes may
+    // count this one as a member (its vote and log are part of their quorums). Bootstrap and
+    // join are idempotent instead, and a start with local data finishes what is missing.
     let restart = node.has_state().await;
     if restart {
         tracing::info!(target: "raft", node = cfg.node_id, "restarting with local Raft data");
-    } else if !cfg.initial_members.is_empty() {
+    }
+    if !cfg.initial_members.is_empty() {
+        // Initializes the groups that are not yet (an aborted bootstrap left one behind).
         if let Err(e) = node.bootstrap(&cfg.initial_members).await {
             node.shutdown().await;
-            wipe(&cfg.data_dir);
-            return Err(format!(
-                "bootstrap failed (Raft data wiped so the next start retries): {e}"
-            ));
+            return Err(format!("bootstrap failed: {e}"));
         }
     } else if cfg.join_seeds.is_empty() {
-        node.shutdown().await;
-        return Err("a fresh cluster node needs cluster.raft.initialMembers or cluster.joinSeeds (or --join)".into());
-    } else if let Err(e) = join(cfg, grpc_advertise).await {
-        node.shutdown().await;
-        wipe(&cfg.data_dir);
-        return Err(e);
+        if !restart {
+            node.shutdown().await;
+            return Err("a fresh cluster node needs cluster.raft.initialMembers or cluster.joinSeeds (or --join)".into());
+        }
+    } else if !restart {
+        if let Err(e) = join(cfg, grpc_advertise).await {
+            node.shutdown().await;
+            return Err(format!(
+                "{e} (this node's Raft data in {} is kept: the next start asks again)",
+                cfg.data_dir.display()
+            ));
+        }
+    } else if node.standing(cfg.node_id) != (Standing::Voter, Standing::Voter) {
+        // A join that did not finish (its reply was lost, or this node stopped mid-join):
+        // ask again in the background; the leader does only the missing steps.
+        let (cfg, advertise, node2) = (cfg.clone(), grpc_advertise.to_owned(), node.clone());
+        glommio::spawn_local(async move {
+            for attempt in 1..=REJOIN_ATTEMPTS {
+                if node2.standing(cfg.node_id) == (Standing::Voter, Standing::Voter) {
+                    return;
+                }
+                match join(&cfg, &advertise).await {
+                    Ok(()) => return,
+                    Err(e) => tracing::warn!(target: "raft", attempt, error = %e, "finishing the join failed; retrying"),
+                }
+                glommio::timer::sleep(REJOIN_PAUSE).await;
+            }
+        })
+        .detach();
     }
     Ok(node)
 }
@@ -315,12 +344,6 @@ async fn join(cfg: &ClusterSettings, grpc_advertise: &str) -> Result<(), String>
     Err(format!(
         "failed to join cluster: all seeds exhausted (last: {last})"
     ))
-}
-
-fn wipe(dir: &std::path::Path) {
-    for sub in ["event", "meta"] {
-        let _ = std::fs::remove_dir_all(dir.join(sub));
-    }
 }
 
 /// Drives the node until shutdown: leadership tracking, id assignment, the metadata
@@ -535,27 +558,41 @@ impl Core {
         let fmt = |what: &str, e: WriteError| format!("{what}: {e}");
         match op {
             MembershipOp::Join { node_id, raft_addr } => {
+                // Idempotent: a retried join (its reply was lost, or the node restarted
+                // mid-join) does only the steps still missing.
                 if self.leading_now().is_err() {
                     return Err(self.not_leader_message());
                 }
+                let (event, meta) = self.node.standing(*node_id);
                 let learner = Forward::AddLearner(*node_id, raft_addr.clone());
-                self.node
-                    .meta_request(learner.clone(), deadline())
-                    .await
-                    .map_err(|e| fmt("adding it to the metadata group", e))?;
-                self.node
-                    .event_request(learner, deadline())
-                    .await
-                    .map_err(|e| fmt("adding it to the event shard", e))?;
-                self.wait_caught_up(*node_id).await?;
-                self.node
-                    .meta_request(Forward::AddVoter(*node_id), deadline())
-                    .await
-                    .map_err(|e| fmt("promoting it in the metadata group", e))?;
-                self.node
-                    .event_request(Forward::AddVoter(*node_id), deadline())
-                    .await
-                    .map_err(|e| fmt("promoting it in the event shard", e))
+                if meta == Standing::Absent {
+                    self.node
+                        .meta_request(learner.clone(), deadline())
+                        .await
+                        .map_err(|e| fmt("adding it to the metadata group", e))?;
+                }
+                if event == Standing::Absent {
+                    self.node
+                        .event_request(learner, deadline())
+                        .await
+                        .map_err(|e| fmt("adding it to the event shard", e))?;
+                }
+                if event != Standing::Voter {
+                    self.wait_caught_up(*node_id).await?;
+                }
+                if meta != Standing::Voter {
+                    self.node
+                        .meta_request(Forward::AddVoter(*node_id), deadline())
+                        .await
+                        .map_err(|e| fmt("promoting it in the metadata group", e))?;
+                }
+                if event != Standing::Voter {
+                    self.node
+                        .event_request(Forward::AddVoter(*node_id), deadline())
+                        .await
+                        .map_err(|e| fmt("promoting it in the event shard", e))?;
+                }
+                Ok(())
             }
             MembershipOp::Leave { node_id } => {
                 if self.leading_now().is_err() {

@@ -10,8 +10,8 @@ use common::{batch, msg, Broker, Publisher, Subscriber};
 use futureq_bench::pb::future_q_cluster_client::FutureQClusterClient;
 use futureq_bench::pb::future_q_consumer_client::FutureQConsumerClient;
 use futureq_bench::pb::{
-    consumer_frame, ClusterInfoRequest, ClusterInfoResponse, ConsumerFrame, LeaveRequest,
-    SubscribeInit,
+    consumer_frame, ClusterInfoRequest, ClusterInfoResponse, ConsumerFrame, JoinRequest,
+    LeaveRequest, SubscribeInit,
 };
 
 /// rtt 50 ms: election timeout 500–750 ms (the leader lease is the maximum).
@@ -444,6 +444,26 @@ async fn a_new_node_joins_from_a_snapshot_and_leaves_again() {
     let new = c.join(follower, raft).await;
     let info = c.wait_topology(leader, 4).await;
     assert!(info.nodes.iter().all(|n| n.is_voter), "{info:?}");
+    // Issue 10.6: a join is idempotent: asked again (as after a lost reply), it succeeds and
+    // changes nothing.
+    let me = info
+        .nodes
+        .iter()
+        .find(|n| n.node_id == new as u64 + 1)
+        .unwrap()
+        .clone();
+    let r = FutureQClusterClient::new(c.nodes[leader].channel().await)
+        .join_cluster(JoinRequest {
+            node_id: me.node_id,
+            raft_address: me.raft_address.clone(),
+            grpc_address: me.address.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.success, "{r:?}");
+    let again = c.wait_topology(leader, 4).await;
+    assert!(again.nodes.iter().all(|n| n.is_voter), "{again:?}");
     let target = c.nodes[leader].metric("futureq_raft_applied_index").await;
     c.wait_applied(new, target, Duration::from_secs(10)).await;
     assert!(

@@ -170,6 +170,17 @@ pub struct Leadership {
     pub alive: Option<BTreeSet<u64>>,
 }
 
+/// Where a node stands in a group's membership.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// Not a member.
+    Absent,
+    /// A non-voting member.
+    Learner,
+    /// A voter.
+    Voter,
+}
+
 /// A request forwarded to a group's leader over the peer link.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Forward {
@@ -896,6 +907,28 @@ impl Node {
     #[must_use]
     pub fn refused_entries(&self) -> u64 {
         self.event_sm.refused_entries()
+    }
+
+    /// Where `node` stands in each group's membership as this node knows it:
+    /// `(event shard, metadata group)`.
+    #[must_use]
+    pub fn standing(&self, node: u64) -> (Standing, Standing) {
+        fn of<SM: openraft::storage::RaftStateMachine<TypeConfig>>(
+            raft: &openraft::Raft<TypeConfig, SM>,
+            node: u64,
+        ) -> Standing {
+            let m = raft.metrics();
+            let m = m.borrow_watched();
+            let membership = m.membership_config.membership();
+            if membership.voter_ids().any(|v| v == node) {
+                Standing::Voter
+            } else if membership.get_node(&node).is_some() {
+                Standing::Learner
+            } else {
+                Standing::Absent
+            }
+        }
+        (of(&self.event, node), of(&self.meta, node))
     }
 
     /// The event shard's last log index (0 for an empty log).
