@@ -62,7 +62,15 @@ pub fn handler(ctx: Rc<Ctx>) -> Handler {
                 | "/futureq.FutureQCluster/LeaveCluster"
                 | "/futureq.FutureQCluster/JoinMetadata"
                 | "/futureq.FutureQCluster/LeaveMetadata" => match &ctx.cluster {
-                    Some(c) => cluster::membership(c, call, out).await,
+                    Some(c) => {
+                        let secret = ctx
+                            .settings
+                            .cluster
+                            .as_ref()
+                            .map(|c| c.secret.clone())
+                            .unwrap_or_default();
+                        cluster::membership(c, &secret, call, out).await
+                    }
                     None => cluster::standalone_membership(call).await,
                 },
                 "/grpc.health.v1.Health/Check" => cluster::health_check(&ctx, call, out).await,

@@ -240,7 +240,11 @@ pub async fn start(
         rtt: cfg.rtt,
         snapshot_entries: cfg.snapshot_entries,
         compaction_overhead: cfg.compaction_overhead,
+        secret: cfg.secret.clone(),
     };
+    if cfg.secret.is_open() {
+        tracing::warn!(target: "raft", "cluster.secret is not set: anyone who reaches cluster.raft.listen or the gRPC port can join nodes, remove them or talk Raft to this node; set cluster.secret (or cluster.secretFile) on every node");
+    }
     let on_applied: futureq_raft::state_machine::OnApplied =
         Rc::new(move |published: &[EventKey], deleted: &[EventKey]| {
             if !published.is_empty() {
@@ -300,6 +304,22 @@ pub async fn start(
     Ok(node)
 }
 
+/// gRPC header carrying the cluster secret on membership RPCs.
+pub const SECRET_HEADER: &str = "futureq-cluster-secret";
+
+/// The request headers that carry `secret` (none when there is no secret).
+#[must_use]
+pub fn secret_header(secret: &futureq_net::peer_link::PeerSecret) -> Vec<(&'static str, &str)> {
+    if secret.is_open() {
+        Vec::new()
+    } else {
+        vec![(
+            SECRET_HEADER,
+            std::str::from_utf8(secret.bytes()).unwrap_or_default(),
+        )]
+    }
+}
+
 /// Asks the seeds, in order, to add this node (JoinCluster); a refusal that names the leader
 /// is retried there once. The leader adds it as a learner, waits for it to catch up (this
 /// node's groups already run and receive the log or a snapshot), then promotes it.
@@ -317,10 +337,11 @@ async fn join(cfg: &ClusterSettings, grpc_advertise: &str) -> Result<(), String>
         let seed = seeds[i].clone();
         i += 1;
         tracing::info!(target: "raft", %seed, "asking to join the cluster");
-        match futureq_net::grpc::client::unary::<_, JoinResponse>(
+        match futureq_net::grpc::client::unary_with_headers::<_, JoinResponse>(
             &seed,
             "/futureq.FutureQCluster/JoinCluster",
             &req,
+            &secret_header(&cfg.secret),
             JOIN_TIMEOUT,
         )
         .await

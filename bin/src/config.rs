@@ -2,6 +2,8 @@
 //! into typed [`Settings`]. Unknown keys are errors; every error names its key.
 
 use std::collections::{BTreeMap, BTreeSet};
+
+use futureq_net::peer_link::PeerSecret;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -61,6 +63,8 @@ pub struct Cluster {
     pub node_id: u64,
     pub shard_id: u64,
     pub join_seeds: Vec<String>,
+    pub secret: String,
+    pub secret_file: String,
     pub raft: Raft,
 }
 
@@ -163,6 +167,8 @@ impl Default for Config {
                 node_id: 1,
                 shard_id: 1,
                 join_seeds: Vec::new(),
+                secret: String::new(),
+                secret_file: String::new(),
                 raft: Raft {
                     listen: "0.0.0.0:50005".into(),
                     advertise: String::new(),
@@ -320,6 +326,8 @@ pub struct ClusterSettings {
     pub rtt: Duration,
     pub snapshot_entries: u64,
     pub compaction_overhead: u64,
+    /// `cluster.secret` or the contents of `cluster.secretFile` (empty = none).
+    pub secret: PeerSecret,
 }
 
 /// A `host:port` other nodes or clients can dial (no wildcard address).
@@ -579,6 +587,36 @@ impl Config {
         for s in &c.join_seeds {
             dialable("cluster.joinSeeds", s)?;
         }
+        let secret_key = if c.secret_file.is_empty() {
+            "cluster.secret"
+        } else {
+            "cluster.secretFile"
+        };
+        let secret = match (c.secret.is_empty(), c.secret_file.is_empty()) {
+            (_, true) => c.secret.clone(),
+            (true, false) => {
+                let text = std::fs::read_to_string(&c.secret_file).or_else(|e| {
+                    err(
+                        "cluster.secretFile",
+                        format!("cannot read {:?}: {e}", c.secret_file),
+                    )
+                })?;
+                let text = text.trim_end_matches(['\n', '\r']).to_owned();
+                if text.is_empty() {
+                    return err(
+                        "cluster.secretFile",
+                        format!("{:?} is empty", c.secret_file),
+                    );
+                }
+                text
+            }
+            (false, false) => {
+                return err(
+                    "cluster.secretFile",
+                    "cluster.secret and cluster.secretFile cannot both be set",
+                )
+            }
+        };
         Ok(ClusterSettings {
             node_id: c.node_id,
             shard_id: c.shard_id,
@@ -590,6 +628,16 @@ impl Config {
             rtt,
             snapshot_entries: c.raft.snapshot_entries,
             compaction_overhead: c.raft.compaction_overhead,
+            secret: {
+                // It travels in a gRPC header: visible ASCII only.
+                if secret.len() > 1024 || !secret.bytes().all(|b| b.is_ascii_graphic()) {
+                    return err(
+                        secret_key,
+                        "must be at most 1024 visible ASCII characters (no spaces)",
+                    );
+                }
+                PeerSecret::new(secret.as_bytes())
+            },
         })
     }
 }
@@ -864,6 +912,40 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("nodeId"), "{e}");
+    }
+
+    /// Issue 10.9: the cluster secret, inline or from a file, never both.
+    #[test]
+    fn cluster_secret_inline_or_from_a_file() {
+        let base = "configVersion: 1\napi:\n  grpc:\n    advertise: 127.0.0.1:8443\ncluster:\n  enabled: true\n  nodeId: 1\n  raft:\n    advertise: 127.0.0.1:50005\n    initialMembers: {1: \"127.0.0.1:50005\"}\n";
+        let open = load_str(base, &no_env()).unwrap().cluster.unwrap();
+        assert!(open.secret.is_open());
+        let inline = load_str(
+            &base.replace("  nodeId: 1\n", "  nodeId: 1\n  secret: s3cret\n"),
+            &no_env(),
+        )
+        .unwrap()
+        .cluster
+        .unwrap();
+        assert!(inline.secret.matches(b"s3cret"));
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("secret");
+        std::fs::write(&f, "from-file\n").unwrap();
+        let with_file = base.replace(
+            "  nodeId: 1\n",
+            &format!("  nodeId: 1\n  secretFile: {}\n", f.display()),
+        );
+        let c = load_str(&with_file, &no_env()).unwrap().cluster.unwrap();
+        assert!(c.secret.matches(b"from-file"));
+        let both = with_file.replace("  nodeId: 1\n", "  nodeId: 1\n  secret: x\n");
+        let e = load_str(&both, &no_env()).unwrap_err().to_string();
+        assert!(e.contains("cannot both be set"), "{e}");
+        let missing = base.replace(
+            "  nodeId: 1\n",
+            "  nodeId: 1\n  secretFile: /nonexistent/s\n",
+        );
+        let e = load_str(&missing, &no_env()).unwrap_err().to_string();
+        assert!(e.starts_with("cluster.secretFile:"), "{e}");
     }
 
     /// Issue 10.3: a memory store cannot back a Raft replica.

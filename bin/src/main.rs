@@ -107,7 +107,7 @@ fn leave(settings: &Settings, seed: &str) -> anyhow::Result<()> {
         bail!("leave needs a clustered node (cluster.enabled: true); this node runs standalone");
     };
     runtime::raise_memlock(1)?;
-    let (node_id, seed_owned) = (c.node_id, seed.to_owned());
+    let (node_id, seed_owned, secret) = (c.node_id, seed.to_owned(), c.secret.clone());
     // A refusal that names the leader is retried there, and one while leadership settles
     // (right after an election) a little later, for up to LEAVE_RETRY_FOR.
     let outcome = LocalExecutorBuilder::new(Placement::Unbound)
@@ -116,10 +116,11 @@ fn leave(settings: &Settings, seed: &str) -> anyhow::Result<()> {
             let until = std::time::Instant::now() + LEAVE_RETRY_FOR;
             let mut target = seed_owned;
             loop {
-                let r = futureq_net::grpc::client::unary::<_, LeaveResponse>(
+                let r = futureq_net::grpc::client::unary_with_headers::<_, LeaveResponse>(
                     &target,
                     "/futureq.FutureQCluster/LeaveCluster",
                     &LeaveRequest { node_id },
+                    &cluster::secret_header(&secret),
                     Duration::from_secs(30),
                 )
                 .await;

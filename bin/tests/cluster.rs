@@ -14,6 +14,8 @@ use futureq_bench::pb::{
     LeaveRequest, SubscribeInit,
 };
 
+/// Every test cluster's `cluster.secret`.
+const SECRET: &str = "test-cluster-secret";
 /// rtt 50 ms: election timeout 500–750 ms (the leader lease is the maximum).
 const RTT_MS: u64 = 50;
 /// A new leader must serve within two election timeouts (plus slack for a loaded machine).
@@ -38,7 +40,7 @@ fn node_yaml_deletes(
     delete_interval: &str,
 ) -> String {
     format!(
-        "cluster:\n  enabled: true\n  nodeId: {id}\n{membership}  raft:\n    listen: {raft_addr}\n    advertise: {raft_addr}\n    dataDir: {dir}\n    rtt: {RTT_MS}ms\n{extra}api:\n  grpc:\n    advertise: 127.0.0.1:{grpc}\ndelivery:\n  deleteBatchInterval: {delete_interval}\npublish:\n  minAckLevel: noAck\n",
+        "cluster:\n  enabled: true\n  nodeId: {id}\n  secret: {SECRET}\n{membership}  raft:\n    listen: {raft_addr}\n    advertise: {raft_addr}\n    dataDir: {dir}\n    rtt: {RTT_MS}ms\n{extra}api:\n  grpc:\n    advertise: 127.0.0.1:{grpc}\ndelivery:\n  deleteBatchInterval: {delete_interval}\npublish:\n  minAckLevel: noAck\n",
         dir = b.dir.path().join("raft").display(),
         grpc = b.grpc_port,
     )
@@ -444,6 +446,22 @@ async fn a_new_node_joins_from_a_snapshot_and_leaves_again() {
     let new = c.join(follower, raft).await;
     let info = c.wait_topology(leader, 4).await;
     assert!(info.nodes.iter().all(|n| n.is_voter), "{info:?}");
+    // Issue 10.9: membership RPCs need the cluster secret.
+    let mut cc = FutureQClusterClient::new(c.nodes[leader].channel().await);
+    for secret in [None, Some("wrong")] {
+        let mut req = tonic::Request::new(LeaveRequest {
+            node_id: new as u64 + 1,
+        });
+        if let Some(s) = secret {
+            req.metadata_mut()
+                .insert("futureq-cluster-secret", s.parse().unwrap());
+        }
+        let st = cc
+            .leave_cluster(req)
+            .await
+            .expect_err("no secret, no leave");
+        assert_eq!(st.code(), tonic::Code::Unauthenticated, "{st:?}");
+    }
     // Issue 10.6: a join is idempotent: asked again (as after a lost reply), it succeeds and
     // changes nothing.
     let me = info
@@ -452,12 +470,15 @@ async fn a_new_node_joins_from_a_snapshot_and_leaves_again() {
         .find(|n| n.node_id == new as u64 + 1)
         .unwrap()
         .clone();
+    let mut join = tonic::Request::new(JoinRequest {
+        node_id: me.node_id,
+        raft_address: me.raft_address.clone(),
+        grpc_address: me.address.clone(),
+    });
+    join.metadata_mut()
+        .insert("futureq-cluster-secret", SECRET.parse().unwrap());
     let r = FutureQClusterClient::new(c.nodes[leader].channel().await)
-        .join_cluster(JoinRequest {
-            node_id: me.node_id,
-            raft_address: me.raft_address.clone(),
-            grpc_address: me.address.clone(),
-        })
+        .join_cluster(join)
         .await
         .unwrap()
         .into_inner();
@@ -513,11 +534,11 @@ async fn a_new_node_joins_from_a_snapshot_and_leaves_again() {
 
     // Membership changes sent to a follower are refused with the leader's address.
     let mut cl = FutureQClusterClient::new(c.nodes[follower].channel().await);
-    let r = cl
-        .leave_cluster(LeaveRequest { node_id: 99 })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut leave = tonic::Request::new(LeaveRequest { node_id: 99 });
+    leave
+        .metadata_mut()
+        .insert("futureq-cluster-secret", SECRET.parse().unwrap());
+    let r = cl.leave_cluster(leave).await.unwrap().into_inner();
     assert!(!r.success);
     assert!(
         r.error_message.contains(&format!(

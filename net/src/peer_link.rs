@@ -8,6 +8,9 @@
 //!   own cap, reset by a connection that succeeds); requests in flight on a broken
 //!   connection fail at once.
 //! - Every wait is bounded: queues by [`PEER_QUEUE_MAX`], calls by their timeout.
+//! - A client opens each connection with a [`KIND_HELLO`] frame carrying the cluster secret;
+//!   a server with a secret closes a connection whose first frame does not carry it (the
+//!   secret travels in the clear until links get TLS).
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -34,6 +37,56 @@ pub const RECONNECT_MIN: Duration = Duration::from_millis(50);
 pub const RECONNECT_MAX: Duration = Duration::from_secs(1);
 /// Bytes read from the socket at a time.
 const READ_CHUNK: usize = 64 << 10;
+/// Kind of the first frame a client sends on a connection: the cluster secret. Never handed
+/// to the request handler.
+pub const KIND_HELLO: u8 = 0xF0;
+
+/// The shared cluster secret (`cluster.secret`); empty = links are open to anyone.
+#[derive(Clone, Default)]
+pub struct PeerSecret(std::sync::Arc<[u8]>);
+
+impl std::fmt::Debug for PeerSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.is_open() {
+            "PeerSecret(none)"
+        } else {
+            "PeerSecret(..)"
+        })
+    }
+}
+
+impl PeerSecret {
+    /// A secret (empty = none).
+    #[must_use]
+    pub fn new(secret: &[u8]) -> Self {
+        PeerSecret(secret.into())
+    }
+
+    /// No secret: every connection is taken.
+    #[must_use]
+    pub fn is_open(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The secret's bytes.
+    #[must_use]
+    pub fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    /// Whether `offered` is the secret, compared in constant time (for equal lengths).
+    #[must_use]
+    pub fn matches(&self, offered: &[u8]) -> bool {
+        if offered.len() != self.0.len() {
+            return false;
+        }
+        offered
+            .iter()
+            .zip(self.0.iter())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
+    }
+}
 
 /// Why a call failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -77,11 +130,12 @@ fn spawn_writer(
     tx
 }
 
-/// Reads frames from `r` until EOF, an error or a malformed frame, calling `on_frame`.
+/// Reads frames from `r` until EOF, an error, a malformed frame, or `on_frame` returning
+/// false, calling `on_frame`.
 async fn read_frames(
     mut r: impl futures_lite::AsyncRead + Unpin,
     max_frame: usize,
-    mut on_frame: impl FnMut(PeerFrame),
+    mut on_frame: impl FnMut(PeerFrame) -> bool,
 ) {
     let mut dec = PeerFrameDecoder::new(max_frame);
     let mut buf = vec![0u8; READ_CHUNK];
@@ -93,7 +147,11 @@ async fn read_frames(
         dec.push(&buf[..n]);
         loop {
             match dec.decode() {
-                Ok(Some(f)) => on_frame(f),
+                Ok(Some(f)) => {
+                    if !on_frame(f) {
+                        return;
+                    }
+                }
                 Ok(None) => break,
                 Err(e) => {
                     tracing::warn!(target: "net.peer", error = %e, "closing peer connection on a bad frame");
@@ -104,24 +162,50 @@ async fn read_frames(
     }
 }
 
-/// Serves peer requests on `listener` until `shutdown`.
+/// Serves peer requests on `listener` until `shutdown`; with a `secret`, only on connections
+/// that open with it.
 pub async fn serve_peers(
     listener: TcpListener,
     handler: PeerHandler,
     max_frame: usize,
+    secret: PeerSecret,
     shutdown: Shutdown,
 ) {
     crate::listener::accept_until(&listener, &shutdown, "net.peer", |stream| {
-        glommio::spawn_local(serve_conn(stream, Rc::clone(&handler), max_frame)).detach();
+        glommio::spawn_local(serve_conn(
+            stream,
+            Rc::clone(&handler),
+            max_frame,
+            secret.clone(),
+        ))
+        .detach();
     })
     .await;
 }
 
-async fn serve_conn(stream: TcpStream, handler: PeerHandler, max_frame: usize) {
+async fn serve_conn(stream: TcpStream, handler: PeerHandler, max_frame: usize, secret: PeerSecret) {
     let _ = stream.set_nodelay(true);
+    let peer = stream.peer_addr().ok();
     let (r, w) = futures_lite::io::split(stream);
     let tx = Rc::new(spawn_writer(w, || {}));
+    // None until the first frame: then whether the connection may go on.
+    let mut admitted: Option<bool> = None;
     read_frames(r, max_frame, |frame| {
+        let first = admitted.is_none();
+        if first {
+            let ok = secret.is_open()
+                || (frame.kind == KIND_HELLO && secret.matches(&frame.payload));
+            if !ok {
+                tracing::warn!(target: "net.peer", ?peer, "peer connection without the cluster secret refused");
+            }
+            admitted = Some(ok);
+        }
+        if admitted == Some(false) {
+            return false;
+        }
+        if frame.kind == KIND_HELLO {
+            return true;
+        }
         let (handler, tx) = (Rc::clone(&handler), Rc::clone(&tx));
         glommio::spawn_local(async move {
             let (group, request_id) = (frame.group, frame.request_id);
@@ -137,6 +221,7 @@ async fn serve_conn(stream: TcpStream, handler: PeerHandler, max_frame: usize) {
             }
         })
         .detach();
+        true
     })
     .await;
 }
@@ -163,6 +248,7 @@ pub struct PeerClient {
     /// A connection attempt is running: other callers wait for it instead of failing.
     connecting: Cell<bool>,
     connect_done: event_listener::Event,
+    secret: PeerSecret,
 }
 
 impl PeerClient {
@@ -179,7 +265,15 @@ impl PeerClient {
             next_id: Cell::new(1),
             connecting: Cell::new(false),
             connect_done: event_listener::Event::new(),
+            secret: PeerSecret::default(),
         }
+    }
+
+    /// Opens every connection with `secret` (see [`KIND_HELLO`]).
+    #[must_use]
+    pub fn with_secret(mut self, secret: PeerSecret) -> Self {
+        self.secret = secret;
+        self
     }
 
     /// Caps the wait between connection attempts at `max` (at least [`RECONNECT_MIN`]):
@@ -252,6 +346,18 @@ impl PeerClient {
             }
         };
         let tx = spawn_writer(w, dead.clone());
+        // The first frame: the secret (the server closes the connection if it is wrong).
+        let hello = encode(&PeerFrame {
+            group: 0,
+            kind: KIND_HELLO,
+            request_id: 0,
+            payload: Bytes::copy_from_slice(self.secret.bytes()),
+        });
+        if tx.send(hello).await.is_err() {
+            self.connecting.set(false);
+            self.connect_done.notify(usize::MAX);
+            return Err(PeerError::Closed(self.addr));
+        }
         {
             let pending = Rc::clone(&pending);
             let max_frame = self.max_frame;
@@ -260,6 +366,7 @@ impl PeerClient {
                     if let Some(waiter) = pending.borrow_mut().remove(&f.request_id) {
                         let _ = waiter.send(f);
                     }
+                    true
                 })
                 .await;
                 dead();
@@ -330,6 +437,15 @@ impl PeerClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secrets_compare_whole() {
+        let s = PeerSecret::new(b"abc");
+        assert!(s.matches(b"abc"));
+        assert!(!s.matches(b"abd") && !s.matches(b"ab") && !s.matches(b"abcd") && !s.matches(b""));
+        assert!(PeerSecret::default().is_open());
+        assert_eq!(format!("{s:?}"), "PeerSecret(..)", "never printed");
+    }
 
     #[test]
     fn reconnect_backoff_doubles_per_failure_up_to_the_cap() {

@@ -48,7 +48,13 @@ fn requests_are_matched_timeouts_fire_and_links_recover() {
         let listener = glommio::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = Shutdown::new();
-        let server = glommio::spawn_local(serve_peers(listener, handler(), 1 << 20, stop.clone()));
+        let server = glommio::spawn_local(serve_peers(
+            listener,
+            handler(),
+            1 << 20,
+            Default::default(),
+            stop.clone(),
+        ));
         let client = Rc::new(PeerClient::new(addr, 1 << 20));
 
         let calls: Vec<_> = (0..200u32)
@@ -96,12 +102,56 @@ fn requests_are_matched_timeouts_fire_and_links_recover() {
         // It comes back on the same address: the client reconnects.
         let listener = glommio::net::TcpListener::bind(addr).unwrap();
         let stop = Shutdown::new();
-        let server = glommio::spawn_local(serve_peers(listener, handler(), 1 << 20, stop.clone()));
+        let server = glommio::spawn_local(serve_peers(
+            listener,
+            handler(),
+            1 << 20,
+            Default::default(),
+            stop.clone(),
+        ));
         glommio::timer::sleep(Duration::from_millis(60)).await;
         let f = client
             .call(2, 1, Bytes::from_static(b"ab"), Duration::from_secs(5))
             .await
             .unwrap();
+        assert_eq!(&f.payload[..], b"ba");
+        stop.trigger();
+        server.await;
+    });
+}
+
+/// Issue 10.9: with a cluster secret, a link that does not open with it is closed before
+/// any request reaches the handler; one that does works.
+#[test]
+fn links_without_the_secret_are_refused() {
+    use futureq_net::peer_link::PeerSecret;
+    run(|| async {
+        let listener = glommio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = Shutdown::new();
+        let secret = PeerSecret::new(b"right");
+        let server = glommio::spawn_local(serve_peers(
+            listener,
+            handler(),
+            1 << 20,
+            secret.clone(),
+            stop.clone(),
+        ));
+        let t = Duration::from_secs(2);
+        for wrong in [
+            PeerSecret::default(),
+            PeerSecret::new(b"wrong"),
+            PeerSecret::new(b"righ"),
+        ] {
+            let c = PeerClient::new(addr, 1 << 20).with_secret(wrong);
+            let r = c.call(1, 3, Bytes::from_static(b"ab"), t).await;
+            assert!(
+                matches!(r, Err(PeerError::Closed(_))),
+                "a link without the secret must be closed: {r:?}"
+            );
+        }
+        let c = PeerClient::new(addr, 1 << 20).with_secret(secret);
+        let f = c.call(1, 3, Bytes::from_static(b"ab"), t).await.unwrap();
         assert_eq!(&f.payload[..], b"ba");
         stop.trigger();
         server.await;

@@ -109,6 +109,7 @@ fn main() {
                 listener,
                 raft_handler(1, raft.clone()),
                 PEER_FRAME_MAX,
+                Default::default(),
                 stop.clone(),
             ))
             .detach();

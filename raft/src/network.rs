@@ -61,6 +61,7 @@ pub struct PeerNetwork {
     group: u8,
     timeout: Duration,
     reconnect_max: Duration,
+    secret: futureq_net::peer_link::PeerSecret,
     clients: Rc<RefCell<HashMap<SocketAddr, Rc<PeerClient>>>>,
 }
 
@@ -72,8 +73,16 @@ impl PeerNetwork {
             group,
             timeout,
             reconnect_max: futureq_net::peer_link::RECONNECT_MAX,
+            secret: futureq_net::peer_link::PeerSecret::default(),
             clients: Rc::default(),
         }
+    }
+
+    /// Opens every link with the cluster secret.
+    #[must_use]
+    pub fn with_secret(mut self, secret: futureq_net::peer_link::PeerSecret) -> Self {
+        self.secret = secret;
+        self
     }
 
     /// Caps the reconnect backoff of every link (keep it below the election timeout).
@@ -90,6 +99,7 @@ impl PeerNetwork {
             group,
             timeout: self.timeout,
             reconnect_max: self.reconnect_max,
+            secret: self.secret.clone(),
             clients: Rc::clone(&self.clients),
         }
     }
@@ -98,7 +108,11 @@ impl PeerNetwork {
     #[must_use]
     pub fn client(&self, addr: SocketAddr) -> Rc<PeerClient> {
         Rc::clone(self.clients.borrow_mut().entry(addr).or_insert_with(|| {
-            Rc::new(PeerClient::new(addr, PEER_FRAME_MAX).with_reconnect_max(self.reconnect_max))
+            Rc::new(
+                PeerClient::new(addr, PEER_FRAME_MAX)
+                    .with_reconnect_max(self.reconnect_max)
+                    .with_secret(self.secret.clone()),
+            )
         }))
     }
 }

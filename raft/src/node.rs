@@ -80,6 +80,8 @@ pub struct NodeConfig {
     pub snapshot_entries: u64,
     /// `cluster.raft.compactionOverhead`: applied entries kept behind a snapshot.
     pub compaction_overhead: u64,
+    /// `cluster.secret`: peer links must open with it (empty = open).
+    pub secret: futureq_net::peer_link::PeerSecret,
 }
 
 /// Why a node could not start.
@@ -565,7 +567,9 @@ impl Node {
         let election_timeout = Duration::from_millis(event_cfg.election_timeout_min);
         // A restarted peer must hear from the leader well within its election timeout
         // (10 rtt): retry links to a down peer at least every 2 rtt.
-        let network = PeerNetwork::new(EVENT_GROUP, RPC_TIMEOUT).with_reconnect_max(cfg.rtt * 2);
+        let network = PeerNetwork::new(EVENT_GROUP, RPC_TIMEOUT)
+            .with_reconnect_max(cfg.rtt * 2)
+            .with_secret(cfg.secret.clone());
         let event_sm = EventStateMachine::new(store, on_applied);
         let event = EventRaft::new(
             cfg.node_id,
@@ -612,6 +616,7 @@ impl Node {
             listener,
             node.peer_handler(),
             PEER_FRAME_MAX,
+            cfg.secret.clone(),
             node.stop.clone(),
         ))
         .detach();

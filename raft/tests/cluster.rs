@@ -366,6 +366,7 @@ fn three_nodes_over_tcp_elect_replicate_and_fail_over() {
                 listener,
                 raft_handler(1, raft.clone()),
                 PEER_FRAME_MAX,
+                Default::default(),
                 stop.clone(),
             ));
             servers.insert(id, (stop, task));

@@ -200,8 +200,30 @@ fn raft_address(a: String) -> Result<String, String> {
     }
 }
 
-/// `JoinCluster`, `LeaveCluster`, `JoinMetadata`, `LeaveMetadata` on a clustered node.
-pub async fn membership(cluster: &Cluster, call: Call, out: &mut Outbound) -> Status {
+/// `JoinCluster`, `LeaveCluster`, `JoinMetadata`, `LeaveMetadata` on a clustered node; with a
+/// cluster secret, only calls that carry it (header `futureq-cluster-secret`, compared in
+/// constant time) are served, others get UNAUTHENTICATED.
+pub async fn membership(
+    cluster: &Cluster,
+    secret: &futureq_net::peer_link::PeerSecret,
+    mut call: Call,
+    out: &mut Outbound,
+) -> Status {
+    if !secret.is_open() {
+        let offered = call
+            .headers
+            .get(crate::cluster::SECRET_HEADER)
+            .map(|v| v.as_bytes().to_vec());
+        if !offered.is_some_and(|o| secret.matches(&o)) {
+            // Drain the request so the client sees the status, not a reset.
+            let _ = call.inbound.next_raw().await;
+            tracing::warn!(target: "grpc", method = %call.path, "membership call without the cluster secret refused");
+            return Status::new(
+                Code::Unauthenticated,
+                "membership changes need the cluster secret (header futureq-cluster-secret): missing or wrong",
+            );
+        }
+    }
     match call.path.as_str() {
         "/futureq.FutureQCluster/JoinCluster" => {
             change(

@@ -1,0 +1,133 @@
+//! What a node refuses: a store behind its log at start-up, forged writes on the peer port.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use futureq_raft::codec::RaftLogId;
+use futureq_raft::log_store::LogStore;
+use futureq_raft::node::{Node, NodeConfig, NodeError};
+use futureq_raft::rt::GlommioRuntime;
+use futureq_storage::log::uring::DmaLogIo;
+use futureq_storage::log::LogConfig;
+use futureq_storage::{Store, StoreMode};
+use openraft::storage::RaftLogStorage;
+use openraft_rt::AsyncRuntime;
+
+/// Issue 10.2: a store that applied less than the log purged (a crash after a purge behind a
+/// snapshot that was not durable) must not be served: openraft would apply the entries after
+/// the purge point over the gap.
+#[test]
+fn a_store_behind_the_log_purge_point_is_refused() {
+    let mut rt = GlommioRuntime::new(1);
+    rt.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let event = dir.path().join("event");
+        std::fs::create_dir_all(&event).unwrap();
+        {
+            let mut log = LogStore::open(
+                move || DmaLogIo::in_dir(event.clone()),
+                LogConfig {
+                    segment_bytes: 1 << 20,
+                    cache_bytes: 1 << 16,
+                },
+                Box::new(|_| {}),
+            )
+            .await
+            .unwrap();
+            let purged: RaftLogId = openraft::LogId {
+                leader_id: openraft::impls::leader_id_adv::LeaderId {
+                    term: 1,
+                    node_id: 1,
+                },
+                index: 10,
+            };
+            log.purge(purged).await.unwrap();
+        }
+        let cfg = NodeConfig {
+            node_id: 1,
+            raft_listen: "127.0.0.1:0".parse().unwrap(),
+            raft_advertise: "127.0.0.1:1".into(),
+            data_dir: dir.path().to_path_buf(),
+            rtt: Duration::from_millis(50),
+            snapshot_entries: 100,
+            compaction_overhead: 10,
+            secret: Default::default(),
+        };
+        let store = Store::open(&StoreMode::Memory).unwrap();
+        match Node::start(&cfg, store, Rc::new(|_, _| {})).await {
+            Err(e @ NodeError::BehindPurge { .. }) => {
+                let m = e.to_string();
+                assert!(m.contains("entries 1..=10"), "{m}");
+            }
+            Err(e) => panic!("wrong refusal: {e}"),
+            Ok(_) => panic!("a node behind its log's purge point started"),
+        }
+    });
+}
+
+/// Issue 10.9: the peer port takes no forwarded writes for the event shard (one frame could
+/// commit bytes that every replica then has to apply); only typed deletes, which the leader
+/// encodes itself.
+#[test]
+fn the_event_shard_takes_no_forwarded_writes() {
+    use bytes::Bytes;
+    use futureq_net::peer_link::{PeerClient, PeerSecret};
+    use futureq_raft::node::{Forward, EVENT_GROUP, KIND_FORWARD};
+    let mut rt = GlommioRuntime::new(1);
+    rt.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let secret = PeerSecret::new(b"s3cret");
+        let cfg = NodeConfig {
+            node_id: 1,
+            raft_listen: addr.parse().unwrap(),
+            raft_advertise: addr.clone(),
+            data_dir: dir.path().to_path_buf(),
+            rtt: Duration::from_millis(20),
+            snapshot_entries: 100,
+            compaction_overhead: 10,
+            secret: secret.clone(),
+        };
+        let store = Store::open(&StoreMode::Memory).unwrap();
+        let node = Node::start(&cfg, store.clone(), Rc::new(|_, _| {}))
+            .await
+            .unwrap();
+        node.bootstrap(&[(1, addr.clone())].into_iter().collect())
+            .await
+            .unwrap();
+        for _ in 0..200 {
+            if node.leadership().leading {
+                break;
+            }
+            GlommioRuntime::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(node.leadership().leading);
+        let client = PeerClient::new(addr.parse().unwrap(), 1 << 20).with_secret(secret);
+        let forged = Forward::Write(vec![1, 0, 0, 0, 0, 0xde, 0xad]);
+        let reply = client
+            .call(
+                EVENT_GROUP,
+                KIND_FORWARD,
+                Bytes::from(forged.encode()),
+                Duration::from_secs(2),
+            )
+            .await
+            .unwrap();
+        assert_eq!(reply.payload.first(), Some(&3), "refused");
+        assert!(
+            String::from_utf8_lossy(&reply.payload[1..]).contains("takes no forwarded writes"),
+            "{:?}",
+            reply.payload
+        );
+        let applied = node.leadership().applied;
+        GlommioRuntime::sleep(Duration::from_millis(100)).await;
+        assert_eq!(node.leadership().applied, applied, "nothing was committed");
+        assert_eq!(store.counts().unwrap(), (0, 0, 0));
+        node.shutdown().await;
+    });
+}
