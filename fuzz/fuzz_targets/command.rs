@@ -16,6 +16,9 @@ fuzz_target!(|data: &[u8]| {
         Ok(CommandRef::Delete(d)) => {
             let _ = d.keys.iter().map(|k| k[0]).count();
         }
+        Ok(CommandRef::RegisterGroup(r)) => {
+            let _ = (r.topic_hash.to_native(), r.group.len());
+        }
         Err(_) => {}
     }
     if let Ok(c) = futureq_core::metadata::MetaCommand::decode(data) {

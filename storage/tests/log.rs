@@ -38,8 +38,33 @@ fn check_all(log: &Log<MemLogIo>, range: std::ops::RangeInclusive<u64>) {
     }
 }
 
+/// The segment files (not the durable mark).
 fn segments(io: &MemLogIo) -> Vec<String> {
-    block_on(io.list()).unwrap()
+    let mut names: Vec<String> = block_on(io.list())
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.ends_with(".log"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// Fsyncs of segment files (the durable mark has its own, after some flushes).
+fn segment_syncs(io: &MemLogIo) -> usize {
+    io.events()
+        .iter()
+        .filter(|e| e.starts_with("sync ") && e.ends_with(".log"))
+        .count()
+}
+
+/// A copy of `io`'s files, with `name` replaced by `img` (a damaged image).
+fn damaged(io: &MemLogIo, name: &str, img: Vec<u8>) -> MemLogIo {
+    let d = MemLogIo::new();
+    for n in block_on(io.list()).unwrap() {
+        d.set_file(&n, io.file(&n).unwrap());
+    }
+    d.set_file(name, img);
+    d
 }
 
 #[test]
@@ -88,10 +113,17 @@ fn group_commit_one_fsync_for_many_appends_and_callbacks_after_it() {
         "nothing is persisted before the fsync"
     );
     block_on(log.flush()).unwrap();
-    assert_eq!(io.syncs(), 1, "one fsync for 50 appends in one segment");
+    assert_eq!(
+        segment_syncs(&io),
+        1,
+        "one fsync for 50 appends in one segment"
+    );
     let ev = io.events();
     let first_cb = ev.iter().position(|e| e == "callback").unwrap();
-    let last_sync = ev.iter().rposition(|e| e.starts_with("sync")).unwrap();
+    let last_sync = ev
+        .iter()
+        .rposition(|e| e.starts_with("sync") && e.ends_with(".log"))
+        .unwrap();
     assert!(
         last_sync < first_cb,
         "callbacks fire only after the fsync: {ev:?}"
@@ -146,9 +178,8 @@ fn corruption_before_valid_records_is_refused() {
     let name = segments(&io)[0].clone();
     let mut img = io.file(&name).unwrap();
     img[24 + payload(1).len() + 30] ^= 0x40; // inside record 2's payload/header
-    let damaged = MemLogIo::new();
-    damaged.set_file(&name, img);
-    match open(&damaged) {
+                                             // The durable mark says record 9 was fsynced: damage before it is corruption.
+    match open(&damaged(&io, &name, img)) {
         Err(LogError::Corrupt { offset, .. }) => assert_eq!(offset as usize, 24 + payload(1).len()),
         other => panic!("expected corruption, got {:?}", other.map(|l| l.bounds())),
     }
@@ -164,12 +195,10 @@ fn corruption_in_an_earlier_segment_is_refused() {
     let mut img = io.file(&names[0]).unwrap();
     let end = img.iter().rposition(|b| *b != 0).unwrap();
     img[end] ^= 0xff; // the last record of the first segment: later segments hold valid data
-    let damaged = MemLogIo::new();
-    for n in &names {
-        damaged.set_file(n, io.file(n).unwrap());
-    }
-    damaged.set_file(&names[0], img);
-    assert!(matches!(open(&damaged), Err(LogError::Corrupt { .. })));
+    assert!(matches!(
+        open(&damaged(&io, &names[0], img)),
+        Err(LogError::Corrupt { .. })
+    ));
 }
 
 #[test]
@@ -312,7 +341,7 @@ fn the_flusher_batches_whatever_was_appended() {
     pool.run_until_stalled();
     assert_eq!(*done.borrow(), 40);
     assert_eq!(
-        io.syncs(),
+        segment_syncs(&io),
         1,
         "40 appends made before the flusher ran share one fsync"
     );
@@ -477,4 +506,125 @@ fn the_entry_cache_serves_recent_reads_and_forgets_what_truncate_and_purge_remov
         block_on(log.read(1000)).unwrap().unwrap().payload,
         vec![9; 3]
     );
+}
+
+/// Byte offset of record `index` in a one-segment log written by [`fill`] from index 1.
+fn record_offset(index: u64) -> usize {
+    (1..index).map(|i| 24 + payload(i).len()).sum()
+}
+
+/// Issue 10.7: an O_DIRECT flush of several blocks may persist a later block and not an
+/// earlier one. Nothing of that flush was acknowledged (its fsync never returned), so the
+/// valid-looking records after the hole are a torn tail, not corruption: the log opens with
+/// everything up to the durable mark and cuts the rest durably.
+#[test]
+fn a_later_block_persisted_before_an_earlier_one_is_a_torn_tail() {
+    let io = MemLogIo::new();
+    let log = open(&io).unwrap();
+    fill(&log, 1..=5);
+    block_on(log.save_mark()).unwrap();
+    assert_eq!(log.durable_mark(), Some(5));
+    let mark_before = io.file(futureq_storage::log::segmented::MARK_FILE).unwrap();
+    let name = segments(&io)[0].clone();
+    let old = io.file(&name).unwrap();
+    fill(&log, 6..=80);
+    let mut img = io.file(&name).unwrap();
+    // The flush rewrote block 0 and wrote blocks 1, 2, ...; block 1 never reached the disk
+    // (it keeps its old bytes), later blocks did.
+    let hole = 4096..8192;
+    assert!(
+        record_offset(6) < hole.start,
+        "block 0 holds the marked records"
+    );
+    assert!(
+        record_offset(80) > hole.end + 512,
+        "later blocks hold records"
+    );
+    img[hole.clone()].copy_from_slice(&old[hole]);
+    let crashed = damaged(&io, &name, img);
+    crashed.set_file(futureq_storage::log::segmented::MARK_FILE, mark_before);
+    let log = open(&crashed).unwrap_or_else(|e| panic!("a torn flush must not stop the node: {e}"));
+    let (first, last) = log.bounds().unwrap();
+    assert_eq!(first, 1);
+    assert!(
+        last >= 5 && record_offset(last + 1) <= 4096,
+        "cut before the hole: {last}"
+    );
+    check_all(&log, 1..=last);
+    // The cut is durable: the stale records after the hole never come back.
+    let reopened = crashed.crash();
+    let again = open(&reopened).unwrap();
+    assert_eq!(again.bounds(), Some((1, last)));
+    fill(&again, last + 1..=last + 3);
+    let again = open(&reopened.crash()).unwrap();
+    assert_eq!(again.bounds(), Some((1, last + 3)));
+    check_all(&again, 1..=last + 3);
+}
+
+/// Issue 10.7: an all-zero header inside durable data is not the end of the log: entries
+/// after it were acknowledged. The log refuses to open instead of dropping them silently.
+#[test]
+fn a_zeroed_header_before_the_durable_mark_is_corruption() {
+    let io = MemLogIo::new();
+    let log = open(&io).unwrap();
+    fill(&log, 1..=9);
+    block_on(log.save_mark()).unwrap();
+    let name = segments(&io)[0].clone();
+    let mut img = io.file(&name).unwrap();
+    let at = record_offset(3);
+    for b in &mut img[at..at + 24] {
+        *b = 0;
+    }
+    match open(&damaged(&io, &name, img)) {
+        Err(LogError::Corrupt { offset, .. }) => assert_eq!(offset as usize, at),
+        other => panic!("expected corruption, got {:?}", other.map(|l| l.bounds())),
+    }
+    // Entries missing at the end (a lost last block) are corruption too.
+    let mut img = io.file(&name).unwrap();
+    let at = record_offset(8);
+    for b in &mut img[at..] {
+        *b = 0;
+    }
+    assert!(matches!(
+        open(&damaged(&io, &name, img)),
+        Err(LogError::Corrupt { .. })
+    ));
+}
+
+/// Issue 10.7: a crash in the middle of a truncate that spans segments leaves a log that
+/// opens: later segments are removed before the cut, and a cut segment followed by stale
+/// later ones (the old order) is a torn tail, since the mark was lowered first.
+#[test]
+fn a_crash_inside_a_truncate_leaves_a_log_that_opens() {
+    let io = MemLogIo::new();
+    let log = open(&io).unwrap();
+    fill(&log, 1..=300);
+    block_on(log.save_mark()).unwrap();
+    let names = segments(&io);
+    assert!(names.len() >= 3, "{names:?}");
+    let before: Vec<(String, Vec<u8>)> = names
+        .iter()
+        .map(|n| (n.clone(), io.file(n).unwrap()))
+        .collect();
+    block_on(log.truncate(20)).unwrap();
+    assert_eq!(log.durable_mark(), Some(19), "lowered before the cut");
+    assert_eq!(segments(&io), names[..1].to_vec());
+    // The cut happened but the later segments are still there.
+    let stale = io.crash();
+    for (n, img) in &before[1..] {
+        stale.set_file(n, img.clone());
+    }
+    let log = open(&stale).unwrap_or_else(|e| panic!("must open: {e}"));
+    assert_eq!(log.bounds(), Some((1, 19)));
+    assert_eq!(
+        segments(&stale),
+        names[..1].to_vec(),
+        "stale segments removed"
+    );
+    // The later segments are gone but the cut did not happen yet: the log ends early.
+    let uncut = io.crash();
+    uncut.set_file(&before[0].0, before[0].1.clone());
+    let log = open(&uncut).unwrap();
+    assert_eq!(log.bounds().map(|b| b.0), Some(1));
+    assert!(log.bounds().unwrap().1 >= 19);
 }

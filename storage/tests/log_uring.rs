@@ -90,13 +90,10 @@ fn a_torn_tail_on_disk_is_cut_at_reopen() {
         }
         log.flush().await.unwrap();
     });
-    // Damage the last record's last bytes as an interrupted write would.
-    let seg = std::fs::read_dir(&path)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    // Damage the last record's last bytes as an interrupted write would; the durable mark
+    // (saved after the first flush) must not cover it then: drop it.
+    std::fs::remove_file(path.join(futureq_storage::log::segmented::MARK_FILE)).unwrap();
+    let seg = path.join("00000000000000000001.log");
     let bytes = std::fs::read(&seg).unwrap();
     let end = bytes.iter().rposition(|b| *b != 0).unwrap() + 1;
     let mut f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();

@@ -97,18 +97,6 @@ pub fn decode(b: &[u8]) -> Decoded {
     )
 }
 
-/// True when a valid record whose index lies in `after+1 ..= after+window` starts anywhere in
-/// `b`: committed data behind a bad record means corruption, not a torn tail.
-#[must_use]
-pub fn valid_record_follows(b: &[u8], after: u64, window: u64) -> bool {
-    (0..b.len().saturating_sub(HEADER_LEN)).any(|off| {
-        let idx = u64_at(b, off + 16);
-        idx > after
-            && idx <= after.saturating_add(window)
-            && matches!(decode(&b[off..]), Decoded::Record(..))
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

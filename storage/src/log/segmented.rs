@@ -4,8 +4,9 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 
-use super::format::{decode, encode, valid_record_follows, Decoded, Record, BLOCK, HEADER_LEN};
+use super::format::{decode, encode, Decoded, Record, BLOCK, HEADER_LEN};
 use super::io::LogIo;
+use super::vote::{newest_slot, slot_image};
 
 /// Log errors.
 #[derive(Debug, thiserror::Error)]
@@ -150,22 +151,22 @@ fn ceil(x: u64) -> u64 {
     x.div_ceil(BLOCK) * BLOCK
 }
 
-fn segment_name(first: u64) -> String {
-    format!("{first:020}.log")
+/// The durable-mark file: two 4 KiB slots (see [`super::vote`]) holding the last index
+/// known fsynced, + 1 (0 = none), as u64 LE. Saved after a flush at most every
+/// [`MARK_INTERVAL`] (so it lags the log a little: damage after it is taken for a torn
+/// write), lowered before a truncate removes entries below it, cleared before a purge
+/// empties the log.
+pub const MARK_FILE: &str = "durable.mark";
+/// Least time between two saves of the durable mark after flushes.
+pub const MARK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+
+fn decode_mark(v: &[u8]) -> Option<u64> {
+    let b: [u8; 8] = v.get(..8)?.try_into().ok()?;
+    u64::from_le_bytes(b).checked_sub(1)
 }
 
-/// True when the segment `name` begins with a valid record.
-async fn starts_with_record<I: LogIo>(io: &I, name: &str) -> Result<bool, LogError> {
-    let header = io.read_at(name, 0, HEADER_LEN).await?;
-    if header.len() < HEADER_LEN {
-        return Ok(false);
-    }
-    let n = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
-    if n > super::format::PAYLOAD_MAX {
-        return Ok(false);
-    }
-    let rec = io.read_at(name, 0, HEADER_LEN + n).await?;
-    Ok(matches!(decode(&rec), Decoded::Record(..)))
+fn segment_name(first: u64) -> String {
+    format!("{first:020}.log")
 }
 
 /// The log. Single-threaded: it lives on the Raft core.
@@ -184,6 +185,10 @@ pub struct Log<I: LogIo> {
     /// A flush is writing: another one waits for it (one writer per segment tail at a time).
     flushing: std::cell::Cell<bool>,
     flushed: event_listener::Event,
+    /// The durable mark as saved in [`MARK_FILE`] (never above what is on disk).
+    mark: std::cell::Cell<Option<u64>>,
+    mark_seq: std::cell::Cell<u64>,
+    mark_saved_at: std::cell::Cell<Option<std::time::Instant>>,
 }
 
 /// Holds the log's write side (see [`Log::exclusive`]); releases it on drop, also when the
@@ -198,8 +203,14 @@ impl<I: LogIo> Drop for WriteGuard<'_, I> {
 }
 
 impl<I: LogIo> Log<I> {
-    /// Opens the log, scanning every segment: a torn tail (a bad record with nothing valid
-    /// after it) is cut off; a bad record followed by valid ones is corruption and an error.
+    /// Opens the log, scanning every segment. The durable mark ([`MARK_FILE`]: an index
+    /// every entry up to which was fsynced) decides what a damaged record means:
+    /// - before the mark, it is corruption of acknowledged data: the log refuses to open
+    ///   ([`LogError::Corrupt`]), also for entries missing at the end or a zeroed block;
+    /// - after it, it is a torn tail: an O_DIRECT flush that did not finish may have
+    ///   persisted later blocks and not earlier ones, so everything from the first bad
+    ///   record on is cut durably (zeroed, later segments removed), however valid it looks.
+    ///
     /// `on_persisted` sees each entry's payload after the fsync that made it durable.
     ///
     /// # Errors
@@ -209,6 +220,12 @@ impl<I: LogIo> Log<I> {
             cfg.segment_bytes.is_multiple_of(BLOCK) && cfg.segment_bytes >= 2 * BLOCK,
             "segment size"
         );
+        io.open(MARK_FILE, 2 * BLOCK).await?;
+        let (mark_seq, mark) =
+            match newest_slot(&io.read_at(MARK_FILE, 0, 2 * BLOCK as usize).await?) {
+                Some((seq, v)) => (seq, decode_mark(&v)),
+                None => (0, None),
+            };
         let mut names: Vec<(u64, String)> = io
             .list()
             .await?
@@ -222,65 +239,73 @@ impl<I: LogIo> Log<I> {
         names.sort();
         let mut st = State::default();
         let mut expected: Option<u64> = None;
-        for (i, (first, name)) in names.iter().enumerate() {
+        // Entries up to `mark` were fsynced: damage there is corruption, not a torn write.
+        let torn_ok = |st: &State| -> bool {
+            let Some(m) = mark else { return true };
+            match (st.locs.keys().next(), st.locs.keys().next_back()) {
+                (Some(first), Some(last)) => *last >= m || *first > m,
+                _ => names.first().is_some_and(|(f, _)| *f > m),
+            }
+        };
+        let mut cut = false;
+        for (first, name) in &names {
+            if cut {
+                // After a torn point: nothing here was acknowledged.
+                tracing::warn!(target: "storage.recovery", segment = %name, "removing a segment after the torn tail");
+                io.remove(name).await?;
+                continue;
+            }
             // One segment in memory at a time.
             let len = io.len(name).await?;
             let img = io
                 .read_at(name, 0, usize::try_from(len).unwrap_or(usize::MAX))
                 .await?;
-            if let Some(e) = expected {
-                if *first != e {
-                    return Err(LogError::Corrupt {
-                        segment: name.clone(),
-                        offset: 0,
-                        reason: "segment does not follow the previous one",
-                    });
-                }
-            }
             let mut offset = 0usize;
-            let mut next = *first;
-            loop {
+            let mut next = expected.unwrap_or(*first);
+            let mut problem: Option<&'static str> = None;
+            if expected.is_some_and(|e| e != *first) {
+                problem = Some("segment does not follow the previous one");
+            }
+            while problem.is_none() {
                 match decode(&img[offset..]) {
-                    Decoded::Record(r, n) => {
-                        if r.index != next {
-                            return Err(LogError::Corrupt {
-                                segment: name.clone(),
-                                offset: offset as u64,
-                                reason: "index out of sequence",
-                            });
-                        }
+                    Decoded::Record(r, n) if r.index == next => {
                         st.locs.insert(r.index, (*first, offset as u64, n));
                         next += 1;
                         offset += n;
                     }
-                    Decoded::End => break,
-                    Decoded::Bad(reason) => {
-                        let mut later_valid = valid_record_follows(
-                            &img[offset + 1..],
-                            next.saturating_sub(1),
-                            u64::MAX / 2,
-                        );
-                        for (_, later) in &names[i + 1..] {
-                            later_valid = later_valid || starts_with_record(&io, later).await?;
+                    Decoded::Record(..) => problem = Some("index out of sequence"),
+                    Decoded::End => {
+                        if img[offset..].iter().any(|b| *b != 0) {
+                            problem = Some("zeroed block before later data");
                         }
-                        if later_valid {
-                            return Err(LogError::Corrupt {
-                                segment: name.clone(),
-                                offset: offset as u64,
-                                reason,
-                            });
-                        }
-                        tracing::warn!(target: "storage.recovery", segment = %name, offset, reason, "cutting torn tail");
-                        // Zero everything after the last good record so the cut is durable.
-                        let dirty_end =
-                            img.iter().rposition(|b| *b != 0).map_or(offset, |p| p + 1) as u64;
-                        let start = floor(offset as u64);
-                        let mut buf = img[start as usize..offset].to_vec();
-                        buf.resize(usize::try_from(ceil(dirty_end) - start).unwrap_or(0), 0);
-                        io.write_at(name, start, buf).await?;
-                        io.sync(name).await?;
                         break;
                     }
+                    Decoded::Bad(reason) => problem = Some(reason),
+                }
+            }
+            if let Some(reason) = problem {
+                if !torn_ok(&st) {
+                    return Err(LogError::Corrupt {
+                        segment: name.clone(),
+                        offset: offset as u64,
+                        reason,
+                    });
+                }
+                tracing::warn!(target: "storage.recovery", segment = %name, offset, reason, "cutting torn tail");
+                // Zero everything after the last good record so the cut is durable.
+                let dirty_end = img.iter().rposition(|b| *b != 0).map_or(offset, |p| p + 1) as u64;
+                let start = floor(offset as u64);
+                let mut buf = img[start as usize..offset].to_vec();
+                buf.resize(usize::try_from(ceil(dirty_end) - start).unwrap_or(0), 0);
+                if !buf.is_empty() {
+                    io.write_at(name, start, buf).await?;
+                    io.sync(name).await?;
+                }
+                cut = true;
+                if offset == 0 {
+                    // Nothing of this segment survives.
+                    io.remove(name).await?;
+                    continue;
                 }
             }
             expected = Some(next);
@@ -292,6 +317,15 @@ impl<I: LogIo> Log<I> {
                 flushed_end: end,
                 tail: img[floor(end) as usize..offset].to_vec(),
                 created: true,
+            });
+        }
+        if !torn_ok(&st) {
+            return Err(LogError::Corrupt {
+                segment: names
+                    .last()
+                    .map_or_else(|| "(none)".to_owned(), |(_, n)| n.clone()),
+                offset: st.segments.last().map_or(0, |s| s.end),
+                reason: "entries up to the durable mark are missing",
             });
         }
         // Empty trailing segments (a crash right after a roll) carry nothing: drop them.
@@ -307,7 +341,53 @@ impl<I: LogIo> Log<I> {
             appended: event_listener::Event::new(),
             flushing: std::cell::Cell::new(false),
             flushed: event_listener::Event::new(),
+            mark: std::cell::Cell::new(mark),
+            mark_seq: std::cell::Cell::new(mark_seq),
+            mark_saved_at: std::cell::Cell::new(None),
         })
+    }
+
+    /// The durable mark as saved (see [`MARK_FILE`]).
+    #[must_use]
+    pub fn durable_mark(&self) -> Option<u64> {
+        self.mark.get()
+    }
+
+    /// Saves the durable mark now: the last flushed index (tests; a clean stop).
+    ///
+    /// # Errors
+    /// I/O failure.
+    pub async fn save_mark(&self) -> Result<(), LogError> {
+        let _io = self.exclusive().await;
+        let last = self.last_flushed();
+        self.write_mark(last).await
+    }
+
+    /// The last index whose record is on disk (flushed), if any.
+    fn last_flushed(&self) -> Option<u64> {
+        let st = self.st.borrow();
+        let last = *st.locs.keys().next_back()?;
+        match st.pending.first() {
+            Some(p) => p.index.checked_sub(1).filter(|i| st.locs.contains_key(i)),
+            None => Some(last),
+        }
+    }
+
+    /// Writes the mark file (two slots, fsynced). Callers hold the write side.
+    async fn write_mark(&self, mark: Option<u64>) -> Result<(), LogError> {
+        if self.mark.get() == mark && self.mark_seq.get() > 0 {
+            return Ok(());
+        }
+        let seq = self.mark_seq.get() + 1;
+        let value = mark.map_or(0, |m| m.saturating_add(1)).to_le_bytes();
+        self.io
+            .write_at(MARK_FILE, (seq % 2) * BLOCK, slot_image(seq, &value))
+            .await?;
+        self.io.sync(MARK_FILE).await?;
+        self.mark_seq.set(seq);
+        self.mark.set(mark);
+        self.mark_saved_at.set(Some(std::time::Instant::now()));
+        Ok(())
     }
 
     /// First and last index in the log, if any.
@@ -413,7 +493,19 @@ impl<I: LogIo> Log<I> {
     /// The I/O error that poisoned the log, or [`LogError::Poisoned`].
     pub async fn flush(&self) -> Result<(), LogError> {
         let _io = self.exclusive().await;
-        self.flush_once().await
+        self.flush_once().await?;
+        let due = self
+            .mark_saved_at
+            .get()
+            .is_none_or(|t| t.elapsed() >= MARK_INTERVAL);
+        if due {
+            let last = self.last_flushed();
+            if let Err(e) = self.write_mark(last).await {
+                // The data is durable; only the mark lags. Retried after the next flush.
+                tracing::warn!(target: "storage.log", error = %e, "saving the durable mark failed");
+            }
+        }
+        Ok(())
     }
 
     /// Waits until no flush, truncate or purge runs, then holds the log's write side until
@@ -562,6 +654,16 @@ impl<I: LogIo> Log<I> {
     pub async fn truncate(&self, from: u64) -> Result<(), LogError> {
         let _io = self.exclusive().await;
         self.flush_once().await?;
+        if !self.st.borrow().locs.contains_key(&from) {
+            return Ok(());
+        }
+        // The mark first: after a crash mid-truncate, the entries it names must still exist.
+        if self.mark.get().is_some_and(|m| m >= from) {
+            if let Err(e) = self.write_mark(from.checked_sub(1)).await {
+                self.st.borrow_mut().poisoned = true;
+                return Err(e);
+            }
+        }
         let (cut, doomed) = {
             let mut st = self.st.borrow_mut();
             let Some(&(first, offset, _)) = st.locs.get(&from) else {
@@ -591,6 +693,11 @@ impl<I: LogIo> Log<I> {
                 doomed,
             )
         };
+        // Later segments go before the cut: a crash in between leaves a log that ends early
+        // (the truncate is redone), never one whose segments do not follow each other.
+        for name in doomed.iter().rev() {
+            self.io.remove(name).await?;
+        }
         if let Some((name, start, offset, old_end, prefix)) = cut {
             let mut buf = match prefix {
                 Some(mut p) => {
@@ -629,9 +736,6 @@ impl<I: LogIo> Log<I> {
                 seg.tail = tail;
             }
         }
-        for name in doomed {
-            self.io.remove(&name).await?;
-        }
         Ok(())
     }
 
@@ -643,6 +747,14 @@ impl<I: LogIo> Log<I> {
     /// I/O failure deleting a file.
     pub async fn purge(&self, upto: u64) -> Result<(), LogError> {
         let _io = self.exclusive().await;
+        let empties = {
+            let st = self.st.borrow();
+            st.locs.keys().next_back().is_some_and(|last| *last <= upto) && st.pending.is_empty()
+        };
+        if empties {
+            // The mark first: an emptied log must not look like one missing durable entries.
+            self.write_mark(None).await?;
+        }
         let doomed: Vec<String> = {
             let mut st = self.st.borrow_mut();
             let all = st.locs.keys().next_back().is_some_and(|last| *last <= upto)

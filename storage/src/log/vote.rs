@@ -45,6 +45,26 @@ fn parse(slot: &[u8]) -> Option<(u64, Vec<u8>)> {
     (slot_crc(&slot[0..12], value) == crc).then(|| (seq, value.to_vec()))
 }
 
+/// The newest valid slot of a two-slot file image: `(sequence, value)`.
+pub(crate) fn newest_slot(bytes: &[u8]) -> Option<(u64, Vec<u8>)> {
+    bytes
+        .chunks(BLOCK as usize)
+        .filter_map(parse)
+        .max_by_key(|(seq, _)| *seq)
+}
+
+/// The slot image holding `value` as sequence `seq` (written at `(seq % 2) * BLOCK`).
+pub(crate) fn slot_image(seq: u64, value: &[u8]) -> Vec<u8> {
+    let mut slot = Vec::with_capacity(BLOCK as usize);
+    slot.extend_from_slice(&seq.to_le_bytes());
+    slot.extend_from_slice(&u32::try_from(value.len()).expect("bounded").to_le_bytes());
+    let crc = slot_crc(&slot[0..12], value);
+    slot.extend_from_slice(&crc.to_le_bytes());
+    slot.extend_from_slice(value);
+    slot.resize(BLOCK as usize, 0);
+    slot
+}
+
 impl<I: LogIo> VoteFile<I> {
     /// Opens the file `name` (creating it) and returns it with the saved value, if any.
     ///
@@ -53,10 +73,7 @@ impl<I: LogIo> VoteFile<I> {
     pub async fn open(io: I, name: &str) -> Result<(Self, Option<Vec<u8>>), LogError> {
         io.open(name, 2 * BLOCK).await?;
         let bytes = io.read_at(name, 0, 2 * BLOCK as usize).await?;
-        let best = bytes
-            .chunks(BLOCK as usize)
-            .filter_map(parse)
-            .max_by_key(|(seq, _)| *seq);
+        let best = newest_slot(&bytes);
         let seq = best.as_ref().map_or(0, |(s, _)| *s);
         Ok((
             VoteFile {
@@ -77,13 +94,7 @@ impl<I: LogIo> VoteFile<I> {
             return Err(LogError::TooLarge(value.len()));
         }
         let seq = self.seq.get() + 1;
-        let mut slot = Vec::with_capacity(BLOCK as usize);
-        slot.extend_from_slice(&seq.to_le_bytes());
-        slot.extend_from_slice(&u32::try_from(value.len()).expect("bounded").to_le_bytes());
-        let crc = slot_crc(&slot[0..12], value);
-        slot.extend_from_slice(&crc.to_le_bytes());
-        slot.extend_from_slice(value);
-        slot.resize(BLOCK as usize, 0);
+        let slot = slot_image(seq, value);
         self.io
             .write_at(&self.name, (seq % 2) * BLOCK, slot)
             .await?;
