@@ -89,6 +89,8 @@ pub struct WriteStats {
     pub ops: AtomicU64,
     /// Failed transactions.
     pub failures: AtomicU64,
+    /// Durable points: write-ahead log fsyncs and durable commits (checkpoints).
+    pub syncs: AtomicU64,
 }
 
 /// Handle to the store threads. Clone it freely; the threads stop when
@@ -297,6 +299,8 @@ struct Logged {
     wal: Wal,
     next_seq: u64,
     last_sync: Instant,
+    /// A record was appended without fsync (NO_ACK) since this instant.
+    unsynced_since: Option<Instant>,
 }
 
 /// Opens the log in `dir`, replays into `store` the records its last checkpoint does not
@@ -329,7 +333,65 @@ fn replay(store: &Store, dir: &std::path::Path) -> Result<Logged, StoreError> {
         wal,
         next_seq: last + 1,
         last_sync: Instant::now(),
+        unsynced_since: None,
     })
+}
+
+/// The writer's durability state.
+struct Durability {
+    /// The write-ahead log, while it works.
+    logged: Option<Logged>,
+    /// After the log failed: the last record number that may be in its file. Every durable
+    /// commit records it as the checkpoint, so that a later start never replays those
+    /// records over newer changes (the checkpoint right after the failure may have failed
+    /// too).
+    claimed: Option<u64>,
+    /// Last durable point (a durable commit, or a checkpoint with the log).
+    last_durable: Instant,
+    /// Without the log: a non-durable commit was made since this instant.
+    volatile_since: Option<Instant>,
+}
+
+impl Durability {
+    /// When the oldest change that nothing made durable yet must be: the writer does not
+    /// sleep past it, even when no more work comes (NO_ACK data stays volatile at most
+    /// [`DURABLE_COMMIT_INTERVAL_MAX`]).
+    fn deadline(&self) -> Option<Instant> {
+        let since = match &self.logged {
+            Some(l) => l.unsynced_since,
+            None => self.volatile_since,
+        };
+        since.map(|t| t + DURABLE_COMMIT_INTERVAL_MAX)
+    }
+
+    /// Makes everything committed so far durable (the idle deadline passed).
+    fn make_durable(&mut self, store: &Store, last_id: &mut u64, stats: &WriteStats) {
+        let result = match self.logged.as_mut() {
+            Some(l) => l.wal.sync().map(|()| {
+                l.last_sync = Instant::now();
+                l.unsynced_since = None;
+            }),
+            None => store
+                .commit_group(&[], &[], None, last_id, true, self.claimed)
+                .map(|_| {
+                    self.last_durable = Instant::now();
+                    self.volatile_since = None;
+                }),
+        };
+        match result {
+            Ok(()) => {
+                stats.syncs.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                tracing::error!(target: "storage", error = %e, "making idle changes durable failed; retrying with the next group");
+                // Do not spin on a failing disk: the next group retries.
+                if let Some(l) = self.logged.as_mut() {
+                    l.unsynced_since = None;
+                }
+                self.volatile_since = None;
+            }
+        }
+    }
 }
 
 fn writer(
@@ -338,10 +400,29 @@ fn writer(
     mut last_id: u64,
     on_commit: &CommitHook,
     stats: &WriteStats,
-    mut logged: Option<Logged>,
+    logged: Option<Logged>,
 ) {
-    let mut last_durable = Instant::now();
-    while let Ok(first) = rx.recv() {
+    let mut d = Durability {
+        logged,
+        claimed: None,
+        last_durable: Instant::now(),
+        volatile_since: None,
+    };
+    loop {
+        let first = match d.deadline() {
+            Some(at) => match rx.recv_deadline(at) {
+                Ok(op) => op,
+                Err(flume::RecvTimeoutError::Timeout) => {
+                    d.make_durable(store, &mut last_id, stats);
+                    continue;
+                }
+                Err(flume::RecvTimeoutError::Disconnected) => break,
+            },
+            None => match rx.recv() {
+                Ok(op) => op,
+                Err(_) => break,
+            },
+        };
         let mut bytes = first.bytes();
         let mut group = vec![first];
         while group.len() < GROUP_OPS_MAX && bytes < GROUP_BYTES_MAX {
@@ -381,23 +462,17 @@ fn writer(
             sweep,
             durable,
         };
-        let result = match logged.as_mut() {
+        let result = match d.logged.as_mut() {
             Some(l) => {
-                let (result, log_ok) = commit_logged(store, l, &g, &mut last_id, &mut last_durable);
+                let (result, log_ok) =
+                    commit_logged(store, l, &g, &mut last_id, &mut d.last_durable, stats);
                 if !log_ok {
-                    logged = None;
+                    d.claimed = Some(l.next_seq - 1);
+                    d.logged = None;
                 }
                 result
             }
-            None => {
-                // Non-durable commits keep their pages in memory until a durable one: bound that.
-                let durable = durable || last_durable.elapsed() >= DURABLE_COMMIT_INTERVAL_MAX;
-                let r = store.commit_group(&batches, &deletes, sweep, &mut last_id, durable, None);
-                if durable && r.is_ok() {
-                    last_durable = Instant::now();
-                }
-                r
-            }
+            None => commit_unlogged(store, &mut d, &g, &mut last_id, stats),
         };
         stats.ops.fetch_add(group.len() as u64, Ordering::Relaxed);
         match result {
@@ -417,12 +492,39 @@ fn writer(
         }
     }
     // A clean stop checkpoints, so that the next start has nothing to replay.
-    if let Some(l) = logged {
-        if let Err(e) = store.checkpoint(l.next_seq - 1) {
+    let last = d.logged.map(|l| l.next_seq - 1).or(d.claimed);
+    if let Some(seq) = last {
+        if let Err(e) = store.checkpoint(seq) {
             tracing::error!(target: "storage", error = %e, "final checkpoint failed; the next start replays the write-ahead log");
         }
     }
     tracing::debug!(target: "storage", "writer thread stopped");
+}
+
+/// Commits `g` without the write-ahead log (it failed): durably when the group waits for
+/// durability or the last durable commit is [`DURABLE_COMMIT_INTERVAL_MAX`] old, recording the
+/// claimed log position with every durable commit.
+fn commit_unlogged(
+    store: &Store,
+    d: &mut Durability,
+    g: &Group<'_>,
+    last_id: &mut u64,
+    stats: &WriteStats,
+) -> Result<GroupOutcome, StoreError> {
+    // Non-durable commits keep their pages in memory until a durable one: bound that.
+    let durable = g.durable || d.last_durable.elapsed() >= DURABLE_COMMIT_INTERVAL_MAX;
+    let checkpoint = if durable { d.claimed } else { None };
+    let r = store.commit_group(g.batches, g.deletes, g.sweep, last_id, durable, checkpoint);
+    if r.is_ok() {
+        if durable {
+            d.last_durable = Instant::now();
+            d.volatile_since = None;
+            stats.syncs.fetch_add(1, Ordering::Relaxed);
+        } else if d.volatile_since.is_none() {
+            d.volatile_since = Some(Instant::now());
+        }
+    }
+    r
 }
 
 /// One group's operations, as the writer collected them.
@@ -445,12 +547,15 @@ fn commit_logged(
     g: &Group<'_>,
     last_id: &mut u64,
     last_durable: &mut Instant,
+    stats: &WriteStats,
 ) -> (Result<GroupOutcome, StoreError>, bool) {
     let due = last_durable.elapsed() >= CHECKPOINT_INTERVAL || l.wal.used() > l.wal.capacity() / 2;
     let checkpoint = |store: &Store, l: &mut Logged, last_durable: &mut Instant| {
         store.checkpoint(l.next_seq - 1).map(|()| {
             l.wal.restart();
+            l.unsynced_since = None;
             *last_durable = Instant::now();
+            stats.syncs.fetch_add(1, Ordering::Relaxed);
         })
     };
     if due {
@@ -464,7 +569,9 @@ fn commit_logged(
         );
         if r.is_ok() {
             l.wal.restart();
+            l.unsynced_since = None;
             *last_durable = Instant::now();
+            stats.syncs.fetch_add(1, Ordering::Relaxed);
         }
         return (r, true);
     }
@@ -480,6 +587,10 @@ fn commit_logged(
             if fits && (g.durable || l.last_sync.elapsed() >= DURABLE_COMMIT_INTERVAL_MAX) {
                 l.wal.sync()?;
                 l.last_sync = Instant::now();
+                l.unsynced_since = None;
+                stats.syncs.fetch_add(1, Ordering::Relaxed);
+            } else if fits && l.unsynced_since.is_none() {
+                l.unsynced_since = Some(Instant::now());
             }
             Ok(fits)
         });
@@ -610,6 +721,74 @@ mod tests {
         assert!(err.to_string().contains("continues at record 5"), "{err}");
     }
 
+    /// Issue 10.8: the log failed and the checkpoint that should have claimed its records
+    /// failed too; later durable commits (an ACK's delete) must still keep a restart from
+    /// replaying those records over them (it resurrected the ACKed message).
+    #[test]
+    fn after_a_double_fault_a_restart_never_resurrects_acked_messages() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = disk(dir.path());
+        let mut l = replay(&store, dir.path()).unwrap();
+        let (mut last_id, mut last_durable) = (0, Instant::now());
+        let stats = WriteStats::default();
+        let batch = [put(1)];
+        let g = Group {
+            batches: &[&batch],
+            deletes: &[],
+            sweep: None,
+            durable: true,
+        };
+        let (r, ok) = commit_logged(&store, &mut l, &g, &mut last_id, &mut last_durable, &stats);
+        assert!(ok && r.is_ok());
+        assert_eq!(store.wal_seq().unwrap(), 0, "record 1 is in the log only");
+        // The log fails now, and so does the checkpoint claiming it: the writer goes on
+        // without the log, claiming record 1.
+        let mut d = Durability {
+            logged: None,
+            claimed: Some(l.next_seq - 1),
+            last_durable: Instant::now(),
+            volatile_since: None,
+        };
+        drop(l);
+        let ack = [put(1).key];
+        let del = Group {
+            batches: &[],
+            deletes: &ack,
+            sweep: None,
+            durable: true,
+        };
+        commit_unlogged(&store, &mut d, &del, &mut last_id, &stats).unwrap();
+        assert!(store.get(&put(1).key).unwrap().is_none());
+        // A restart replays what the database does not contain: nothing.
+        replay(&store, dir.path()).unwrap();
+        assert!(
+            store.get(&put(1).key).unwrap().is_none(),
+            "the ACKed message came back"
+        );
+    }
+
+    /// Issue 10.8: a NO_ACK group's log record is fsynced within
+    /// DURABLE_COMMIT_INTERVAL_MAX even when no other work follows.
+    #[test]
+    fn no_ack_records_become_durable_while_the_store_is_idle() {
+        let dir = tempfile::tempdir().unwrap();
+        let (svc, threads) = StoreService::start_logged(
+            &StoreMode::Disk(dir.path().to_owned(), 1 << 20),
+            Box::new(|_| {}),
+        )
+        .unwrap();
+        futures::executor::block_on(svc.publish(vec![put(1)], true)).unwrap();
+        let synced = svc.stats().syncs.load(Ordering::Relaxed);
+        futures::executor::block_on(svc.publish(vec![put(2)], false)).unwrap();
+        std::thread::sleep(DURABLE_COMMIT_INTERVAL_MAX * 4);
+        assert!(
+            svc.stats().syncs.load(Ordering::Relaxed) > synced,
+            "the NO_ACK record stayed volatile while the store was idle"
+        );
+        drop(svc);
+        threads.join();
+    }
+
     #[test]
     fn logged_groups_survive_without_a_final_checkpoint() {
         let dir = tempfile::tempdir().unwrap();
@@ -623,7 +802,8 @@ mod tests {
             sweep: None,
             durable: true,
         };
-        let (r, ok) = commit_logged(&store, &mut l, &g, &mut last_id, &mut last_durable);
+        let stats = WriteStats::default();
+        let (r, ok) = commit_logged(&store, &mut l, &g, &mut last_id, &mut last_durable, &stats);
         assert!(ok && r.is_ok());
         assert_eq!(l.next_seq, 2, "one record appended, no checkpoint");
         assert_eq!(store.wal_seq().unwrap(), 0);
