@@ -495,7 +495,7 @@ impl Compare {
 
 /// The futureq binary: `explicit`, else the one next to this executable, else built with
 /// cargo (release or debug, like this executable).
-fn futureq_binary(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
+pub(crate) fn futureq_binary(explicit: Option<PathBuf>) -> anyhow::Result<PathBuf> {
     if let Some(p) = explicit {
         return Ok(p);
     }

@@ -7,11 +7,14 @@
 //!
 //! - `compare`: starts the brokers itself and measures them side by side in one run (see
 //!   [`compare`]); writes `results.json` and prints a markdown table.
+//! - `nemesis`: a seeded fault run against a 3-node cluster with a history checker (see
+//!   [`nemesis`]); writes `nemesis.json`, fails on any violation.
 //!
 //! Every latency figure comes from an HDR histogram; results print as a markdown table.
 
 mod compare;
 mod nats_peer;
+mod nemesis;
 mod openloop;
 mod plot;
 mod procs;
@@ -105,6 +108,24 @@ enum Cmd {
         /// Measure only these systems (comma-separated; default: all).
         #[arg(long, value_enum, value_delimiter = ',', default_values_t = [compare::System::Futureq, compare::System::Redis, compare::System::Nats])]
         only: Vec<compare::System>,
+    },
+    /// Seeded fault run against a 3-node cluster it starts; checks the history.
+    Nemesis {
+        /// Seed of the fault schedule and the workload.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Seconds of faults (then everything heals and the checker runs).
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Fault kinds (comma-separated).
+        #[arg(long, value_enum, value_delimiter = ',', default_values_t = [nemesis::FaultKind::Kill, nemesis::FaultKind::Pause])]
+        faults: Vec<nemesis::FaultKind>,
+        /// Directory for nemesis.json (and the nodes' logs after a violation).
+        #[arg(long, default_value = "nemesis")]
+        out: std::path::PathBuf,
+        /// The futureq binary (default: next to this one, built with cargo if missing).
+        #[arg(long)]
+        futureq: Option<std::path::PathBuf>,
     },
 }
 
@@ -580,6 +601,21 @@ async fn main() -> anyhow::Result<()> {
             rate,
             lead_ms,
         } => lateness(&cli.addr, count, rate, lead_ms).await,
+        Cmd::Nemesis {
+            seed,
+            seconds,
+            faults,
+            out,
+            futureq,
+        } => {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+            tokio::select! {
+                r = nemesis::run(seed, Duration::from_secs(seconds), &faults, &out, futureq) => r,
+                _ = tokio::signal::ctrl_c() => bail!("interrupted; every node this run started is stopped"),
+                _ = term.recv() => bail!("terminated; every node this run started is stopped"),
+            }
+        }
         Cmd::Compare {
             quick,
             out,

@@ -99,6 +99,31 @@ impl Broker {
         rss_mb(self.child.id())
     }
 
+    /// SIGKILL and reap: nothing is flushed.
+    pub(crate) fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the process again on the same data and ports (after [`Broker::kill9`]) and
+    /// waits until gRPC accepts.
+    pub(crate) async fn respawn(&mut self) -> anyhow::Result<()> {
+        self.child = spawn(&self.bin, &self.env, &self.dir)?;
+        self.wait_serving().await
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`, …) to the process.
+    pub(crate) fn signal(&self, signal: &str) {
+        let _ = Command::new("kill")
+            .args([&format!("-{signal}"), &self.child.id().to_string()])
+            .status();
+    }
+
+    /// The process's directory (data, Raft data, `futureq.log`).
+    pub(crate) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The text of its Prometheus `/metrics` page.
     pub(crate) async fn metrics(&self) -> anyhow::Result<String> {
         let mut s = tokio::net::TcpStream::connect(&self.metrics).await?;
@@ -176,6 +201,16 @@ pub(crate) struct Cluster {
 
 impl Cluster {
     pub(crate) async fn start(bin: &Path, dir: &Path) -> anyhow::Result<Cluster> {
+        Cluster::start_with(bin, dir, "50ms", vec![]).await
+    }
+
+    /// A cluster with `cluster.raft.rtt` = `rtt` and `extra` settings on every node.
+    pub(crate) async fn start_with(
+        bin: &Path,
+        dir: &Path,
+        rtt: &str,
+        extra: Vec<(String, OsString)>,
+    ) -> anyhow::Result<Cluster> {
         let (port, raft) = (free_port()?, free_port()?);
         let members = format!(
             "{{1: \"127.0.0.1:{raft}\", 2: \"127.0.0.2:{raft}\", 3: \"127.0.0.3:{raft}\"}}"
@@ -189,12 +224,13 @@ impl Cluster {
                 ("CLUSTER_RAFT_LISTEN", format!("127.0.0.{i}:{raft}")),
                 ("CLUSTER_RAFT_ADVERTISE", format!("127.0.0.{i}:{raft}")),
                 ("CLUSTER_RAFT_INITIALMEMBERS", members.clone()),
-                ("CLUSTER_RAFT_RTT", "50ms".into()),
+                ("CLUSTER_RAFT_RTT", rtt.to_owned()),
                 ("RUNTIME_CORES", "1".into()),
             ]
             .into_iter()
             .map(|(k, v)| (k.to_owned(), v.into()))
             .chain([("CLUSTER_RAFT_DATADIR".to_owned(), ndir.join("raft").into())])
+            .chain(extra.iter().cloned())
             .collect();
             nodes.push(Broker::start(bin, &format!("127.0.0.{i}"), port, ndir, extra).await?);
         }

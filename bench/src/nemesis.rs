@@ -1,0 +1,636 @@
+//! `futureq-bench nemesis`: a Jepsen-style fault run. It starts a 3-node futureq cluster on
+//! loopback, drives it with two QUORUM publishers and one group consumer, injects faults from
+//! a seeded schedule, heals them, lets every due message be delivered, and checks the history:
+//!
+//! - **lost**: QUORUM-acked, never delivered;
+//! - **unexpected**: delivered, never published;
+//! - **early**: delivered before it was due;
+//! - **tag reuse**: one delivery tag for two payloads;
+//! - **resurrected**: delivered again after its ACK had [`ACK_SETTLE`] of fault-free time to
+//!   commit;
+//! - **liveness**: soon after the faults heal every node answers and all agree on the leader;
+//! - **convergence**: every node applied the same log (same applied index) after healing.
+//!
+//! Faults (this increment): kill -9 + restart, SIGSTOP/SIGCONT pauses of the leader or a
+//! follower (0.5–5 s). Partitions and membership changes come next; disk faults are covered
+//! in-process by the log's I/O seam (storage tests).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use futureq_bench::pb::future_q_cluster_client::FutureQClusterClient;
+use futureq_bench::pb::future_q_consumer_client::FutureQConsumerClient;
+use futureq_bench::pb::future_q_producer_client::FutureQProducerClient;
+use futureq_bench::pb::{
+    consumer_frame, AckRequest, ClusterInfoRequest, ConsumerFrame, PublishBatch, PublishMessage,
+    SubscribeInit,
+};
+use serde::Serialize;
+use tonic::transport::Channel;
+
+use crate::procs::Cluster;
+
+/// Fault-free time after an ACK within which it must have committed: a delivery after that
+/// is a resurrection.
+const ACK_SETTLE: Duration = Duration::from_secs(5);
+/// How long after the faults heal every node must answer and agree on the leader.
+const LIVENESS_WITHIN: Duration = Duration::from_secs(20);
+/// Longest delay of a published message.
+const DELAY_MAX_MS: u64 = 3_000;
+/// Messages per published batch.
+const BATCH: usize = 5;
+/// Pause between a publisher's batches.
+const PUBLISH_PACE: Duration = Duration::from_millis(20);
+/// Per-call timeout of the clients.
+const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+/// The consumer group.
+const GROUP: &str = "nemesis";
+/// The topic.
+const TOPIC: &str = "nemesis";
+
+/// A small seeded generator (splitmix64): the schedule depends on the seed only.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `lo..hi` (ms).
+    fn ms(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.next() % (hi - lo).max(1))
+    }
+}
+
+fn now_ms() -> i64 {
+    i64::try_from(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis(),
+    )
+    .unwrap_or(i64::MAX)
+}
+
+/// One delivery the consumer saw.
+#[derive(Clone)]
+struct Delivered {
+    payload: String,
+    tag: Vec<u8>,
+    at_ms: i64,
+    due_ms: i64,
+}
+
+/// One injected fault: `[start, end)` in Unix ms.
+#[derive(Clone, Serialize)]
+struct FaultRec {
+    kind: &'static str,
+    node: usize,
+    leader: bool,
+    start_ms: i64,
+    end_ms: i64,
+}
+
+/// What the clients and the nemesis recorded.
+#[derive(Default)]
+struct History {
+    /// Payloads whose publish was attempted (acked or not).
+    attempted: HashMap<String, ()>,
+    /// QUORUM-acked payloads and their tags.
+    acked: HashMap<String, Vec<u8>>,
+    deliveries: Vec<Delivered>,
+    /// First ACK sent per payload (Unix ms).
+    acks: HashMap<String, i64>,
+    faults: Vec<FaultRec>,
+}
+
+type Shared = Arc<Mutex<History>>;
+
+fn lock(h: &Shared) -> std::sync::MutexGuard<'_, History> {
+    h.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The summary a run prints and writes.
+#[derive(Serialize, Default)]
+pub(crate) struct Report {
+    seed: u64,
+    duration_s: u64,
+    faults: BTreeMap<&'static str, usize>,
+    published_attempted: usize,
+    acked: usize,
+    deliveries: usize,
+    redeliveries: usize,
+    lost: Vec<String>,
+    unexpected: Vec<String>,
+    early: Vec<String>,
+    tag_reuse: Vec<String>,
+    resurrected: Vec<String>,
+    liveness: Option<String>,
+    liveness_after_ms: u64,
+    convergence: Option<String>,
+    fault_log: Vec<FaultRec>,
+}
+
+impl Report {
+    fn violations(&self) -> usize {
+        self.lost.len()
+            + self.unexpected.len()
+            + self.early.len()
+            + self.tag_reuse.len()
+            + self.resurrected.len()
+            + usize::from(self.liveness.is_some())
+            + usize::from(self.convergence.is_some())
+    }
+}
+
+/// Fault classes a run may inject.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum FaultKind {
+    /// kill -9, restart after 0.5–3 s.
+    Kill,
+    /// SIGSTOP for 0.5–5 s, then SIGCONT.
+    Pause,
+}
+
+async fn channel(addr: &str) -> Option<Channel> {
+    tokio::time::timeout(
+        CALL_TIMEOUT,
+        Channel::from_shared(addr.to_owned()).ok()?.connect(),
+    )
+    .await
+    .ok()?
+    .ok()
+}
+
+/// The leader's gRPC URL as some node reports it (a paused node times out and is skipped).
+async fn find_leader(addrs: &[String]) -> Option<String> {
+    for a in addrs {
+        let Some(ch) = channel(a).await else { continue };
+        let info = tokio::time::timeout(
+            CALL_TIMEOUT,
+            FutureQClusterClient::new(ch).get_cluster_info(ClusterInfoRequest {}),
+        )
+        .await;
+        if let Ok(Ok(r)) = info {
+            let r = r.into_inner();
+            if !r.leader_address.is_empty() && r.leader_node_id != 0 {
+                return Some(format!("http://{}", r.leader_address));
+            }
+        }
+    }
+    None
+}
+
+/// Publishes QUORUM batches to whichever node leads until `stop`.
+async fn publisher(id: usize, addrs: Vec<String>, h: Shared, stop: Arc<AtomicBool>, seed: u64) {
+    let mut rng = Rng(seed);
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let Some(leader) = find_leader(&addrs).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let Some(ch) = channel(&leader).await else {
+            continue;
+        };
+        let (tx, rx) = futures::channel::mpsc::unbounded::<PublishBatch>();
+        let Ok(Ok(resp)) = tokio::time::timeout(
+            CALL_TIMEOUT,
+            FutureQProducerClient::new(ch).publish_stream(rx),
+        )
+        .await
+        else {
+            continue;
+        };
+        let mut acks = resp.into_inner();
+        while !stop.load(Ordering::Relaxed) {
+            n += 1;
+            let payloads: Vec<String> = (0..BATCH).map(|j| format!("p{id}-{n}-{j}")).collect();
+            let messages = payloads
+                .iter()
+                .map(|p| PublishMessage {
+                    topic: TOPIC.into(),
+                    payload: p.clone().into_bytes(),
+                    delay_ms: i64::try_from(rng.next() % DELAY_MAX_MS).unwrap_or(0),
+                    ttl_ms: 0,
+                    indexes: vec![],
+                })
+                .collect();
+            {
+                let mut g = lock(&h);
+                for p in &payloads {
+                    g.attempted.insert(p.clone(), ());
+                }
+            }
+            if tx
+                .unbounded_send(PublishBatch {
+                    messages,
+                    ack_level: 0,
+                    batch_id: n,
+                })
+                .is_err()
+            {
+                break;
+            }
+            match tokio::time::timeout(CALL_TIMEOUT * 2, acks.message()).await {
+                Ok(Ok(Some(a))) if a.success => {
+                    let mut g = lock(&h);
+                    for (p, t) in payloads.iter().zip(a.delivery_tags) {
+                        g.acked.insert(p.clone(), t);
+                    }
+                }
+                // Refused (not the leader), failed, timed out or the stream broke: the
+                // outcome is unknown; find the leader again.
+                _ => break,
+            }
+            tokio::time::sleep(PUBLISH_PACE).await;
+        }
+    }
+}
+
+/// Consumes the topic as group [`GROUP`] on whichever node leads, acking every delivery,
+/// until `stop`.
+async fn consumer(addrs: Vec<String>, h: Shared, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        let Some(leader) = find_leader(&addrs).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let Some(ch) = channel(&leader).await else {
+            continue;
+        };
+        let (tx, rx) = futures::channel::mpsc::unbounded::<ConsumerFrame>();
+        let init = ConsumerFrame {
+            frame: Some(consumer_frame::Frame::Init(SubscribeInit {
+                topic: TOPIC.into(),
+                group_id: GROUP.into(),
+                read_from_replica: false,
+                max_in_flight: 200,
+            })),
+        };
+        if tx.unbounded_send(init).is_err() {
+            continue;
+        }
+        let Ok(Ok(resp)) =
+            tokio::time::timeout(CALL_TIMEOUT, FutureQConsumerClient::new(ch).subscribe(rx)).await
+        else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let mut stream = resp.into_inner();
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                return;
+            }
+            let m = match tokio::time::timeout(Duration::from_millis(500), stream.message()).await {
+                Err(_) => continue,
+                Ok(Ok(Some(m))) => m,
+                Ok(_) => break,
+            };
+            let at_ms = now_ms();
+            let payload = String::from_utf8_lossy(&m.payload).into_owned();
+            {
+                let mut g = lock(&h);
+                g.deliveries.push(Delivered {
+                    payload: payload.clone(),
+                    tag: m.delivery_tag.clone(),
+                    at_ms,
+                    due_ms: m.enqueued_at_unix_ms + m.delay_ms,
+                });
+                g.acks.entry(payload).or_insert(at_ms);
+            }
+            let ack = ConsumerFrame {
+                frame: Some(consumer_frame::Frame::Ack(AckRequest {
+                    success: true,
+                    delivery_tag: m.delivery_tag,
+                })),
+            };
+            if tx.unbounded_send(ack).is_err() {
+                break;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The index of the node that leads (by its gRPC URL), if known.
+async fn leader_index(c: &Cluster) -> Option<usize> {
+    let addrs: Vec<String> = c.nodes.iter().map(|n| n.addr.clone()).collect();
+    let l = find_leader(&addrs).await?;
+    addrs.iter().position(|a| *a == l)
+}
+
+/// Runs the fault schedule for `duration`, then heals everything.
+async fn nemesis(
+    c: &mut Cluster,
+    rng: &mut Rng,
+    kinds: &[FaultKind],
+    duration: Duration,
+    h: &Shared,
+) -> anyhow::Result<()> {
+    let end = Instant::now() + duration;
+    while Instant::now() < end {
+        tokio::time::sleep(rng.ms(1_000, 3_000)).await;
+        let leader = leader_index(c).await;
+        // Half the faults hit the leader.
+        let node = match leader {
+            Some(l) if rng.next().is_multiple_of(2) => l,
+            _ => usize::try_from(rng.next() % 3).unwrap_or(0),
+        };
+        let kind = kinds[usize::try_from(rng.next()).unwrap_or(0) % kinds.len()];
+        let start_ms = now_ms();
+        let name = match kind {
+            FaultKind::Kill => {
+                c.nodes[node].kill9();
+                tokio::time::sleep(rng.ms(500, 3_000)).await;
+                c.nodes[node]
+                    .respawn()
+                    .await
+                    .with_context(|| format!("restarting node {}", node + 1))?;
+                "kill"
+            }
+            FaultKind::Pause => {
+                c.nodes[node].signal("STOP");
+                tokio::time::sleep(rng.ms(500, 5_000)).await;
+                c.nodes[node].signal("CONT");
+                "pause"
+            }
+        };
+        eprintln!(
+            "nemesis: {name} node {} ({}) for {} ms",
+            node + 1,
+            if Some(node) == leader {
+                "leader"
+            } else {
+                "follower"
+            },
+            now_ms() - start_ms
+        );
+        lock(h).faults.push(FaultRec {
+            kind: name,
+            node: node + 1,
+            leader: Some(node) == leader,
+            start_ms,
+            end_ms: now_ms(),
+        });
+    }
+    Ok(())
+}
+
+/// Every node answers GetClusterInfo on a fresh channel and all name the same leader.
+async fn liveness(c: &Cluster) -> Result<Duration, String> {
+    let t0 = Instant::now();
+    let mut last = String::new();
+    while t0.elapsed() < LIVENESS_WITHIN {
+        let mut leaders = Vec::new();
+        for n in &c.nodes {
+            let answer = match channel(&n.addr).await {
+                Some(ch) => tokio::time::timeout(
+                    CALL_TIMEOUT,
+                    FutureQClusterClient::new(ch).get_cluster_info(ClusterInfoRequest {}),
+                )
+                .await
+                .ok()
+                .and_then(Result::ok)
+                .map(|r| r.into_inner().leader_node_id),
+                None => None,
+            };
+            leaders.push(answer);
+        }
+        if leaders.iter().all(|l| l.is_some_and(|l| l != 0))
+            && leaders.windows(2).all(|w| w[0] == w[1])
+        {
+            return Ok(t0.elapsed());
+        }
+        last = format!("{leaders:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err(format!(
+        "nodes did not all answer and agree on a leader within {LIVENESS_WITHIN:?} of healing (leader per node: {last})"
+    ))
+}
+
+/// Every node reports the same applied index (the cluster is idle by then).
+async fn convergence(c: &Cluster) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut seen = Vec::new();
+    while Instant::now() < deadline {
+        seen.clear();
+        for n in &c.nodes {
+            let page = n.metrics().await.unwrap_or_default();
+            seen.push(
+                page.lines()
+                    .find_map(|l| l.strip_prefix("futureq_raft_applied_index "))
+                    .and_then(|v| v.parse::<f64>().ok()),
+            );
+        }
+        if seen.iter().all(Option::is_some) && seen.windows(2).all(|w| w[0] == w[1]) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err(format!("applied indexes differ after healing: {seen:?}"))
+}
+
+/// Checks the history (see the module doc).
+fn check(h: &History, r: &mut Report) {
+    let mut by_payload: HashMap<&str, Vec<&Delivered>> = HashMap::new();
+    let mut tags: HashMap<&[u8], &str> = HashMap::new();
+    for d in &h.deliveries {
+        by_payload.entry(&d.payload).or_default().push(d);
+        if !h.attempted.contains_key(&d.payload) {
+            r.unexpected.push(d.payload.clone());
+        }
+        if d.at_ms < d.due_ms {
+            r.early
+                .push(format!("{} {} ms early", d.payload, d.due_ms - d.at_ms));
+        }
+        match tags.insert(&d.tag, &d.payload) {
+            Some(other) if other != d.payload => {
+                r.tag_reuse.push(format!("{} and {}", other, d.payload));
+            }
+            _ => {}
+        }
+    }
+    for (p, tag) in &h.acked {
+        if !by_payload.contains_key(p.as_str()) {
+            r.lost.push(p.clone());
+        }
+        if let Some(Some(d)) = by_payload.get(p.as_str()).map(|v| v.first()) {
+            if d.tag != *tag {
+                r.tag_reuse
+                    .push(format!("{p}: acked with one tag, delivered with another"));
+            }
+        }
+    }
+    let settle = i64::try_from(ACK_SETTLE.as_millis()).unwrap_or(i64::MAX);
+    let fault_free = |from: i64, to: i64| {
+        !h.faults
+            .iter()
+            .any(|f| f.start_ms < to && f.end_ms + 1000 > from)
+    };
+    for (p, ds) in &by_payload {
+        r.redeliveries += ds.len().saturating_sub(1);
+        let Some(&acked_at) = h.acks.get(*p) else {
+            continue;
+        };
+        for d in ds.iter().skip(1) {
+            if d.at_ms > acked_at + settle && fault_free(acked_at, acked_at + settle) {
+                r.resurrected.push(format!(
+                    "{p}: acked at {acked_at}, delivered again {} ms later",
+                    d.at_ms - acked_at
+                ));
+            }
+        }
+    }
+    r.deliveries = h.deliveries.len();
+    r.acked = h.acked.len();
+    r.published_attempted = h.attempted.len();
+    for f in &h.faults {
+        *r.faults.entry(f.kind).or_default() += 1;
+    }
+    r.fault_log = h.faults.clone();
+    for v in [
+        &mut r.lost,
+        &mut r.unexpected,
+        &mut r.early,
+        &mut r.tag_reuse,
+        &mut r.resurrected,
+    ] {
+        v.sort();
+    }
+}
+
+/// Runs one nemesis pass; fails when the checker found a violation.
+pub(crate) async fn run(
+    seed: u64,
+    duration: Duration,
+    kinds: &[FaultKind],
+    out: &std::path::Path,
+    futureq: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    if kinds.is_empty() {
+        bail!("no fault kinds selected");
+    }
+    let bin = crate::compare::futureq_binary(futureq)?;
+    std::fs::create_dir_all(out)?;
+    let dir = tempfile::Builder::new()
+        .prefix("futureq-nemesis")
+        .tempdir()?;
+    eprintln!(
+        "nemesis: seed {seed}, {} s of faults {kinds:?}; cluster in {}",
+        duration.as_secs(),
+        dir.path().display()
+    );
+    let mut c = Cluster::start_with(
+        &bin,
+        dir.path(),
+        "20ms",
+        vec![
+            ("DELIVERY_INFLIGHTTIMEOUT".into(), "2s".into()),
+            ("OBSERVABILITY_LOGGING_LEVEL".into(), "info".into()),
+        ],
+    )
+    .await?;
+    let addrs: Vec<String> = c.nodes.iter().map(|n| n.addr.clone()).collect();
+    let h: Shared = Arc::default();
+    let stop_pub = Arc::new(AtomicBool::new(false));
+    let stop_con = Arc::new(AtomicBool::new(false));
+    let mut rng = Rng(seed);
+    let tasks: Vec<_> = (0..2)
+        .map(|i| {
+            tokio::spawn(publisher(
+                i,
+                addrs.clone(),
+                Arc::clone(&h),
+                Arc::clone(&stop_pub),
+                seed ^ (i as u64 + 1),
+            ))
+        })
+        .collect();
+    let cons = tokio::spawn(consumer(
+        addrs.clone(),
+        Arc::clone(&h),
+        Arc::clone(&stop_con),
+    ));
+    let faults = nemesis(&mut c, &mut rng, kinds, duration, &h).await;
+    // Healed: every node runs and none is paused.
+    stop_pub.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let mut report = Report {
+        seed,
+        duration_s: duration.as_secs(),
+        ..Report::default()
+    };
+    match liveness(&c).await {
+        Ok(t) => report.liveness_after_ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX),
+        Err(e) => report.liveness = Some(e),
+    }
+    // Everything acked is due within DELAY_MAX_MS; give redeliveries time too.
+    let drain_until =
+        Instant::now() + Duration::from_millis(DELAY_MAX_MS) + Duration::from_secs(15);
+    loop {
+        let (acked, delivered) = {
+            let g = lock(&h);
+            let delivered = g.acked.keys().filter(|p| g.acks.contains_key(*p)).count();
+            (g.acked.len(), delivered)
+        };
+        if delivered == acked || Instant::now() > drain_until {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A little longer: late redeliveries (resurrections) show up here.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop_con.store(true, Ordering::Relaxed);
+    let _ = cons.await;
+    if let Err(e) = convergence(&c).await {
+        report.convergence = Some(e);
+    }
+    check(&lock(&h), &mut report);
+    let json = serde_json::to_string_pretty(&report)?;
+    std::fs::write(out.join("nemesis.json"), &json)?;
+    println!(
+        "nemesis seed {seed}: faults {:?}; {} publishes attempted, {} acked, {} deliveries ({} redeliveries)",
+        report.faults, report.published_attempted, report.acked, report.deliveries, report.redeliveries
+    );
+    println!(
+        "lost {} · unexpected {} · early {} · tag reuse {} · resurrected {} · liveness {} · convergence {}",
+        report.lost.len(),
+        report.unexpected.len(),
+        report.early.len(),
+        report.tag_reuse.len(),
+        report.resurrected.len(),
+        report.liveness.as_deref().map_or_else(|| format!("ok ({} ms)", report.liveness_after_ms), str::to_owned),
+        report.convergence.as_deref().unwrap_or("ok"),
+    );
+    faults?;
+    let violations = report.violations();
+    if violations > 0 {
+        // Keep the nodes' logs for the post-mortem.
+        let keep = out.join("logs");
+        std::fs::create_dir_all(&keep)?;
+        for (i, n) in c.nodes.iter().enumerate() {
+            let _ = std::fs::copy(
+                n.dir().join("futureq.log"),
+                keep.join(format!("node{}.log", i + 1)),
+            );
+        }
+        bail!(
+            "{violations} violation(s); details in {}",
+            out.join("nemesis.json").display()
+        );
+    }
+    c.stop()?;
+    Ok(())
+}
