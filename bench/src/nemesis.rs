@@ -11,8 +11,12 @@
 //! - **liveness**: soon after the faults heal every node answers and all agree on the leader;
 //! - **convergence**: every node applied the same log (same applied index) after healing.
 //!
-//! Faults (this increment): kill -9 + restart, SIGSTOP/SIGCONT pauses of the leader or a
-//! follower (0.5–5 s). Partitions and membership changes come next; disk faults are covered
+//! Faults: kill -9 + restart, SIGSTOP/SIGCONT pauses of the leader or a follower (0.5–5 s),
+//! and partitions of the Raft links (an isolated leader, an isolated follower, a bridge where
+//! two nodes are cut but both see the third) made with nftables rules between the nodes'
+//! loopback addresses (peer links bind to the host of `cluster.raft.listen`). Without `nft`
+//! (`scripts/install-nemesis.sh`) or the privilege to load rules, partitions are skipped with
+//! a line saying so. Membership changes under load come next; disk faults are covered
 //! in-process by the log's I/O seam (storage tests).
 
 use std::collections::{BTreeMap, HashMap};
@@ -104,8 +108,8 @@ struct FaultRec {
 struct History {
     /// Payloads whose publish was attempted (acked or not).
     attempted: HashMap<String, ()>,
-    /// QUORUM-acked payloads and their tags.
-    acked: HashMap<String, Vec<u8>>,
+    /// QUORUM-acked payloads: their tags and when the ack came (Unix ms).
+    acked: HashMap<String, (Vec<u8>, i64)>,
     deliveries: Vec<Delivered>,
     /// First ACK sent per payload (Unix ms).
     acks: HashMap<String, i64>,
@@ -158,6 +162,68 @@ pub(crate) enum FaultKind {
     Kill,
     /// SIGSTOP for 0.5–5 s, then SIGCONT.
     Pause,
+    /// Cut Raft links with nftables for 1–5 s.
+    Partition,
+}
+
+/// The nftables table holding the partition rules (removed when the run ends).
+const NFT_TABLE: &str = "futureq_nemesis";
+
+fn nft(args: &str) -> Result<(), String> {
+    let out = std::process::Command::new("nft")
+        .args(args.split_whitespace())
+        .output()
+        .map_err(|e| format!("nft: {e}"))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "nft {args}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Partitions between the nodes' addresses (127.0.0.1–3) on the Raft port.
+struct Firewall {
+    raft_port: u16,
+}
+
+impl Firewall {
+    /// Creates the table and its output chain; an error says why partitions cannot run.
+    fn new(raft_port: u16) -> Result<Firewall, String> {
+        let _ = nft(&format!("delete table inet {NFT_TABLE}"));
+        nft(&format!("add table inet {NFT_TABLE}"))?;
+        nft(&format!(
+            "add chain inet {NFT_TABLE} output {{ type filter hook output priority 0 ; }}"
+        ))?;
+        Ok(Firewall { raft_port })
+    }
+
+    /// Drops every Raft packet between nodes `a` and `b` (0-based), both directions.
+    fn cut(&self, a: usize, b: usize) -> Result<(), String> {
+        let p = self.raft_port;
+        for (x, y) in [(a, b), (b, a)] {
+            for dir in ["dport", "sport"] {
+                nft(&format!(
+                    "add rule inet {NFT_TABLE} output ip saddr 127.0.0.{} ip daddr 127.0.0.{} tcp {dir} {p} drop",
+                    x + 1,
+                    y + 1
+                ))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn heal(&self) -> Result<(), String> {
+        nft(&format!("flush chain inet {NFT_TABLE} output"))
+    }
+}
+
+impl Drop for Firewall {
+    fn drop(&mut self) {
+        let _ = nft(&format!("delete table inet {NFT_TABLE}"));
+    }
 }
 
 async fn channel(addr: &str) -> Option<Channel> {
@@ -242,9 +308,10 @@ async fn publisher(id: usize, addrs: Vec<String>, h: Shared, stop: Arc<AtomicBoo
             }
             match tokio::time::timeout(CALL_TIMEOUT * 2, acks.message()).await {
                 Ok(Ok(Some(a))) if a.success => {
+                    let at = now_ms();
                     let mut g = lock(&h);
                     for (p, t) in payloads.iter().zip(a.delivery_tags) {
-                        g.acked.insert(p.clone(), t);
+                        g.acked.insert(p.clone(), (t, at));
                     }
                 }
                 // Refused (not the leader), failed, timed out or the stream broke: the
@@ -279,12 +346,22 @@ async fn consumer(addrs: Vec<String>, h: Shared, stop: Arc<AtomicBool>) {
         if tx.unbounded_send(init).is_err() {
             continue;
         }
-        let Ok(Ok(resp)) =
-            tokio::time::timeout(CALL_TIMEOUT, FutureQConsumerClient::new(ch).subscribe(rx)).await
-        else {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
+        let resp =
+            match tokio::time::timeout(CALL_TIMEOUT, FutureQConsumerClient::new(ch).subscribe(rx))
+                .await
+            {
+                Ok(Ok(r)) => r,
+                other => {
+                    let why = match other {
+                        Ok(Err(s)) => format!("{:?}: {}", s.code(), s.message()),
+                        _ => "timed out".into(),
+                    };
+                    eprintln!("nemesis: consumer: subscribe on {leader} failed ({why})");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+        eprintln!("nemesis: consumer: subscribed on {leader}");
         let mut stream = resp.into_inner();
         loop {
             if stop.load(Ordering::Relaxed) {
@@ -293,7 +370,14 @@ async fn consumer(addrs: Vec<String>, h: Shared, stop: Arc<AtomicBool>) {
             let m = match tokio::time::timeout(Duration::from_millis(500), stream.message()).await {
                 Err(_) => continue,
                 Ok(Ok(Some(m))) => m,
-                Ok(_) => break,
+                Ok(end) => {
+                    let why = match end {
+                        Ok(_) => "ended".to_owned(),
+                        Err(s) => format!("{:?}: {}", s.code(), s.message()),
+                    };
+                    eprintln!("nemesis: consumer: stream on {leader} {why}");
+                    break;
+                }
             };
             let at_ms = now_ms();
             let payload = String::from_utf8_lossy(&m.payload).into_owned();
@@ -333,6 +417,7 @@ async fn nemesis(
     c: &mut Cluster,
     rng: &mut Rng,
     kinds: &[FaultKind],
+    firewall: Option<&Firewall>,
     duration: Duration,
     h: &Shared,
 ) -> anyhow::Result<()> {
@@ -362,6 +447,28 @@ async fn nemesis(
                 tokio::time::sleep(rng.ms(500, 5_000)).await;
                 c.nodes[node].signal("CONT");
                 "pause"
+            }
+            FaultKind::Partition => {
+                let fw = firewall.context("partitions need nftables")?;
+                let others: Vec<usize> = (0..3).filter(|i| *i != node).collect();
+                // Isolate the node, or (a third of the time) a bridge: the two others are
+                // cut from each other and both still see this one.
+                let bridge = rng.next().is_multiple_of(3);
+                let cuts: Vec<(usize, usize)> = if bridge {
+                    vec![(others[0], others[1])]
+                } else {
+                    others.iter().map(|o| (node, *o)).collect()
+                };
+                for (a, b) in &cuts {
+                    fw.cut(*a, *b).map_err(anyhow::Error::msg)?;
+                }
+                tokio::time::sleep(rng.ms(1_000, 5_000)).await;
+                fw.heal().map_err(anyhow::Error::msg)?;
+                if bridge {
+                    "partition-bridge"
+                } else {
+                    "partition-isolate"
+                }
             }
         };
         eprintln!(
@@ -460,9 +567,13 @@ fn check(h: &History, r: &mut Report) {
             _ => {}
         }
     }
-    for (p, tag) in &h.acked {
+    for (p, (tag, at)) in &h.acked {
         if !by_payload.contains_key(p.as_str()) {
-            r.lost.push(p.clone());
+            let id = tag
+                .get(16..24)
+                .and_then(|b| b.try_into().ok())
+                .map_or(0, u64::from_be_bytes);
+            r.lost.push(format!("{p} (event id {id}, acked at {at})"));
         }
         if let Some(Some(d)) = by_payload.get(p.as_str()).map(|v| v.first()) {
             if d.tag != *tag {
@@ -530,6 +641,7 @@ pub(crate) async fn run(
         duration.as_secs(),
         dir.path().display()
     );
+    let mut kinds = kinds.to_vec();
     let mut c = Cluster::start_with(
         &bin,
         dir.path(),
@@ -540,6 +652,21 @@ pub(crate) async fn run(
         ],
     )
     .await?;
+    let firewall = if kinds.contains(&FaultKind::Partition) {
+        match Firewall::new(c.raft_port) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                println!("nemesis: partitions skipped: nftables cannot run here ({e}); install it with scripts/install-nemesis.sh (as root)");
+                kinds.retain(|k| *k != FaultKind::Partition);
+                None
+            }
+        }
+    } else {
+        None
+    };
+    if kinds.is_empty() {
+        bail!("no fault kind can run here");
+    }
     let addrs: Vec<String> = c.nodes.iter().map(|n| n.addr.clone()).collect();
     let h: Shared = Arc::default();
     let stop_pub = Arc::new(AtomicBool::new(false));
@@ -561,7 +688,10 @@ pub(crate) async fn run(
         Arc::clone(&h),
         Arc::clone(&stop_con),
     ));
-    let faults = nemesis(&mut c, &mut rng, kinds, duration, &h).await;
+    let faults = nemesis(&mut c, &mut rng, &kinds, firewall.as_ref(), duration, &h).await;
+    if let Some(fw) = &firewall {
+        let _ = fw.heal();
+    }
     // Healed: every node runs and none is paused.
     stop_pub.store(true, Ordering::Relaxed);
     for t in tasks {

@@ -197,6 +197,8 @@ pub(crate) async fn standalone(bin: &Path, dir: &Path) -> anyhow::Result<Broker>
 /// three nodes and the load generator share this machine's CPUs).
 pub(crate) struct Cluster {
     pub(crate) nodes: Vec<Broker>,
+    /// The Raft port every node listens on (at 127.0.0.1, .2, .3).
+    pub(crate) raft_port: u16,
 }
 
 impl Cluster {
@@ -234,7 +236,10 @@ impl Cluster {
             .collect();
             nodes.push(Broker::start(bin, &format!("127.0.0.{i}"), port, ndir, extra).await?);
         }
-        let cluster = Cluster { nodes };
+        let cluster = Cluster {
+            nodes,
+            raft_port: raft,
+        };
         cluster.settle().await?;
         Ok(cluster)
     }

@@ -37,6 +37,34 @@ pub const RECONNECT_MIN: Duration = Duration::from_millis(50);
 pub const RECONNECT_MAX: Duration = Duration::from_secs(1);
 /// Bytes read from the socket at a time.
 const READ_CHUNK: usize = 64 << 10;
+/// Longest wait for a bound outgoing connection to be established.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Connects to `to` from `ip` (bind before connect). The blocking connect runs on the
+/// executor's blocking threads, bounded by `timeout`: a peer behind a firewall that drops
+/// SYNs must not stall the reactor.
+async fn connect_from(
+    ip: std::net::IpAddr,
+    to: SocketAddr,
+    timeout: Duration,
+) -> std::io::Result<TcpStream> {
+    use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+    let socket = glommio::executor()
+        .spawn_blocking(move || {
+            let domain = if to.is_ipv6() {
+                Domain::IPV6
+            } else {
+                Domain::IPV4
+            };
+            let s = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
+            s.bind(&SockAddr::from(SocketAddr::new(ip, 0)))?;
+            s.connect_timeout(&SockAddr::from(to), timeout)?;
+            Ok::<_, std::io::Error>(s)
+        })
+        .await?;
+    Ok(TcpStream::from(socket))
+}
+
 /// Kind of the first frame a client sends on a connection: the cluster secret. Never handed
 /// to the request handler.
 pub const KIND_HELLO: u8 = 0xF0;
@@ -249,6 +277,8 @@ pub struct PeerClient {
     connecting: Cell<bool>,
     connect_done: event_listener::Event,
     secret: PeerSecret,
+    /// Local address outgoing connections bind to (`None`: the kernel picks).
+    bind: Option<std::net::IpAddr>,
 }
 
 impl PeerClient {
@@ -266,7 +296,17 @@ impl PeerClient {
             connecting: Cell::new(false),
             connect_done: event_listener::Event::new(),
             secret: PeerSecret::default(),
+            bind: None,
         }
+    }
+
+    /// Binds outgoing connections to `ip` (the host of `cluster.raft.listen`), so that a
+    /// peer sees this node's own address as the source: firewall rules between node
+    /// addresses (and multi-homed hosts) then apply to both directions of a link.
+    #[must_use]
+    pub fn with_bind(mut self, ip: Option<std::net::IpAddr>) -> Self {
+        self.bind = ip.filter(|ip| !ip.is_unspecified());
+        self
     }
 
     /// Opens every connection with `secret` (see [`KIND_HELLO`]).
@@ -323,7 +363,12 @@ impl PeerClient {
         }
         self.last_attempt.set(Some(Instant::now()));
         self.connecting.set(true);
-        let connected = TcpStream::connect(self.addr).await;
+        let connected = match self.bind {
+            None => TcpStream::connect(self.addr)
+                .await
+                .map_err(std::io::Error::from),
+            Some(ip) => connect_from(ip, self.addr, CONNECT_TIMEOUT).await,
+        };
         let stream = match connected {
             Ok(s) => s,
             Err(e) => {

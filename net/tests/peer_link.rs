@@ -157,3 +157,22 @@ fn links_without_the_secret_are_refused() {
         server.await;
     });
 }
+
+/// Outgoing links bound to the node's own address: the peer sees it as the source (rules
+/// between node addresses then cut both directions of a link).
+#[test]
+fn bound_links_come_from_the_node_address() {
+    run(|| async {
+        let listener = glommio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let client = PeerClient::new(addr, 1 << 20).with_bind(Some("127.0.0.3".parse().unwrap()));
+        let call = glommio::spawn_local(async move {
+            let _ = client
+                .call(1, 3, Bytes::from_static(b"x"), Duration::from_millis(300))
+                .await;
+        });
+        let conn = listener.accept().await.unwrap();
+        assert_eq!(conn.peer_addr().unwrap().ip().to_string(), "127.0.0.3");
+        call.await;
+    });
+}

@@ -62,6 +62,7 @@ pub struct PeerNetwork {
     timeout: Duration,
     reconnect_max: Duration,
     secret: futureq_net::peer_link::PeerSecret,
+    bind: Option<std::net::IpAddr>,
     clients: Rc<RefCell<HashMap<SocketAddr, Rc<PeerClient>>>>,
 }
 
@@ -74,8 +75,16 @@ impl PeerNetwork {
             timeout,
             reconnect_max: futureq_net::peer_link::RECONNECT_MAX,
             secret: futureq_net::peer_link::PeerSecret::default(),
+            bind: None,
             clients: Rc::default(),
         }
+    }
+
+    /// Binds every outgoing link to `ip` (see [`PeerClient::with_bind`]).
+    #[must_use]
+    pub fn with_bind(mut self, ip: Option<std::net::IpAddr>) -> Self {
+        self.bind = ip;
+        self
     }
 
     /// Opens every link with the cluster secret.
@@ -100,6 +109,7 @@ impl PeerNetwork {
             timeout: self.timeout,
             reconnect_max: self.reconnect_max,
             secret: self.secret.clone(),
+            bind: self.bind,
             clients: Rc::clone(&self.clients),
         }
     }
@@ -111,7 +121,8 @@ impl PeerNetwork {
             Rc::new(
                 PeerClient::new(addr, PEER_FRAME_MAX)
                     .with_reconnect_max(self.reconnect_max)
-                    .with_secret(self.secret.clone()),
+                    .with_secret(self.secret.clone())
+                    .with_bind(self.bind),
             )
         }))
     }

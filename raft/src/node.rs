@@ -569,7 +569,8 @@ impl Node {
         // (10 rtt): retry links to a down peer at least every 2 rtt.
         let network = PeerNetwork::new(EVENT_GROUP, RPC_TIMEOUT)
             .with_reconnect_max(cfg.rtt * 2)
-            .with_secret(cfg.secret.clone());
+            .with_secret(cfg.secret.clone())
+            .with_bind(Some(cfg.raft_listen.ip()));
         let event_sm = EventStateMachine::new(store, on_applied);
         let event = EventRaft::new(
             cfg.node_id,

@@ -64,16 +64,20 @@ pub async fn get_cluster_info(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> 
                 Some(alive) => alive.contains(&id),
                 None => id == s.node_id,
             };
+            // The leader as Raft knows it now: the topology in the metadata group names the
+            // leader that last published it, which lags (or stays stale while the metadata
+            // group has no leader).
+            let leader = view.leader_id.unwrap_or(0);
             pb::ClusterInfoResponse {
-                leader_node_id: info.leader_id,
-                leader_address: info.leader_addr,
+                leader_node_id: leader,
+                leader_address: view.leader_addr.clone(),
                 nodes: info
                     .nodes
                     .into_iter()
                     .map(|n| pb::NodeInfo {
                         node_id: n.node_id,
                         address: n.address,
-                        is_leader: n.is_leader,
+                        is_leader: n.node_id == leader,
                         is_alive: alive(n.node_id),
                         raft_address: n.raft_address,
                         is_voter: n.is_voter,
