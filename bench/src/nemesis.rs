@@ -413,6 +413,62 @@ async fn leader_index(c: &Cluster) -> Option<usize> {
 }
 
 /// Runs the fault schedule for `duration`, then heals everything.
+/// One fault class: what is done, and to whom.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Class {
+    KillLeader,
+    KillFollower,
+    PauseLeader,
+    PauseFollower,
+    IsolateLeader,
+    IsolateFollower,
+    /// The two followers cut from each other; both still see the leader.
+    Bridge,
+}
+
+impl Class {
+    const ALL: [Class; 7] = [
+        Class::KillLeader,
+        Class::KillFollower,
+        Class::PauseLeader,
+        Class::PauseFollower,
+        Class::IsolateLeader,
+        Class::IsolateFollower,
+        Class::Bridge,
+    ];
+
+    fn kind(self) -> FaultKind {
+        match self {
+            Class::KillLeader | Class::KillFollower => FaultKind::Kill,
+            Class::PauseLeader | Class::PauseFollower => FaultKind::Pause,
+            _ => FaultKind::Partition,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Class::KillLeader => "kill-leader",
+            Class::KillFollower => "kill-follower",
+            Class::PauseLeader => "pause-leader",
+            Class::PauseFollower => "pause-follower",
+            Class::IsolateLeader => "isolate-leader",
+            Class::IsolateFollower => "isolate-follower",
+            Class::Bridge => "bridge",
+        }
+    }
+
+    /// Whether it targets the leader (a bridge keeps the leader and cuts the followers).
+    fn hits_leader(self) -> bool {
+        matches!(
+            self,
+            Class::KillLeader | Class::PauseLeader | Class::IsolateLeader | Class::Bridge
+        )
+    }
+}
+
+/// Runs the fault schedule for `duration`, then heals everything. The first faults go
+/// through every enabled class once (in a seeded order), so that every class runs in every
+/// pass long enough for them; then classes are drawn at random.
 async fn nemesis(
     c: &mut Cluster,
     rng: &mut Rng,
@@ -421,70 +477,68 @@ async fn nemesis(
     duration: Duration,
     h: &Shared,
 ) -> anyhow::Result<()> {
+    let enabled: Vec<Class> = Class::ALL
+        .into_iter()
+        .filter(|c| kinds.contains(&c.kind()))
+        .collect();
+    let mut first_round = enabled.clone();
+    for i in (1..first_round.len()).rev() {
+        let j = usize::try_from(rng.next() % (i as u64 + 1)).unwrap_or(0);
+        first_round.swap(i, j);
+    }
+    first_round.reverse();
     let end = Instant::now() + duration;
     while Instant::now() < end {
         tokio::time::sleep(rng.ms(1_000, 3_000)).await;
-        let leader = leader_index(c).await;
-        // Half the faults hit the leader.
-        let node = match leader {
-            Some(l) if rng.next().is_multiple_of(2) => l,
-            _ => usize::try_from(rng.next() % 3).unwrap_or(0),
+        let class = first_round
+            .pop()
+            .unwrap_or_else(|| enabled[usize::try_from(rng.next()).unwrap_or(0) % enabled.len()]);
+        let leader = leader_index(c).await.unwrap_or(0);
+        let followers: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
+        let node = if class.hits_leader() {
+            leader
+        } else {
+            followers[usize::try_from(rng.next() % 2).unwrap_or(0)]
         };
-        let kind = kinds[usize::try_from(rng.next()).unwrap_or(0) % kinds.len()];
         let start_ms = now_ms();
-        let name = match kind {
-            FaultKind::Kill => {
+        match class {
+            Class::KillLeader | Class::KillFollower => {
                 c.nodes[node].kill9();
                 tokio::time::sleep(rng.ms(500, 3_000)).await;
                 c.nodes[node]
                     .respawn()
                     .await
                     .with_context(|| format!("restarting node {}", node + 1))?;
-                "kill"
             }
-            FaultKind::Pause => {
+            Class::PauseLeader | Class::PauseFollower => {
                 c.nodes[node].signal("STOP");
                 tokio::time::sleep(rng.ms(500, 5_000)).await;
                 c.nodes[node].signal("CONT");
-                "pause"
             }
-            FaultKind::Partition => {
+            Class::IsolateLeader | Class::IsolateFollower | Class::Bridge => {
                 let fw = firewall.context("partitions need nftables")?;
-                let others: Vec<usize> = (0..3).filter(|i| *i != node).collect();
-                // Isolate the node, or (a third of the time) a bridge: the two others are
-                // cut from each other and both still see this one.
-                let bridge = rng.next().is_multiple_of(3);
-                let cuts: Vec<(usize, usize)> = if bridge {
-                    vec![(others[0], others[1])]
+                let cuts: Vec<(usize, usize)> = if class == Class::Bridge {
+                    vec![(followers[0], followers[1])]
                 } else {
-                    others.iter().map(|o| (node, *o)).collect()
+                    (0..3).filter(|o| *o != node).map(|o| (node, o)).collect()
                 };
                 for (a, b) in &cuts {
                     fw.cut(*a, *b).map_err(anyhow::Error::msg)?;
                 }
                 tokio::time::sleep(rng.ms(1_000, 5_000)).await;
                 fw.heal().map_err(anyhow::Error::msg)?;
-                if bridge {
-                    "partition-bridge"
-                } else {
-                    "partition-isolate"
-                }
             }
-        };
+        }
         eprintln!(
-            "nemesis: {name} node {} ({}) for {} ms",
+            "nemesis: {} (node {}) for {} ms",
+            class.name(),
             node + 1,
-            if Some(node) == leader {
-                "leader"
-            } else {
-                "follower"
-            },
             now_ms() - start_ms
         );
         lock(h).faults.push(FaultRec {
-            kind: name,
+            kind: class.name(),
             node: node + 1,
-            leader: Some(node) == leader,
+            leader: node == leader,
             start_ms,
             end_ms: now_ms(),
         });
