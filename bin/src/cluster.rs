@@ -36,6 +36,8 @@ use crate::metrics::Metrics;
 
 /// Capacity of the Raft core's request queue.
 pub const RAFT_QUEUE_MAX: usize = 4096;
+/// Requests the Raft core serves at once (each waits for its proposal or membership change).
+const RAFT_REQUESTS_MAX: u64 = 4096;
 /// How often leadership is re-checked when nothing changes (the quorum-freshness check
 /// needs a clock, not an event).
 const WATCH_INTERVAL: Duration = Duration::from_millis(20);
@@ -398,10 +400,20 @@ pub async fn serve(
     let watcher = glommio::spawn_local(watch(Rc::clone(&core), shutdown.clone()));
     glommio::spawn_local(watch_stalls(shutdown.clone())).detach();
     glommio::spawn_local(register(Rc::clone(&core), shutdown.clone())).detach();
+    // At most RAFT_REQUESTS_MAX requests in service: beyond it the queue fills and the
+    // ingress cores wait (back-pressure), instead of tasks piling up on the Raft core.
+    let in_service = Rc::new(glommio::sync::Semaphore::new(RAFT_REQUESTS_MAX));
     let requests = async {
         while let Ok(req) = rx.recv_async().await {
+            let Ok(permit) = Rc::clone(&in_service).acquire_static_permit(1).await else {
+                break;
+            };
             let core = Rc::clone(&core);
-            glommio::spawn_local(async move { core.handle(req).await }).detach();
+            glommio::spawn_local(async move {
+                core.handle(req).await;
+                drop(permit);
+            })
+            .detach();
         }
     };
     future::or(requests, shutdown.wait()).await;

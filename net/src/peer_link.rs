@@ -37,6 +37,9 @@ pub const RECONNECT_MIN: Duration = Duration::from_millis(50);
 pub const RECONNECT_MAX: Duration = Duration::from_secs(1);
 /// Bytes read from the socket at a time.
 const READ_CHUNK: usize = 64 << 10;
+/// Requests of one connection served at once; beyond it the server stops reading the
+/// connection until one finishes (a peer cannot make it spawn tasks without bound).
+pub const PEER_REQUESTS_MAX: u64 = 256;
 /// Longest wait for a bound outgoing connection to be established.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -158,12 +161,12 @@ fn spawn_writer(
     tx
 }
 
-/// Reads frames from `r` until EOF, an error, a malformed frame, or `on_frame` returning
-/// false, calling `on_frame`.
-async fn read_frames(
+/// Reads frames from `r` until EOF, an error, a malformed frame, or `on_frame` resolving to
+/// false, awaiting `on_frame` for each (while it waits, nothing more is read: back-pressure).
+async fn read_frames<F: Future<Output = bool>>(
     mut r: impl futures_lite::AsyncRead + Unpin,
     max_frame: usize,
-    mut on_frame: impl FnMut(PeerFrame) -> bool,
+    mut on_frame: impl FnMut(PeerFrame) -> F,
 ) {
     let mut dec = PeerFrameDecoder::new(max_frame);
     let mut buf = vec![0u8; READ_CHUNK];
@@ -176,7 +179,7 @@ async fn read_frames(
         loop {
             match dec.decode() {
                 Ok(Some(f)) => {
-                    if !on_frame(f) {
+                    if !on_frame(f).await {
                         return;
                     }
                 }
@@ -217,39 +220,46 @@ async fn serve_conn(stream: TcpStream, handler: PeerHandler, max_frame: usize, s
     let (r, w) = futures_lite::io::split(stream);
     let tx = Rc::new(spawn_writer(w, || {}));
     // None until the first frame: then whether the connection may go on.
-    let mut admitted: Option<bool> = None;
+    let admitted: Rc<Cell<Option<bool>>> = Rc::default();
+    let permits = Rc::new(glommio::sync::Semaphore::new(PEER_REQUESTS_MAX));
     read_frames(r, max_frame, |frame| {
-        let first = admitted.is_none();
-        if first {
-            let ok = secret.is_open()
-                || (frame.kind == KIND_HELLO && secret.matches(&frame.payload));
-            if !ok {
-                tracing::warn!(target: "net.peer", ?peer, "peer connection without the cluster secret refused");
+        let (handler, tx, secret) = (Rc::clone(&handler), Rc::clone(&tx), secret.clone());
+        let (admitted, permits) = (Rc::clone(&admitted), Rc::clone(&permits));
+        async move {
+            if admitted.get().is_none() {
+                let ok = secret.is_open()
+                    || (frame.kind == KIND_HELLO && secret.matches(&frame.payload));
+                if !ok {
+                    tracing::warn!(target: "net.peer", ?peer, "peer connection without the cluster secret refused");
+                }
+                admitted.set(Some(ok));
             }
-            admitted = Some(ok);
-        }
-        if admitted == Some(false) {
-            return false;
-        }
-        if frame.kind == KIND_HELLO {
-            return true;
-        }
-        let (handler, tx) = (Rc::clone(&handler), Rc::clone(&tx));
-        glommio::spawn_local(async move {
-            let (group, request_id) = (frame.group, frame.request_id);
-            if let Some((kind, payload)) = handler(frame).await {
-                let _ = tx
-                    .send(encode(&PeerFrame {
-                        group,
-                        kind,
-                        request_id,
-                        payload,
-                    }))
-                    .await;
+            if admitted.get() == Some(false) {
+                return false;
             }
-        })
-        .detach();
-        true
+            if frame.kind == KIND_HELLO {
+                return true;
+            }
+            let Ok(permit) = permits.acquire_static_permit(1).await else {
+                return false;
+            };
+            glommio::spawn_local(async move {
+                let (group, request_id) = (frame.group, frame.request_id);
+                if let Some((kind, payload)) = handler(frame).await {
+                    let _ = tx
+                        .send(encode(&PeerFrame {
+                            group,
+                            kind,
+                            request_id,
+                            payload,
+                        }))
+                        .await;
+                }
+                drop(permit);
+            })
+            .detach();
+            true
+        }
     })
     .await;
 }
@@ -411,7 +421,7 @@ impl PeerClient {
                     if let Some(waiter) = pending.borrow_mut().remove(&f.request_id) {
                         let _ = waiter.send(f);
                     }
-                    true
+                    std::future::ready(true)
                 })
                 .await;
                 dead();

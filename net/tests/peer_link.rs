@@ -176,3 +176,50 @@ fn bound_links_come_from_the_node_address() {
         call.await;
     });
 }
+
+/// Issue 10.10: one connection gets at most PEER_REQUESTS_MAX requests served at once; the
+/// server stops reading it beyond that instead of spawning tasks without bound.
+#[test]
+fn requests_in_service_per_connection_are_bounded() {
+    use futureq_net::peer_link::PEER_REQUESTS_MAX;
+    use std::cell::Cell;
+    run(|| async {
+        let listener = glommio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = Shutdown::new();
+        let running = Rc::new(Cell::new(0u64));
+        let r = Rc::clone(&running);
+        let stuck: PeerHandler = Rc::new(move |_f: PeerFrame| {
+            let r = Rc::clone(&r);
+            Box::pin(async move {
+                r.set(r.get() + 1);
+                glommio::timer::sleep(Duration::from_secs(30)).await;
+                None
+            })
+        });
+        let server = glommio::spawn_local(serve_peers(
+            listener,
+            stuck,
+            1 << 20,
+            Default::default(),
+            stop.clone(),
+        ));
+        let client = Rc::new(PeerClient::new(addr, 1 << 20));
+        let calls: Vec<_> = (0..PEER_REQUESTS_MAX + 50)
+            .map(|_| {
+                let c = Rc::clone(&client);
+                glommio::spawn_local(async move {
+                    let _ = c
+                        .call(1, 3, Bytes::from_static(b"x"), Duration::from_millis(500))
+                        .await;
+                })
+            })
+            .collect();
+        for c in calls {
+            c.await;
+        }
+        assert_eq!(running.get(), PEER_REQUESTS_MAX);
+        stop.trigger();
+        drop(server);
+    });
+}

@@ -44,12 +44,31 @@ pub const PEER_FRAME_MAX: usize = 256 << 20;
 pub const SNAPSHOT_RPC_TIMEOUT: Duration = Duration::from_secs(60);
 /// Largest piece of snapshot data per frame.
 pub const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
+/// Most entry bytes one AppendEntries frame carries (openraft bounds a request by entries
+/// only: 300 entries of 4 MiB batches would be a 1.2 GB frame, refused by the peer).
+pub const APPEND_BYTES_MAX: usize = 32 << 20;
 /// Largest snapshot a receiver assembles.
 pub const SNAPSHOT_BYTES_MAX: u64 = 16 << 30;
 /// Answer to a chunk that was taken.
 const CHUNK_TAKEN: u8 = 0;
 /// Answer to a chunk that does not continue the current transfer (the sender starts over).
 const CHUNK_REFUSED: u8 = 1;
+
+/// How many leading entries fit in `max` bytes (at least one, so replication always moves).
+fn entries_within(entries: &[crate::types::Entry], max: usize) -> usize {
+    let mut bytes = 0usize;
+    for (i, e) in entries.iter().enumerate() {
+        let n = match &e.payload {
+            openraft::EntryPayload::Normal(c) => c.0.len(),
+            _ => 0,
+        } + 64;
+        if i > 0 && bytes + n > max {
+            return i;
+        }
+        bytes += n;
+    }
+    entries.len()
+}
 
 fn unreachable(e: impl std::fmt::Display) -> Unreachable<TypeConfig> {
     Unreachable::from_string(e.to_string())
@@ -63,6 +82,7 @@ pub struct PeerNetwork {
     reconnect_max: Duration,
     secret: futureq_net::peer_link::PeerSecret,
     bind: Option<std::net::IpAddr>,
+    append_bytes_max: usize,
     clients: Rc<RefCell<HashMap<SocketAddr, Rc<PeerClient>>>>,
 }
 
@@ -76,8 +96,16 @@ impl PeerNetwork {
             reconnect_max: futureq_net::peer_link::RECONNECT_MAX,
             secret: futureq_net::peer_link::PeerSecret::default(),
             bind: None,
+            append_bytes_max: APPEND_BYTES_MAX,
             clients: Rc::default(),
         }
+    }
+
+    /// Bounds the entry bytes of one AppendEntries frame (at least one entry always goes).
+    #[must_use]
+    pub fn with_append_bytes_max(mut self, max: usize) -> Self {
+        self.append_bytes_max = max;
+        self
     }
 
     /// Binds every outgoing link to `ip` (see [`PeerClient::with_bind`]).
@@ -110,6 +138,7 @@ impl PeerNetwork {
             reconnect_max: self.reconnect_max,
             secret: self.secret.clone(),
             bind: self.bind,
+            append_bytes_max: self.append_bytes_max,
             clients: Rc::clone(&self.clients),
         }
     }
@@ -132,6 +161,7 @@ impl PeerNetwork {
 pub struct PeerConn {
     group: u8,
     timeout: Duration,
+    append_bytes_max: usize,
     client: Result<Rc<PeerClient>, String>,
 }
 
@@ -147,6 +177,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
         PeerConn {
             group: self.group,
             timeout: self.timeout,
+            append_bytes_max: self.append_bytes_max,
             client,
         }
     }
@@ -189,16 +220,28 @@ fn decode_snapshot(b: &[u8]) -> Result<(Vote, Meta, Vec<u8>), CodecError> {
 impl RaftNetworkV2<TypeConfig> for PeerConn {
     type SnapshotData = SnapshotData;
 
+    /// Sends the entries that fit in `append_bytes_max` (at least one); when that is a
+    /// prefix, a full success is reported as a partial one up to the last entry sent, and
+    /// openraft sends the rest next.
     async fn append_entries(
         &mut self,
-        rpc: AppendEntriesRequest<TypeConfig>,
+        mut rpc: AppendEntriesRequest<TypeConfig>,
         _option: RPCOption,
     ) -> Result<AppendEntriesResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let keep = entries_within(&rpc.entries, self.append_bytes_max);
+        let partial = keep < rpc.entries.len();
+        rpc.entries.truncate(keep);
+        let last_sent = rpc.entries.last().map(|e| e.log_id);
         let b = self
             .call(KIND_APPEND, encode_append(&rpc))
             .await
             .map_err(RPCError::Unreachable)?;
-        decode_append_response(&b).map_err(|e| RPCError::Unreachable(unreachable(e)))
+        match decode_append_response(&b).map_err(|e| RPCError::Unreachable(unreachable(e)))? {
+            AppendEntriesResponse::Success if partial => {
+                Ok(AppendEntriesResponse::PartialSuccess(last_sent))
+            }
+            other => Ok(other),
+        }
     }
 
     async fn vote(

@@ -396,3 +396,119 @@ fn three_nodes_over_tcp_elect_replicate_and_fail_over() {
         }
     });
 }
+
+/// Issue 10.10: replication is bounded by bytes, not only entries. A follower far behind on
+/// large entries catches up although one AppendEntries of openraft's default size would be
+/// far over the peer's frame limit.
+#[test]
+fn a_follower_behind_on_large_entries_catches_up_in_bounded_frames() {
+    use futureq_net::peer_link::serve_peers;
+    use futureq_net::Shutdown;
+    use futureq_raft::network::{raft_handler, PeerNetwork};
+
+    /// The peers' frame limit in this test, and the bytes one AppendEntries may carry.
+    const FRAME_MAX: usize = 2 << 20;
+    const APPEND_MAX: usize = 512 << 10;
+    let mut rt = GlommioRuntime::new(1);
+    rt.block_on(async {
+        let config = test_config();
+        let ports: Vec<u16> = (0..3)
+            .map(|_| {
+                std::net::TcpListener::bind("127.0.0.1:0")
+                    .unwrap()
+                    .local_addr()
+                    .unwrap()
+                    .port()
+            })
+            .collect();
+        let members: BTreeMap<u64, BasicNode> = (1..=3u64)
+            .map(|id| {
+                (
+                    id,
+                    BasicNode {
+                        addr: format!("127.0.0.1:{}", ports[id as usize - 1]),
+                    },
+                )
+            })
+            .collect();
+        let mut stores = BTreeMap::new();
+        let mut servers = Vec::new();
+        let start = |id: u64| {
+            let config = Arc::clone(&config);
+            let port = ports[id as usize - 1];
+            async move {
+                let io = MemLogIo::new();
+                let log = LogStore::open(
+                    move || io.clone(),
+                    LogConfig {
+                        segment_bytes: 16 << 20,
+                        cache_bytes: 1 << 20,
+                    },
+                    Box::new(|_| {}),
+                )
+                .await
+                .unwrap();
+                let store = Store::open(&StoreMode::Memory).unwrap();
+                let sm = EventStateMachine::new(store.clone(), Rc::new(|_, _| {}));
+                let net =
+                    PeerNetwork::new(1, Duration::from_secs(2)).with_append_bytes_max(APPEND_MAX);
+                let raft = Raft::new(id, config, net, log, sm).await.unwrap();
+                let listener = glommio::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+                let stop = Shutdown::new();
+                let task = glommio::spawn_local(serve_peers(
+                    listener,
+                    raft_handler(1, raft.clone()),
+                    FRAME_MAX,
+                    Default::default(),
+                    stop.clone(),
+                ));
+                (raft, store, (stop, task))
+            }
+        };
+        let mut nodes = Vec::new();
+        for id in 1..=2u64 {
+            let (raft, store, server) = start(id).await;
+            stores.insert(id, store);
+            servers.push(server);
+            nodes.push((id, raft));
+        }
+        nodes[0].1.initialize(members).await.unwrap();
+        let leader = leader_of(&nodes).await;
+        let lraft = node(&nodes, leader);
+        // 60 entries of ~100 KB while node 3 does not exist yet: ~6 MB behind.
+        let mut last = None;
+        for i in 1..=60u64 {
+            let cmd = encode_store(&StoreBatch {
+                items: vec![StoreItem {
+                    message: vec![7; 100_000],
+                    ..item(i)
+                }],
+            });
+            let deadline = std::time::Instant::now() + Duration::from_secs(2);
+            let index = loop {
+                match lraft.client_write(Command(cmd.clone())).await {
+                    Ok(r) => break r.log_id.index,
+                    Err(openraft::error::RaftError::APIError(
+                        openraft::error::ClientWriteError::ForwardToLeader(f),
+                    )) if f.leader_id.is_none() && std::time::Instant::now() < deadline => {
+                        GlommioRuntime::sleep(Duration::from_millis(5)).await;
+                    }
+                    Err(e) => panic!("write failed: {e}"),
+                }
+            };
+            last = Some(index);
+        }
+        let (raft3, store3, server3) = start(3).await;
+        stores.insert(3, store3);
+        servers.push(server3);
+        nodes.push((3, raft3));
+        assert_replicated(&nodes, &stores, last, 60).await;
+        for (_, r) in &nodes {
+            r.shutdown().await.unwrap();
+        }
+        for (stop, task) in servers {
+            stop.trigger();
+            task.await;
+        }
+    });
+}
