@@ -285,9 +285,13 @@ pub async fn start(
                 cfg.data_dir.display()
             ));
         }
-    } else if node.standing(cfg.node_id) != (Standing::Voter, Standing::Voter) {
+    } else if matches!(
+        node.standing(cfg.node_id),
+        (Standing::Learner, _) | (_, Standing::Learner)
+    ) {
         // A join that did not finish (its reply was lost, or this node stopped mid-join):
-        // ask again in the background; the leader does only the missing steps.
+        // ask again in the background; the leader does only the missing steps. (A node
+        // that is in neither group left the cluster: it does not rejoin by itself.)
         let (cfg, advertise, node2) = (cfg.clone(), grpc_advertise.to_owned(), node.clone());
         glommio::spawn_local(async move {
             for attempt in 1..=REJOIN_ATTEMPTS {

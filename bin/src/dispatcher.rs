@@ -115,10 +115,14 @@ struct Dispatcher {
 }
 
 impl Dispatcher {
-    /// Applies a command; a consumer's registration first loads its topic's known groups.
+    /// Applies a command; a consumer's registration first loads its topic's known groups
+    /// (when that fails the consumer is not registered: its stream ends UNAVAILABLE and the
+    /// client retries, rather than ACKs deleting messages owed to groups the hub missed).
     async fn handle(&mut self, cmd: HubCmd) {
         if let HubCmd::Register { sub, .. } = &cmd {
-            self.load_known_groups(&sub.topic).await;
+            if !self.load_known_groups(&sub.topic).await {
+                return;
+            }
         }
         self.apply(cmd);
     }
@@ -160,22 +164,23 @@ impl Dispatcher {
         }
     }
 
-    /// Before the first consumer of a topic registers (after a restart, a leadership change,
-    /// or when every consumer had left), loads the topic's groups from the durable registry:
-    /// they are recipients even while away.
-    async fn load_known_groups(&mut self, topic: &str) {
-        if self.hub.topic_has_consumers(topic) {
-            return;
-        }
+    /// Before a consumer registers, loads its topic's groups from the durable registry: they
+    /// are recipients even while away (groups registered under another leader, after a
+    /// restart, or while this node did not lead). False when the registry cannot be read.
+    async fn load_known_groups(&mut self, topic: &str) -> bool {
         let store = self.store.store().clone();
         let h = futureq_core::topic_hash(topic);
         match glommio::executor()
             .spawn_blocking(move || store.groups_of(h))
             .await
         {
-            Ok(groups) => self.hub.add_known_groups(topic, groups, now_ms()),
+            Ok(groups) => {
+                self.hub.add_known_groups(topic, groups, now_ms());
+                true
+            }
             Err(e) => {
-                tracing::error!(target: "dispatcher", topic, error = %e, "cannot read the topic's consumer groups; groups away now may miss messages");
+                tracing::error!(target: "dispatcher", topic, error = %e, "cannot read the topic's consumer groups; refusing the consumer");
+                false
             }
         }
     }
@@ -229,6 +234,8 @@ impl Dispatcher {
             i64::try_from(self.hub.pending_deletes()).unwrap_or(i64::MAX),
             r,
         );
+        m.parked_messages
+            .store(i64::try_from(self.hub.parked()).unwrap_or(i64::MAX), r);
         m.store_commits.store(self.store.stats().commits.load(r), r);
         m.store_commit_ops.store(self.store.stats().ops.load(r), r);
     }

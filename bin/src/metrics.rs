@@ -141,6 +141,7 @@ pub struct Metrics {
     pub delete_batch_size: Histogram,
     pub delete_failures: AtomicU64,
     pub pending_deletes: AtomicI64,
+    pub parked_messages: AtomicI64,
     pub store_commits: AtomicU64,
     pub store_commit_ops: AtomicU64,
     /// Clustered mode: the Raft gauges below are exported.
@@ -177,6 +178,7 @@ impl Default for Metrics {
             delete_batch_size: Histogram::new(SIZES),
             delete_failures: AtomicU64::new(0),
             pending_deletes: AtomicI64::new(0),
+            parked_messages: AtomicI64::new(0),
             store_commits: AtomicU64::new(0),
             store_commit_ops: AtomicU64::new(0),
             clustered: std::sync::atomic::AtomicBool::new(false),
@@ -380,6 +382,13 @@ impl Metrics {
             "gauge",
             "Acknowledged keys awaiting their delete flush.",
             self.pending_deletes.load(r),
+        );
+        scalar(
+            &mut o,
+            "futureq_messages_parked",
+            "gauge",
+            "Messages acked by some consumer groups and kept for groups without members (remembered in memory, at most 1000000).",
+            self.parked_messages.load(r),
         );
         scalar(
             &mut o,

@@ -301,14 +301,6 @@ impl<S: Sink> Hub<S> {
         self.parked
     }
 
-    /// Whether the topic has a connected consumer (a universal one or a group member).
-    #[must_use]
-    pub fn topic_has_consumers(&self, topic: &str) -> bool {
-        self.topics.get(&topic_hash(topic)).is_some_and(|t| {
-            !t.universal.is_empty() || t.groups.values().any(|g| !g.members.is_empty())
-        })
-    }
-
     /// Adds groups known for `topic` from the durable registry: recipients of its messages
     /// even without members. Call it before the first consumer of a topic registers (after a
     /// restart or a leadership change), so that no message is deleted before they got it.
@@ -921,7 +913,7 @@ impl<S: Sink> Hub<S> {
             .filter(|r| acked.is_none_or(|a| !a.contains(r)))
             .collect();
         if open.iter().all(|r| !t.present(r)) {
-            if open.is_empty() {
+            if open.is_empty() && acked.is_some() {
                 // Every recipient acked it (a group was forgotten meanwhile): delete it.
                 if self.deletes.push(key).is_ok() {
                     self.unpark(key);

@@ -83,6 +83,11 @@ impl PeerFrameDecoder {
         }
     }
 
+    /// Changes the largest frame accepted from now on.
+    pub fn set_max_len(&mut self, max_len: usize) {
+        self.max_len = max_len;
+    }
+
     /// Appends received bytes.
     pub fn push(&mut self, chunk: &[u8]) {
         self.buf.extend_from_slice(chunk);

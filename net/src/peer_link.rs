@@ -43,34 +43,44 @@ pub const PEER_REQUESTS_MAX: u64 = 256;
 /// Longest wait for a bound outgoing connection to be established.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Connects to `to` from `ip` (bind before connect). The blocking connect runs on the
-/// executor's blocking threads, bounded by `timeout`: a peer behind a firewall that drops
-/// SYNs must not stall the reactor.
+/// Connects to `to` from `ip` (bind before connect). The blocking connect runs on a thread
+/// of its own, bounded by `timeout`: a peer behind a firewall that drops SYNs must stall
+/// neither the reactor nor the executor's blocking pool (Raft applies run there). A client
+/// makes one attempt at a time, so there is at most one such thread per peer.
 async fn connect_from(
     ip: std::net::IpAddr,
     to: SocketAddr,
     timeout: Duration,
 ) -> std::io::Result<TcpStream> {
     use socket2::{Domain, Protocol, SockAddr, Socket, Type};
-    let socket = glommio::executor()
-        .spawn_blocking(move || {
-            let domain = if to.is_ipv6() {
-                Domain::IPV6
-            } else {
-                Domain::IPV4
-            };
-            let s = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
-            s.bind(&SockAddr::from(SocketAddr::new(ip, 0)))?;
-            s.connect_timeout(&SockAddr::from(to), timeout)?;
-            Ok::<_, std::io::Error>(s)
-        })
-        .await?;
+    let (tx, rx) = oneshot::channel();
+    std::thread::Builder::new()
+        .name("futureq-peer-connect".into())
+        .spawn(move || {
+            let attempt = (|| {
+                let domain = if to.is_ipv6() {
+                    Domain::IPV6
+                } else {
+                    Domain::IPV4
+                };
+                let s = Socket::new(domain, Type::STREAM, Some(Protocol::TCP))?;
+                s.bind(&SockAddr::from(SocketAddr::new(ip, 0)))?;
+                s.connect_timeout(&SockAddr::from(to), timeout)?;
+                Ok::<_, std::io::Error>(s)
+            })();
+            let _ = tx.send(attempt);
+        })?;
+    let socket = rx
+        .await
+        .map_err(|_| std::io::Error::other("connect thread ended"))??;
     Ok(TcpStream::from(socket))
 }
 
 /// Kind of the first frame a client sends on a connection: the cluster secret. Never handed
 /// to the request handler.
 pub const KIND_HELLO: u8 = 0xF0;
+/// Largest first frame a server with a secret reads (the hello; the secret is at most 1 KiB).
+const HELLO_MAX: usize = 4 << 10;
 
 /// The shared cluster secret (`cluster.secret`); empty = links are open to anyone.
 #[derive(Clone, Default)]
@@ -165,10 +175,11 @@ fn spawn_writer(
 /// false, awaiting `on_frame` for each (while it waits, nothing more is read: back-pressure).
 async fn read_frames<F: Future<Output = bool>>(
     mut r: impl futures_lite::AsyncRead + Unpin,
+    max_first: usize,
     max_frame: usize,
     mut on_frame: impl FnMut(PeerFrame) -> F,
 ) {
-    let mut dec = PeerFrameDecoder::new(max_frame);
+    let mut dec = PeerFrameDecoder::new(max_first);
     let mut buf = vec![0u8; READ_CHUNK];
     loop {
         let n = match r.read(&mut buf).await {
@@ -179,6 +190,7 @@ async fn read_frames<F: Future<Output = bool>>(
         loop {
             match dec.decode() {
                 Ok(Some(f)) => {
+                    dec.set_max_len(max_frame);
                     if !on_frame(f).await {
                         return;
                     }
@@ -222,7 +234,13 @@ async fn serve_conn(stream: TcpStream, handler: PeerHandler, max_frame: usize, s
     // None until the first frame: then whether the connection may go on.
     let admitted: Rc<Cell<Option<bool>>> = Rc::default();
     let permits = Rc::new(glommio::sync::Semaphore::new(PEER_REQUESTS_MAX));
-    read_frames(r, max_frame, |frame| {
+    // Until the hello is checked, only a small first frame is buffered.
+    let max_first = if secret.is_open() {
+        max_frame
+    } else {
+        HELLO_MAX
+    };
+    read_frames(r, max_first, max_frame, |frame| {
         let (handler, tx, secret) = (Rc::clone(&handler), Rc::clone(&tx), secret.clone());
         let (admitted, permits) = (Rc::clone(&admitted), Rc::clone(&permits));
         async move {
@@ -417,7 +435,7 @@ impl PeerClient {
             let pending = Rc::clone(&pending);
             let max_frame = self.max_frame;
             glommio::spawn_local(async move {
-                read_frames(r, max_frame, |f| {
+                read_frames(r, max_frame, max_frame, |f| {
                     if let Some(waiter) = pending.borrow_mut().remove(&f.request_id) {
                         let _ = waiter.send(f);
                     }

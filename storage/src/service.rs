@@ -364,30 +364,36 @@ impl Durability {
         since.map(|t| t + DURABLE_COMMIT_INTERVAL_MAX)
     }
 
-    /// Makes everything committed so far durable (the idle deadline passed).
+    /// Makes everything committed so far durable (the idle deadline passed). A failed log
+    /// fsync ends the log, as in [`commit_logged`]: its unsynced pages may be gone, so the
+    /// writer claims its records and goes on with durable commits.
     fn make_durable(&mut self, store: &Store, last_id: &mut u64, stats: &WriteStats) {
-        let result = match self.logged.as_mut() {
-            Some(l) => l.wal.sync().map(|()| {
-                l.last_sync = Instant::now();
-                l.unsynced_since = None;
-            }),
-            None => store
-                .commit_group(&[], &[], None, last_id, true, self.claimed)
-                .map(|_| {
-                    self.last_durable = Instant::now();
-                    self.volatile_since = None;
-                }),
-        };
-        match result {
-            Ok(()) => {
+        if let Some(l) = self.logged.as_mut() {
+            match l.wal.sync() {
+                Ok(()) => {
+                    l.last_sync = Instant::now();
+                    l.unsynced_since = None;
+                    stats.syncs.fetch_add(1, Ordering::Relaxed);
+                    return;
+                }
+                Err(e) => {
+                    tracing::error!(target: "storage", error = %e, "write-ahead log fsync failed; committing durably to the database from now on");
+                    self.claimed = Some(l.next_seq - 1);
+                    self.logged = None;
+                    // The database holds every group already (non-durably): make it durable.
+                    self.volatile_since = Some(Instant::now());
+                }
+            }
+        }
+        match store.commit_group(&[], &[], None, last_id, true, self.claimed) {
+            Ok(_) => {
+                self.last_durable = Instant::now();
+                self.volatile_since = None;
                 stats.syncs.fetch_add(1, Ordering::Relaxed);
             }
             Err(e) => {
                 tracing::error!(target: "storage", error = %e, "making idle changes durable failed; retrying with the next group");
                 // Do not spin on a failing disk: the next group retries.
-                if let Some(l) = self.logged.as_mut() {
-                    l.unsynced_since = None;
-                }
                 self.volatile_since = None;
             }
         }
