@@ -14,6 +14,10 @@ use futureq_bench::pb::{
     LeaveRequest, SubscribeInit,
 };
 
+/// The clusters of this file run one at a time: three at once (nine brokers) on two CPUs
+/// delay heartbeats past the election timeout, and leadership moves in the middle of a test.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Every test cluster's `cluster.secret`.
 const SECRET: &str = "test-cluster-secret";
 /// rtt 50 ms: election timeout 500–750 ms (the leader lease is the maximum).
@@ -223,6 +227,7 @@ async fn publish_until_failure(ch: tonic::transport::Channel, prefix: &'static s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_serve_on_the_leader_and_fail_over_without_losing_acked_messages() {
+    let _serial = SERIAL.lock().await;
     let mut c = Cluster::start(3, "").await;
     let leader = c.leader(Duration::from_secs(10)).await;
     let info = c.wait_topology(leader, 3).await;
@@ -362,6 +367,7 @@ async fn three_nodes_serve_on_the_leader_and_fail_over_without_losing_acked_mess
 /// not be dropped (it was: NotLeader counted as done, and the new leader redelivered).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ack_taken_just_before_losing_leadership_is_not_redelivered() {
+    let _serial = SERIAL.lock().await;
     let c = Cluster::start_deletes(3, "", "3s").await;
     let old = c.leader(Duration::from_secs(10)).await;
     let mut p = Publisher::open(c.nodes[old].channel().await).await;
@@ -415,6 +421,7 @@ async fn an_ack_taken_just_before_losing_leadership_is_not_redelivered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_node_joins_from_a_snapshot_and_leaves_again() {
+    let _serial = SERIAL.lock().await;
     let raft = "    snapshotEntries: 20\n    compactionOverhead: 5\n";
     let mut c = Cluster::start(3, raft).await;
     let leader = c.leader(Duration::from_secs(10)).await;
