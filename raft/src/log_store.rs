@@ -96,9 +96,21 @@ impl<I: LogIo + 'static> LogStore<I> {
             // LogStore is gone (its sender is dropped).
             let s2 = Rc::clone(&s);
             drop(s);
+            // Beside the flusher: a durable mark left behind by a burst that went idle is
+            // saved within MARK_INTERVAL, so recovery refuses (not cuts) damage there.
+            let marks = async {
+                loop {
+                    glommio::timer::sleep(futureq_storage::log::segmented::MARK_INTERVAL).await;
+                    if s2.log.mark_lags() {
+                        if let Err(e) = s2.log.save_mark().await {
+                            tracing::warn!(target: "raft.log", error = %e, "saving the durable mark failed");
+                        }
+                    }
+                }
+            };
             s2.log
                 .run_flusher(async {
-                    let _ = stopped.await;
+                    futures::future::select(std::pin::pin!(stopped), std::pin::pin!(marks)).await;
                 })
                 .await;
         })

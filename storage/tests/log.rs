@@ -628,3 +628,24 @@ fn a_crash_inside_a_truncate_leaves_a_log_that_opens() {
     assert_eq!(log.bounds().map(|b| b.0), Some(1));
     assert!(log.bounds().unwrap().1 >= 19);
 }
+
+/// The durable mark lags after a second flush inside MARK_INTERVAL; `mark_lags` tells the
+/// flusher's timer to save it (the raft log store does, every MARK_INTERVAL).
+#[test]
+fn a_lagging_mark_is_reported_and_saved() {
+    let io = MemLogIo::new();
+    let log = open(&io).unwrap();
+    fill(&log, 1..=3);
+    assert_eq!(log.durable_mark(), Some(3), "the first flush saves it");
+    fill(&log, 4..=6);
+    // A flush within MARK_INTERVAL of the last save leaves it behind (a slow machine may
+    // have saved it already).
+    assert_eq!(log.mark_lags(), log.durable_mark() == Some(3));
+    block_on(log.save_mark()).unwrap();
+    assert!(!log.mark_lags());
+    assert_eq!(log.durable_mark(), Some(6));
+    // It survives a crash with the data it names.
+    let again = open(&io.crash()).unwrap();
+    assert_eq!(again.durable_mark(), Some(6));
+    assert_eq!(again.bounds(), Some((1, 6)));
+}

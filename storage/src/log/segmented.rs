@@ -353,7 +353,15 @@ impl<I: LogIo> Log<I> {
         self.mark.get()
     }
 
-    /// Saves the durable mark now: the last flushed index (tests; a clean stop).
+    /// Whether entries were flushed beyond the saved durable mark (then [`Log::save_mark`]
+    /// is due once [`MARK_INTERVAL`] passed: after a burst the flusher goes idle and saves
+    /// nothing more).
+    #[must_use]
+    pub fn mark_lags(&self) -> bool {
+        self.last_flushed() > self.mark.get()
+    }
+
+    /// Saves the durable mark now: the last flushed index.
     ///
     /// # Errors
     /// I/O failure.
