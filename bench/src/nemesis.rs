@@ -255,16 +255,23 @@ async fn find_leader(addrs: &[String]) -> Option<String> {
     None
 }
 
+/// The leader's URL and a channel to it; `None` (after a short pause when no leader is
+/// known) makes the caller try again.
+async fn leader_channel(addrs: &[String]) -> Option<(String, Channel)> {
+    let Some(leader) = find_leader(addrs).await else {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        return None;
+    };
+    let ch = channel(&leader).await?;
+    Some((leader, ch))
+}
+
 /// Publishes QUORUM batches to whichever node leads until `stop`.
 async fn publisher(id: usize, addrs: Vec<String>, h: Shared, stop: Arc<AtomicBool>, seed: u64) {
     let mut rng = Rng(seed);
     let mut n = 0u64;
     while !stop.load(Ordering::Relaxed) {
-        let Some(leader) = find_leader(&addrs).await else {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
-        let Some(ch) = channel(&leader).await else {
+        let Some((_, ch)) = leader_channel(&addrs).await else {
             continue;
         };
         let (tx, rx) = futures::channel::mpsc::unbounded::<PublishBatch>();
@@ -327,11 +334,7 @@ async fn publisher(id: usize, addrs: Vec<String>, h: Shared, stop: Arc<AtomicBoo
 /// until `stop`.
 async fn consumer(addrs: Vec<String>, h: Shared, stop: Arc<AtomicBool>) {
     while !stop.load(Ordering::Relaxed) {
-        let Some(leader) = find_leader(&addrs).await else {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
-        let Some(ch) = channel(&leader).await else {
+        let Some((leader, ch)) = leader_channel(&addrs).await else {
             continue;
         };
         let (tx, rx) = futures::channel::mpsc::unbounded::<ConsumerFrame>();
