@@ -262,7 +262,10 @@ async fn leader_channel(addrs: &[String]) -> Option<(String, Channel)> {
         tokio::time::sleep(Duration::from_millis(100)).await;
         return None;
     };
-    let ch = channel(&leader).await?;
+    let Some(ch) = channel(&leader).await else {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        return None;
+    };
     Some((leader, ch))
 }
 

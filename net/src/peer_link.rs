@@ -46,15 +46,24 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Connects to `to` from `ip` (bind before connect). The blocking connect runs on a thread
 /// of its own, bounded by `timeout`: a peer behind a firewall that drops SYNs must stall
 /// neither the reactor nor the executor's blocking pool (Raft applies run there). A client
-/// makes one attempt at a time, so there is at most one such thread per peer.
+/// starts no new thread while its last one runs (`busy`), even when the attempt that started
+/// it was dropped: at most one such thread per peer.
 async fn connect_from(
     ip: std::net::IpAddr,
     to: SocketAddr,
     timeout: Duration,
+    busy: &std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> std::io::Result<TcpStream> {
     use socket2::{Domain, Protocol, SockAddr, Socket, Type};
+    use std::sync::atomic::Ordering;
+    if busy.swap(true, Ordering::AcqRel) {
+        return Err(std::io::Error::other(
+            "an earlier connect attempt is still running",
+        ));
+    }
+    let flag = std::sync::Arc::clone(busy);
     let (tx, rx) = oneshot::channel();
-    std::thread::Builder::new()
+    let spawned = std::thread::Builder::new()
         .name("futureq-peer-connect".into())
         .spawn(move || {
             let attempt = (|| {
@@ -68,8 +77,13 @@ async fn connect_from(
                 s.connect_timeout(&SockAddr::from(to), timeout)?;
                 Ok::<_, std::io::Error>(s)
             })();
+            flag.store(false, Ordering::Release);
             let _ = tx.send(attempt);
-        })?;
+        });
+    if let Err(e) = spawned {
+        busy.store(false, Ordering::Release);
+        return Err(e);
+    }
     let socket = rx
         .await
         .map_err(|_| std::io::Error::other("connect thread ended"))??;
@@ -307,6 +321,18 @@ pub struct PeerClient {
     secret: PeerSecret,
     /// Local address outgoing connections bind to (`None`: the kernel picks).
     bind: Option<std::net::IpAddr>,
+    /// A bound connect's thread is running (at most one per peer).
+    connect_thread: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Ends a connection attempt when dropped: others waiting for it look again.
+struct AttemptGuard<'a>(&'a PeerClient);
+
+impl Drop for AttemptGuard<'_> {
+    fn drop(&mut self) {
+        self.0.connecting.set(false);
+        self.0.connect_done.notify(usize::MAX);
+    }
 }
 
 impl PeerClient {
@@ -325,6 +351,7 @@ impl PeerClient {
             connect_done: event_listener::Event::new(),
             secret: PeerSecret::default(),
             bind: None,
+            connect_thread: std::sync::Arc::default(),
         }
     }
 
@@ -391,18 +418,19 @@ impl PeerClient {
         }
         self.last_attempt.set(Some(Instant::now()));
         self.connecting.set(true);
+        // Ends the attempt however this future ends: also when the caller drops it (an
+        // openraft RPC timeout), which left `connecting` set and the peer unreachable.
+        let _attempt = AttemptGuard(self);
         let connected = match self.bind {
             None => TcpStream::connect(self.addr)
                 .await
                 .map_err(std::io::Error::from),
-            Some(ip) => connect_from(ip, self.addr, CONNECT_TIMEOUT).await,
+            Some(ip) => connect_from(ip, self.addr, CONNECT_TIMEOUT, &self.connect_thread).await,
         };
         let stream = match connected {
             Ok(s) => s,
             Err(e) => {
                 self.failures.set(self.failures.get().saturating_add(1));
-                self.connecting.set(false);
-                self.connect_done.notify(usize::MAX);
                 return Err(PeerError::Unreachable(self.addr, e.to_string()));
             }
         };
@@ -427,8 +455,6 @@ impl PeerClient {
             payload: Bytes::copy_from_slice(self.secret.bytes()),
         });
         if tx.send(hello).await.is_err() {
-            self.connecting.set(false);
-            self.connect_done.notify(usize::MAX);
             return Err(PeerError::Closed(self.addr));
         }
         {
@@ -448,8 +474,6 @@ impl PeerClient {
         }
         let c = Rc::new(Conn { tx, pending, alive });
         *self.conn.borrow_mut() = Some(Rc::clone(&c));
-        self.connecting.set(false);
-        self.connect_done.notify(usize::MAX);
         Ok(c)
     }
 

@@ -115,6 +115,7 @@ fn the_event_shard_takes_no_forwarded_writes() {
             GlommioRuntime::sleep(Duration::from_millis(10)).await;
         }
         let last = node.leadership().last_log;
+        assert!(last > 0, "the leader's blank entry");
         let client = PeerClient::new(addr.parse().unwrap(), 1 << 20).with_secret(secret);
         let forged = Forward::Write(vec![1, 0, 0, 0, 0, 0xde, 0xad]);
         let reply = client

@@ -392,9 +392,9 @@ impl Durability {
                 stats.syncs.fetch_add(1, Ordering::Relaxed);
             }
             Err(e) => {
-                tracing::error!(target: "storage", error = %e, "making idle changes durable failed; retrying with the next group");
-                // Do not spin on a failing disk: the next group retries.
-                self.volatile_since = None;
+                tracing::error!(target: "storage", error = %e, "making idle changes durable failed; retrying");
+                // Retry one interval later, not at once: do not spin on a failing disk.
+                self.volatile_since = Some(Instant::now());
             }
         }
     }
