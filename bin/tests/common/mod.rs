@@ -111,8 +111,6 @@ impl Broker {
                 format!("127.0.0.1:{}", self.metrics_port),
             )
             .env_remove("RUST_LOG")
-            // The test harness's own variable: the broker refuses unknown FUTUREQ_* ones.
-            .env_remove("FUTUREQ_TEST_KEEP")
             .current_dir(self.dir.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -152,6 +150,13 @@ impl Broker {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("broker.log")).unwrap_or_default()
+    }
+
+    /// The last `n` lines of the broker's log.
+    pub fn log_tail(&self, n: usize) -> String {
+        let log = self.log();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
     }
 
     pub fn url(&self) -> String {
@@ -203,14 +208,21 @@ impl Broker {
     /// GET on the metrics listener.
     pub async fn http_get(&self, path: &str) -> (u16, String) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.metrics_port))
-            .await
-            .unwrap();
-        s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
-            .await
-            .unwrap();
         let mut buf = String::new();
-        s.read_to_string(&mut buf).await.unwrap();
+        let got = async {
+            let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).await?;
+            s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+                .await?;
+            s.read_to_string(&mut buf).await
+        }
+        .await;
+        if let Err(e) = got {
+            panic!(
+                "GET {path} on the broker of port {}: {e}; its log ends:\n{}",
+                self.grpc_port,
+                self.log_tail(40)
+            );
+        }
         let code = buf.split(' ').nth(1).unwrap_or("0").parse().unwrap_or(0);
         let body = buf
             .split_once("\r\n\r\n")
@@ -235,11 +247,22 @@ impl Broker {
 impl Drop for Broker {
     fn drop(&mut self) {
         if let Some(mut c) = self.child.take() {
+            if let Ok(Some(st)) = c.try_wait() {
+                eprintln!("broker of port {} had exited ({st})", self.grpc_port);
+            }
             let _ = c.kill();
             let _ = c.wait();
         }
-        // Debugging aid: FUTUREQ_TEST_KEEP=dir copies every broker's directory there.
-        if let Ok(keep) = std::env::var("FUTUREQ_TEST_KEEP") {
+        // A failed test shows how each of its brokers' logs ended (CI keeps no data dirs).
+        if std::thread::panicking() {
+            eprintln!(
+                "--- broker of port {}, log ends:\n{}\n---",
+                self.grpc_port,
+                self.log_tail(30)
+            );
+        }
+        // Debugging aid: TEST_KEEP_BROKERS=dir copies every broker's directory there.
+        if let Ok(keep) = std::env::var("TEST_KEEP_BROKERS") {
             let to = std::path::Path::new(&keep).join(self.grpc_port.to_string());
             let _ = Command::new("cp")
                 .arg("-r")
