@@ -350,3 +350,46 @@ async fn a_group_away_gets_every_message_stored_meanwhile() {
         "group late got what was stored while it was away"
     );
 }
+
+/// Issue 10.5: a connected group that takes its messages slowly (one in flight, never acked
+/// here) does not hold the topic back for a group that keeps up; it still gets each of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_group_does_not_hold_the_topic_for_a_fast_one() {
+    let b = Broker::start("delivery:\n  deleteBatchInterval: 10ms\n").await;
+    let mut slow = Subscriber::open(b.channel().await, "shared", "slow", 1).await;
+    let mut fast = Subscriber::open(b.channel().await, "shared", "fast", 50).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut p = Publisher::open(b.channel().await).await;
+    // Several times the topic's entry cap (1024 with these consumers).
+    let n = 3000;
+    for chunk in 0..(n / 500) {
+        let ack = p
+            .publish(batch(
+                chunk + 1,
+                QUORUM,
+                (0..500)
+                    .map(|i| msg("shared", &format!("m{}", chunk * 500 + i), 0, 0))
+                    .collect(),
+            ))
+            .await;
+        assert!(ack.success, "{ack:?}");
+    }
+    let mut got = std::collections::BTreeSet::new();
+    while got.len() < n as usize {
+        let Some(m) = fast.next(Duration::from_secs(5)).await else {
+            panic!("the fast group stalled after {} of {n}", got.len());
+        };
+        fast.ack(&m.delivery_tag, true);
+        got.insert(m.delivery_tag);
+    }
+    // The slow group had one; acked one at a time, it gets every other as well.
+    let mut slow_got = std::collections::BTreeSet::new();
+    while slow_got.len() < n as usize {
+        let Some(m) = slow.next(Duration::from_secs(5)).await else {
+            panic!("the slow group stalled after {} of {n}", slow_got.len());
+        };
+        slow.ack(&m.delivery_tag, true);
+        slow_got.insert(m.delivery_tag);
+    }
+    assert_eq!(slow_got, got);
+}

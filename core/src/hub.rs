@@ -19,8 +19,15 @@
 //!   group acked (and anyone acked at all), the key goes to the delete queue; if groups
 //!   without members still wait, the entry is *parked* — out of memory, with who acked it —
 //!   and the message stays stored for them; if nobody acked, it is released and rescanned.
-//! - A message whose only open recipients have no members never holds the topic's scan: the
-//!   scan passes it, and rewinds when such a group gets a member again.
+//! - Each topic has one *head* cursor for messages that never went out, and each recipient
+//!   that fell behind has a *catch-up* cursor of its own: a new recipient (a universal
+//!   consumer, a group's first member) starts one at the topic's start; a recipient that
+//!   cannot take a message the others are done with gets one at that message.
+//! - A recipient that does not keep up never holds the others back: the head scan passes
+//!   messages only it (or groups without members) still needs, and when the topic's entries
+//!   fill its entry cap, entries that only full or away recipients still need are parked (or,
+//!   if nobody acked them, released) to make room. The recipient gets them later from its
+//!   catch-up cursor, at its own pace.
 //! - NACK and in-flight timeout make that recipient waiting again (attempt + 1 on resend).
 //!
 //! # Invariants
@@ -104,11 +111,19 @@ pub struct ScanRequest {
     pub topic_hash: u64,
     /// First key to examine (inclusive).
     pub from: EventKey,
-    /// End of the due range (exclusive): the start of the bucket after `bucket(now)`.
+    /// End of the range (exclusive): for the head scan the start of the bucket after
+    /// `bucket(now)`, for a catch-up scan the head cursor.
     pub upper: EventKey,
     /// Most keys to return.
     pub limit: usize,
+    /// `None` for the topic's head scan; the recipient whose catch-up cursor this scan
+    /// advances otherwise.
+    pub catch_up: Option<CatchUp>,
 }
+
+/// The recipient a catch-up scan is for (opaque to the storage side).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CatchUp(RecipientId);
 
 /// What storage found for a [`ScanRequest`].
 #[derive(Debug, Clone, Default)]
@@ -147,7 +162,7 @@ pub struct HubCounters {
     pub expired: u64,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum RecipientId {
     Group(String),
     Universal(ConsumerId),
@@ -201,8 +216,12 @@ struct Topic {
     /// topic's entry cap.
     ahead: BTreeMap<(i64, EventKey), Arc<StoredMessage>>,
     /// Parked messages: the recipients that acked them (the rest are groups without
-    /// members, which still get them).
+    /// members or recipients that fell behind, which still get them).
     parked: BTreeMap<EventKey, Vec<RecipientId>>,
+    /// Catch-up cursors of connected recipients that fell behind. Invariant: every stored
+    /// message below `resume` that a connected recipient `r` still needs is in memory (an
+    /// entry where `r` waits or is pending) or at or after `lag[r]`.
+    lag: BTreeMap<RecipientId, EventKey>,
 }
 
 impl Topic {
@@ -217,7 +236,14 @@ impl Topic {
             capacity: 0,
             ahead: BTreeMap::new(),
             parked: BTreeMap::new(),
+            lag: BTreeMap::new(),
         }
+    }
+
+    /// Moves `r`'s catch-up cursor back to `key` (starts one there if it had none).
+    fn fell_behind(&mut self, r: RecipientId, key: EventKey) {
+        let at = self.lag.entry(r).or_insert(key);
+        *at = (*at).min(key);
     }
 
     /// Whether a recipient can be served at all now (a connected universal consumer, or a
@@ -246,7 +272,9 @@ enum Dispatch {
     /// Nothing to do now (no connected recipient still needs it, or every one acked): the
     /// scan goes on.
     Passed,
-    /// Connected recipients need it but none has room: the scan stops here.
+    /// Connected recipients need it, but every one of them is full.
+    Busy,
+    /// The topic's entries fill its entry cap: the scan stops here.
     NoRoom,
 }
 
@@ -360,13 +388,17 @@ impl<S: Sink> Hub<S> {
             .topics
             .entry(h)
             .or_insert_with(|| Topic::new(h, now_ms));
+        let start = EventKey::topic_start(h);
         if sub.group.is_empty() {
             t.universal.push(id);
+            // A new recipient wants every stored message, also those the head scan passed.
+            t.fell_behind(RecipientId::Universal(id), start);
         } else {
             let g = t.groups.entry(sub.group.clone()).or_default();
             g.members.push(id);
             if g.members.len() == 1 {
-                // The group was away: its waiting deliveries in memory can go out now.
+                // The group was away: its waiting deliveries in memory can go out now, and
+                // it catches up on what the head scan passed meanwhile.
                 let rid = RecipientId::Group(sub.group.clone());
                 for (k, e) in &self.entries {
                     if k.topic_hash() == h
@@ -377,12 +409,11 @@ impl<S: Sink> Hub<S> {
                         t.waiting.push_back(*k);
                     }
                 }
+                t.fell_behind(rid, start);
             }
         }
         let max = sub.max_in_flight.max(1);
         t.capacity += max as usize;
-        // A new recipient may want messages the scan already passed.
-        t.resume = EventKey::topic_start(h);
         t.next_scan_ms = Some(now_ms);
         self.consumers.insert(
             id,
@@ -411,10 +442,15 @@ impl<S: Sink> Hub<S> {
         t.capacity -= c.max_in_flight as usize;
         let gone = if c.group.is_empty() {
             t.universal.retain(|u| *u != id);
+            t.lag.remove(&RecipientId::Universal(id));
             Some(RecipientId::Universal(id))
         } else {
             if let Some(g) = t.groups.get_mut(&c.group) {
                 g.members.retain(|m| *m != id);
+                if g.members.is_empty() {
+                    // It catches up from the topic's start when a member comes back.
+                    t.lag.remove(&RecipientId::Group(c.group.clone()));
+                }
             }
             None
         };
@@ -591,30 +627,17 @@ impl<S: Sink> Hub<S> {
         if open {
             return;
         }
-        let absent_waiting = e.recipients.iter().any(|r| r.state == RState::Waiting);
-        let acked_now: Vec<RecipientId> = e
-            .recipients
-            .iter()
-            .filter(|r| r.state == RState::Acked)
-            .map(|r| r.id.clone())
-            .collect();
-        let parked_before = t.parked.contains_key(&key);
-        if absent_waiting && !parked_before && !acked_now.is_empty() && self.parked >= PARKED_MAX {
-            // No room to remember who acked: keep the entry (the entry cap holds the topic).
+        if e.recipients.iter().any(|r| r.state == RState::Waiting) {
+            // Only groups without members still need it.
+            self.shelve(key);
             return;
         }
+        let acked_now = e.recipients.iter().any(|r| r.state == RState::Acked);
         let e = self.entries.remove(&key).expect("entry present");
         self.drop_entry_tracking(key, &e);
-        let mut acked = self.unpark(key);
-        acked.extend(acked_now);
+        let acked = !self.unpark(key).is_empty() || acked_now;
         let t = self.topics.get_mut(&h).expect("checked above");
-        if absent_waiting {
-            if !acked.is_empty() {
-                t.parked.insert(key, acked);
-                self.parked += 1;
-            }
-            // Else nothing to remember: the message is found again when its group returns.
-        } else if !acked.is_empty() {
+        if acked {
             // Capacity was checked when the ACK was accepted.
             let _ = self.deletes.push(key);
         } else {
@@ -623,6 +646,78 @@ impl<S: Sink> Hub<S> {
                 t.resume = key;
             }
             t.next_scan_ms = Some(t.next_scan_ms.map_or(now_ms, |n| n.min(now_ms)));
+        }
+    }
+
+    /// Takes `key`'s entry out of memory; the recipients that still wait get the message from
+    /// storage later (a connected one from its catch-up cursor, a group without members when
+    /// one comes back). Parks it with who acked (nothing to remember if nobody did). False,
+    /// and the entry stays, when [`PARKED_MAX`] records leave no room to remember who acked.
+    fn shelve(&mut self, key: EventKey) -> bool {
+        let h = key.topic_hash();
+        let (Some(e), Some(t)) = (self.entries.get(&key), self.topics.get(&h)) else {
+            return false;
+        };
+        let acked_now: Vec<RecipientId> = e
+            .recipients
+            .iter()
+            .filter(|r| r.state == RState::Acked)
+            .map(|r| r.id.clone())
+            .collect();
+        let behind: Vec<RecipientId> = e
+            .recipients
+            .iter()
+            .filter(|r| r.state == RState::Waiting && t.present(&r.id))
+            .map(|r| r.id.clone())
+            .collect();
+        if !acked_now.is_empty() && !t.parked.contains_key(&key) && self.parked >= PARKED_MAX {
+            return false;
+        }
+        let e = self.entries.remove(&key).expect("entry present");
+        self.drop_entry_tracking(key, &e);
+        let mut acked = self.unpark(key);
+        acked.extend(acked_now);
+        let t = self.topics.get_mut(&h).expect("checked above");
+        for r in behind {
+            t.fell_behind(r, key);
+        }
+        if !acked.is_empty() {
+            t.parked.insert(key, acked);
+            self.parked += 1;
+        }
+        true
+    }
+
+    /// Makes room in topics whose entries fill their entry cap while a recipient could take
+    /// more: entries that only full or away recipients still need are shelved, so that a
+    /// recipient that does not keep up never holds the topic for the others.
+    fn shed_lagging(&mut self) {
+        let pressed: HashSet<u64> = self
+            .topics
+            .iter()
+            .filter(|(_, t)| self.cap_room(t) == 0 && self.best_free(t) > 0)
+            .map(|(h, _)| *h)
+            .collect();
+        if pressed.is_empty() {
+            return;
+        }
+        let keys: Vec<EventKey> = self
+            .entries
+            .iter()
+            .filter(|(k, e)| {
+                let t = &self.topics[&k.topic_hash()];
+                pressed.contains(&k.topic_hash())
+                    && e.recipients.iter().any(|r| r.state == RState::Waiting)
+                    && e.recipients.iter().all(|r| match r.state {
+                        RState::Pending { .. } => false,
+                        RState::Waiting => self.recipient_free(t, &r.id) == 0,
+                        RState::Acked | RState::Dropped => true,
+                    })
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for k in keys {
+            self.shelve(k);
         }
     }
 
@@ -786,48 +881,153 @@ impl<S: Sink> Hub<S> {
     }
 
     /// How many new messages the topic's recipients could take now: the best recipient's free
-    /// in-flight budget (a group's is its members' sum), within the topic's entry cap.
+    /// in-flight budget, within the topic's entry cap.
     fn topic_room(&self, t: &Topic) -> usize {
+        self.best_free(t).min(self.cap_room(t))
+    }
+
+    /// The free in-flight budget of the topic's best recipient.
+    fn best_free(&self, t: &Topic) -> usize {
+        t.recipients()
+            .map(|r| self.recipient_free(t, &r))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// A recipient's free in-flight budget (a group's is its members' sum; 0 when away).
+    fn recipient_free(&self, t: &Topic, r: &RecipientId) -> usize {
         let free = |c: &ConsumerId| {
             self.consumers.get(c).map_or(0, |c| {
                 (c.max_in_flight as usize).saturating_sub(c.in_flight.len())
             })
         };
-        let best = t
-            .universal
-            .iter()
-            .map(free)
-            .chain(t.groups.values().map(|g| g.members.iter().map(free).sum()))
-            .max()
-            .unwrap_or(0);
-        best.min(Self::entry_cap(t.capacity).saturating_sub(t.entries + t.ahead.len()))
+        match r {
+            RecipientId::Universal(c) => free(c),
+            RecipientId::Group(g) => t
+                .groups
+                .get(g)
+                .map_or(0, |g| g.members.iter().map(free).sum()),
+        }
     }
 
-    /// The scans to run now: topics with consumers that have room and whose next work is due.
-    /// A scan reads what the recipients can take now, at least `scan_limit` keys and at most
-    /// [`SCAN_BATCH_MAX`], so a large due backlog goes out in few round trips.
-    #[must_use]
-    pub fn scans_due(&self, now_ms: i64) -> Vec<ScanRequest> {
+    /// How many more entries (in memory or read ahead) the topic's entry cap allows.
+    fn cap_room(&self, t: &Topic) -> usize {
+        Self::entry_cap(t.capacity).saturating_sub(t.entries + t.ahead.len())
+    }
+
+    /// The scans to run now: head scans of topics with consumers that have room and whose next
+    /// work is due, and catch-up scans of recipients that fell behind and have room. A scan
+    /// reads what its recipients can take now, at least `scan_limit` keys and at most
+    /// [`SCAN_BATCH_MAX`], so a large due backlog goes out in few round trips. Makes room
+    /// first where recipients that do not keep up fill a topic's entry cap.
+    pub fn scans_due(&mut self, now_ms: i64) -> Vec<ScanRequest> {
+        self.shed_lagging();
+        for t in self.topics.values_mut() {
+            // What lies at or after the head cursor, the head scan reads for everyone.
+            let head = t.resume;
+            t.lag.retain(|_, from| *from < head);
+        }
         let horizon = now_ms.saturating_add(self.cfg.lookahead_ms);
         let upper_bucket = bucket_of(horizon, self.cfg.bucket_ms).saturating_add(1);
-        self.topics
-            .iter()
-            .filter(|(_, t)| t.next_scan_ms.is_some_and(|n| n <= horizon) && self.topic_has_room(t))
-            .map(|(h, t)| ScanRequest {
-                topic_hash: *h,
-                from: t.resume,
-                upper: EventKey::bucket_start(*h, upper_bucket),
-                limit: self
-                    .topic_room(t)
-                    .max(self.cfg.scan_limit)
-                    .clamp(1, SCAN_BATCH_MAX),
-            })
-            .collect()
+        let limit = |room: usize| room.max(self.cfg.scan_limit).clamp(1, SCAN_BATCH_MAX);
+        let mut scans = Vec::new();
+        for (h, t) in &self.topics {
+            if t.next_scan_ms.is_some_and(|n| n <= horizon) && self.topic_has_room(t) {
+                scans.push(ScanRequest {
+                    topic_hash: *h,
+                    from: t.resume,
+                    upper: EventKey::bucket_start(*h, upper_bucket),
+                    limit: limit(self.topic_room(t)),
+                    catch_up: None,
+                });
+            }
+            if self.cap_room(t) == 0 {
+                continue;
+            }
+            for (r, from) in &t.lag {
+                let free = self.recipient_free(t, r);
+                if free > 0 {
+                    scans.push(ScanRequest {
+                        topic_hash: *h,
+                        from: *from,
+                        upper: t.resume,
+                        limit: limit(free),
+                        catch_up: Some(CatchUp(r.clone())),
+                    });
+                }
+            }
+        }
+        scans
+    }
+
+    /// Feeds a catch-up scan's result: sends `r` (and whoever else still needs them) the
+    /// messages it is owed, and moves its cursor; the cursor ends once it reaches the head.
+    fn apply_catch_up(&mut self, req: &ScanRequest, r: RecipientId, res: ScanResult, now_ms: i64) {
+        let h = req.topic_hash;
+        let Some(t) = self.topics.get_mut(&h) else {
+            return;
+        };
+        if !t.present(&r) {
+            return;
+        }
+        // Taken out for the pass: whatever falls behind meanwhile lowers it again.
+        let before = t.lag.remove(&r);
+        let mut stop = None;
+        let mut last = None;
+        for (key, msg) in res.items {
+            let t = &self.topics[&h];
+            if self.recipient_free(t, &r) == 0 {
+                stop = Some(key);
+                break;
+            }
+            last = Some(key);
+            let due = msg.due_at_ms();
+            if self.entries.contains_key(&key)
+                || self.deletes.contains(&key)
+                || t.ahead.contains_key(&(due, key))
+            {
+                continue;
+            }
+            if msg.is_expired(now_ms) {
+                if self.deletes.push(key).is_ok() {
+                    self.unpark(key);
+                    self.counters.expired += 1;
+                }
+                continue;
+            }
+            if due > now_ms {
+                // Not due (the clock went back): the head scan takes it from here when it is.
+                let t = self.topics.get_mut(&h).expect("present");
+                t.resume = t.resume.min(key);
+                t.next_scan_ms = Some(t.next_scan_ms.map_or(due, |n| n.min(due)));
+                break;
+            }
+            match self.dispatch_new(h, key, msg, now_ms) {
+                Dispatch::Sent | Dispatch::Passed => {}
+                Dispatch::Busy | Dispatch::NoRoom => {
+                    stop = Some(key);
+                    break;
+                }
+            }
+        }
+        let next = match stop {
+            Some(key) => Some(key),
+            None if !res.exhausted => Some(last.and_then(|k| k.successor()).unwrap_or(req.upper)),
+            None => None,
+        };
+        let t = self.topics.get_mut(&h).expect("present");
+        for at in before.filter(|b| *b < req.from).into_iter().chain(next) {
+            t.fell_behind(r.clone(), at);
+        }
     }
 
     /// Feeds a scan's result: delivers what is due, queues expired keys for deletion, and
     /// moves the topic's cursor and next scan time.
     pub fn apply_scan(&mut self, req: &ScanRequest, res: ScanResult, now_ms: i64) {
+        if let Some(CatchUp(r)) = &req.catch_up {
+            self.apply_catch_up(req, r.clone(), res, now_ms);
+            return;
+        }
         let h = req.topic_hash;
         let Some(t) = self.topics.get(&h) else { return };
         let resume_at_start = t.resume;
@@ -863,10 +1063,14 @@ impl<S: Sink> Hub<S> {
                 stop = Some((key, due));
                 break;
             }
-            if self.dispatch_new(h, key, msg, now_ms) == Dispatch::NoRoom {
-                // No recipient that needs it has room: retry from this key once one does.
-                stop = Some((key, now_ms));
-                break;
+            match self.dispatch_new(h, key, msg, now_ms) {
+                Dispatch::Sent | Dispatch::Passed => {}
+                Dispatch::Busy | Dispatch::NoRoom => {
+                    // No recipient has room (or the entry cap is full): retry from this key
+                    // once one does.
+                    stop = Some((key, now_ms));
+                    break;
+                }
             }
         }
         let bucket_ms = self.cfg.bucket_ms;
@@ -896,7 +1100,10 @@ impl<S: Sink> Hub<S> {
     }
 
     /// Creates the entry for a newly due message and sends it to every connected recipient
-    /// that has room and has not acked it (a parked message goes to the groups still owed it).
+    /// that has room and has not acked it (a parked message goes to the recipients still owed
+    /// it). A parked message whose connected recipients are all full is passed: they get it
+    /// from their catch-up cursors. `Busy` is only returned for a message nobody acked, which
+    /// every connected recipient needs: then none of them has room.
     fn dispatch_new(
         &mut self,
         h: u64,
@@ -921,7 +1128,7 @@ impl<S: Sink> Hub<S> {
             }
             return Dispatch::Passed;
         }
-        if !self.topic_has_room(t) {
+        if self.cap_room(t) == 0 {
             return Dispatch::NoRoom;
         }
         let recipients: Vec<Recipient> = open
@@ -954,7 +1161,16 @@ impl<S: Sink> Hub<S> {
         if sent == 0 {
             let e = self.entries.remove(&key).expect("just inserted");
             self.drop_entry_tracking(key, &e);
-            return Dispatch::NoRoom;
+            let t = self.topics.get_mut(&h).expect("present");
+            if !t.parked.contains_key(&key) {
+                return Dispatch::Busy;
+            }
+            for r in e.recipients.into_iter().map(|r| r.id) {
+                if t.present(&r) {
+                    t.fell_behind(r, key);
+                }
+            }
+            return Dispatch::Passed;
         }
         if unsent_present {
             self.topics
@@ -986,6 +1202,9 @@ impl<S: Sink> Hub<S> {
                     merge(n.saturating_sub(self.cfg.lookahead_ms));
                 }
             }
+            if self.cap_room(t) > 0 && t.lag.keys().any(|r| self.recipient_free(t, r) > 0) {
+                merge(now_ms);
+            }
         }
         at
     }
@@ -1016,7 +1235,10 @@ impl<S: Sink> Hub<S> {
                     continue;
                 }
                 // Its slot in the entry cap passes to the entry dispatch_new creates.
-                if self.dispatch_new(h, key, Arc::clone(&msg), now_ms) == Dispatch::NoRoom {
+                if matches!(
+                    self.dispatch_new(h, key, Arc::clone(&msg), now_ms),
+                    Dispatch::Busy | Dispatch::NoRoom
+                ) {
                     if let Some(t) = self.topics.get_mut(&h) {
                         t.ahead.insert((due, key), msg);
                     }

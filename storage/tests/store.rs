@@ -40,6 +40,7 @@ fn scan_all(s: &Store, topic: &str, now: i64) -> futureq_core::hub::ScanResult {
         from: EventKey::topic_start(h),
         upper: EventKey::bucket_start(h, bucket_of(now, 1) + 1),
         limit: 100,
+        catch_up: None,
     })
     .unwrap()
 }

@@ -370,6 +370,97 @@ fn groups_from_the_registry_hold_messages_until_they_ack() {
     assert_eq!(l.take().len(), 1);
 }
 
+/// Issue 10.5: a connected group that does not keep up (here: never acks) does not hold the
+/// topic's scan for a group that does, and memory stays within the entry cap; once it acks, it
+/// gets every message it is owed.
+#[test]
+fn a_slow_group_does_not_hold_the_topic_for_a_fast_one() {
+    let mut hub = Hub::new(CFG);
+    let mut store = Store::default();
+    let (fast, slow) = (MemSink::new(), MemSink::new());
+    let idf = hub.register(&sub("t", "fast", 10), fast.clone(), 0);
+    let ids = hub.register(&sub("t", "slow", 1), slow.clone(), 0);
+    let n = 3000;
+    for i in 0..n {
+        store.put(i + 1, msg("t", 0, 0, 0));
+    }
+    let mut fast_got = BTreeSet::new();
+    let mut slow_held = Vec::new();
+    for now in 1..=(n as i64) {
+        pass(&mut hub, &mut store, now);
+        for d in fast.take() {
+            fast_got.insert(d.key);
+            hub.ack(idf, d.key, true, now);
+        }
+        slow_held.extend(slow.take());
+        assert!(hub.entries.len() <= Hub::<MemSink>::entry_cap(11));
+        if fast_got.len() == n as usize {
+            break;
+        }
+    }
+    assert_eq!(fast_got.len(), n as usize, "the fast group got everything");
+    assert_eq!(
+        store.0.len(),
+        n as usize,
+        "nothing deleted before slow had it"
+    );
+    // The slow group catches up, one at a time.
+    let mut slow_got = BTreeSet::new();
+    let mut now = 10_000;
+    while slow_got.len() < n as usize && now < 10_000 + 4 * n as i64 {
+        for d in slow_held.drain(..) {
+            slow_got.insert(d.key);
+            hub.ack(ids, d.key, true, now);
+        }
+        now += 1;
+        pass(&mut hub, &mut store, now);
+        slow_held.extend(slow.take());
+        assert!(fast.take().is_empty(), "fast acked them all already");
+    }
+    assert_eq!(slow_got, fast_got);
+    pass(&mut hub, &mut store, now + 1);
+    assert!(store.0.is_empty());
+    assert_eq!(hub.parked(), 0);
+}
+
+/// Issue 10.5: a group that comes back to a large backlog and takes it slowly does not hold
+/// new messages back from a group that keeps up.
+#[test]
+fn a_group_back_to_a_backlog_does_not_hold_new_messages_for_others() {
+    let mut hub = Hub::new(CFG);
+    let mut store = Store::default();
+    hub.add_known_groups("t", ["late".to_owned()], 0);
+    let fast = MemSink::new();
+    let idf = hub.register(&sub("t", "fast", 10), fast.clone(), 0);
+    for i in 0..2000 {
+        store.put(i + 1, msg("t", 0, 0, 0));
+    }
+    for now in 1..1000 {
+        pass(&mut hub, &mut store, now);
+        for d in fast.take() {
+            hub.ack(idf, d.key, true, now);
+        }
+    }
+    assert_eq!(hub.parked(), 2000);
+    let late = MemSink::new();
+    hub.register(&sub("t", "late", 1), late.clone(), 1000);
+    let mut fresh = BTreeSet::new();
+    for i in 0..100 {
+        let k = store.put(5000 + i, msg("t", 1000, 0, 0));
+        hub.on_published(k);
+        fresh.insert(k);
+    }
+    for now in 1001..1020 {
+        pass(&mut hub, &mut store, now);
+        for d in fast.take() {
+            fresh.remove(&d.key);
+            hub.ack(idf, d.key, true, now);
+        }
+    }
+    assert!(fresh.is_empty(), "{} new messages held back", fresh.len());
+    assert_eq!(late.take().len(), 1, "late got the first of its backlog");
+}
+
 #[test]
 fn publish_behind_the_cursor_is_found() {
     let mut hub = Hub::new(CFG);
