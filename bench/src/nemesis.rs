@@ -9,7 +9,8 @@
 //! - **resurrected**: delivered again after its ACK had [`ACK_SETTLE`] of fault-free time to
 //!   commit;
 //! - **liveness**: soon after the faults heal every node answers and all agree on the leader;
-//! - **convergence**: every node applied the same log (same applied index) after healing.
+//! - **convergence**: after healing every node reports the same applied index and the same
+//!   store digest (a hash of every stored row: same messages, indexes and groups).
 //!
 //! Faults: kill -9 + restart, SIGSTOP/SIGCONT pauses of the leader or a follower (0.5–5 s),
 //! and partitions of the Raft links (an isolated leader, an isolated follower, a bridge where
@@ -585,7 +586,8 @@ async fn liveness(c: &Cluster) -> Result<Duration, String> {
     ))
 }
 
-/// Every node reports the same applied index (the cluster is idle by then).
+/// Every node reports the same applied index and the same store digest (the cluster is idle
+/// by then): the replicas hold the same messages, indexes and groups.
 async fn convergence(c: &Cluster) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(15);
     let mut seen = Vec::new();
@@ -593,18 +595,25 @@ async fn convergence(c: &Cluster) -> Result<(), String> {
         seen.clear();
         for n in &c.nodes {
             let page = n.metrics().await.unwrap_or_default();
-            seen.push(
-                page.lines()
-                    .find_map(|l| l.strip_prefix("futureq_raft_applied_index "))
-                    .and_then(|v| v.parse::<f64>().ok()),
-            );
+            let applied = page
+                .lines()
+                .find_map(|l| l.strip_prefix("futureq_raft_applied_index "))
+                .and_then(|v| v.parse::<f64>().ok());
+            let digest = page
+                .lines()
+                .find_map(|l| l.strip_prefix("futureq_store_state_info{digest=\""))
+                .and_then(|v| v.split('"').next())
+                .map(str::to_owned);
+            seen.push(applied.zip(digest));
         }
         if seen.iter().all(Option::is_some) && seen.windows(2).all(|w| w[0] == w[1]) {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    Err(format!("applied indexes differ after healing: {seen:?}"))
+    Err(format!(
+        "replicas differ after healing (applied index, store digest per node): {seen:?}"
+    ))
 }
 
 /// Checks the history (see the module doc).

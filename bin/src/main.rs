@@ -283,7 +283,10 @@ fn start(settings: Settings) -> anyhow::Result<()> {
     };
     let mut raft_rx = raft_rx;
     let dispatcher_done = Shutdown::new();
-    let metrics = Arc::new(Metrics::default());
+    let metrics = Arc::new(Metrics {
+        store_digest: store.store().digest_cell(),
+        ..Metrics::default()
+    });
     let shutdown = Shutdown::new();
     install_signals(shutdown.clone())?;
 

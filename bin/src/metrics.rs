@@ -144,6 +144,8 @@ pub struct Metrics {
     pub parked_messages: AtomicI64,
     pub store_commits: AtomicU64,
     pub store_commit_ops: AtomicU64,
+    /// The store's digest ([`futureq_storage::Store::digest_cell`]).
+    pub store_digest: std::sync::Arc<AtomicU64>,
     /// Clustered mode: the Raft gauges below are exported.
     pub clustered: std::sync::atomic::AtomicBool,
     pub raft_term: AtomicU64,
@@ -181,6 +183,7 @@ impl Default for Metrics {
             parked_messages: AtomicI64::new(0),
             store_commits: AtomicU64::new(0),
             store_commit_ops: AtomicU64::new(0),
+            store_digest: std::sync::Arc::default(),
             clustered: std::sync::atomic::AtomicBool::new(false),
             raft_term: AtomicU64::new(0),
             raft_is_leader: AtomicU64::new(0),
@@ -403,6 +406,17 @@ impl Metrics {
             "counter",
             "Operations in those transactions (group commit).",
             self.store_commit_ops.load(r),
+        );
+        header(
+            &mut o,
+            "futureq_store_state_info",
+            "gauge",
+            "Digest of the stored messages, indexes and groups: equal on replicas that applied the same log (compare at equal futureq_raft_applied_index).",
+        );
+        let _ = writeln!(
+            o,
+            "futureq_store_state_info{{digest=\"{:016x}\"}} 1",
+            self.store_digest.load(r)
         );
         o
     }

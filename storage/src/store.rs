@@ -7,13 +7,19 @@
 //! | `messages` | 24-byte event key | encoded [`StoredMessage`] |
 //! | `indexes` | index key ([`futureq_core::IndexValue::index_key`]) · event key | () |
 //! | `expiry` | expires-at (u64 BE ms) · event key | () |
-//! | `meta` | name | u64 (`last-id`) |
+//! | `meta` | name | u64 (`last-id`, `digest`, applied log id) |
 //! | `groups` | topic hash (u64 BE) · group name | () |
+//!
+//! The **digest** is the XOR of one hash per row of `messages`, `indexes`, `expiry` and
+//! `groups`: a function of the stored state alone, whatever the order of the writes that led
+//! to it, kept in `meta` by every transaction that changes those tables. Replicas that applied
+//! the same log have the same digest ([`Store::digest`]).
 //!
 //! Every method is blocking: call them only from the threads in [`crate::service`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -39,6 +45,8 @@ const LAST_ID: &str = "last-id";
 const WAL_SEQ: &str = "wal-seq";
 const APPLIED_INDEX: &str = "applied-index";
 const APPLIED_TERM: &str = "applied-term";
+/// The digest of the data tables (see the module docs).
+const DIGEST: &str = "digest";
 /// Raft-meta key written by [`Store::sync`] so that its transaction has a change to commit.
 const SYNC_MARK: &str = "sync";
 
@@ -68,6 +76,23 @@ pub struct NewMessage {
 #[derive(Clone)]
 pub struct Store {
     db: Arc<Database>,
+    /// The digest as of the last commit (see the module docs).
+    digest: Arc<AtomicU64>,
+}
+
+/// Table tags of the digest's row hashes.
+const ROW_MESSAGE: u64 = 1;
+const ROW_INDEX: u64 = 2;
+const ROW_EXPIRY: u64 = 3;
+const ROW_GROUP: u64 = 5;
+
+/// One row's share of the digest.
+fn row_hash(table: u64, key: &[u8], value: &[u8]) -> u64 {
+    let mut h = xxhash_rust::xxh64::Xxh64::new(table);
+    h.update(&(key.len() as u64).to_le_bytes());
+    h.update(key);
+    h.update(value);
+    h.digest()
 }
 
 fn expiry_key(expires_at_ms: i64, key: &EventKey) -> [u8; 8 + KEY_LEN] {
@@ -136,7 +161,64 @@ impl Store {
             txn.open_table(GROUPS)?;
         }
         txn.commit()?;
-        Ok(Store { db: Arc::new(db) })
+        let store = Store {
+            db: Arc::new(db),
+            digest: Arc::new(AtomicU64::new(0)),
+        };
+        let kept = store
+            .db
+            .begin_read()?
+            .open_table(META)?
+            .get(DIGEST)?
+            .map(|v| v.value());
+        let digest = match kept {
+            Some(d) => d,
+            None => {
+                // A store written before the digest existed: compute it once.
+                let d = store.computed_digest()?;
+                let txn = store.begin_write(true)?;
+                txn.open_table(META)?.insert(DIGEST, d)?;
+                txn.commit()?;
+                d
+            }
+        };
+        store.digest.store(digest, Ordering::Relaxed);
+        Ok(store)
+    }
+
+    /// The digest of the stored state as of the last commit (see the module docs).
+    #[must_use]
+    pub fn digest(&self) -> u64 {
+        self.digest.load(Ordering::Relaxed)
+    }
+
+    /// A handle on [`Store::digest`] for readers that must not touch the database (metrics).
+    #[must_use]
+    pub fn digest_cell(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.digest)
+    }
+
+    /// The digest computed from every row (the kept one must always equal it).
+    ///
+    /// # Errors
+    /// A storage error.
+    pub fn computed_digest(&self) -> Result<u64, StoreError> {
+        let txn = self.db.begin_read()?;
+        let mut d = 0;
+        for r in txn.open_table(MESSAGES)?.range::<&[u8]>(..)? {
+            let (k, v) = r?;
+            d ^= row_hash(ROW_MESSAGE, k.value(), v.value());
+        }
+        for (tag, def) in [
+            (ROW_INDEX, INDEXES),
+            (ROW_EXPIRY, EXPIRY),
+            (ROW_GROUP, GROUPS),
+        ] {
+            for r in txn.open_table(def)?.range::<&[u8]>(..)? {
+                d ^= row_hash(tag, r?.0.value(), &[]);
+            }
+        }
+        Ok(d)
     }
 
     /// A write transaction that fsyncs on commit when `durable`.
@@ -201,6 +283,7 @@ impl Store {
     ) -> Result<GroupOutcome, StoreError> {
         let txn = self.begin_write(durable || checkpoint.is_some())?;
         let mut out = GroupOutcome::default();
+        let digest;
         {
             let mut t = Tables::open(&txn)?;
             let mut max_id = *last_id;
@@ -237,15 +320,16 @@ impl Store {
                 }
             }
             if max_id > *last_id || checkpoint.is_some() {
-                let mut meta = txn.open_table(META)?;
-                meta.insert(LAST_ID, max_id)?;
+                t.meta.insert(LAST_ID, max_id)?;
                 if let Some(seq) = checkpoint {
-                    meta.insert(WAL_SEQ, seq)?;
+                    t.meta.insert(WAL_SEQ, seq)?;
                 }
             }
             out.last_id = max_id;
+            digest = t.finish()?;
         }
         txn.commit()?;
+        self.digest.store(digest, Ordering::Relaxed);
         *last_id = out.last_id;
         Ok(out)
     }
@@ -290,11 +374,12 @@ impl Store {
             return Ok(false);
         }
         let txn = self.begin_write(true)?;
-        let new = txn
-            .open_table(GROUPS)?
-            .insert(group_key(topic_hash, group).as_slice(), ())?
-            .is_none();
+        let (new, digest) = {
+            let mut t = Tables::open(&txn)?;
+            (t.add_group(&group_key(topic_hash, group))?, t.finish()?)
+        };
         txn.commit()?;
+        self.digest.store(digest, Ordering::Relaxed);
         Ok(new)
     }
 
@@ -365,6 +450,7 @@ impl Store {
         }
         let txn = self.begin_write(durable)?;
         let mut stored = Vec::new();
+        let digest;
         {
             let mut t = Tables::open(&txn)?;
             for (index, c) in &commands {
@@ -396,23 +482,21 @@ impl Store {
                         }
                     }
                     CommandRef::RegisterGroup(r) => {
-                        txn.open_table(GROUPS)?.insert(
-                            group_key(r.topic_hash.to_native(), r.group.as_str()).as_slice(),
-                            (),
-                        )?;
+                        t.add_group(&group_key(r.topic_hash.to_native(), r.group.as_str()))?;
                     }
                 }
             }
-            let mut meta = txn.open_table(META)?;
-            meta.insert(LAST_ID, out.max_event_id)?;
-            meta.insert(APPLIED_INDEX, last_index)?;
-            meta.insert(APPLIED_TERM, last_term)?;
+            t.meta.insert(LAST_ID, out.max_event_id)?;
+            t.meta.insert(APPLIED_INDEX, last_index)?;
+            t.meta.insert(APPLIED_TERM, last_term)?;
+            digest = t.finish()?;
             let mut rm = txn.open_table(RAFT_META)?;
             for (k, v) in raft_meta {
                 rm.insert(*k, *v)?;
             }
         }
         txn.commit()?;
+        self.digest.store(digest, Ordering::Relaxed);
         out.refused.sort_by_key(|(i, _)| *i);
         out.applied = Some((last_index, last_term));
         out.published = min_key_per_topic(stored);
@@ -569,15 +653,16 @@ impl Store {
         }
         let mut txn = self.db.begin_write()?;
         txn.set_durability(Durability::Immediate)?;
+        let digest;
         {
             let mut t = Tables::open(&txn)?;
             t.messages.retain(|_, _| false)?;
             t.indexes.retain(|_, _| false)?;
             t.expiry.retain(|_, _| false)?;
+            t.groups.retain(|_, _| false)?;
+            t.digest = 0;
             let mut rm = txn.open_table(RAFT_META)?;
             rm.retain(|_, _| false)?;
-            let mut groups = txn.open_table(GROUPS)?;
-            groups.retain(|_, _| false)?;
             loop {
                 let mut id = [0u8; 1];
                 r.read_exact(&mut id)
@@ -590,13 +675,12 @@ impl Store {
                 let value = read_chunk(r, SNAPSHOT_VALUE_MAX)
                     .ok_or_else(|| bad("truncated or oversized value"))?;
                 match id[0] {
-                    1 if key.len() == KEY_LEN => t
-                        .messages
-                        .insert(key.as_slice(), value.as_slice())
-                        .map(|_| ())?,
-                    2 => t.indexes.insert(key.as_slice(), ()).map(|_| ())?,
-                    3 => t.expiry.insert(key.as_slice(), ()).map(|_| ())?,
-                    5 if key.len() >= 8 => groups.insert(key.as_slice(), ()).map(|_| ())?,
+                    1 if key.len() == KEY_LEN => t.put_message(&key, &value)?,
+                    2 => t.put_row(ROW_INDEX, &key)?,
+                    3 => t.put_row(ROW_EXPIRY, &key)?,
+                    5 if key.len() >= 8 => {
+                        t.add_group(&key)?;
+                    }
                     4 => {
                         let k = std::str::from_utf8(&key)
                             .map_err(|_| bad("raft meta key is not UTF-8"))?;
@@ -605,21 +689,22 @@ impl Store {
                     _ => return Err(bad("unknown table or bad message key")),
                 }
             }
-            let mut meta = txn.open_table(META)?;
-            meta.insert(LAST_ID, last)?;
+            t.meta.insert(LAST_ID, last)?;
             match applied {
                 Some((index, term)) => {
-                    meta.insert(APPLIED_INDEX, index)?;
-                    meta.insert(APPLIED_TERM, term)?;
+                    t.meta.insert(APPLIED_INDEX, index)?;
+                    t.meta.insert(APPLIED_TERM, term)?;
                 }
                 None => {
-                    meta.remove(APPLIED_INDEX)?;
-                    meta.remove(APPLIED_TERM)?;
+                    t.meta.remove(APPLIED_INDEX)?;
+                    t.meta.remove(APPLIED_TERM)?;
                 }
             }
+            digest = t.finish()?;
         }
         // An error above drops `txn` uncommitted: nothing of the snapshot is visible.
         txn.commit()?;
+        self.digest.store(digest, Ordering::Relaxed);
         Ok(())
     }
 
@@ -838,19 +923,36 @@ fn min_key_per_topic(keys: impl IntoIterator<Item = EventKey>) -> Vec<EventKey> 
 
 /// The message tables of one write transaction. A message's index and expiry entries are
 /// written and removed with it, always.
+/// The data tables and `meta` of one write transaction. Every change to the data tables goes
+/// through it, which keeps the digest (see the module docs) in step; [`Tables::finish`]
+/// records it.
 struct Tables<'t> {
     messages: redb::Table<'t, &'static [u8], &'static [u8]>,
     indexes: redb::Table<'t, &'static [u8], ()>,
     expiry: redb::Table<'t, &'static [u8], ()>,
+    groups: redb::Table<'t, &'static [u8], ()>,
+    meta: redb::Table<'t, &'static str, u64>,
+    digest: u64,
 }
 
 impl<'t> Tables<'t> {
     fn open(txn: &'t redb::WriteTransaction) -> Result<Self, StoreError> {
+        let meta = txn.open_table(META)?;
+        let digest = meta.get(DIGEST)?.map_or(0, |v| v.value());
         Ok(Tables {
             messages: txn.open_table(MESSAGES)?,
             indexes: txn.open_table(INDEXES)?,
             expiry: txn.open_table(EXPIRY)?,
+            groups: txn.open_table(GROUPS)?,
+            meta,
+            digest,
         })
+    }
+
+    /// Records the digest in `meta`; returns it.
+    fn finish(mut self) -> Result<u64, StoreError> {
+        self.meta.insert(DIGEST, self.digest)?;
+        Ok(self.digest)
     }
 
     fn insert<'k>(
@@ -860,46 +962,81 @@ impl<'t> Tables<'t> {
         index_keys: impl IntoIterator<Item = &'k [u8]>,
         value: &[u8],
     ) -> Result<(), StoreError> {
-        self.messages.insert(key.0.as_slice(), value)?;
+        self.put_message(&key.0, value)?;
         for ik in index_keys {
-            self.indexes.insert(index_entry(ik, key).as_slice(), ())?;
+            self.put_row(ROW_INDEX, &index_entry(ik, key))?;
         }
         if let Some(e) = expires_at_ms {
-            self.expiry.insert(expiry_key(e, key).as_slice(), ())?;
+            self.put_row(ROW_EXPIRY, &expiry_key(e, key))?;
         }
         Ok(())
     }
 
+    /// Stores one `messages` row (replacing the value of an existing one).
+    fn put_message(&mut self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
+        if let Some(old) = self.messages.insert(key, value)? {
+            self.digest ^= row_hash(ROW_MESSAGE, key, old.value());
+        }
+        self.digest ^= row_hash(ROW_MESSAGE, key, value);
+        Ok(())
+    }
+
+    /// Adds one row of a key-only table (`indexes` or `expiry`).
+    fn put_row(&mut self, table: u64, key: &[u8]) -> Result<(), StoreError> {
+        let t = if table == ROW_INDEX {
+            &mut self.indexes
+        } else {
+            &mut self.expiry
+        };
+        if t.insert(key, ())?.is_none() {
+            self.digest ^= row_hash(table, key, &[]);
+        }
+        Ok(())
+    }
+
+    /// Removes one row of a key-only table (`indexes` or `expiry`).
+    fn remove_row(&mut self, table: u64, key: &[u8]) -> Result<(), StoreError> {
+        let t = if table == ROW_INDEX {
+            &mut self.indexes
+        } else {
+            &mut self.expiry
+        };
+        if t.remove(key)?.is_some() {
+            self.digest ^= row_hash(table, key, &[]);
+        }
+        Ok(())
+    }
+
+    /// Registers a group (`groups` key); true when it was new.
+    fn add_group(&mut self, key: &[u8]) -> Result<bool, StoreError> {
+        let new = self.groups.insert(key, ())?.is_none();
+        if new {
+            self.digest ^= row_hash(ROW_GROUP, key, &[]);
+        }
+        Ok(new)
+    }
+
     /// Removes a message and its index and expiry entries; false if it did not exist.
     fn remove(&mut self, key: &EventKey) -> Result<bool, StoreError> {
-        remove_message(&mut self.messages, &mut self.indexes, &mut self.expiry, key)
-    }
-}
-
-/// Removes a message and its index and expiry entries; false if it did not exist.
-fn remove_message(
-    messages: &mut redb::Table<&[u8], &[u8]>,
-    indexes: &mut redb::Table<&[u8], ()>,
-    expiry: &mut redb::Table<&[u8], ()>,
-    key: &EventKey,
-) -> Result<bool, StoreError> {
-    let Some(v) = messages.remove(key.0.as_slice())? else {
-        return Ok(false);
-    };
-    let bytes = Bytes::copy_from_slice(v.value());
-    drop(v);
-    match StoredMessage::decode(&bytes) {
-        Ok(m) => {
-            for i in &m.indexes {
-                indexes.remove(index_entry(&i.index_key(), key).as_slice())?;
+        let Some(v) = self.messages.remove(key.0.as_slice())? else {
+            return Ok(false);
+        };
+        let bytes = Bytes::copy_from_slice(v.value());
+        drop(v);
+        self.digest ^= row_hash(ROW_MESSAGE, &key.0, &bytes);
+        match StoredMessage::decode(&bytes) {
+            Ok(m) => {
+                for i in &m.indexes {
+                    self.remove_row(ROW_INDEX, &index_entry(&i.index_key(), key))?;
+                }
+                if let Some(e) = m.expires_at_ms() {
+                    self.remove_row(ROW_EXPIRY, &expiry_key(e, key))?;
+                }
             }
-            if let Some(e) = m.expires_at_ms() {
-                expiry.remove(expiry_key(e, key).as_slice())?;
+            Err(e) => {
+                tracing::error!(target: "storage", ?key, error = %e, "deleted an undecodable message; its index entries may remain");
             }
         }
-        Err(e) => {
-            tracing::error!(target: "storage", ?key, error = %e, "deleted an undecodable message; its index entries may remain");
-        }
+        Ok(true)
     }
-    Ok(true)
 }

@@ -118,6 +118,17 @@ fn delete_and_sweep_remove_index_and_expiry_entries() {
         "an already deleted key is not reported"
     );
     assert_eq!(svc.store().counts().unwrap(), (1, 2, 0));
+    // Every standalone write path keeps the digest in step with the rows.
+    let s = svc.store();
+    assert_ne!(s.digest(), 0);
+    assert_eq!(s.digest(), s.computed_digest().unwrap());
+    s.register_group(topic_hash("t"), "g").unwrap();
+    assert_eq!(s.digest(), s.computed_digest().unwrap());
+    block_on(svc.delete(vec![keys[2]])).unwrap();
+    s.register_group(topic_hash("t"), "g").unwrap();
+    let only_group = s.digest();
+    assert_eq!(only_group, s.computed_digest().unwrap());
+    assert_ne!(only_group, 0, "the group's row");
 }
 
 #[test]
