@@ -17,7 +17,9 @@
 //! two nodes are cut but both see the third) made with nftables rules between the nodes'
 //! loopback addresses (peer links bind to the host of `cluster.raft.listen`). Without `nft`
 //! (`scripts/install-nemesis.sh`) or the privilege to load rules, partitions are skipped with
-//! a line saying so. Membership changes under load come next; disk faults are covered
+//! a line saying so. Membership change under load: a follower is killed, removed with
+//! `futureq leave`, its data deleted, and it joins again as a new node (catching up from a
+//! snapshot or the log); the run waits until it is a voter. Disk faults are covered
 //! in-process by the log's I/O seam (storage tests).
 
 use std::collections::{BTreeMap, HashMap};
@@ -165,6 +167,8 @@ pub(crate) enum FaultKind {
     Pause,
     /// Cut Raft links with nftables for 1–5 s.
     Partition,
+    /// A follower is killed, removed (`futureq leave`), wiped and joins again as a new node.
+    Membership,
 }
 
 /// The nftables table holding the partition rules (removed when the run ends).
@@ -431,10 +435,12 @@ enum Class {
     IsolateFollower,
     /// The two followers cut from each other; both still see the leader.
     Bridge,
+    /// A follower killed, removed from the cluster, wiped, and joined again under a new id.
+    ReplaceFollower,
 }
 
 impl Class {
-    const ALL: [Class; 7] = [
+    const ALL: [Class; 8] = [
         Class::KillLeader,
         Class::KillFollower,
         Class::PauseLeader,
@@ -442,12 +448,14 @@ impl Class {
         Class::IsolateLeader,
         Class::IsolateFollower,
         Class::Bridge,
+        Class::ReplaceFollower,
     ];
 
     fn kind(self) -> FaultKind {
         match self {
             Class::KillLeader | Class::KillFollower => FaultKind::Kill,
             Class::PauseLeader | Class::PauseFollower => FaultKind::Pause,
+            Class::ReplaceFollower => FaultKind::Membership,
             _ => FaultKind::Partition,
         }
     }
@@ -461,6 +469,7 @@ impl Class {
             Class::IsolateLeader => "isolate-leader",
             Class::IsolateFollower => "isolate-follower",
             Class::Bridge => "bridge",
+            Class::ReplaceFollower => "replace-follower",
         }
     }
 
@@ -495,6 +504,8 @@ async fn nemesis(
     }
     first_round.reverse();
     let end = Instant::now() + duration;
+    // Node ids given to replaced followers (the initial members are 1-3).
+    let mut next_id = 4u64;
     while Instant::now() < end {
         tokio::time::sleep(rng.ms(1_000, 3_000)).await;
         let class = first_round
@@ -535,6 +546,26 @@ async fn nemesis(
                 tokio::time::sleep(rng.ms(1_000, 5_000)).await;
                 fw.heal().map_err(anyhow::Error::msg)?;
             }
+            Class::ReplaceFollower => {
+                let seed = c.nodes[leader]
+                    .addr
+                    .trim_start_matches("http://")
+                    .to_owned();
+                c.nodes[node].kill9();
+                let said = c.nodes[node]
+                    .cli(&["leave", "--seed", &seed])
+                    .with_context(|| format!("removing node {}", node + 1))?;
+                eprintln!("nemesis: {}", said.trim());
+                tokio::time::sleep(rng.ms(500, 2_000)).await;
+                let id = next_id;
+                next_id += 1;
+                c.nodes[node]
+                    .rejoin_fresh(id, &seed)
+                    .await
+                    .with_context(|| format!("node {} joining again as {id}", node + 1))?;
+                let addrs: Vec<String> = c.nodes.iter().map(|n| n.addr.clone()).collect();
+                wait_voter(&addrs, id).await?;
+            }
         }
         eprintln!(
             "nemesis: {} (node {}) for {} ms",
@@ -551,6 +582,31 @@ async fn nemesis(
         });
     }
     Ok(())
+}
+
+/// Waits until the leader counts node `id` as a voter (its join finished).
+async fn wait_voter(addrs: &[String], id: u64) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        if let Some((_, ch)) = leader_channel(addrs).await {
+            let info = tokio::time::timeout(
+                CALL_TIMEOUT,
+                FutureQClusterClient::new(ch).get_cluster_info(ClusterInfoRequest {}),
+            )
+            .await;
+            if let Ok(Ok(r)) = info {
+                if r.into_inner()
+                    .nodes
+                    .iter()
+                    .any(|n| n.node_id == id && n.is_voter)
+                {
+                    return Ok(());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    bail!("node {id} did not become a voter within 60 s of joining")
 }
 
 /// Every node answers GetClusterInfo on a fresh channel and all name the same leader.

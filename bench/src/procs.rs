@@ -112,6 +112,46 @@ impl Broker {
         self.wait_serving().await
     }
 
+    /// Runs a `futureq` command (e.g. `leave`) with this node's settings; fails unless it
+    /// exits 0.
+    pub(crate) fn cli(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = Command::new(&self.bin)
+            .args(args)
+            .envs(self.env.iter().map(|(k, v)| (format!("FUTUREQ_{k}"), v)))
+            .output()
+            .with_context(|| format!("running futureq {args:?}"))?;
+        if !out.status.success() {
+            bail!(
+                "futureq {args:?} exited with {}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// After [`Broker::kill9`] (and the node's removal from the cluster): deletes its data and
+    /// Raft data and starts it as a new node `node_id` that joins through `seed` (`ip:port`).
+    pub(crate) async fn rejoin_fresh(&mut self, node_id: u64, seed: &str) -> anyhow::Result<()> {
+        for d in ["data", "raft"] {
+            let path = self.dir.join(d);
+            if path.exists() {
+                std::fs::remove_dir_all(&path)
+                    .with_context(|| format!("deleting {}", path.display()))?;
+            }
+        }
+        self.env.retain(|(k, _)| {
+            !matches!(
+                k.as_str(),
+                "CLUSTER_NODEID" | "CLUSTER_RAFT_INITIALMEMBERS" | "CLUSTER_JOINSEEDS"
+            )
+        });
+        self.env
+            .push(("CLUSTER_NODEID".into(), node_id.to_string().into()));
+        self.env.push(("CLUSTER_JOINSEEDS".into(), seed.into()));
+        self.respawn().await
+    }
+
     /// Sends `signal` (`STOP`, `CONT`, …) to the process.
     pub(crate) fn signal(&self, signal: &str) {
         let _ = Command::new("kill")
