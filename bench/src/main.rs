@@ -118,7 +118,7 @@ enum Cmd {
         #[arg(long, default_value_t = 60)]
         seconds: u64,
         /// Fault kinds (comma-separated).
-        #[arg(long, value_enum, value_delimiter = ',', default_values_t = [nemesis::FaultKind::Kill, nemesis::FaultKind::Pause, nemesis::FaultKind::Partition, nemesis::FaultKind::Membership])]
+        #[arg(long, value_enum, value_delimiter = ',', default_values_t = [nemesis::FaultKind::Kill, nemesis::FaultKind::Pause, nemesis::FaultKind::Partition, nemesis::FaultKind::Membership, nemesis::FaultKind::Disk])]
         faults: Vec<nemesis::FaultKind>,
         /// Directory for nemesis.json (and the nodes' logs after a violation).
         #[arg(long, default_value = "nemesis")]

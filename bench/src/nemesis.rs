@@ -19,8 +19,11 @@
 //! (`scripts/install-nemesis.sh`) or the privilege to load rules, partitions are skipped with
 //! a line saying so. Membership change under load: a follower is killed, removed with
 //! `futureq leave`, its data deleted, and it joins again as a new node (catching up from a
-//! snapshot or the log); the run waits until it is a voter. Disk faults are covered
-//! in-process by the log's I/O seam (storage tests).
+//! snapshot or the log); the run waits until it is a voter. Disk faults (the leader's or a
+//! follower's): the next Raft log fsync fails, the next write fails with ENOSPC, or the next
+//! write is torn and the process dies — injected in-process through the log's I/O seam
+//! (futureq built with `--features fault-injection`); the node must stop by itself (status
+//! 74, or the crash), and it is restarted.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -169,6 +172,9 @@ pub(crate) enum FaultKind {
     Partition,
     /// A follower is killed, removed (`futureq leave`), wiped and joins again as a new node.
     Membership,
+    /// A disk fault under a node's Raft log (fsync error, ENOSPC, torn write + crash); needs
+    /// futureq built with `--features fault-injection`.
+    Disk,
 }
 
 /// The nftables table holding the partition rules (removed when the run ends).
@@ -437,10 +443,16 @@ enum Class {
     Bridge,
     /// A follower killed, removed from the cluster, wiped, and joined again under a new id.
     ReplaceFollower,
+    /// The node's next Raft log fsync fails: it must stop (and is restarted).
+    DiskFsync,
+    /// The node's next Raft log write fails with ENOSPC: it must stop (and is restarted).
+    DiskFull,
+    /// The node's next Raft log write is torn, then the process dies (and is restarted).
+    DiskTorn,
 }
 
 impl Class {
-    const ALL: [Class; 8] = [
+    const ALL: [Class; 11] = [
         Class::KillLeader,
         Class::KillFollower,
         Class::PauseLeader,
@@ -449,6 +461,9 @@ impl Class {
         Class::IsolateFollower,
         Class::Bridge,
         Class::ReplaceFollower,
+        Class::DiskFsync,
+        Class::DiskFull,
+        Class::DiskTorn,
     ];
 
     fn kind(self) -> FaultKind {
@@ -456,6 +471,7 @@ impl Class {
             Class::KillLeader | Class::KillFollower => FaultKind::Kill,
             Class::PauseLeader | Class::PauseFollower => FaultKind::Pause,
             Class::ReplaceFollower => FaultKind::Membership,
+            Class::DiskFsync | Class::DiskFull | Class::DiskTorn => FaultKind::Disk,
             _ => FaultKind::Partition,
         }
     }
@@ -470,6 +486,19 @@ impl Class {
             Class::IsolateFollower => "isolate-follower",
             Class::Bridge => "bridge",
             Class::ReplaceFollower => "replace-follower",
+            Class::DiskFsync => "disk-fsync",
+            Class::DiskFull => "disk-enospc",
+            Class::DiskTorn => "disk-torn",
+        }
+    }
+
+    /// The trigger word of a disk fault.
+    fn disk_fault(self) -> Option<&'static str> {
+        match self {
+            Class::DiskFsync => Some("fsync"),
+            Class::DiskFull => Some("enospc"),
+            Class::DiskTorn => Some("torn"),
+            _ => None,
         }
     }
 
@@ -513,7 +542,9 @@ async fn nemesis(
             .unwrap_or_else(|| enabled[usize::try_from(rng.next()).unwrap_or(0) % enabled.len()]);
         let leader = leader_index(c).await.unwrap_or(0);
         let followers: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
-        let node = if class.hits_leader() {
+        let node = if class.hits_leader()
+            || (class.disk_fault().is_some() && rng.next().is_multiple_of(2))
+        {
             leader
         } else {
             followers[usize::try_from(rng.next() % 2).unwrap_or(0)]
@@ -565,6 +596,34 @@ async fn nemesis(
                     .with_context(|| format!("node {} joining again as {id}", node + 1))?;
                 let addrs: Vec<String> = c.nodes.iter().map(|n| n.addr.clone()).collect();
                 wait_voter(&addrs, id).await?;
+            }
+            Class::DiskFsync | Class::DiskFull | Class::DiskTorn => {
+                let word = class.disk_fault().unwrap_or_default();
+                let n = &mut c.nodes[node];
+                let trigger = n.dir().join("raft").join("inject-disk-fault");
+                std::fs::write(&trigger, word)?;
+                match n.wait_exit(Duration::from_secs(15)).await? {
+                    Some(status) => {
+                        eprintln!(
+                            "nemesis: node {} stopped after the {word} fault ({status})",
+                            node + 1
+                        );
+                        tokio::time::sleep(rng.ms(500, 2_000)).await;
+                        n.respawn().await.with_context(|| {
+                            format!("restarting node {} after a disk fault", node + 1)
+                        })?;
+                    }
+                    // A failed write of the log's durable mark only costs a later mark: the
+                    // node goes on (the liveness and convergence checks still judge it).
+                    None if !trigger.exists() => {
+                        eprintln!("nemesis: node {} went on after the {word} fault (not under a log segment)", node + 1);
+                    }
+                    None => bail!(
+                        "node {} never took the injected {word} fault in 15 s \
+                         (is futureq built with --features fault-injection?)",
+                        node + 1
+                    ),
+                }
             }
         }
         eprintln!(

@@ -4,7 +4,7 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -150,6 +150,21 @@ impl Broker {
             .push(("CLUSTER_NODEID".into(), node_id.to_string().into()));
         self.env.push(("CLUSTER_JOINSEEDS".into(), seed.into()));
         self.respawn().await
+    }
+
+    /// Waits up to `within` for the process to exit by itself; its status, or `None`.
+    pub(crate) async fn wait_exit(
+        &mut self,
+        within: Duration,
+    ) -> anyhow::Result<Option<ExitStatus>> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(st) = self.child.try_wait()? {
+                return Ok(Some(st));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(None)
     }
 
     /// Sends `signal` (`STOP`, `CONT`, …) to the process.

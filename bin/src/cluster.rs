@@ -449,6 +449,8 @@ pub async fn serve(
 }
 
 /// Ticks checked for lateness by [`watch_stalls`].
+/// Exit status when a Raft group stopped for good (EX_IOERR).
+pub const EXIT_RAFT_FAILED: i32 = 74;
 const STALL_TICK: Duration = Duration::from_millis(10);
 /// Lateness of a tick that is reported: the Raft core's reactor did not run for this long.
 const STALL_REPORT: Duration = Duration::from_millis(100);
@@ -679,6 +681,13 @@ impl Core {
     /// assigned), publishes the view, ends a lost leadership, and keeps the topology in the
     /// metadata group current.
     async fn tick(self: &Rc<Self>) {
+        if let Some(e) = self.node.fatal() {
+            // A failed fsync leaves the page cache's state unknown (nothing may be assumed
+            // durable); serving on with a stopped Raft core would answer nothing. Exit like a
+            // crash: a restart recovers from what is durable.
+            tracing::error!(target: "raft", error = %e, "the Raft log failed: exiting (status {EXIT_RAFT_FAILED}) so that the node restarts from its durable state");
+            std::process::exit(EXIT_RAFT_FAILED);
+        }
         let l = self.node.leadership();
         if l.leading && self.ready_term.get() != l.term && !self.confirming.get() {
             self.confirming.set(true);

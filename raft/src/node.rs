@@ -472,10 +472,35 @@ fn raft_config(
         .map_err(|e| NodeError::Raft(e.to_string()))
 }
 
+/// The files under the Raft logs: io_uring, with the disk-fault seam in fault-injection
+/// builds.
+#[cfg(not(feature = "fault-injection"))]
+type DiskIo = DmaLogIo;
+#[cfg(feature = "fault-injection")]
+type DiskIo = futureq_storage::log::faults::FaultyIo<DmaLogIo>;
+
+fn disk_io(dir: &std::path::Path) -> DiskIo {
+    #[cfg(feature = "fault-injection")]
+    {
+        // The Raft data directory (the parent of the event and metadata log directories).
+        let trigger = dir
+            .parent()
+            .unwrap_or(dir)
+            .join(futureq_storage::log::faults::TRIGGER_FILE);
+        futureq_storage::log::faults::FaultyIo::new(
+            DmaLogIo::in_dir(dir.to_path_buf()),
+            trigger,
+            || std::process::abort(),
+        )
+    }
+    #[cfg(not(feature = "fault-injection"))]
+    DmaLogIo::in_dir(dir.to_path_buf())
+}
+
 async fn open_log(
     dir: PathBuf,
     hook: futureq_storage::log::segmented::PersistHook,
-) -> Result<LogStore<DmaLogIo>, NodeError> {
+) -> Result<LogStore<DiskIo>, NodeError> {
     let err = |source| NodeError::Log {
         path: dir.display().to_string(),
         source,
@@ -483,7 +508,7 @@ async fn open_log(
     std::fs::create_dir_all(&dir).map_err(err)?;
     let d = dir.clone();
     LogStore::open(
-        move || DmaLogIo::in_dir(d.clone()),
+        move || disk_io(&d),
         LogConfig {
             segment_bytes: SEGMENT_BYTES,
             cache_bytes: futureq_storage::log::segmented::DEFAULT_CACHE_BYTES,
@@ -498,7 +523,7 @@ async fn open_log(
 /// openraft would apply the entries after the purge point over the gap and serve a replica
 /// that silently lacks messages.
 async fn check_not_behind_purge(
-    log: &mut LogStore<DmaLogIo>,
+    log: &mut LogStore<DiskIo>,
     store: &Store,
     dir: &std::path::Path,
 ) -> Result<(), NodeError> {
@@ -907,6 +932,19 @@ impl Node {
             purged: m.purged.as_ref().map_or(0, |l| l.index),
             alive,
         }
+    }
+
+    /// Why a Raft group of this node stopped for good (its log failed a write or an fsync, or
+    /// its state machine failed), if one did: the node can only restart from what is durable.
+    #[must_use]
+    pub fn fatal(&self) -> Option<String> {
+        if let Err(e) = &self.event.metrics().borrow_watched().running_state {
+            return Some(format!("event shard: {e}"));
+        }
+        if let Err(e) = &self.meta.metrics().borrow_watched().running_state {
+            return Some(format!("metadata group: {e}"));
+        }
+        None
     }
 
     /// Committed event-shard entries this replica's state machine refused since start.

@@ -649,3 +649,45 @@ fn a_lagging_mark_is_reported_and_saved() {
     assert_eq!(again.durable_mark(), Some(6));
     assert_eq!(again.bounds(), Some((1, 6)));
 }
+
+/// Disk faults through the I/O seam ([`FaultyIo`]): a write torn by a crash — one-block (new
+/// first half, old second half) or multi-block (first block old, later blocks new) — after
+/// any number of durable records, with the durable mark saved right before: the log reopens
+/// with every durable record, and the torn one is gone (or whole, if its part persisted).
+#[test]
+fn a_torn_write_after_durable_records_reopens_without_it() {
+    use futureq_storage::log::faults::{FaultyIo, TRIGGER_FILE};
+    let dir = tempfile::tempdir().unwrap();
+    let trigger = dir.path().join(TRIGGER_FILE);
+    for durable in 1..=30u64 {
+        for torn_len in [40usize, 9_000] {
+            let mem = MemLogIo::new();
+            let log = block_on(Log::open(
+                FaultyIo::new(mem.clone(), trigger.clone(), || {}),
+                CFG,
+                Box::new(|_| {}),
+            ))
+            .unwrap();
+            for i in 1..=durable {
+                log.append(vec![(1, i, payload(i))], Box::new(|r| r.unwrap()))
+                    .unwrap();
+            }
+            block_on(log.flush()).unwrap();
+            block_on(log.save_mark()).unwrap();
+            std::fs::write(&trigger, "torn").unwrap();
+            log.append(
+                vec![(1, durable + 1, vec![0xAB; torn_len])],
+                Box::new(|_| {}),
+            )
+            .unwrap();
+            assert!(block_on(log.flush()).is_err(), "the torn flush fails");
+            let reopened = open(&mem.crash())
+                .unwrap_or_else(|e| panic!("{durable} durable, {torn_len} B torn: {e}"));
+            check_all(&reopened, 1..=durable);
+            // The torn record is gone, or whole if the part that persisted held all of it.
+            if let Some(r) = block_on(reopened.read(durable + 1)).unwrap() {
+                assert_eq!(r.payload, vec![0xAB; torn_len]);
+            }
+        }
+    }
+}

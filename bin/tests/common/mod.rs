@@ -167,6 +167,22 @@ impl Broker {
         self.child.as_ref().unwrap().id() as i32
     }
 
+    /// Waits (bounded) for the process to exit by itself; its status, or `None` if it still
+    /// runs after `within` (it then keeps running).
+    pub fn wait_exit(&mut self, within: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(st) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                self.child = None;
+                return Some(st);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// SIGKILL, no chance to flush anything.
     pub fn kill9(&mut self) {
         let mut c = self.child.take().unwrap();
