@@ -928,9 +928,8 @@ pub(crate) async fn run(
         report.liveness.as_deref().map_or_else(|| format!("ok ({} ms)", report.liveness_after_ms), str::to_owned),
         report.convergence.as_deref().unwrap_or("ok"),
     );
-    faults?;
     let violations = report.violations();
-    if violations > 0 {
+    if faults.is_err() || violations > 0 {
         // Keep the nodes' logs for the post-mortem.
         let keep = out.join("logs");
         std::fs::create_dir_all(&keep)?;
@@ -940,6 +939,11 @@ pub(crate) async fn run(
                 keep.join(format!("node{}.log", i + 1)),
             );
         }
+    }
+    // A fault that could not be carried out (a node that would not restart, leave or
+    // rejoin) fails the run first: the checks above then judged a cluster left broken.
+    faults.context("carrying out the fault schedule")?;
+    if violations > 0 {
         bail!(
             "{violations} violation(s); details in {}",
             out.join("nemesis.json").display()

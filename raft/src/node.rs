@@ -425,6 +425,9 @@ impl EventWatch {
     }
 }
 
+/// Pause between attempts of a metadata request (see [`Node::meta_request`]).
+const META_RETRY_PAUSE: Duration = Duration::from_millis(100);
+
 /// A running node (both groups). Cheap to clone.
 #[derive(Clone)]
 pub struct Node {
@@ -838,16 +841,26 @@ impl Node {
     }
 
     /// Applies a metadata request on the metadata leader, forwarding it there when this node
-    /// does not lead.
+    /// does not lead. Membership requests are idempotent, so while no leader is known or the
+    /// leader fails or cannot be reached (it may be the very node a `LeaveCluster` removes,
+    /// down until the others elect another) the request is tried again, until `deadline`.
     ///
     /// # Errors
-    /// [`WriteError`]; `NotLeader { leader: None }` while the group has no leader.
+    /// [`WriteError`]: the last attempt's error once `deadline` is near.
     pub async fn meta_request(&self, req: Forward, deadline: Instant) -> Result<(), WriteError> {
-        match change(&self.meta, self.id, &req, deadline).await {
-            Err(WriteError::NotLeader {
-                leader: Some(leader),
-            }) if leader != self.id => self.forward(META_GROUP, leader, &req, deadline).await,
-            r => r,
+        loop {
+            let r = match change(&self.meta, self.id, &req, deadline).await {
+                Err(WriteError::NotLeader {
+                    leader: Some(leader),
+                }) if leader != self.id => self.forward(META_GROUP, leader, &req, deadline).await,
+                r => r,
+            };
+            let again = matches!(r, Err(WriteError::NotLeader { .. } | WriteError::Failed(_)));
+            if !again || Instant::now() + META_RETRY_PAUSE >= deadline {
+                return r;
+            }
+            tracing::debug!(target: "raft", error = ?r, "metadata request not done; trying again");
+            glommio::timer::sleep(META_RETRY_PAUSE).await;
         }
     }
 

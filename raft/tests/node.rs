@@ -139,3 +139,94 @@ fn the_event_shard_takes_no_forwarded_writes() {
         node.shutdown().await;
     });
 }
+
+/// Found by the nemesis (replace-follower): `futureq leave` of a node that leads the metadata
+/// group (but not the event shard) failed at once — the removal was forwarded to the node
+/// being removed, which was down. The metadata request is idempotent: it waits for the other
+/// members to elect a leader and goes there, within its deadline.
+#[test]
+fn a_metadata_request_outlives_a_metadata_leader_that_is_down() {
+    use futureq_raft::node::Forward;
+    use openraft_rt::watch::WatchReceiver as _;
+    let mut rt = GlommioRuntime::new(1);
+    rt.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let addrs: Vec<String> = (0..3)
+            .map(|_| {
+                let port = std::net::TcpListener::bind("127.0.0.1:0")
+                    .unwrap()
+                    .local_addr()
+                    .unwrap()
+                    .port();
+                format!("127.0.0.1:{port}")
+            })
+            .collect();
+        let members: std::collections::BTreeMap<u64, String> = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| (i as u64 + 1, a.clone()))
+            .collect();
+        let mut nodes = Vec::new();
+        for (id, addr) in &members {
+            let cfg = NodeConfig {
+                node_id: *id,
+                raft_listen: addr.parse().unwrap(),
+                raft_advertise: addr.clone(),
+                data_dir: dir.path().join(id.to_string()),
+                rtt: Duration::from_millis(20),
+                snapshot_entries: 100,
+                compaction_overhead: 10,
+                secret: Default::default(),
+            };
+            let store = Store::open(&StoreMode::Memory).unwrap();
+            nodes.push(Node::start(&cfg, store, Rc::new(|_, _| {})).await.unwrap());
+        }
+        for n in &nodes {
+            n.bootstrap(&members).await.unwrap();
+        }
+        // Node 1 leads the event shard, node 2 the metadata group.
+        let meta_leader = |n: &Node| n.meta.metrics().borrow_watched().current_leader;
+        for round in 0..100 {
+            if nodes[0].leadership().leading && meta_leader(&nodes[0]) == Some(2) {
+                break;
+            }
+            if round % 10 == 5 {
+                if nodes[0].leadership().leader != Some(1) {
+                    let _ = nodes[0].event.trigger().elect(false).await;
+                }
+                if meta_leader(&nodes[0]) != Some(2) {
+                    let _ = nodes[1].meta.trigger().elect(false).await;
+                }
+            }
+            GlommioRuntime::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(
+            nodes[0].leadership().leading,
+            "{:?} / meta leader {:?}",
+            nodes[0].leadership(),
+            meta_leader(&nodes[0])
+        );
+        assert_eq!(meta_leader(&nodes[0]), Some(2));
+        // Node 2 goes down; node 1 removes it from the metadata group.
+        nodes[1].shutdown().await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        nodes[0]
+            .meta_request(Forward::Remove(2), deadline)
+            .await
+            .expect("removed once the others elected a metadata leader");
+        let voters: Vec<u64> = nodes[0]
+            .meta
+            .metrics()
+            .borrow_watched()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect();
+        assert!(!voters.contains(&2), "{voters:?}");
+        for (i, n) in nodes.iter().enumerate() {
+            if i != 1 {
+                n.shutdown().await;
+            }
+        }
+    });
+}
