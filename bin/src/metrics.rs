@@ -407,16 +407,12 @@ impl Metrics {
             "Operations in those transactions (group commit).",
             self.store_commit_ops.load(r),
         );
-        header(
+        scalar(
             &mut o,
-            "futureq_store_state_info",
+            "futureq_store_digest",
             "gauge",
-            "Digest of the stored messages, indexes and groups: equal on replicas that applied the same log (compare at equal futureq_raft_applied_index).",
-        );
-        let _ = writeln!(
-            o,
-            "futureq_store_state_info{{digest=\"{:016x}\"}} 1",
-            self.store_digest.load(r)
+            "Digest of the stored messages, indexes and groups (its low 52 bits, exact as a float): equal on replicas that applied the same log (compare at equal futureq_raft_applied_index).",
+            self.store_digest.load(r) & ((1 << 52) - 1),
         );
         o
     }

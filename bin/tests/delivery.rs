@@ -374,8 +374,14 @@ async fn a_slow_group_does_not_hold_the_topic_for_a_fast_one() {
             .await;
         assert!(ack.success, "{ack:?}");
     }
+    let deadline = Instant::now() + Duration::from_secs(120);
     let mut got = std::collections::BTreeSet::new();
     while got.len() < n as usize {
+        assert!(
+            Instant::now() < deadline,
+            "fast: {} of {n} in 120 s",
+            got.len()
+        );
         let Some(m) = fast.next(Duration::from_secs(5)).await else {
             panic!("the fast group stalled after {} of {n}", got.len());
         };
@@ -385,6 +391,11 @@ async fn a_slow_group_does_not_hold_the_topic_for_a_fast_one() {
     // The slow group had one; acked one at a time, it gets every other as well.
     let mut slow_got = std::collections::BTreeSet::new();
     while slow_got.len() < n as usize {
+        assert!(
+            Instant::now() < deadline,
+            "slow: {} of {n} in 120 s",
+            slow_got.len()
+        );
         let Some(m) = slow.next(Duration::from_secs(5)).await else {
             panic!("the slow group stalled after {} of {n}", slow_got.len());
         };

@@ -54,6 +54,8 @@ pub const SCAN_BATCH_MAX: usize = 1024;
 /// Most value bytes one scan may return (the storage side stops after the value that
 /// crosses it); bounds the memory of one scan whatever the message size.
 pub const SCAN_BYTES_MAX: usize = 8 << 20;
+/// Fewest keys a catch-up scan reads (see [`Hub::scans_due`]).
+pub const CATCH_UP_SCAN_MIN: usize = 16;
 /// Lower bound of a topic's entry cap, so a topic with small consumers still pipelines.
 pub const TOPIC_ENTRIES_MIN: usize = 1024;
 /// Most parked messages (acked by some recipients, waiting for groups without members) the
@@ -440,9 +442,10 @@ impl<S: Sink> Hub<S> {
             return;
         };
         t.capacity -= c.max_in_flight as usize;
+        let mut was_behind = false;
         let gone = if c.group.is_empty() {
             t.universal.retain(|u| *u != id);
-            t.lag.remove(&RecipientId::Universal(id));
+            was_behind = t.lag.remove(&RecipientId::Universal(id)).is_some();
             Some(RecipientId::Universal(id))
         } else {
             if let Some(g) = t.groups.get_mut(&c.group) {
@@ -496,14 +499,43 @@ impl<S: Sink> Hub<S> {
         for k in keys {
             self.finish_if_done(k, now_ms);
         }
-        if let Some(t) = self.topics.get(&h) {
-            if t.groups.is_empty() && t.universal.is_empty() {
+        let last = self
+            .topics
+            .get(&h)
+            .is_some_and(|t| t.groups.is_empty() && t.universal.is_empty());
+        if was_behind || last {
+            // Parked messages it was still owed may now be acked by every recipient left.
+            self.settle_parked(h);
+        }
+        if last {
+            if let Some(t) = self.topics.remove(&h) {
                 debug_assert_eq!(
                     t.entries, 0,
                     "every entry ends when its topic has no recipients"
                 );
-                self.topics.remove(&h);
+                // Not deletable now (delete queue full): stored, offered to later consumers.
+                self.parked -= t.parked.len();
             }
+        }
+    }
+
+    /// Deletes the parked messages of topic `h` that no recipient still needs.
+    fn settle_parked(&mut self, h: u64) {
+        let Some(t) = self.topics.get(&h) else {
+            return;
+        };
+        let recipients: Vec<RecipientId> = t.recipients().collect();
+        let done: Vec<EventKey> = t
+            .parked
+            .iter()
+            .filter(|(_, acked)| recipients.iter().all(|r| acked.contains(r)))
+            .map(|(k, _)| *k)
+            .collect();
+        for key in done {
+            if self.deletes.push(key).is_err() {
+                break;
+            }
+            self.unpark(key);
         }
     }
 
@@ -692,10 +724,14 @@ impl<S: Sink> Hub<S> {
     /// more: entries that only full or away recipients still need are shelved, so that a
     /// recipient that does not keep up never holds the topic for the others.
     fn shed_lagging(&mut self) {
+        if self.parked >= PARKED_MAX {
+            // Nothing can be parked: the entry cap holds such topics back (documented limit).
+            return;
+        }
         let pressed: HashSet<u64> = self
             .topics
             .iter()
-            .filter(|(_, t)| self.cap_room(t) == 0 && self.best_free(t) > 0)
+            .filter(|(_, t)| t.entries > 0 && self.cap_room(t) == 0 && self.best_free(t) > 0)
             .map(|(h, _)| *h)
             .collect();
         if pressed.is_empty() {
@@ -951,7 +987,11 @@ impl<S: Sink> Hub<S> {
                         topic_hash: *h,
                         from: *from,
                         upper: t.resume,
-                        limit: limit(free),
+                        // What the recipient can take (it alone is behind), with a little
+                        // slack for the keys it skips (acked, in memory).
+                        limit: free
+                            .saturating_mul(2)
+                            .clamp(CATCH_UP_SCAN_MIN, SCAN_BATCH_MAX),
                         catch_up: Some(CatchUp(r.clone())),
                     });
                 }
@@ -1010,13 +1050,17 @@ impl<S: Sink> Hub<S> {
                 }
             }
         }
+        // A scan that reached its range's end leaves the cursor at `upper` (the head as of the
+        // request), not gone: meanwhile the head may have moved back and passed messages `r`
+        // still needs at or after `upper` (their `fell_behind` only lowered the cursor this
+        // scan was for). `scans_due` drops the cursor once the head is at or before it.
         let next = match stop {
-            Some(key) => Some(key),
-            None if !res.exhausted => Some(last.and_then(|k| k.successor()).unwrap_or(req.upper)),
-            None => None,
+            Some(key) => key,
+            None if !res.exhausted => last.and_then(|k| k.successor()).unwrap_or(req.upper),
+            None => req.upper,
         };
         let t = self.topics.get_mut(&h).expect("present");
-        for at in before.filter(|b| *b < req.from).into_iter().chain(next) {
+        for at in before.filter(|b| *b < req.from).into_iter().chain([next]) {
             t.fell_behind(r.clone(), at);
         }
     }
@@ -1189,7 +1233,7 @@ impl<S: Sink> Hub<S> {
         let mut at = self.timeouts.first().map(|(d, _, _)| *d);
         let mut merge = |v: i64| at = Some(at.map_or(v, |a| a.min(v)));
         for t in self.topics.values() {
-            if !t.waiting.is_empty() && self.waiting_servable(t) {
+            if self.waiting_deliverable(t) {
                 merge(now_ms);
             }
             if let Some(((due, _), _)) = t.ahead.first_key_value() {
@@ -1246,6 +1290,27 @@ impl<S: Sink> Hub<S> {
                 }
             }
         }
+    }
+
+    /// Whether a waiting recipient of one of the topic's entries has room now (then
+    /// [`Hub::drain_waiting`] has work). Recipients that are full do not count: a topic whose
+    /// waiting entries are all for a slow recipient must not keep the dispatcher awake.
+    fn waiting_deliverable(&self, t: &Topic) -> bool {
+        if t.waiting.is_empty() {
+            return false;
+        }
+        let free: Vec<RecipientId> = t
+            .recipients()
+            .filter(|r| self.recipient_free(t, r) > 0)
+            .collect();
+        !free.is_empty()
+            && t.waiting.iter().any(|k| {
+                self.entries.get(k).is_some_and(|e| {
+                    e.recipients
+                        .iter()
+                        .any(|r| r.state == RState::Waiting && free.contains(&r.id))
+                })
+            })
     }
 
     fn waiting_servable(&self, t: &Topic) -> bool {

@@ -78,6 +78,8 @@ pub struct Store {
     db: Arc<Database>,
     /// The digest as of the last commit (see the module docs).
     digest: Arc<AtomicU64>,
+    /// Held from a commit until its digest is published.
+    commit_order: Arc<std::sync::Mutex<()>>,
 }
 
 /// Table tags of the digest's row hashes.
@@ -164,6 +166,7 @@ impl Store {
         let store = Store {
             db: Arc::new(db),
             digest: Arc::new(AtomicU64::new(0)),
+            commit_order: Arc::default(),
         };
         let kept = store
             .db
@@ -184,6 +187,23 @@ impl Store {
         };
         store.digest.store(digest, Ordering::Relaxed);
         Ok(store)
+    }
+
+    /// Commits a transaction that wrote the data tables and publishes its digest. Commits and
+    /// digests are published in the same order (standalone, a group registration commits
+    /// beside the writer thread).
+    fn commit_with_digest(
+        &self,
+        txn: redb::WriteTransaction,
+        digest: u64,
+    ) -> Result<(), StoreError> {
+        let _order = self
+            .commit_order
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        txn.commit()?;
+        self.digest.store(digest, Ordering::Relaxed);
+        Ok(())
     }
 
     /// The digest of the stored state as of the last commit (see the module docs).
@@ -328,8 +348,7 @@ impl Store {
             out.last_id = max_id;
             digest = t.finish()?;
         }
-        txn.commit()?;
-        self.digest.store(digest, Ordering::Relaxed);
+        self.commit_with_digest(txn, digest)?;
         *last_id = out.last_id;
         Ok(out)
     }
@@ -378,8 +397,7 @@ impl Store {
             let mut t = Tables::open(&txn)?;
             (t.add_group(&group_key(topic_hash, group))?, t.finish()?)
         };
-        txn.commit()?;
-        self.digest.store(digest, Ordering::Relaxed);
+        self.commit_with_digest(txn, digest)?;
         Ok(new)
     }
 
@@ -495,8 +513,7 @@ impl Store {
                 rm.insert(*k, *v)?;
             }
         }
-        txn.commit()?;
-        self.digest.store(digest, Ordering::Relaxed);
+        self.commit_with_digest(txn, digest)?;
         out.refused.sort_by_key(|(i, _)| *i);
         out.applied = Some((last_index, last_term));
         out.published = min_key_per_topic(stored);
@@ -703,8 +720,7 @@ impl Store {
             digest = t.finish()?;
         }
         // An error above drops `txn` uncommitted: nothing of the snapshot is visible.
-        txn.commit()?;
-        self.digest.store(digest, Ordering::Relaxed);
+        self.commit_with_digest(txn, digest)?;
         Ok(())
     }
 

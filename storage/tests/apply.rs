@@ -343,6 +343,8 @@ proptest::proptest! {
         proptest::prop_assert_eq!(third.computed_digest().unwrap(), one.digest());
         let before = one.digest();
         drop(one);
-        proptest::prop_assert_eq!(Store::open(&mode).unwrap().digest(), before);
+        let reopened = Store::open(&mode).unwrap();
+        proptest::prop_assert_eq!(reopened.digest(), before);
+        proptest::prop_assert_eq!(reopened.computed_digest().unwrap(), before);
     }
 }

@@ -461,6 +461,95 @@ fn a_group_back_to_a_backlog_does_not_hold_new_messages_for_others() {
     assert_eq!(late.take().len(), 1, "late got the first of its backlog");
 }
 
+/// Review finding: the head scan passed parked messages a returning group still needs (it
+/// was full) after a late publish had moved the head back, while the group's catch-up scan
+/// of the range below ran empty and ended its cursor: the group never got them.
+#[test]
+fn a_catch_up_cursor_survives_a_head_that_moved_back() {
+    let mut hub = Hub::new(CFG);
+    let mut store = Store::default();
+    hub.add_known_groups("t", ["g".to_owned()], 0);
+    let f = MemSink::new();
+    let idf = hub.register(&sub("t", "f", 10), f.clone(), 0);
+    let parked: BTreeSet<EventKey> = (1..=2).map(|i| store.put(i, msg("t", 5, 0, 0))).collect();
+    for now in 6..9 {
+        pass(&mut hub, &mut store, now);
+        for d in f.take() {
+            hub.ack(idf, d.key, true, now);
+        }
+    }
+    assert_eq!(hub.parked(), 2, "f acked both, g is away");
+    // A message stamped earlier commits late: the head moves back before the parked ones.
+    let late = store.put(3, msg("t", 3, 0, 0));
+    hub.on_published(late);
+    let g = MemSink::new();
+    let idg = hub.register(&sub("t", "g", 1), g.clone(), 10);
+    let mut got = BTreeSet::new();
+    for now in 10..20 {
+        pass(&mut hub, &mut store, now);
+        for d in g.take() {
+            got.insert(d.key);
+            hub.ack(idg, d.key, true, now);
+        }
+        for d in f.take() {
+            hub.ack(idf, d.key, true, now);
+        }
+    }
+    let mut want = parked;
+    want.insert(late);
+    assert_eq!(got, want, "g got the late one and both parked ones");
+    pass(&mut hub, &mut store, 21);
+    assert!(store.0.is_empty());
+}
+
+/// Review finding: messages parked for a slow universal consumer stayed stored (and counted
+/// against PARKED_MAX) after it left, though every recipient left had acked them; so did the
+/// parked count of a topic whose last consumer left.
+#[test]
+fn a_slow_universal_consumer_that_leaves_releases_what_the_others_acked() {
+    let mut hub = Hub::new(CFG);
+    let mut store = Store::default();
+    let (fast, slow) = (MemSink::new(), MemSink::new());
+    let idf = hub.register(&sub("t", "", 10), fast.clone(), 0);
+    let ids = hub.register(&sub("t", "", 1), slow.clone(), 0);
+    for i in 0..2000 {
+        store.put(i + 1, msg("t", 0, 0, 0));
+    }
+    for now in 1..=400 {
+        pass(&mut hub, &mut store, now);
+        for d in fast.take() {
+            hub.ack(idf, d.key, true, now);
+        }
+    }
+    assert!(hub.parked() > 0, "parked for the slow one");
+    hub.unregister(ids, 500);
+    for now in 501..=600 {
+        pass(&mut hub, &mut store, now);
+        for d in fast.take() {
+            hub.ack(idf, d.key, true, now);
+        }
+    }
+    assert_eq!(hub.parked(), 0);
+    assert!(store.0.is_empty(), "{} left stored", store.0.len());
+    // A topic whose last consumer leaves forgets its parked records.
+    let late = MemSink::new();
+    let idl = hub.register(&sub("t", "", 1), late.clone(), 700);
+    for i in 0..1500 {
+        let k = store.put(10_000 + i, msg("t", 700, 0, 0));
+        hub.on_published(k);
+    }
+    for now in 701..=900 {
+        pass(&mut hub, &mut store, now);
+        for d in fast.take() {
+            hub.ack(idf, d.key, true, now);
+        }
+    }
+    assert!(hub.parked() > 0);
+    hub.unregister(idl, 901);
+    hub.unregister(idf, 901);
+    assert_eq!(hub.parked(), 0);
+}
+
 #[test]
 fn publish_behind_the_cursor_is_found() {
     let mut hub = Hub::new(CFG);
@@ -618,4 +707,51 @@ proptest! {
         prop_assert!(store.0.is_empty(), "left: {:?}", store.0.keys().collect::<Vec<_>>());
         prop_assert_eq!(hub.parked(), 0);
     }
+}
+
+/// Review follow-up (a busy dispatcher in the slow-group test): entries waiting only for a
+/// full recipient must not make the dispatcher wake at once while another recipient has
+/// room; nothing could be sent, and the dispatcher spun.
+#[test]
+fn waiting_entries_of_a_full_recipient_do_not_keep_the_dispatcher_awake() {
+    let mut hub = Hub::new(CFG);
+    let mut store = Store::default();
+    let (fast, slow) = (MemSink::new(), MemSink::new());
+    let idf = hub.register(&sub("t", "fast", 10), fast.clone(), 0);
+    let ids = hub.register(&sub("t", "slow", 1), slow.clone(), 0);
+    for i in 0..3000 {
+        store.put(i + 1, msg("t", 0, 0, 0));
+    }
+    let mut held = Vec::new();
+    let mut idle_wakeups = 0;
+    for now in 1..=4000i64 {
+        pass(&mut hub, &mut store, now);
+        for d in fast.take() {
+            hub.ack(idf, d.key, true, now);
+        }
+        held.extend(slow.take());
+        if now > 1000 {
+            for d in held.drain(..) {
+                hub.ack(ids, d.key, true, now);
+            }
+        }
+        pass(&mut hub, &mut store, now);
+        held.extend(slow.take());
+        if hub.next_wakeup(now) == Some(now) {
+            // Woken at once: the next pass must send something.
+            pass(&mut hub, &mut store, now);
+            let (f, s) = (fast.take(), slow.take());
+            if f.is_empty() && s.is_empty() {
+                idle_wakeups += 1;
+            }
+            for d in f {
+                hub.ack(idf, d.key, true, now);
+            }
+            held.extend(s);
+        }
+    }
+    assert_eq!(
+        idle_wakeups, 0,
+        "passes with nothing to do that woke at once"
+    );
 }

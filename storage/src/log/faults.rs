@@ -1,10 +1,11 @@
 //! Disk faults injected under the log, in a running process (the nemesis run's disk class).
 //!
 //! [`FaultyIo`] wraps any [`LogIo`]. Writing a fault's name into its trigger file (`fsync`,
-//! `enospc` or `torn`) arms that fault once: the next `sync` fails, the next write fails with
-//! ENOSPC, or the next write persists only its later blocks (an O_DIRECT multi-block write
-//! torn by a power loss) and the process then dies at once (the crash hook). The broker uses
-//! it only when built with the `fault-injection` feature.
+//! `enospc` or `torn`) arms that fault once, for the log's segment files (`*.log`; not the
+//! durable mark or the vote files): the next `sync` fails, the next write fails with ENOSPC,
+//! or the next write persists only its later blocks (an O_DIRECT multi-block write torn by a
+//! power loss) and the process then dies at once (the crash hook). The broker uses it only
+//! when built with the `fault-injection` feature.
 
 use std::io;
 use std::path::PathBuf;
@@ -67,8 +68,12 @@ impl<I: LogIo> FaultyIo<I> {
         }
     }
 
-    /// The armed fault, if the trigger file names one (it is consumed: one shot).
-    fn take(&self, want: &[DiskFault]) -> Option<DiskFault> {
+    /// The armed fault for an operation on `name`, if the trigger file names one (it is
+    /// consumed: one shot).
+    fn take(&self, name: &str, want: &[DiskFault]) -> Option<DiskFault> {
+        if !name.ends_with(".log") {
+            return None;
+        }
         let word = std::fs::read_to_string(&self.trigger).ok()?;
         let fault = DiskFault::parse(&word).filter(|f| want.contains(f))?;
         std::fs::remove_file(&self.trigger).ok()?;
@@ -95,7 +100,7 @@ impl<I: LogIo> LogIo for FaultyIo<I> {
     }
 
     async fn write_at(&self, name: &str, offset: u64, mut data: Vec<u8>) -> io::Result<()> {
-        match self.take(&[DiskFault::NoSpace, DiskFault::TornWrite]) {
+        match self.take(name, &[DiskFault::NoSpace, DiskFault::TornWrite]) {
             None => self.inner.write_at(name, offset, data).await,
             Some(DiskFault::NoSpace) => Err(io::Error::from_raw_os_error(28)),
             Some(_) => {
@@ -117,7 +122,7 @@ impl<I: LogIo> LogIo for FaultyIo<I> {
     }
 
     async fn sync(&self, name: &str) -> io::Result<()> {
-        if self.take(&[DiskFault::FailSync]).is_some() {
+        if self.take(name, &[DiskFault::FailSync]).is_some() {
             return Err(io::Error::other("injected fsync failure"));
         }
         self.inner.sync(name).await
@@ -139,7 +144,7 @@ mod tests {
         let mem = MemLogIo::new();
         let io = FaultyIo::new(mem.clone(), dir.path().join(TRIGGER_FILE), || {});
         std::fs::write(dir.path().join(TRIGGER_FILE), fault).unwrap();
-        block_on(io.open("f", 4 * BLOCK)).unwrap();
+        block_on(io.open("f.log", 4 * BLOCK)).unwrap();
         (mem, io)
     }
 
@@ -148,18 +153,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let b = usize::try_from(BLOCK).unwrap();
         let (_, io) = armed(&dir, "fsync\n");
-        block_on(io.write_at("f", 0, vec![1; b])).unwrap();
-        assert!(block_on(io.sync("f")).is_err());
-        assert!(block_on(io.sync("f")).is_ok(), "one shot");
+        block_on(io.write_at("f.log", 0, vec![1; b])).unwrap();
+        assert!(block_on(io.sync("f.log")).is_err());
+        assert!(block_on(io.sync("f.log")).is_ok(), "one shot");
 
         let (_, io) = armed(&dir, "enospc");
-        let e = block_on(io.write_at("f", 0, vec![1; b])).unwrap_err();
+        let e = block_on(io.write_at("f.log", 0, vec![1; b])).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(28));
-        assert!(block_on(io.write_at("f", 0, vec![1; b])).is_ok());
+        assert!(block_on(io.write_at("f.log", 0, vec![1; b])).is_ok());
 
         let (mem, io) = armed(&dir, "torn");
-        assert!(block_on(io.write_at("f", 0, vec![7; 2 * b])).is_err());
-        let durable = mem.crash().file("f").unwrap();
+        assert!(block_on(io.write_at("f.log", 0, vec![7; 2 * b])).is_err());
+        let durable = mem.crash().file("f.log").unwrap();
         assert!(
             durable[..b].iter().all(|x| *x == 0),
             "first block not written"
@@ -170,19 +175,28 @@ mod tests {
         );
 
         let (mem, io) = armed(&dir, "torn");
-        mem.set_file("f", vec![5; b]);
-        assert!(block_on(io.write_at("f", 0, vec![7; b])).is_err());
-        let durable = mem.crash().file("f").unwrap();
+        mem.set_file("f.log", vec![5; b]);
+        assert!(block_on(io.write_at("f.log", 0, vec![7; b])).is_err());
+        let durable = mem.crash().file("f.log").unwrap();
         assert!(durable[..b / 2].iter().all(|x| *x == 7), "new half");
         assert!(durable[b / 2..b].iter().all(|x| *x == 5), "old half kept");
+    }
+
+    #[test]
+    fn only_segment_files_take_a_fault() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, io) = armed(&dir, "fsync");
+        block_on(io.open("durable.mark", BLOCK)).unwrap();
+        block_on(io.sync("durable.mark")).unwrap();
+        assert!(block_on(io.sync("f.log")).is_err());
     }
 
     #[test]
     fn nothing_is_injected_without_a_trigger_or_for_an_unknown_word() {
         let dir = tempfile::tempdir().unwrap();
         let (_, io) = armed(&dir, "bogus");
-        block_on(io.write_at("f", 0, vec![1; usize::try_from(BLOCK).unwrap()])).unwrap();
-        block_on(io.sync("f")).unwrap();
+        block_on(io.write_at("f.log", 0, vec![1; usize::try_from(BLOCK).unwrap()])).unwrap();
+        block_on(io.sync("f.log")).unwrap();
         assert!(dir.path().join(TRIGGER_FILE).exists(), "left alone");
     }
 }
