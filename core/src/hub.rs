@@ -1021,20 +1021,10 @@ impl<S: Sink> Hub<S> {
                 break;
             }
             last = Some(key);
+            if self.handled_already(h, key, &msg, now_ms) {
+                continue;
+            }
             let due = msg.due_at_ms();
-            if self.entries.contains_key(&key)
-                || self.deletes.contains(&key)
-                || t.ahead.contains_key(&(due, key))
-            {
-                continue;
-            }
-            if msg.is_expired(now_ms) {
-                if self.deletes.push(key).is_ok() {
-                    self.unpark(key);
-                    self.counters.expired += 1;
-                }
-                continue;
-            }
             if due > now_ms {
                 // Not due (the clock went back): the head scan takes it from here when it is.
                 let t = self.topics.get_mut(&h).expect("present");
@@ -1065,6 +1055,25 @@ impl<S: Sink> Hub<S> {
         }
     }
 
+    /// Whether a scanned message needs nothing from the scan: it is in memory, being deleted or
+    /// read ahead, or it expired (then its delete is queued).
+    fn handled_already(&mut self, h: u64, key: EventKey, msg: &StoredMessage, now_ms: i64) -> bool {
+        if self.entries.contains_key(&key)
+            || self.deletes.contains(&key)
+            || self.topics[&h].ahead.contains_key(&(msg.due_at_ms(), key))
+        {
+            return true;
+        }
+        if msg.is_expired(now_ms) {
+            if self.deletes.push(key).is_ok() {
+                self.unpark(key);
+                self.counters.expired += 1;
+            }
+            return true;
+        }
+        false
+    }
+
     /// Feeds a scan's result: delivers what is due, queues expired keys for deletion, and
     /// moves the topic's cursor and next scan time.
     pub fn apply_scan(&mut self, req: &ScanRequest, res: ScanResult, now_ms: i64) {
@@ -1079,20 +1088,10 @@ impl<S: Sink> Hub<S> {
         let mut last = None;
         for (key, msg) in res.items {
             last = Some(key);
+            if self.handled_already(h, key, &msg, now_ms) {
+                continue;
+            }
             let due = msg.due_at_ms();
-            if self.entries.contains_key(&key)
-                || self.deletes.contains(&key)
-                || self.topics[&h].ahead.contains_key(&(due, key))
-            {
-                continue;
-            }
-            if msg.is_expired(now_ms) {
-                if self.deletes.push(key).is_ok() {
-                    self.unpark(key);
-                    self.counters.expired += 1;
-                }
-                continue;
-            }
             if due > now_ms {
                 let t = &self.topics[&h];
                 if due <= now_ms.saturating_add(self.cfg.lookahead_ms) && self.topic_has_room(t) {

@@ -997,14 +997,18 @@ impl<'t> Tables<'t> {
         Ok(())
     }
 
-    /// Adds one row of a key-only table (`indexes` or `expiry`).
-    fn put_row(&mut self, table: u64, key: &[u8]) -> Result<(), StoreError> {
-        let t = if table == ROW_INDEX {
+    /// The key-only table a row tag names (`indexes` or `expiry`).
+    fn key_table(&mut self, table: u64) -> &mut redb::Table<'t, &'static [u8], ()> {
+        if table == ROW_INDEX {
             &mut self.indexes
         } else {
             &mut self.expiry
-        };
-        if t.insert(key, ())?.is_none() {
+        }
+    }
+
+    /// Adds one row of a key-only table (`indexes` or `expiry`).
+    fn put_row(&mut self, table: u64, key: &[u8]) -> Result<(), StoreError> {
+        if self.key_table(table).insert(key, ())?.is_none() {
             self.digest ^= row_hash(table, key, &[]);
         }
         Ok(())
@@ -1012,12 +1016,7 @@ impl<'t> Tables<'t> {
 
     /// Removes one row of a key-only table (`indexes` or `expiry`).
     fn remove_row(&mut self, table: u64, key: &[u8]) -> Result<(), StoreError> {
-        let t = if table == ROW_INDEX {
-            &mut self.indexes
-        } else {
-            &mut self.expiry
-        };
-        if t.remove(key)?.is_some() {
+        if self.key_table(table).remove(key)?.is_some() {
             self.digest ^= row_hash(table, key, &[]);
         }
         Ok(())
