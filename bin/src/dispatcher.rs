@@ -58,6 +58,15 @@ impl Sink for ConsumerSink {
     fn try_send(&self, d: Delivery) -> bool {
         self.0.try_send(d).is_ok()
     }
+
+    fn room(&self) -> usize {
+        if self.0.is_disconnected() {
+            return 0;
+        }
+        self.0
+            .capacity()
+            .map_or(usize::MAX, |c| c.saturating_sub(self.0.len()))
+    }
 }
 
 /// What other tasks and threads tell the dispatcher.

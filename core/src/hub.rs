@@ -78,6 +78,13 @@ pub trait Sink {
     /// Hands `d` to the consumer; `false` when it cannot take it now (the consumer is gone or
     /// its queue is full), in which case the hub keeps the delivery for later.
     fn try_send(&self, d: Delivery) -> bool;
+
+    /// How many deliveries `try_send` would take now (a queue's free slots). A consumer whose
+    /// queue is full counts as full whatever its in-flight budget (deliveries that timed out
+    /// may still sit in its queue), so the dispatcher does not wake for it.
+    fn room(&self) -> usize {
+        usize::MAX
+    }
 }
 
 /// Timing configuration of the hub.
@@ -288,9 +295,16 @@ struct Consumer<S> {
     sink: S,
 }
 
-impl<S> Consumer<S> {
+impl<S: Sink> Consumer<S> {
+    /// Deliveries it can take now: its free in-flight budget, at most its queue's free slots.
+    fn free(&self) -> usize {
+        (self.max_in_flight as usize)
+            .saturating_sub(self.in_flight.len())
+            .min(self.sink.room())
+    }
+
     fn has_room(&self) -> bool {
-        self.in_flight.len() < self.max_in_flight as usize
+        self.free() > 0
     }
 }
 
@@ -346,7 +360,30 @@ impl<S: Sink> Hub<S> {
             .entry(h)
             .or_insert_with(|| Topic::new(h, now_ms));
         for g in groups {
-            t.groups.entry(g).or_default();
+            if !t.groups.contains_key(&g) {
+                Self::join_entries(&mut self.entries, t, h, &RecipientId::Group(g.clone()));
+                t.groups.insert(g, Group::default());
+            }
+        }
+    }
+
+    /// Makes a recipient new to topic `h` a (waiting) recipient of the topic's entries in
+    /// memory: the catch-up scan skips keys in memory, and the entry may end before it.
+    fn join_entries(
+        entries: &mut HashMap<EventKey, Entry>,
+        t: &mut Topic,
+        h: u64,
+        rid: &RecipientId,
+    ) {
+        for (k, e) in entries.iter_mut() {
+            if k.topic_hash() == h && e.recipients.iter().all(|r| r.id != *rid) {
+                e.recipients.push(Recipient {
+                    id: rid.clone(),
+                    state: RState::Waiting,
+                    attempts: 0,
+                });
+                t.waiting.push_back(*k);
+            }
         }
     }
 
@@ -393,9 +430,20 @@ impl<S: Sink> Hub<S> {
         let start = EventKey::topic_start(h);
         if sub.group.is_empty() {
             t.universal.push(id);
-            // A new recipient wants every stored message, also those the head scan passed.
-            t.fell_behind(RecipientId::Universal(id), start);
+            // A new recipient wants every stored message: those in memory now, and those the
+            // head scan passed.
+            let rid = RecipientId::Universal(id);
+            Self::join_entries(&mut self.entries, t, h, &rid);
+            t.fell_behind(rid, start);
         } else {
+            if !t.groups.contains_key(&sub.group) {
+                Self::join_entries(
+                    &mut self.entries,
+                    t,
+                    h,
+                    &RecipientId::Group(sub.group.clone()),
+                );
+            }
             let g = t.groups.entry(sub.group.clone()).or_default();
             g.members.push(id);
             if g.members.len() == 1 {
@@ -532,7 +580,10 @@ impl<S: Sink> Hub<S> {
             .map(|(k, _)| *k)
             .collect();
         for key in done {
-            if self.deletes.push(key).is_err() {
+            // Half the delete queue stays for ACKs (an accepted ACK's delete must fit).
+            if self.deletes.len() >= crate::deleter::DELETE_PENDING_MAX / 2
+                || self.deletes.push(key).is_err()
+            {
                 break;
             }
             self.unpark(key);
@@ -932,11 +983,7 @@ impl<S: Sink> Hub<S> {
 
     /// A recipient's free in-flight budget (a group's is its members' sum; 0 when away).
     fn recipient_free(&self, t: &Topic, r: &RecipientId) -> usize {
-        let free = |c: &ConsumerId| {
-            self.consumers.get(c).map_or(0, |c| {
-                (c.max_in_flight as usize).saturating_sub(c.in_flight.len())
-            })
-        };
+        let free = |c: &ConsumerId| self.consumers.get(c).map_or(0, Consumer::free);
         match r {
             RecipientId::Universal(c) => free(c),
             RecipientId::Group(g) => t
@@ -1050,8 +1097,12 @@ impl<S: Sink> Hub<S> {
             None => req.upper,
         };
         let t = self.topics.get_mut(&h).expect("present");
+        let head = t.resume;
         for at in before.filter(|b| *b < req.from).into_iter().chain([next]) {
-            t.fell_behind(r.clone(), at);
+            // At or after the head, the head scan covers it.
+            if at < head {
+                t.fell_behind(r.clone(), at);
+            }
         }
     }
 
@@ -1245,7 +1296,11 @@ impl<S: Sink> Hub<S> {
                     merge(n.saturating_sub(self.cfg.lookahead_ms));
                 }
             }
-            if self.cap_room(t) > 0 && t.lag.keys().any(|r| self.recipient_free(t, r) > 0) {
+            if self.cap_room(t) > 0
+                && t.lag
+                    .iter()
+                    .any(|(r, from)| *from < t.resume && self.recipient_free(t, r) > 0)
+            {
                 merge(now_ms);
             }
         }

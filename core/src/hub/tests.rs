@@ -31,6 +31,14 @@ impl Sink for MemSink {
         }
         *self.open.borrow()
     }
+
+    fn room(&self) -> usize {
+        if *self.open.borrow() {
+            usize::MAX
+        } else {
+            0
+        }
+    }
 }
 
 const CFG: HubConfig = HubConfig {
@@ -548,6 +556,57 @@ fn a_slow_universal_consumer_that_leaves_releases_what_the_others_acked() {
     hub.unregister(idl, 901);
     hub.unregister(idf, 901);
     assert_eq!(hub.parked(), 0);
+}
+
+/// Review finding: a consumer whose queue is full (its client stopped reading) while its
+/// in-flight budget has room again (the deliveries timed out) kept the dispatcher awake.
+#[test]
+fn a_consumer_with_a_full_queue_does_not_keep_the_dispatcher_awake() {
+    let mut hub = Hub::new(CFG);
+    let mut store = Store::default();
+    let s = MemSink::new();
+    hub.register(&sub("t", "", 5), s.clone(), 0);
+    for i in 0..20 {
+        let k = store.put(i + 1, msg("t", 0, 0, 0));
+        hub.on_published(k);
+    }
+    pass(&mut hub, &mut store, 1);
+    assert_eq!(s.take().len(), 5);
+    *s.open.borrow_mut() = false;
+    // The deliveries time out: the budget is free, the queue is not.
+    pass(&mut hub, &mut store, 1 + CFG.in_flight_timeout_ms);
+    let now = 2 + CFG.in_flight_timeout_ms;
+    pass(&mut hub, &mut store, now);
+    assert_ne!(
+        hub.next_wakeup(now),
+        Some(now),
+        "nothing can be sent: sleep"
+    );
+}
+
+/// Review finding: a recipient that subscribes while a message is in memory (in flight to
+/// another) was never offered it: the catch-up scan skips keys in memory.
+#[test]
+fn a_new_recipient_gets_messages_in_memory_when_it_joins() {
+    let mut hub = Hub::new(CFG);
+    let mut store = Store::default();
+    let (a, b, g) = (MemSink::new(), MemSink::new(), MemSink::new());
+    let ida = hub.register(&sub("t", "", 5), a.clone(), 0);
+    let k = store.put(1, msg("t", 0, 0, 0));
+    hub.on_published(k);
+    pass(&mut hub, &mut store, 1);
+    assert_eq!(a.take().len(), 1, "in flight to a");
+    let idb = hub.register(&sub("t", "", 5), b.clone(), 2);
+    let idg = hub.register(&sub("t", "g", 5), g.clone(), 2);
+    hub.ack(ida, k, true, 3);
+    pass(&mut hub, &mut store, 3);
+    let (gb, gg) = (b.take(), g.take());
+    assert_eq!(gb.iter().map(|d| d.key).collect::<Vec<_>>(), vec![k]);
+    assert_eq!(gg.iter().map(|d| d.key).collect::<Vec<_>>(), vec![k]);
+    hub.ack(idb, k, true, 4);
+    hub.ack(idg, k, true, 4);
+    pass(&mut hub, &mut store, 5);
+    assert!(store.0.is_empty());
 }
 
 #[test]
