@@ -490,7 +490,14 @@ async fn disk_faults_stop_the_node_and_lose_no_acked_message() {
     got.sort();
     got.dedup();
     for a in &acked {
-        assert!(got.contains(a), "acked {} lost", &a[..a.len().min(20)]);
+        assert!(
+            got.contains(a),
+            "acked {} lost; got {:?}",
+            &a[..a.len().min(20)],
+            got.iter()
+                .map(|g| &g[..g.len().min(20)])
+                .collect::<Vec<_>>()
+        );
     }
 }
 

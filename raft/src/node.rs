@@ -468,6 +468,12 @@ fn raft_config(
         // Purge as soon as a snapshot covers entries (snapshots are already the batching).
         purge_batch_size: 1,
         install_snapshot_timeout: u64::try_from(SNAPSHOT_RPC_TIMEOUT.as_millis()).unwrap_or(60_000),
+        // A leader that restarts must not lead its old term again: entries it had sent to
+        // followers but not yet fsynced itself are gone from its log, and new entries of the
+        // same term would reuse their (term, index) — followers that hold the old ones take
+        // the new ones for them, and acked messages are lost (found by the disk-fault test).
+        // It rejoins as a follower; leading again takes an election in a higher term.
+        enable_leader_restore: Some(false),
         ..Default::default()
     };
     c.validate()
