@@ -18,12 +18,25 @@ use futures::channel::mpsc;
 use tonic::transport::Channel;
 
 /// A port nobody listens on right now.
+/// A free loopback port, never the same twice in one test binary: tests run in parallel, and
+/// two brokers started at once on one port would both bind it (SO_REUSEPORT) and split its
+/// connections — a GET then reached the other test's broker as it was killed (ECONNRESET).
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut given = GIVEN
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !given.contains(&port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 pub fn now_ms() -> i64 {
