@@ -448,9 +448,9 @@ pub async fn serve(
     tracing::info!(target: "raft", "raft groups stopped");
 }
 
-/// Ticks checked for lateness by [`watch_stalls`].
 /// Exit status when a Raft group stopped for good (EX_IOERR).
 pub const EXIT_RAFT_FAILED: i32 = 74;
+/// Ticks checked for lateness by [`watch_stalls`].
 const STALL_TICK: Duration = Duration::from_millis(10);
 /// Lateness of a tick that is reported: the Raft core's reactor did not run for this long.
 const STALL_REPORT: Duration = Duration::from_millis(100);

@@ -58,8 +58,9 @@ pub const SCAN_BYTES_MAX: usize = 8 << 20;
 pub const CATCH_UP_SCAN_MIN: usize = 16;
 /// Lower bound of a topic's entry cap, so a topic with small consumers still pipelines.
 pub const TOPIC_ENTRIES_MIN: usize = 1024;
-/// Most parked messages (acked by some recipients, waiting for groups without members) the
-/// hub remembers; beyond it such entries stay in memory under the topic's entry cap.
+/// Most parked messages (acked by some recipients, still owed to groups without members or to
+/// connected recipients that fell behind) the hub remembers, over all topics; beyond it such
+/// entries stay in memory under their topic's entry cap, which then holds the topic back.
 pub const PARKED_MAX: usize = 1_000_000;
 
 /// One delivery of a message to a consumer.
@@ -281,9 +282,8 @@ enum Dispatch {
     /// Nothing to do now (no connected recipient still needs it, or every one acked): the
     /// scan goes on.
     Passed,
-    /// Connected recipients need it, but every one of them is full.
-    Busy,
-    /// The topic's entries fill its entry cap: the scan stops here.
+    /// Not sent, and the scan stops here: the topic's entries fill its entry cap, or the
+    /// message (nobody acked it yet) is needed by every connected recipient and all are full.
     NoRoom,
 }
 
@@ -339,7 +339,7 @@ impl<S: Sink> Hub<S> {
         }
     }
 
-    /// Messages parked for groups without members.
+    /// Messages parked for groups without members or recipients that fell behind.
     #[must_use]
     pub fn parked(&self) -> usize {
         self.parked
@@ -436,27 +436,27 @@ impl<S: Sink> Hub<S> {
             Self::join_entries(&mut self.entries, t, h, &rid);
             t.fell_behind(rid, start);
         } else {
-            if !t.groups.contains_key(&sub.group) {
-                Self::join_entries(
-                    &mut self.entries,
-                    t,
-                    h,
-                    &RecipientId::Group(sub.group.clone()),
-                );
+            let rid = RecipientId::Group(sub.group.clone());
+            let known = t.groups.contains_key(&sub.group);
+            if !known {
+                // New to the topic: it joins the entries in memory (as waiting).
+                Self::join_entries(&mut self.entries, t, h, &rid);
             }
             let g = t.groups.entry(sub.group.clone()).or_default();
             g.members.push(id);
             if g.members.len() == 1 {
-                // The group was away: its waiting deliveries in memory can go out now, and
-                // it catches up on what the head scan passed meanwhile.
-                let rid = RecipientId::Group(sub.group.clone());
-                for (k, e) in &self.entries {
-                    if k.topic_hash() == h
-                        && e.recipients
-                            .iter()
-                            .any(|r| r.id == rid && r.state == RState::Waiting)
-                    {
-                        t.waiting.push_back(*k);
+                // The group was away (or is new): its waiting deliveries in memory can go out
+                // now, and it catches up on what the head scan passed meanwhile.
+                // (A new group's waiting entries were queued as it joined them.)
+                if known {
+                    for (k, e) in &self.entries {
+                        if k.topic_hash() == h
+                            && e.recipients
+                                .iter()
+                                .any(|r| r.id == rid && r.state == RState::Waiting)
+                        {
+                            t.waiting.push_back(*k);
+                        }
                     }
                 }
                 t.fell_behind(rid, start);
@@ -1081,7 +1081,7 @@ impl<S: Sink> Hub<S> {
             }
             match self.dispatch_new(h, key, msg, now_ms) {
                 Dispatch::Sent | Dispatch::Passed => {}
-                Dispatch::Busy | Dispatch::NoRoom => {
+                Dispatch::NoRoom => {
                     stop = Some(key);
                     break;
                 }
@@ -1159,7 +1159,7 @@ impl<S: Sink> Hub<S> {
             }
             match self.dispatch_new(h, key, msg, now_ms) {
                 Dispatch::Sent | Dispatch::Passed => {}
-                Dispatch::Busy | Dispatch::NoRoom => {
+                Dispatch::NoRoom => {
                     // No recipient has room (or the entry cap is full): retry from this key
                     // once one does.
                     stop = Some((key, now_ms));
@@ -1196,8 +1196,7 @@ impl<S: Sink> Hub<S> {
     /// Creates the entry for a newly due message and sends it to every connected recipient
     /// that has room and has not acked it (a parked message goes to the recipients still owed
     /// it). A parked message whose connected recipients are all full is passed: they get it
-    /// from their catch-up cursors. `Busy` is only returned for a message nobody acked, which
-    /// every connected recipient needs: then none of them has room.
+    /// from their catch-up cursors.
     fn dispatch_new(
         &mut self,
         h: u64,
@@ -1257,7 +1256,7 @@ impl<S: Sink> Hub<S> {
             self.drop_entry_tracking(key, &e);
             let t = self.topics.get_mut(&h).expect("present");
             if !t.parked.contains_key(&key) {
-                return Dispatch::Busy;
+                return Dispatch::NoRoom;
             }
             for r in e.recipients.into_iter().map(|r| r.id) {
                 if t.present(&r) {
@@ -1333,10 +1332,7 @@ impl<S: Sink> Hub<S> {
                     continue;
                 }
                 // Its slot in the entry cap passes to the entry dispatch_new creates.
-                if matches!(
-                    self.dispatch_new(h, key, Arc::clone(&msg), now_ms),
-                    Dispatch::Busy | Dispatch::NoRoom
-                ) {
+                if self.dispatch_new(h, key, Arc::clone(&msg), now_ms) == Dispatch::NoRoom {
                     if let Some(t) = self.topics.get_mut(&h) {
                         t.ahead.insert((due, key), msg);
                     }

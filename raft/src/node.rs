@@ -847,9 +847,11 @@ impl Node {
     }
 
     /// Applies a metadata request on the metadata leader, forwarding it there when this node
-    /// does not lead. Membership requests are idempotent, so while no leader is known or the
-    /// leader fails or cannot be reached (it may be the very node a `LeaveCluster` removes,
-    /// down until the others elect another) the request is tried again, until `deadline`.
+    /// does not lead. Its requests are idempotent (membership changes; registry writes rewrite
+    /// the same value or carry an epoch the state machine refuses when stale), so while no
+    /// leader is known or the leader fails or cannot be reached (it may be the very node a
+    /// `LeaveCluster` removes, down until the others elect another) the request is tried
+    /// again, until `deadline`.
     ///
     /// # Errors
     /// [`WriteError`]: the last attempt's error once `deadline` is near.
@@ -954,16 +956,20 @@ impl Node {
     }
 
     /// Why a Raft group of this node stopped for good (its log failed a write or an fsync, or
-    /// its state machine failed), if one did: the node can only restart from what is durable.
+    /// its state machine failed or panicked), if one did: the node can only restart from what
+    /// is durable. A group stopped by [`Node::shutdown`] does not count.
     #[must_use]
     pub fn fatal(&self) -> Option<String> {
-        if let Err(e) = &self.event.metrics().borrow_watched().running_state {
-            return Some(format!("event shard: {e}"));
-        }
-        if let Err(e) = &self.meta.metrics().borrow_watched().running_state {
-            return Some(format!("metadata group: {e}"));
-        }
-        None
+        let failed = |r: &Result<(), openraft::error::Fatal<TypeConfig>>| match r {
+            Err(e) if !matches!(e, openraft::error::Fatal::Stopped) => Some(e.to_string()),
+            _ => None,
+        };
+        failed(&self.event.metrics().borrow_watched().running_state)
+            .map(|e| format!("event shard: {e}"))
+            .or_else(|| {
+                failed(&self.meta.metrics().borrow_watched().running_state)
+                    .map(|e| format!("metadata group: {e}"))
+            })
     }
 
     /// Committed event-shard entries this replica's state machine refused since start.

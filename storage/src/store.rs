@@ -693,8 +693,8 @@ impl Store {
                     .ok_or_else(|| bad("truncated or oversized value"))?;
                 match id[0] {
                     1 if key.len() == KEY_LEN => t.put_message(&key, &value)?,
-                    2 => t.put_row(ROW_INDEX, &key)?,
-                    3 => t.put_row(ROW_EXPIRY, &key)?,
+                    2 => t.put_row(KeyTable::Index, &key)?,
+                    3 => t.put_row(KeyTable::Expiry, &key)?,
                     5 if key.len() >= 8 => {
                         t.add_group(&key)?;
                     }
@@ -937,11 +937,9 @@ fn min_key_per_topic(keys: impl IntoIterator<Item = EventKey>) -> Vec<EventKey> 
     m.into_values().collect()
 }
 
-/// The message tables of one write transaction. A message's index and expiry entries are
-/// written and removed with it, always.
 /// The data tables and `meta` of one write transaction. Every change to the data tables goes
 /// through it, which keeps the digest (see the module docs) in step; [`Tables::finish`]
-/// records it.
+/// records it. A message's index and expiry entries are written and removed with it, always.
 struct Tables<'t> {
     messages: redb::Table<'t, &'static [u8], &'static [u8]>,
     indexes: redb::Table<'t, &'static [u8], ()>,
@@ -949,6 +947,25 @@ struct Tables<'t> {
     groups: redb::Table<'t, &'static [u8], ()>,
     meta: redb::Table<'t, &'static str, u64>,
     digest: u64,
+    /// The digest `meta` holds (as of `open`, or the last write).
+    kept: u64,
+}
+
+/// The key-only data tables (their rows are a key and no value).
+#[derive(Clone, Copy)]
+enum KeyTable {
+    Index,
+    Expiry,
+}
+
+impl KeyTable {
+    /// Its rows' tag in the digest.
+    fn tag(self) -> u64 {
+        match self {
+            KeyTable::Index => ROW_INDEX,
+            KeyTable::Expiry => ROW_EXPIRY,
+        }
+    }
 }
 
 impl<'t> Tables<'t> {
@@ -962,12 +979,16 @@ impl<'t> Tables<'t> {
             groups: txn.open_table(GROUPS)?,
             meta,
             digest,
+            kept: digest,
         })
     }
 
-    /// Records the digest in `meta`; returns it.
+    /// Records the digest in `meta` (when it changed); returns it.
     fn finish(mut self) -> Result<u64, StoreError> {
-        self.meta.insert(DIGEST, self.digest)?;
+        if self.digest != self.kept {
+            self.meta.insert(DIGEST, self.digest)?;
+            self.kept = self.digest;
+        }
         Ok(self.digest)
     }
 
@@ -980,10 +1001,10 @@ impl<'t> Tables<'t> {
     ) -> Result<(), StoreError> {
         self.put_message(&key.0, value)?;
         for ik in index_keys {
-            self.put_row(ROW_INDEX, &index_entry(ik, key))?;
+            self.put_row(KeyTable::Index, &index_entry(ik, key))?;
         }
         if let Some(e) = expires_at_ms {
-            self.put_row(ROW_EXPIRY, &expiry_key(e, key))?;
+            self.put_row(KeyTable::Expiry, &expiry_key(e, key))?;
         }
         Ok(())
     }
@@ -997,27 +1018,25 @@ impl<'t> Tables<'t> {
         Ok(())
     }
 
-    /// The key-only table a row tag names (`indexes` or `expiry`).
-    fn key_table(&mut self, table: u64) -> &mut redb::Table<'t, &'static [u8], ()> {
-        if table == ROW_INDEX {
-            &mut self.indexes
-        } else {
-            &mut self.expiry
+    fn key_table(&mut self, table: KeyTable) -> &mut redb::Table<'t, &'static [u8], ()> {
+        match table {
+            KeyTable::Index => &mut self.indexes,
+            KeyTable::Expiry => &mut self.expiry,
         }
     }
 
-    /// Adds one row of a key-only table (`indexes` or `expiry`).
-    fn put_row(&mut self, table: u64, key: &[u8]) -> Result<(), StoreError> {
+    /// Adds one row of a key-only table.
+    fn put_row(&mut self, table: KeyTable, key: &[u8]) -> Result<(), StoreError> {
         if self.key_table(table).insert(key, ())?.is_none() {
-            self.digest ^= row_hash(table, key, &[]);
+            self.digest ^= row_hash(table.tag(), key, &[]);
         }
         Ok(())
     }
 
-    /// Removes one row of a key-only table (`indexes` or `expiry`).
-    fn remove_row(&mut self, table: u64, key: &[u8]) -> Result<(), StoreError> {
+    /// Removes one row of a key-only table.
+    fn remove_row(&mut self, table: KeyTable, key: &[u8]) -> Result<(), StoreError> {
         if self.key_table(table).remove(key)?.is_some() {
-            self.digest ^= row_hash(table, key, &[]);
+            self.digest ^= row_hash(table.tag(), key, &[]);
         }
         Ok(())
     }
@@ -1042,10 +1061,10 @@ impl<'t> Tables<'t> {
         match StoredMessage::decode(&bytes) {
             Ok(m) => {
                 for i in &m.indexes {
-                    self.remove_row(ROW_INDEX, &index_entry(&i.index_key(), key))?;
+                    self.remove_row(KeyTable::Index, &index_entry(&i.index_key(), key))?;
                 }
                 if let Some(e) = m.expires_at_ms() {
-                    self.remove_row(ROW_EXPIRY, &expiry_key(e, key))?;
+                    self.remove_row(KeyTable::Expiry, &expiry_key(e, key))?;
                 }
             }
             Err(e) => {

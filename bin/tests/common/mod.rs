@@ -17,7 +17,6 @@ use futureq_bench::pb::{
 use futures::channel::mpsc;
 use tonic::transport::Channel;
 
-/// A port nobody listens on right now.
 /// A free loopback port, never the same twice in one test binary: tests run in parallel, and
 /// two brokers started at once on one port would both bind it (SO_REUSEPORT) and split its
 /// connections — a GET then reached the other test's broker as it was killed (ECONNRESET).
