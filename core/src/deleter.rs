@@ -8,8 +8,13 @@ use std::collections::HashSet;
 
 use crate::key::EventKey;
 
-/// Most keys waiting for deletion. Beyond it an ACK is refused (the message stays in
-/// flight and is redelivered after its timeout): memory stays bounded while storage is down.
+/// Most keys waiting for deletion before new ACKs and expiries are refused (an ACK refused
+/// leaves the message in flight; it is redelivered after its timeout): memory stays bounded
+/// while storage is down.
+///
+/// The delete of an ACK already accepted is never refused ([`DeleteQueue::push_accepted`]):
+/// the queue can exceed this bound by the in-memory entries and parked records that hold an
+/// accepted ACK, themselves bounded by the hub's entry caps and `PARKED_MAX`.
 pub const DELETE_PENDING_MAX: usize = 65_536;
 
 /// Pending deletes; at most one batch is being flushed at a time.
@@ -40,6 +45,14 @@ impl DeleteQueue {
         self.all.insert(key);
         self.queued.push(key);
         Ok(())
+    }
+
+    /// Queues the delete of a message whose ACK was already accepted: never refused, since
+    /// dropping it would bring the acked message back (see [`DELETE_PENDING_MAX`]).
+    pub fn push_accepted(&mut self, key: EventKey) {
+        if self.all.insert(key) {
+            self.queued.push(key);
+        }
     }
 
     /// True when `key` is queued or being flushed.

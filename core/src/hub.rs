@@ -561,7 +561,10 @@ impl<S: Sink> Hub<S> {
                     t.entries, 0,
                     "every entry ends when its topic has no recipients"
                 );
-                // Not deletable now (delete queue full): stored, offered to later consumers.
+                debug_assert!(
+                    t.parked.is_empty(),
+                    "settled: no recipient left to wait for"
+                );
                 self.parked -= t.parked.len();
             }
         }
@@ -580,12 +583,7 @@ impl<S: Sink> Hub<S> {
             .map(|(k, _)| *k)
             .collect();
         for key in done {
-            // Half the delete queue stays for ACKs (an accepted ACK's delete must fit).
-            if self.deletes.len() >= crate::deleter::DELETE_PENDING_MAX / 2
-                || self.deletes.push(key).is_err()
-            {
-                break;
-            }
+            self.deletes.push_accepted(key);
             self.unpark(key);
         }
     }
@@ -721,8 +719,7 @@ impl<S: Sink> Hub<S> {
         let acked = !self.unpark(key).is_empty() || acked_now;
         let t = self.topics.get_mut(&h).expect("checked above");
         if acked {
-            // Capacity was checked when the ACK was accepted.
-            let _ = self.deletes.push(key);
+            self.deletes.push_accepted(key);
         } else {
             // Nobody took it: leave it in storage and let the scan find it again.
             if key < t.resume {
@@ -1215,9 +1212,8 @@ impl<S: Sink> Hub<S> {
         if open.iter().all(|r| !t.present(r)) {
             if open.is_empty() && acked.is_some() {
                 // Every recipient acked it (a group was forgotten meanwhile): delete it.
-                if self.deletes.push(key).is_ok() {
-                    self.unpark(key);
-                }
+                self.deletes.push_accepted(key);
+                self.unpark(key);
             }
             return Dispatch::Passed;
         }

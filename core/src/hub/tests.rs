@@ -814,3 +814,50 @@ fn waiting_entries_of_a_full_recipient_do_not_keep_the_dispatcher_awake() {
         "passes with nothing to do that woke at once"
     );
 }
+
+/// Review finding: an ACK was accepted while the delete queue had room, but the delete was
+/// queued only when the entry's last recipient finished. If expiries had filled the queue
+/// meanwhile, the delete was dropped: the acked message stayed stored and came back.
+#[test]
+fn an_accepted_ack_keeps_its_delete_when_the_queue_fills_meanwhile() {
+    let cfg = HubConfig {
+        scan_limit: 100_000,
+        ..CFG
+    };
+    let mut hub = Hub::new(cfg);
+    let mut store = Store::default();
+    let (g, u) = (MemSink::new(), MemSink::new());
+    let idg = hub.register(&sub("t", "g", 10), g.clone(), 0);
+    let idu = hub.register(&sub("t", "", 10), u.clone(), 0);
+    let m = store.put(1, msg("t", 0, 0, 0));
+    pass(&mut hub, &mut store, 1);
+    let got = g.take();
+    assert_eq!(got.len(), 1);
+    assert_eq!(u.take().len(), 1);
+    assert_eq!(hub.ack(idg, got[0].key, true, 2), AckOutcome::Acked);
+
+    // Expired messages of another topic fill the delete queue to its bound.
+    hub.register(&sub("e", "", 10), MemSink::new(), 0);
+    for i in 0..crate::deleter::DELETE_PENDING_MAX as u64 {
+        store.put(100 + i, msg("e", 0, 0, 1));
+    }
+    for now in 10..200 {
+        for r in hub.scans_due(now) {
+            let res = store.scan(&r);
+            hub.apply_scan(&r, res, now);
+        }
+    }
+    assert_eq!(hub.pending_deletes(), crate::deleter::DELETE_PENDING_MAX);
+
+    // The universal consumer leaves: the group's ACK is all the entry has left.
+    hub.unregister(idu, 201);
+    let mut deleted = Vec::new();
+    while let Some(keys) = hub.take_delete_batch() {
+        deleted.extend(keys);
+        hub.finish_delete_batch(true);
+    }
+    assert!(
+        deleted.contains(&m),
+        "the acked message's delete was dropped"
+    );
+}
