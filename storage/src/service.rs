@@ -306,8 +306,8 @@ struct Logged {
 /// Opens the log in `dir`, replays into `store` the records its last checkpoint does not
 /// contain, checkpoints, and returns the log ready for appends.
 fn replay(store: &Store, dir: &std::path::Path) -> Result<Logged, StoreError> {
-    let (mut wal, records) = Wal::open(dir, WAL_BYTES)?;
     let mut last = store.wal_seq()?;
+    let (mut wal, records) = Wal::open(dir, WAL_BYTES, last + 1)?;
     let mut last_id = store.last_id()?;
     let mut replayed = 0usize;
     for (seq, rec) in records {
@@ -325,7 +325,7 @@ fn replay(store: &Store, dir: &std::path::Path) -> Result<Logged, StoreError> {
         replayed += 1;
     }
     store.checkpoint(last)?;
-    wal.restart();
+    wal.restart(last);
     if replayed > 0 {
         tracing::info!(target: "storage", records = replayed, "replayed the write-ahead log");
     }
@@ -558,7 +558,7 @@ fn commit_logged(
     let due = last_durable.elapsed() >= CHECKPOINT_INTERVAL || l.wal.used() > l.wal.capacity() / 2;
     let checkpoint = |store: &Store, l: &mut Logged, last_durable: &mut Instant| {
         store.checkpoint(l.next_seq - 1).map(|()| {
-            l.wal.restart();
+            l.wal.restart(l.next_seq - 1);
             l.unsynced_since = None;
             *last_durable = Instant::now();
             stats.syncs.fetch_add(1, Ordering::Relaxed);
@@ -574,7 +574,7 @@ fn commit_logged(
             Some(l.next_seq - 1),
         );
         if r.is_ok() {
-            l.wal.restart();
+            l.wal.restart(l.next_seq - 1);
             l.unsynced_since = None;
             *last_durable = Instant::now();
             stats.syncs.fetch_add(1, Ordering::Relaxed);
@@ -666,6 +666,7 @@ mod tests {
     use super::*;
     use crate::wal::WalRecord;
     use bytes::Bytes;
+    use std::os::unix::fs::FileExt;
 
     fn put(id: u64) -> NewMessage {
         NewMessage {
@@ -688,7 +689,7 @@ mod tests {
             // The database holds records up to 1 (a checkpoint); the log has 1..=3, as after
             // a crash between two checkpoints.
             store.checkpoint(1).unwrap();
-            let (mut wal, _) = Wal::open(dir.path(), WAL_BYTES).unwrap();
+            let (mut wal, _) = Wal::open(dir.path(), WAL_BYTES, 1).unwrap();
             for (seq, id) in [(1, 1), (2, 2), (3, 3)] {
                 let rec = WalRecord {
                     puts: vec![put(id)],
@@ -719,12 +720,76 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = disk(dir.path());
         {
-            let (mut wal, _) = Wal::open(dir.path(), WAL_BYTES).unwrap();
+            let (mut wal, _) = Wal::open(dir.path(), WAL_BYTES, 1).unwrap();
             assert!(wal.append(5, &WalRecord::default()).unwrap());
             wal.sync().unwrap();
         }
         let err = replay(&store, dir.path()).err().expect("a gap is refused");
         assert!(err.to_string().contains("continues at record 5"), "{err}");
+    }
+
+    /// Appends records 1..=4 to a fresh log in `dir`, each fsynced when `synced(seq)`, and
+    /// flips a byte of record 2's body (bit rot, or a torn write).
+    fn log_with_bad_record_2(dir: &std::path::Path, synced: fn(u64) -> bool) {
+        let (mut wal, _) = Wal::open(dir, WAL_BYTES, 1).unwrap();
+        let mut start_of_2 = 0;
+        for seq in 1..=4 {
+            if seq == 2 {
+                start_of_2 = wal.used();
+            }
+            let rec = WalRecord {
+                puts: vec![put(seq)],
+                deletes: vec![],
+            };
+            assert!(wal.append(seq, &rec).unwrap());
+            if synced(seq) {
+                wal.sync().unwrap();
+            }
+        }
+        wal.sync().unwrap();
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.join(crate::wal::WAL_FILE))
+            .unwrap();
+        // Past the 24-byte header, inside the message's key.
+        let at = start_of_2 + 30;
+        let mut b = [0u8];
+        f.read_exact_at(&mut b, at).unwrap();
+        f.write_all_at(&[b[0] ^ 0x40], at).unwrap();
+    }
+
+    /// Issue 10.8: a record that was fsynced (acknowledged) and no longer reads back, with
+    /// durable records after it, is corruption: refused, never truncated silently (the acked
+    /// records 2..=4 were dropped without a word).
+    #[test]
+    fn a_durable_record_that_does_not_read_back_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        log_with_bad_record_2(dir.path(), |_| true);
+        let store = disk(dir.path());
+        let err = replay(&store, dir.path())
+            .err()
+            .expect("mid-log corruption is refused");
+        let text = err.to_string();
+        assert!(
+            text.contains("corrupt") && text.contains("record 2"),
+            "{text}"
+        );
+        assert!(store.get(&put(1).key).unwrap().is_none(), "nothing applied");
+    }
+
+    /// A record torn by a crash before its fsync ends the replay, even when a later record
+    /// (also never fsynced before it was written) reached the disk whole: nothing of either
+    /// was acknowledged as durable.
+    #[test]
+    fn a_torn_record_that_was_never_synced_ends_the_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        log_with_bad_record_2(dir.path(), |seq| seq == 1);
+        let store = disk(dir.path());
+        let l = replay(&store, dir.path()).unwrap();
+        assert_eq!(l.next_seq, 2);
+        assert!(store.get(&put(1).key).unwrap().is_some());
+        assert!(store.get(&put(3).key).unwrap().is_none());
     }
 
     /// Issue 10.8: the log failed and the checkpoint that should have claimed its records

@@ -9,8 +9,10 @@
 //! [`crate::service::DURABLE_COMMIT_INTERVAL_MAX`] (or when the log is half full) it makes a
 //! redb durable commit — a checkpoint — and starts the log over at offset 0.
 //!
-//! Record: `len u32 LE · crc32c u32 LE (of seq and body) · seq u64 LE · body`, body = the
-//! puts (key, expiry, index keys, value) and the deleted keys of one group.
+//! Record: `len u32 LE · crc32c u32 LE (of seq, synced and body) · seq u64 LE · synced u64 LE ·
+//! body`, body = the puts (key, expiry, index keys, value) and the deleted keys of one group;
+//! `synced` is the last record fsynced before this one was written. Records start at
+//! multiples of 8 bytes (zero padding after the body, not counted in `len`).
 //!
 //! # Invariants
 //! - A record is fsynced before any operation of its group is acknowledged as durable.
@@ -19,6 +21,10 @@
 //!   records after it, from offset 0 while the numbers stay consecutive.
 //! - After a checkpoint the log restarts at offset 0 with the next number; bytes beyond the
 //!   new tail are from earlier cycles (smaller numbers) or torn, and end the replay.
+//! - Torn or corrupt: a record that does not read back ends the replay when it was never
+//!   fsynced (a crash cut it; nothing of it or after it was acknowledged as durable). When a
+//!   later record of the cycle says it was (its `synced` reaches it), the log is corrupt and
+//!   [`Wal::open`] refuses it rather than drop acknowledged records.
 
 use std::fs::{File, OpenOptions};
 use std::io::Read;
@@ -36,7 +42,14 @@ pub const WAL_FILE: &str = "futureq.wal";
 /// Its size (allocated and zero-filled once, at creation).
 pub const WAL_BYTES: u64 = 64 << 20;
 /// Bytes before a record's body.
-const HEADER: usize = 16;
+const HEADER: usize = 24;
+/// Records start at multiples of this.
+const ALIGN: usize = 8;
+
+/// Bytes a record with a body of `len` bytes takes, padding included.
+fn footprint(len: usize) -> usize {
+    (HEADER + len).next_multiple_of(ALIGN)
+}
 
 /// One group's changes.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -51,6 +64,41 @@ pub struct WalRecord {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("malformed write-ahead log record")]
 pub struct BadRecord;
+
+/// A record that was fsynced does not read back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the write-ahead log is corrupt: record {seq} (byte {at}) was made durable (record {witness} \
+     at byte {witness_at} was written after its fsync) but does not read back"
+)]
+pub struct Corrupt {
+    /// The record that does not read back.
+    pub seq: u64,
+    /// Where it should start.
+    pub at: usize,
+    /// A later record whose `synced` covers it.
+    pub witness: u64,
+    /// Where that record starts.
+    pub witness_at: usize,
+}
+
+/// A record's header fields and body, if its bytes at `at` are whole (length, CRC, decode).
+fn record_at(log: &[u8], at: usize) -> Option<(u64, u64, usize, WalRecord)> {
+    let header = log.get(at..at.checked_add(HEADER)?)?;
+    let word = |i: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&header[i..i + 8]);
+        u64::from_le_bytes(b)
+    };
+    let (len, crc) = (word(0) as u32 as usize, (word(0) >> 32) as u32);
+    let (seq, synced) = (word(8), word(16));
+    let body = log.get(at + HEADER..(at + HEADER).checked_add(len)?)?;
+    if len == 0 || crc32c::crc32c_append(crc32c::crc32c(&header[8..HEADER]), body) != crc {
+        return None;
+    }
+    let rec = WalRecord::decode(body).ok()?;
+    Some((seq, synced, len, rec))
+}
 
 /// Appends the body encoding of the puts in `batches` and the keys in `deletes` to `out`.
 fn encode_parts(batches: &[&[NewMessage]], deletes: &[&[EventKey]], out: &mut Vec<u8>) {
@@ -141,37 +189,56 @@ impl WalRecord {
 }
 
 /// The consecutive records at the start of `log` (sequence number and record), first ones
-/// first. Stops at the first zero, torn, corrupt or out-of-sequence record.
-#[must_use]
-pub fn scan(log: &[u8]) -> Vec<(u64, WalRecord)> {
+/// first, up to the first zero, torn, stale or out-of-sequence record. `next` is the first
+/// record the database does not hold (every record from it on is of the log's current cycle).
+///
+/// # Errors
+/// [`Corrupt`] when a later record of the cycle was written after the missing one's fsync.
+pub fn scan(log: &[u8], next: u64) -> Result<Vec<(u64, WalRecord)>, Corrupt> {
     let mut out: Vec<(u64, WalRecord)> = Vec::new();
     let mut at = 0usize;
-    while let Some(header) = log.get(at..at + HEADER) {
-        let word =
-            |i: usize| u32::from_le_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]);
-        let (len, crc) = (word(0) as usize, word(4));
-        let mut seq_bytes = [0u8; 8];
-        seq_bytes.copy_from_slice(&header[8..16]);
-        let seq = u64::from_le_bytes(seq_bytes);
-        let Some(body) = log.get(at + HEADER..(at + HEADER).saturating_add(len)) else {
-            break;
-        };
-        if len == 0 || crc32c::crc32c_append(crc32c::crc32c(&header[8..16]), body) != crc {
-            break;
-        }
+    while let Some((seq, _, len, rec)) = record_at(log, at) {
         if out
             .last()
             .is_some_and(|(prev, _)| seq != prev.wrapping_add(1))
         {
             break;
         }
-        let Ok(rec) = WalRecord::decode(body) else {
-            break;
-        };
         out.push((seq, rec));
-        at += HEADER + len;
+        at += footprint(len);
     }
-    out
+    // What should come next: was it ever fsynced? Only a whole later record of the current
+    // cycle can say so; records of earlier cycles have smaller numbers and `synced` values.
+    let missing = out
+        .last()
+        .map_or(next, |(s, _)| s.wrapping_add(1))
+        .max(next);
+    const ZEROS: [u8; 4096] = [0; 4096];
+    let field = |at: usize| {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(&log[at..at + 8]);
+        u64::from_le_bytes(b)
+    };
+    let mut from = at + ALIGN;
+    while from + HEADER <= log.len() {
+        if log.get(from..from + ZEROS.len()) == Some(&ZEROS[..]) {
+            // Zero-filled: no header starts in it before its last HEADER bytes.
+            from += ZEROS.len() - HEADER + ALIGN;
+            continue;
+        }
+        // Cheap filter first: a later record of this cycle that covers `missing`.
+        let (seq, synced) = (field(from + 8), field(from + 16));
+        if synced >= missing && seq > synced && record_at(log, from).is_some() {
+            return Err(Corrupt {
+                seq: missing,
+                at,
+                witness: seq,
+                witness_at: from,
+            });
+        }
+        from += ALIGN;
+    }
+    Ok(out)
 }
 
 fn io_err(what: &str, path: &Path, e: &std::io::Error) -> StoreError {
@@ -184,16 +251,24 @@ pub struct Wal {
     offset: u64,
     capacity: u64,
     buf: Vec<u8>,
+    /// The last record appended.
+    appended: u64,
+    /// The last record fsynced (written into each record appended after it).
+    synced: u64,
 }
 
 impl Wal {
     /// Opens the log in `dir` (creating and zero-filling it on first use) and returns it with
-    /// the records it holds (see [`scan`]); the next append goes to offset 0 after
-    /// [`Wal::restart`].
+    /// the records it holds from `next`, the first record the database lacks, on (see
+    /// [`scan`]); the next append goes to offset 0 after [`Wal::restart`].
     ///
     /// # Errors
-    /// The file cannot be created, filled or read.
-    pub fn open(dir: &Path, capacity: u64) -> Result<(Wal, Vec<(u64, WalRecord)>), StoreError> {
+    /// The file cannot be created, filled or read, or it is corrupt.
+    pub fn open(
+        dir: &Path,
+        capacity: u64,
+        next: u64,
+    ) -> Result<(Wal, Vec<(u64, WalRecord)>), StoreError> {
         let path = dir.join(WAL_FILE);
         let mut file = OpenOptions::new()
             .read(true)
@@ -225,13 +300,22 @@ impl Wal {
         let mut log = Vec::new();
         file.read_to_end(&mut log)
             .map_err(|e| io_err("reading", &path, &e))?;
-        let records = scan(&log);
+        let records = scan(&log, next).map_err(|e| {
+            StoreError::Wal(format!(
+                "{e}; refusing to start without acknowledged records ({}): restore the data \
+                 directory from a backup",
+                path.display()
+            ))
+        })?;
+        let last = next.saturating_sub(1);
         Ok((
             Wal {
                 file,
                 offset: 0,
                 capacity,
                 buf: Vec::new(),
+                appended: last,
+                synced: last,
             },
             records,
         ))
@@ -259,21 +343,27 @@ impl Wal {
         self.buf.clear();
         self.buf.extend_from_slice(&[0u8; 8]);
         self.buf.extend_from_slice(&seq.to_le_bytes());
+        self.buf.extend_from_slice(&self.synced.to_le_bytes());
         encode_parts(batches, deletes, &mut self.buf);
         let body_len = self.buf.len() - HEADER;
         let Ok(len) = u32::try_from(body_len) else {
             return Ok(false);
         };
+        self.buf.resize(footprint(body_len), 0);
         if self.offset + self.buf.len() as u64 > self.capacity {
             return Ok(false);
         }
-        let crc = crc32c::crc32c_append(crc32c::crc32c(&self.buf[8..16]), &self.buf[HEADER..]);
+        let crc = crc32c::crc32c_append(
+            crc32c::crc32c(&self.buf[8..HEADER]),
+            &self.buf[HEADER..HEADER + body_len],
+        );
         self.buf[0..4].copy_from_slice(&len.to_le_bytes());
         self.buf[4..8].copy_from_slice(&crc.to_le_bytes());
         self.file
             .write_all_at(&self.buf, self.offset)
             .map_err(|e| StoreError::Wal(format!("appending: {e}")))?;
         self.offset += self.buf.len() as u64;
+        self.appended = seq;
         Ok(true)
     }
 
@@ -284,7 +374,9 @@ impl Wal {
     pub fn sync(&mut self) -> Result<(), StoreError> {
         self.file
             .sync_data()
-            .map_err(|e| StoreError::Wal(format!("fdatasync: {e}")))
+            .map_err(|e| StoreError::Wal(format!("fdatasync: {e}")))?;
+        self.synced = self.appended;
+        Ok(())
     }
 
     /// Bytes appended since the last restart.
@@ -299,9 +391,12 @@ impl Wal {
         self.capacity
     }
 
-    /// Starts over at offset 0 (after a checkpoint made everything appended durable in redb).
-    pub fn restart(&mut self) {
+    /// Starts over at offset 0 after a checkpoint made every record up to `through` durable
+    /// in redb.
+    pub fn restart(&mut self, through: u64) {
         self.offset = 0;
+        self.appended = through;
+        self.synced = through;
     }
 }
 
@@ -348,21 +443,21 @@ mod tests {
         #[test]
         fn decode_never_panics(b in proptest::collection::vec(any::<u8>(), 0..300)) {
             let _ = WalRecord::decode(&b);
-            let _ = scan(&b);
+            let _ = scan(&b, 1);
         }
     }
 
     #[test]
     fn replay_stops_at_torn_stale_or_out_of_sequence_records() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut w, found) = Wal::open(dir.path(), 1 << 16).unwrap();
+        let (mut w, found) = Wal::open(dir.path(), 1 << 16, 1).unwrap();
         assert!(found.is_empty());
         for s in 1..=4 {
             assert!(w.append(s, &rec(u8::try_from(s).unwrap())).unwrap());
         }
         w.sync().unwrap();
         let seqs = |d: &Path| {
-            Wal::open(d, 1 << 16)
+            Wal::open(d, 1 << 16, 1)
                 .unwrap()
                 .1
                 .into_iter()
@@ -372,7 +467,7 @@ mod tests {
         assert_eq!(seqs(dir.path()), [1, 2, 3, 4]);
         // After a checkpoint the log restarts: new record 5 at offset 0 hides the old ones
         // (the old record 2 that follows is out of sequence).
-        w.restart();
+        w.restart(4);
         assert!(w.append(5, &rec(5)).unwrap());
         w.sync().unwrap();
         assert_eq!(seqs(dir.path()), [5]);
@@ -386,7 +481,7 @@ mod tests {
     #[test]
     fn a_record_that_does_not_fit_is_refused_whole() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut w, _) = Wal::open(dir.path(), 256).unwrap();
+        let (mut w, _) = Wal::open(dir.path(), 256, 1).unwrap();
         let big = WalRecord {
             puts: vec![msg(1, None, vec![], vec![0; 300])],
             deletes: vec![],
