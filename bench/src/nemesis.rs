@@ -134,6 +134,8 @@ pub(crate) struct Report {
     seed: u64,
     duration_s: u64,
     faults: BTreeMap<&'static str, usize>,
+    /// Enabled fault classes that never ran (the pass was too short): the pass fails.
+    classes_not_run: Vec<&'static str>,
     published_attempted: usize,
     acked: usize,
     deliveries: usize,
@@ -916,6 +918,11 @@ pub(crate) async fn run(
         report.convergence = Some(e);
     }
     check(&lock(&h), &mut report);
+    report.classes_not_run = Class::ALL
+        .into_iter()
+        .filter(|c| kinds.contains(&c.kind()) && !report.faults.contains_key(c.name()))
+        .map(Class::name)
+        .collect();
     let json = serde_json::to_string_pretty(&report)?;
     std::fs::write(out.join("nemesis.json"), &json)?;
     println!(
@@ -933,7 +940,7 @@ pub(crate) async fn run(
         report.convergence.as_deref().unwrap_or("ok"),
     );
     let violations = report.violations();
-    if faults.is_err() || violations > 0 {
+    if faults.is_err() || violations > 0 || !report.classes_not_run.is_empty() {
         // Keep the nodes' logs for the post-mortem.
         let keep = out.join("logs");
         std::fs::create_dir_all(&keep)?;
@@ -951,6 +958,12 @@ pub(crate) async fn run(
         bail!(
             "{violations} violation(s); details in {}",
             out.join("nemesis.json").display()
+        );
+    }
+    if !report.classes_not_run.is_empty() {
+        bail!(
+            "fault classes that never ran: {} (give the pass more --seconds)",
+            report.classes_not_run.join(", ")
         );
     }
     c.stop()?;
