@@ -392,6 +392,7 @@ async fn core_main(
         raft_rx,
         dispatcher_done,
     } = parts;
+    let _awake = runtime::keep_awake();
     let listener = match glommio::net::TcpListener::bind(settings.grpc_listen) {
         Ok(l) => l,
         Err(e) => {

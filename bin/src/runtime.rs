@@ -37,6 +37,28 @@ pub fn raise_memlock(executors: usize) -> anyhow::Result<u64> {
     Ok(soft)
 }
 
+/// Period of [`keep_awake`]: the longest an executor that glommio parked with work to do
+/// sleeps before it runs that work.
+pub const KEEP_AWAKE_PERIOD: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Keeps a timer armed on the current executor for as long as the returned task lives.
+///
+/// glommio 0.9 parks an executor whose preempt timer fired before the executor ran anything
+/// in a scheduling round (the thread was stopped or descheduled for longer than the preempt
+/// period right after arming it: SIGSTOP, an overloaded host), although tasks are runnable.
+/// It sleeps in `io_uring_enter` until some completion or timer wakes it; when the runnable
+/// tasks were the ones to submit the next I/O (an accept loop whose connection was just
+/// taken), nothing does, and the executor serves nothing (issue 10.15: a node that answered
+/// no gRPC call after pauses). An armed timer bounds that sleep to [`KEEP_AWAKE_PERIOD`]
+/// (fixed upstream in glommio's scheduler, not in a release yet).
+pub fn keep_awake() -> glommio::Task<()> {
+    glommio::spawn_local(async {
+        loop {
+            glommio::timer::sleep(KEEP_AWAKE_PERIOD).await;
+        }
+    })
+}
+
 /// How long start-up waits for a listener that no process holds any more to close: the
 /// io_uring of a broker killed just before releases its files a little after its exit.
 const ORPHAN_LISTENER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -192,6 +214,8 @@ pub fn parse_cpu_list(s: &str) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::mpsc;
+    use std::time::Duration;
 
     #[test]
     fn listening_sockets_are_read_from_proc_net_tcp() {
@@ -224,5 +248,36 @@ mod tests {
         assert_eq!(parse_cpu_list("1"), vec![1]);
         assert!(parse_cpu_list("").is_empty());
         assert!(!allowed_cpus().is_empty());
+    }
+
+    /// Runs 2000 short timer sleeps on an executor whose preempt timer (30 µs) often fires
+    /// before a scheduling round gets to run anything; true when they finish within 60 s
+    /// (with [`keep_awake`] each such round costs at most its period).
+    fn progresses(with_keep_awake: bool) -> bool {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+                .io_memory(IO_MEMORY_PER_EXECUTOR)
+                .preempt_timer(Duration::from_micros(30))
+                .make()
+                .expect("executor");
+            ex.run(async move {
+                let _awake = with_keep_awake.then(keep_awake);
+                for _ in 0..2000 {
+                    glommio::timer::sleep(Duration::from_micros(50)).await;
+                }
+            });
+            let _ = tx.send(());
+        });
+        // A hung executor thread is left behind (it sleeps; the test process exits anyway).
+        rx.recv_timeout(Duration::from_secs(60)).is_ok()
+    }
+
+    /// Issue 10.15: an executor parked with runnable tasks and no timer never woke up
+    /// (`progresses(false)` hung in 2 of 2 runs here).
+    #[test]
+    fn an_executor_parked_with_work_to_do_wakes_up() {
+        raise_memlock(1).expect("memlock");
+        assert!(progresses(true), "the executor stalled despite keep_awake");
     }
 }
