@@ -6,6 +6,7 @@
 //! - A record is valid only with a matching CRC-32C; an all-zero header ends a segment.
 //! - The persist hook fires only after a successful fsync, and never after a failed one.
 
+#[cfg(feature = "fault-injection")]
 pub mod faults;
 pub mod format;
 pub mod io;
