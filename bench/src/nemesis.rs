@@ -514,8 +514,8 @@ impl Class {
 }
 
 /// Runs the fault schedule for `duration`, then heals everything. The first faults go
-/// through every enabled class once (in a seeded order), so that every class runs in every
-/// pass long enough for them; then classes are drawn at random.
+/// through every enabled class once (in a seeded order, past `duration` if need be), so that
+/// every class runs in every pass; then classes are drawn at random.
 async fn nemesis(
     c: &mut Cluster,
     rng: &mut Rng,
@@ -537,7 +537,8 @@ async fn nemesis(
     let end = Instant::now() + duration;
     // Node ids given to replaced followers (the initial members are 1-3).
     let mut next_id = 4u64;
-    while Instant::now() < end {
+    // Every enabled class runs once however short the pass, then random ones until the end.
+    while !first_round.is_empty() || Instant::now() < end {
         tokio::time::sleep(rng.ms(1_000, 3_000)).await;
         let class = first_round
             .pop()

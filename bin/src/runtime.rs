@@ -50,7 +50,9 @@ pub const KEEP_AWAKE_PERIOD: std::time::Duration = std::time::Duration::from_mil
 /// tasks were the ones to submit the next I/O (an accept loop whose connection was just
 /// taken), nothing does, and the executor serves nothing (issue 10.15: a node that answered
 /// no gRPC call after pauses). An armed timer bounds that sleep to [`KEEP_AWAKE_PERIOD`]
-/// (fixed upstream in glommio's scheduler, not in a release yet).
+/// (fixed upstream in glommio's scheduler, not in a release yet). Left open: the round the
+/// timer wakes is preempted before running anything too (the thread stopped right after
+/// arming the preempt timer twice in a row): the timer is re-armed only when this task runs.
 pub fn keep_awake() -> glommio::Task<()> {
     glommio::spawn_local(async {
         loop {

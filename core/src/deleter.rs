@@ -25,6 +25,10 @@ pub struct DeleteQueue {
     all: HashSet<EventKey>,
 }
 
+/// Most keys one flush deletes (one storage transaction or replicated command of ~1.5 MiB):
+/// the queue can hold more (see [`DELETE_PENDING_MAX`]).
+pub const DELETE_BATCH_MAX: usize = DELETE_PENDING_MAX;
+
 /// The queue holds [`DELETE_PENDING_MAX`] keys already.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("delete queue full ({DELETE_PENDING_MAX} keys pending)")]
@@ -79,13 +83,16 @@ impl DeleteQueue {
         !self.flushing.is_empty()
     }
 
-    /// Starts a flush: returns the keys to delete, or `None` when nothing is queued or a
-    /// flush is already running.
+    /// Starts a flush: returns the first [`DELETE_BATCH_MAX`] keys queued, or `None` when
+    /// nothing is queued or a flush is already running.
     pub fn take_batch(&mut self) -> Option<Vec<EventKey>> {
         if self.is_flushing() || self.queued.is_empty() {
             return None;
         }
-        self.flushing = std::mem::take(&mut self.queued);
+        let rest = self
+            .queued
+            .split_off(self.queued.len().min(DELETE_BATCH_MAX));
+        self.flushing = std::mem::replace(&mut self.queued, rest);
         Some(self.flushing.clone())
     }
 
@@ -149,5 +156,12 @@ mod tests {
         assert_eq!(q.push(k(u64::MAX)), Err(DeleteQueueFull));
         // A key already pending is still accepted.
         assert!(q.push(k(0)).is_ok());
+        // An accepted ACK's delete goes past the bound; a flush takes at most a batch.
+        q.push_accepted(k(u64::MAX));
+        assert_eq!(q.len(), DELETE_PENDING_MAX + 1);
+        let first = q.take_batch().unwrap();
+        assert_eq!(first.len(), DELETE_BATCH_MAX);
+        q.finish_batch(true);
+        assert_eq!(q.take_batch(), Some(vec![k(u64::MAX)]));
     }
 }

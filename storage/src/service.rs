@@ -25,7 +25,7 @@ use futureq_core::EventKey;
 use futures::channel::oneshot;
 
 use crate::store::{GroupOutcome, NewMessage, Store, StoreMode};
-use crate::wal::{Wal, WAL_BYTES};
+use crate::wal::{Wal, WalMark, WAL_BYTES};
 use crate::StoreError;
 
 /// Most operations in one group commit.
@@ -306,8 +306,9 @@ struct Logged {
 /// Opens the log in `dir`, replays into `store` the records its last checkpoint does not
 /// contain, checkpoints, and returns the log ready for appends.
 fn replay(store: &Store, dir: &std::path::Path) -> Result<Logged, StoreError> {
-    let mut last = store.wal_seq()?;
-    let (mut wal, records) = Wal::open(dir, WAL_BYTES, last + 1)?;
+    let mark = store.wal_mark()?;
+    let mut last = mark.seq;
+    let (mut wal, records) = Wal::open(dir, WAL_BYTES, mark)?;
     let mut last_id = store.last_id()?;
     let mut replayed = 0usize;
     for (seq, rec) in records {
@@ -324,8 +325,9 @@ fn replay(store: &Store, dir: &std::path::Path) -> Result<Logged, StoreError> {
         last = seq;
         replayed += 1;
     }
-    store.checkpoint(last)?;
-    wal.restart(last);
+    let mark = WalMark::after(last);
+    store.checkpoint(mark)?;
+    wal.restart(mark);
     if replayed > 0 {
         tracing::info!(target: "storage", records = replayed, "replayed the write-ahead log");
     }
@@ -385,7 +387,8 @@ impl Durability {
                 }
             }
         }
-        match store.commit_group(&[], &[], None, last_id, true, self.claimed) {
+        let claim = self.claimed.map(WalMark::after);
+        match store.commit_group(&[], &[], None, last_id, true, claim) {
             Ok(_) => {
                 self.last_durable = Instant::now();
                 self.volatile_since = None;
@@ -500,7 +503,7 @@ fn writer(
     // A clean stop checkpoints, so that the next start has nothing to replay.
     let last = d.logged.map(|l| l.next_seq - 1).or(d.claimed);
     if let Some(seq) = last {
-        if let Err(e) = store.checkpoint(seq) {
+        if let Err(e) = store.checkpoint(WalMark::after(seq)) {
             tracing::error!(target: "storage", error = %e, "final checkpoint failed; the next start replays the write-ahead log");
         }
     }
@@ -519,7 +522,11 @@ fn commit_unlogged(
 ) -> Result<GroupOutcome, StoreError> {
     // Non-durable commits keep their pages in memory until a durable one: bound that.
     let durable = g.durable || d.last_durable.elapsed() >= DURABLE_COMMIT_INTERVAL_MAX;
-    let checkpoint = if durable { d.claimed } else { None };
+    let checkpoint = if durable {
+        d.claimed.map(WalMark::after)
+    } else {
+        None
+    };
     let r = store.commit_group(g.batches, g.deletes, g.sweep, last_id, durable, checkpoint);
     if r.is_ok() {
         if durable {
@@ -557,24 +564,19 @@ fn commit_logged(
 ) -> (Result<GroupOutcome, StoreError>, bool) {
     let due = last_durable.elapsed() >= CHECKPOINT_INTERVAL || l.wal.used() > l.wal.capacity() / 2;
     let checkpoint = |store: &Store, l: &mut Logged, last_durable: &mut Instant| {
-        store.checkpoint(l.next_seq - 1).map(|()| {
-            l.wal.restart(l.next_seq - 1);
+        let mark = WalMark::after(l.next_seq - 1);
+        store.checkpoint(mark).map(|()| {
+            l.wal.restart(mark);
             l.unsynced_since = None;
             *last_durable = Instant::now();
             stats.syncs.fetch_add(1, Ordering::Relaxed);
         })
     };
     if due {
-        let r = store.commit_group(
-            g.batches,
-            g.deletes,
-            g.sweep,
-            last_id,
-            true,
-            Some(l.next_seq - 1),
-        );
+        let mark = WalMark::after(l.next_seq - 1);
+        let r = store.commit_group(g.batches, g.deletes, g.sweep, last_id, true, Some(mark));
         if r.is_ok() {
-            l.wal.restart(l.next_seq - 1);
+            l.wal.restart(mark);
             l.unsynced_since = None;
             *last_durable = Instant::now();
             stats.syncs.fetch_add(1, Ordering::Relaxed);
@@ -688,8 +690,9 @@ mod tests {
         {
             // The database holds records up to 1 (a checkpoint); the log has 1..=3, as after
             // a crash between two checkpoints.
-            store.checkpoint(1).unwrap();
-            let (mut wal, _) = Wal::open(dir.path(), WAL_BYTES, 1).unwrap();
+            let mark = WalMark::after(1);
+            store.checkpoint(mark).unwrap();
+            let (mut wal, _) = Wal::open(dir.path(), WAL_BYTES, mark).unwrap();
             for (seq, id) in [(1, 1), (2, 2), (3, 3)] {
                 let rec = WalRecord {
                     puts: vec![put(id)],
@@ -720,7 +723,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = disk(dir.path());
         {
-            let (mut wal, _) = Wal::open(dir.path(), WAL_BYTES, 1).unwrap();
+            let mark = WalMark::after(0);
+            store.checkpoint(mark).unwrap();
+            let (mut wal, _) = Wal::open(dir.path(), WAL_BYTES, mark).unwrap();
             assert!(wal.append(5, &WalRecord::default()).unwrap());
             wal.sync().unwrap();
         }
@@ -728,10 +733,12 @@ mod tests {
         assert!(err.to_string().contains("continues at record 5"), "{err}");
     }
 
-    /// Appends records 1..=4 to a fresh log in `dir`, each fsynced when `synced(seq)`, and
-    /// flips a byte of record 2's body (bit rot, or a torn write).
-    fn log_with_bad_record_2(dir: &std::path::Path, synced: fn(u64) -> bool) {
-        let (mut wal, _) = Wal::open(dir, WAL_BYTES, 1).unwrap();
+    /// Appends records 1..=4 to a fresh log of `store` in `dir`, each fsynced when
+    /// `synced(seq)`, and flips a byte of record 2's body (bit rot, or a torn write).
+    fn log_with_bad_record_2(store: &Store, dir: &std::path::Path, synced: fn(u64) -> bool) {
+        let mark = WalMark::after(0);
+        store.checkpoint(mark).unwrap();
+        let (mut wal, _) = Wal::open(dir, WAL_BYTES, mark).unwrap();
         let mut start_of_2 = 0;
         for seq in 1..=4 {
             if seq == 2 {
@@ -752,8 +759,8 @@ mod tests {
             .write(true)
             .open(dir.join(crate::wal::WAL_FILE))
             .unwrap();
-        // Past the 24-byte header, inside the message's key.
-        let at = start_of_2 + 30;
+        // Past the 32-byte header, inside the message's key.
+        let at = start_of_2 + 38;
         let mut b = [0u8];
         f.read_exact_at(&mut b, at).unwrap();
         f.write_all_at(&[b[0] ^ 0x40], at).unwrap();
@@ -765,8 +772,8 @@ mod tests {
     #[test]
     fn a_durable_record_that_does_not_read_back_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        log_with_bad_record_2(dir.path(), |_| true);
         let store = disk(dir.path());
+        log_with_bad_record_2(&store, dir.path(), |_| true);
         let err = replay(&store, dir.path())
             .err()
             .expect("mid-log corruption is refused");
@@ -784,8 +791,8 @@ mod tests {
     #[test]
     fn a_torn_record_that_was_never_synced_ends_the_replay() {
         let dir = tempfile::tempdir().unwrap();
-        log_with_bad_record_2(dir.path(), |seq| seq == 1);
         let store = disk(dir.path());
+        log_with_bad_record_2(&store, dir.path(), |seq| seq == 1);
         let l = replay(&store, dir.path()).unwrap();
         assert_eq!(l.next_seq, 2);
         assert!(store.get(&put(1).key).unwrap().is_some());

@@ -29,6 +29,7 @@ use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
 };
 
+use crate::wal::WalMark;
 use crate::StoreError;
 
 const MESSAGES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("messages");
@@ -43,6 +44,8 @@ const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft-meta"
 const LAST_ID: &str = "last-id";
 /// The last write-ahead log record a durable commit contains ([`crate::wal`]).
 const WAL_SEQ: &str = "wal-seq";
+/// The write-ahead log cycle the last checkpoint started (absent before cycle ids).
+const WAL_CYCLE: &str = "wal-cycle";
 const APPLIED_INDEX: &str = "applied-index";
 const APPLIED_TERM: &str = "applied-term";
 /// The digest of the data tables (see the module docs).
@@ -272,14 +275,32 @@ impl Store {
         Ok(meta.get(WAL_SEQ)?.map_or(0, |v| v.value()))
     }
 
-    /// A durable commit recording that everything up to write-ahead log record `wal_seq` is
-    /// in the database (a checkpoint).
+    /// The last checkpoint's write-ahead log mark (cycle 0 in a database from before cycle
+    /// ids, or a new one).
     ///
     /// # Errors
     /// A storage error.
-    pub fn checkpoint(&self, wal_seq: u64) -> Result<(), StoreError> {
+    pub fn wal_mark(&self) -> Result<WalMark, StoreError> {
+        let txn = self.db.begin_read()?;
+        let meta = txn.open_table(META)?;
+        Ok(WalMark {
+            seq: meta.get(WAL_SEQ)?.map_or(0, |v| v.value()),
+            cycle: meta.get(WAL_CYCLE)?.map_or(0, |v| v.value()),
+        })
+    }
+
+    /// A durable commit recording that everything up to write-ahead log record `mark.seq` is
+    /// in the database and that the log's next records carry `mark.cycle` (a checkpoint).
+    ///
+    /// # Errors
+    /// A storage error.
+    pub fn checkpoint(&self, mark: WalMark) -> Result<(), StoreError> {
         let txn = self.begin_write(true)?;
-        txn.open_table(META)?.insert(WAL_SEQ, wal_seq)?;
+        {
+            let mut meta = txn.open_table(META)?;
+            meta.insert(WAL_SEQ, mark.seq)?;
+            meta.insert(WAL_CYCLE, mark.cycle)?;
+        }
         txn.commit()?;
         Ok(())
     }
@@ -287,8 +308,8 @@ impl Store {
     /// Commits a group of operations in one transaction: publish batches, then deletes, then
     /// a TTL sweep. `last_id` is the persisted id high-water mark: it is raised (in the same
     /// transaction) to the largest id stored, and never lowered. `checkpoint`: make it durable
-    /// and record that it contains write-ahead log records up to this one; otherwise durable
-    /// only when `durable`.
+    /// and record that it contains write-ahead log records up to this mark (see
+    /// [`Store::checkpoint`]); otherwise durable only when `durable`.
     ///
     /// # Errors
     /// Any storage error; then nothing of the group is committed.
@@ -299,7 +320,7 @@ impl Store {
         sweep: Option<(i64, usize)>,
         last_id: &mut u64,
         durable: bool,
-        checkpoint: Option<u64>,
+        checkpoint: Option<WalMark>,
     ) -> Result<GroupOutcome, StoreError> {
         let txn = self.begin_write(durable || checkpoint.is_some())?;
         let mut out = GroupOutcome::default();
@@ -341,8 +362,9 @@ impl Store {
             }
             if max_id > *last_id || checkpoint.is_some() {
                 t.meta.insert(LAST_ID, max_id)?;
-                if let Some(seq) = checkpoint {
-                    t.meta.insert(WAL_SEQ, seq)?;
+                if let Some(mark) = checkpoint {
+                    t.meta.insert(WAL_SEQ, mark.seq)?;
+                    t.meta.insert(WAL_CYCLE, mark.cycle)?;
                 }
             }
             out.last_id = max_id;

@@ -9,9 +9,10 @@
 //! [`crate::service::DURABLE_COMMIT_INTERVAL_MAX`] (or when the log is half full) it makes a
 //! redb durable commit — a checkpoint — and starts the log over at offset 0.
 //!
-//! Record: `len u32 LE · crc32c u32 LE (of seq, synced and body) · seq u64 LE · synced u64 LE ·
-//! body`, body = the puts (key, expiry, index keys, value) and the deleted keys of one group;
-//! `synced` is the last record fsynced before this one was written. Records start at
+//! Record: `len u32 LE · crc32c u32 LE (of the fields after it and the body) · cycle u64 LE ·
+//! seq u64 LE · synced u64 LE · body`, body = the puts (key, expiry, index keys, value) and the
+//! deleted keys of one group; `synced` is the last record fsynced before this one was written;
+//! `cycle` is the random id the last checkpoint gave the log ([`WalMark`]). Records start at
 //! multiples of 8 bytes (zero padding after the body, not counted in `len`).
 //!
 //! # Invariants
@@ -19,8 +20,10 @@
 //! - Records carry consecutive sequence numbers; redb's `wal-seq` (written by checkpoints
 //!   only) is the last record the durable database contains. Recovery replays exactly the
 //!   records after it, from offset 0 while the numbers stay consecutive.
-//! - After a checkpoint the log restarts at offset 0 with the next number; bytes beyond the
-//!   new tail are from earlier cycles (smaller numbers) or torn, and end the replay.
+//! - After a checkpoint the log restarts at offset 0 with the next number and a new cycle id
+//!   (stored with `wal-seq` in the same durable commit); bytes of earlier cycles are never
+//!   read as records of this one — nor are record-like bytes a client put in a payload, since
+//!   nobody outside the data directory knows the id.
 //! - Torn or corrupt: a record that does not read back ends the replay when it was never
 //!   fsynced (a crash cut it; nothing of it or after it was acknowledged as durable). When a
 //!   later record of the cycle says it was (its `synced` reaches it), the log is corrupt and
@@ -42,7 +45,7 @@ pub const WAL_FILE: &str = "futureq.wal";
 /// Its size (allocated and zero-filled once, at creation).
 pub const WAL_BYTES: u64 = 64 << 20;
 /// Bytes before a record's body.
-const HEADER: usize = 24;
+const HEADER: usize = 32;
 /// Records start at multiples of this.
 const ALIGN: usize = 8;
 
@@ -82,16 +85,48 @@ pub struct Corrupt {
     pub witness_at: usize,
 }
 
-/// A record's header fields and body, if its bytes at `at` are whole (length, CRC, decode).
-fn record_at(log: &[u8], at: usize) -> Option<(u64, u64, usize, WalRecord)> {
+/// Where the log's current cycle starts: every record up to `seq` is in the durable database
+/// (the checkpoint), and the records written since carry `cycle`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WalMark {
+    /// The last record the durable database contains.
+    pub seq: u64,
+    /// The cycle's id; 0 only in a database from before cycle ids (see [`Wal::open`]).
+    pub cycle: u64,
+}
+
+impl WalMark {
+    /// A checkpoint after record `seq` that starts a new cycle (a random, non-zero id).
+    #[must_use]
+    pub fn after(seq: u64) -> WalMark {
+        use std::hash::BuildHasher;
+        // RandomState is keyed from the OS's randomness (per thread, then incremented).
+        let cycle = std::collections::hash_map::RandomState::new()
+            .hash_one(seq)
+            .max(1);
+        WalMark { seq, cycle }
+    }
+}
+
+/// Reads the little-endian u64 at `at` (the caller checked the bounds).
+fn u64_at(log: &[u8], at: usize) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&log[at..at + 8]);
+    u64::from_le_bytes(b)
+}
+
+/// A record of cycle `cycle` at `at`, if its bytes are whole (length, CRC, decode): its
+/// sequence number, `synced`, body length and contents.
+fn record_at(log: &[u8], at: usize, cycle: u64) -> Option<(u64, u64, usize, WalRecord)> {
     let header = log.get(at..at.checked_add(HEADER)?)?;
-    let word = |i: usize| {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&header[i..i + 8]);
-        u64::from_le_bytes(b)
-    };
-    let (len, crc) = (word(0) as u32 as usize, (word(0) >> 32) as u32);
-    let (seq, synced) = (word(8), word(16));
+    if u64_at(header, 8) != cycle {
+        return None;
+    }
+    let (len, crc) = (
+        u64_at(header, 0) as u32 as usize,
+        (u64_at(header, 0) >> 32) as u32,
+    );
+    let (seq, synced) = (u64_at(header, 16), u64_at(header, 24));
     let body = log.get(at + HEADER..(at + HEADER).checked_add(len)?)?;
     if len == 0 || crc32c::crc32c_append(crc32c::crc32c(&header[8..HEADER]), body) != crc {
         return None;
@@ -188,16 +223,15 @@ impl WalRecord {
     }
 }
 
-/// The consecutive records at the start of `log` (sequence number and record), first ones
-/// first, up to the first zero, torn, stale or out-of-sequence record. `next` is the first
-/// record the database does not hold (every record from it on is of the log's current cycle).
+/// The consecutive records of cycle `mark.cycle` at the start of `log` (sequence number and
+/// record), first ones first, up to the first zero, torn or out-of-sequence record.
 ///
 /// # Errors
 /// [`Corrupt`] when a later record of the cycle was written after the missing one's fsync.
-pub fn scan(log: &[u8], next: u64) -> Result<Vec<(u64, WalRecord)>, Corrupt> {
+pub fn scan(log: &[u8], mark: WalMark) -> Result<Vec<(u64, WalRecord)>, Corrupt> {
     let mut out: Vec<(u64, WalRecord)> = Vec::new();
     let mut at = 0usize;
-    while let Some((seq, _, len, rec)) = record_at(log, at) {
+    while let Some((seq, _, len, rec)) = record_at(log, at, mark.cycle) {
         if out
             .last()
             .is_some_and(|(prev, _)| seq != prev.wrapping_add(1))
@@ -207,18 +241,13 @@ pub fn scan(log: &[u8], next: u64) -> Result<Vec<(u64, WalRecord)>, Corrupt> {
         out.push((seq, rec));
         at += footprint(len);
     }
-    // What should come next: was it ever fsynced? Only a whole later record of the current
-    // cycle can say so; records of earlier cycles have smaller numbers and `synced` values.
+    // What should come next: was it ever fsynced? A whole later record of the cycle says so.
     let missing = out
         .last()
-        .map_or(next, |(s, _)| s.wrapping_add(1))
-        .max(next);
+        .map_or(mark.seq, |(s, _)| *s)
+        .max(mark.seq)
+        .wrapping_add(1);
     const ZEROS: [u8; 4096] = [0; 4096];
-    let field = |at: usize| {
-        let mut b = [0u8; 8];
-        b.copy_from_slice(&log[at..at + 8]);
-        u64::from_le_bytes(b)
-    };
     let mut from = at + ALIGN;
     while from + HEADER <= log.len() {
         if log.get(from..from + ZEROS.len()) == Some(&ZEROS[..]) {
@@ -226,19 +255,56 @@ pub fn scan(log: &[u8], next: u64) -> Result<Vec<(u64, WalRecord)>, Corrupt> {
             from += ZEROS.len() - HEADER + ALIGN;
             continue;
         }
-        // Cheap filter first: a later record of this cycle that covers `missing`.
-        let (seq, synced) = (field(from + 8), field(from + 16));
-        if synced >= missing && seq > synced && record_at(log, from).is_some() {
-            return Err(Corrupt {
-                seq: missing,
-                at,
-                witness: seq,
-                witness_at: from,
-            });
+        // Cheap filters first: this cycle's id, then a `synced` that covers `missing`.
+        if u64_at(log, from + 8) == mark.cycle && u64_at(log, from + 24) >= missing {
+            if let Some((seq, synced, _, _)) = record_at(log, from, mark.cycle) {
+                if synced >= missing && seq > synced {
+                    return Err(Corrupt {
+                        seq: missing,
+                        at,
+                        witness: seq,
+                        witness_at: from,
+                    });
+                }
+            }
         }
         from += ALIGN;
     }
     Ok(out)
+}
+
+/// The records of a log written before cycle ids (`len u32 · crc32c u32 (of seq and body) ·
+/// seq u64 · body`, unaligned), consecutive from offset 0: read once, to replay what the
+/// database lacks after an upgrade; the checkpoint that follows starts a cycle.
+#[must_use]
+pub fn scan_unversioned(log: &[u8]) -> Vec<(u64, WalRecord)> {
+    const OLD_HEADER: usize = 16;
+    let mut out: Vec<(u64, WalRecord)> = Vec::new();
+    let mut at = 0usize;
+    while let Some(header) = log.get(at..at.saturating_add(OLD_HEADER)) {
+        let (len, crc) = (
+            u64_at(header, 0) as u32 as usize,
+            (u64_at(header, 0) >> 32) as u32,
+        );
+        let seq = u64_at(header, 8);
+        let Some(body) = log.get(at + OLD_HEADER..(at + OLD_HEADER).saturating_add(len)) else {
+            break;
+        };
+        if len == 0
+            || crc32c::crc32c_append(crc32c::crc32c(&header[8..OLD_HEADER]), body) != crc
+            || out
+                .last()
+                .is_some_and(|(prev, _)| seq != prev.wrapping_add(1))
+        {
+            break;
+        }
+        let Ok(rec) = WalRecord::decode(body) else {
+            break;
+        };
+        out.push((seq, rec));
+        at += OLD_HEADER + len;
+    }
+    out
 }
 
 fn io_err(what: &str, path: &Path, e: &std::io::Error) -> StoreError {
@@ -255,19 +321,22 @@ pub struct Wal {
     appended: u64,
     /// The last record fsynced (written into each record appended after it).
     synced: u64,
+    /// The current cycle's id (written into each record).
+    cycle: u64,
 }
 
 impl Wal {
     /// Opens the log in `dir` (creating and zero-filling it on first use) and returns it with
-    /// the records it holds from `next`, the first record the database lacks, on (see
-    /// [`scan`]); the next append goes to offset 0 after [`Wal::restart`].
+    /// the records of the cycle the database's last checkpoint `mark` started (see [`scan`];
+    /// [`scan_unversioned`] when the database is from before cycle ids). Appends start after
+    /// [`Wal::restart`].
     ///
     /// # Errors
     /// The file cannot be created, filled or read, or it is corrupt.
     pub fn open(
         dir: &Path,
         capacity: u64,
-        next: u64,
+        mark: WalMark,
     ) -> Result<(Wal, Vec<(u64, WalRecord)>), StoreError> {
         let path = dir.join(WAL_FILE);
         let mut file = OpenOptions::new()
@@ -300,22 +369,26 @@ impl Wal {
         let mut log = Vec::new();
         file.read_to_end(&mut log)
             .map_err(|e| io_err("reading", &path, &e))?;
-        let records = scan(&log, next).map_err(|e| {
-            StoreError::Wal(format!(
-                "{e}; refusing to start without acknowledged records ({}): restore the data \
-                 directory from a backup",
-                path.display()
-            ))
-        })?;
-        let last = next.saturating_sub(1);
+        let records = if mark.cycle == 0 {
+            scan_unversioned(&log)
+        } else {
+            scan(&log, mark).map_err(|e| {
+                StoreError::Wal(format!(
+                    "{e}; refusing to start without acknowledged records ({}): restore the data \
+                     directory from a backup",
+                    path.display()
+                ))
+            })?
+        };
         Ok((
             Wal {
                 file,
                 offset: 0,
                 capacity,
                 buf: Vec::new(),
-                appended: last,
-                synced: last,
+                appended: mark.seq,
+                synced: mark.seq,
+                cycle: mark.cycle,
             },
             records,
         ))
@@ -342,6 +415,7 @@ impl Wal {
     ) -> Result<bool, StoreError> {
         self.buf.clear();
         self.buf.extend_from_slice(&[0u8; 8]);
+        self.buf.extend_from_slice(&self.cycle.to_le_bytes());
         self.buf.extend_from_slice(&seq.to_le_bytes());
         self.buf.extend_from_slice(&self.synced.to_le_bytes());
         encode_parts(batches, deletes, &mut self.buf);
@@ -391,12 +465,13 @@ impl Wal {
         self.capacity
     }
 
-    /// Starts over at offset 0 after a checkpoint made every record up to `through` durable
-    /// in redb.
-    pub fn restart(&mut self, through: u64) {
+    /// Starts over at offset 0, in the cycle `mark` of a checkpoint that made every record up
+    /// to `mark.seq` durable in redb.
+    pub fn restart(&mut self, mark: WalMark) {
         self.offset = 0;
-        self.appended = through;
-        self.synced = through;
+        self.appended = mark.seq;
+        self.synced = mark.seq;
+        self.cycle = mark.cycle;
     }
 }
 
@@ -443,45 +518,91 @@ mod tests {
         #[test]
         fn decode_never_panics(b in proptest::collection::vec(any::<u8>(), 0..300)) {
             let _ = WalRecord::decode(&b);
-            let _ = scan(&b, 1);
+            let _ = scan(&b, WalMark { seq: 0, cycle: 1 });
+            let _ = scan_unversioned(&b);
         }
+    }
+
+    /// A whole record of `cycle` (the writer's format, for forging one by hand).
+    fn raw_record(cycle: u64, seq: u64, synced: u64, r: &WalRecord) -> Vec<u8> {
+        let mut body = Vec::new();
+        r.encode(&mut body);
+        let mut out = vec![0u8; 8];
+        for v in [cycle, seq, synced] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&out[8..]), &body);
+        out[0..4].copy_from_slice(&u32::try_from(body.len()).unwrap().to_le_bytes());
+        out[4..8].copy_from_slice(&crc.to_le_bytes());
+        out.extend_from_slice(&body);
+        out.resize(footprint(body.len()), 0);
+        out
     }
 
     #[test]
     fn replay_stops_at_torn_stale_or_out_of_sequence_records() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut w, found) = Wal::open(dir.path(), 1 << 16, 1).unwrap();
+        let first = WalMark::after(0);
+        let (mut w, found) = Wal::open(dir.path(), 1 << 16, first).unwrap();
         assert!(found.is_empty());
         for s in 1..=4 {
             assert!(w.append(s, &rec(u8::try_from(s).unwrap())).unwrap());
+            w.sync().unwrap();
         }
-        w.sync().unwrap();
-        let seqs = |d: &Path| {
-            Wal::open(d, 1 << 16, 1)
-                .unwrap()
-                .1
-                .into_iter()
-                .map(|(s, _)| s)
-                .collect::<Vec<_>>()
+        let seqs = |d: &Path, mark: WalMark| {
+            Wal::open(d, 1 << 16, mark)
+                .map(|(_, found)| found.into_iter().map(|(s, _)| s).collect::<Vec<_>>())
         };
-        assert_eq!(seqs(dir.path()), [1, 2, 3, 4]);
-        // After a checkpoint the log restarts: new record 5 at offset 0 hides the old ones
-        // (the old record 2 that follows is out of sequence).
-        w.restart(4);
+        assert_eq!(seqs(dir.path(), first).unwrap(), [1, 2, 3, 4]);
+        // After a checkpoint the log restarts in a new cycle: record 5 at offset 0 hides the
+        // old ones (fsynced records of another cycle, which prove nothing about this one).
+        let second = WalMark::after(4);
+        w.restart(second);
         assert!(w.append(5, &rec(5)).unwrap());
         w.sync().unwrap();
-        assert_eq!(seqs(dir.path()), [5]);
+        assert_eq!(seqs(dir.path(), second).unwrap(), [5]);
         // A torn record (body cut short by zeros) ends the replay.
+        let at_6 = w.used();
         assert!(w.append(6, &rec(6)).unwrap());
-        let end = w.used();
-        w.file.write_all_at(&[0u8; 4], end - 4).unwrap();
-        assert_eq!(seqs(dir.path()), [5]);
+        w.file
+            .write_all_at(&[0u8; 4], at_6 + HEADER as u64 + 4)
+            .unwrap();
+        assert_eq!(seqs(dir.path(), second).unwrap(), [5]);
+        // A record-like thing after it that claims record 6 was fsynced proves corruption only
+        // when it is of this cycle: bytes a client put in a payload cannot know the id.
+        let later = at_6 + 4096;
+        let forged = raw_record(second.cycle ^ 1, 7, 6, &rec(7));
+        w.file.write_all_at(&forged, later).unwrap();
+        assert_eq!(seqs(dir.path(), second).unwrap(), [5]);
+        let witness = raw_record(second.cycle, 7, 6, &rec(7));
+        w.file.write_all_at(&witness, later).unwrap();
+        let err = seqs(dir.path(), second).expect_err("record 6 was fsynced");
+        assert!(err.to_string().contains("record 6"), "{err}");
+    }
+
+    #[test]
+    fn a_log_from_before_cycle_ids_is_replayed_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut old = Vec::new();
+        for seq in 1..=2u64 {
+            let mut body = Vec::new();
+            rec(u8::try_from(seq).unwrap()).encode(&mut body);
+            let crc = crc32c::crc32c_append(crc32c::crc32c(&seq.to_le_bytes()), &body);
+            old.extend_from_slice(&u32::try_from(body.len()).unwrap().to_le_bytes());
+            old.extend_from_slice(&crc.to_le_bytes());
+            old.extend_from_slice(&seq.to_le_bytes());
+            old.extend_from_slice(&body);
+        }
+        std::fs::write(dir.path().join(WAL_FILE), &old).unwrap();
+        let unversioned = WalMark { seq: 0, cycle: 0 };
+        let (_, found) = Wal::open(dir.path(), 1 << 16, unversioned).unwrap();
+        assert_eq!(found, vec![(1, rec(1)), (2, rec(2))]);
     }
 
     #[test]
     fn a_record_that_does_not_fit_is_refused_whole() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut w, _) = Wal::open(dir.path(), 256, 1).unwrap();
+        let (mut w, _) = Wal::open(dir.path(), 256, WalMark::after(0)).unwrap();
         let big = WalRecord {
             puts: vec![msg(1, None, vec![], vec![0; 300])],
             deletes: vec![],
