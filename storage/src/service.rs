@@ -552,8 +552,10 @@ struct Group<'a> {
 /// Commits `g` with the write-ahead log: a checkpoint (durable redb commit, log restarted)
 /// when one is due, else a non-durable redb commit plus one log record, fsynced when the group
 /// waits for durability (or the last sync is [`DURABLE_COMMIT_INTERVAL_MAX`] old). The flag is
-/// false when the log failed: the group was then made durable by a checkpoint instead, and the
-/// writer goes on without the log.
+/// false when the log failed (the group was then made durable by a checkpoint instead) or a
+/// checkpoint failed: the writer goes on without the log. A failed checkpoint may still have
+/// reached the disk with its new cycle id, and records appended in the old cycle would then be
+/// invisible to the next start: never append after one.
 fn commit_logged(
     store: &Store,
     l: &mut Logged,
@@ -575,13 +577,14 @@ fn commit_logged(
     if due {
         let mark = WalMark::after(l.next_seq - 1);
         let r = store.commit_group(g.batches, g.deletes, g.sweep, last_id, true, Some(mark));
-        if r.is_ok() {
+        let ok = r.is_ok();
+        if ok {
             l.wal.restart(mark);
             l.unsynced_since = None;
             *last_durable = Instant::now();
             stats.syncs.fetch_add(1, Ordering::Relaxed);
         }
-        return (r, true);
+        return (r, ok);
     }
     let out = match store.commit_group(g.batches, g.deletes, g.sweep, last_id, false, None) {
         Ok(out) => out,
@@ -608,7 +611,11 @@ fn commit_logged(
             (Ok(out), true)
         }
         // Too big for what is left of the log: make it durable in redb instead.
-        Ok(false) => (checkpoint(store, l, last_durable).map(|()| out), true),
+        Ok(false) => {
+            let r = checkpoint(store, l, last_durable);
+            let ok = r.is_ok();
+            (r.map(|()| out), ok)
+        }
         Err(e) => {
             tracing::error!(target: "storage", error = %e, "write-ahead log failed; committing durably to the database from now on");
             // The failed record may be on disk: the checkpoint claims its number, so that a
@@ -797,6 +804,73 @@ mod tests {
         assert_eq!(l.next_seq, 2);
         assert!(store.get(&put(1).key).unwrap().is_some());
         assert!(store.get(&put(3).key).unwrap().is_none());
+    }
+
+    /// A checkpoint that falls due in a group commit starts a cycle the database records:
+    /// the next start reads the records appended after it.
+    #[test]
+    fn records_after_a_due_checkpoint_are_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = disk(dir.path());
+        let mut l = replay(&store, dir.path()).unwrap();
+        let stats = WriteStats::default();
+        let mut last_id = 0;
+        let mut last_durable = Instant::now().checked_sub(CHECKPOINT_INTERVAL * 2).unwrap();
+        for id in [1, 2] {
+            let batch = [put(id)];
+            let g = Group {
+                batches: &[&batch],
+                deletes: &[],
+                sweep: None,
+                durable: true,
+            };
+            let (r, ok) =
+                commit_logged(&store, &mut l, &g, &mut last_id, &mut last_durable, &stats);
+            assert!(ok && r.is_ok());
+        }
+        assert_eq!(
+            store.wal_mark().unwrap().seq,
+            0,
+            "group 1 was the checkpoint"
+        );
+        drop(l);
+        let (_, found) = Wal::open(dir.path(), WAL_BYTES, store.wal_mark().unwrap()).unwrap();
+        assert_eq!(found.len(), 1, "group 2 is in the checkpoint's cycle");
+        assert_eq!(found[0].1.puts, vec![put(2)]);
+    }
+
+    /// A database from before cycle ids replays its log in the old format once; the
+    /// checkpoint after it starts a cycle, and the next start has nothing to replay.
+    #[test]
+    fn a_log_from_before_cycle_ids_is_replayed_then_checkpointed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = disk(dir.path());
+        let old = crate::wal::unversioned_log(&[
+            (
+                1,
+                WalRecord {
+                    puts: vec![put(1)],
+                    deletes: vec![],
+                },
+            ),
+            (
+                2,
+                WalRecord {
+                    puts: vec![put(2)],
+                    deletes: vec![],
+                },
+            ),
+        ]);
+        std::fs::write(dir.path().join(crate::wal::WAL_FILE), old).unwrap();
+        let l = replay(&store, dir.path()).unwrap();
+        assert_eq!(l.next_seq, 3);
+        assert!(store.get(&put(2).key).unwrap().is_some());
+        let mark = store.wal_mark().unwrap();
+        assert!(mark.seq == 2 && mark.cycle != 0, "{mark:?}");
+        drop(l);
+        let l = replay(&store, dir.path()).unwrap();
+        assert_eq!(l.next_seq, 3);
+        assert_ne!(store.wal_mark().unwrap().cycle, 0);
     }
 
     /// Issue 10.8: the log failed and the checkpoint that should have claimed its records

@@ -6,8 +6,8 @@
 //! publishing at one message per request. Instead the writer commits each group to redb
 //! without fsync, appends one record of the group's changes here (a single sequential write
 //! into a pre-zeroed file) and fsyncs that (~0.2 ms); every
-//! [`crate::service::DURABLE_COMMIT_INTERVAL_MAX`] (or when the log is half full) it makes a
-//! redb durable commit — a checkpoint — and starts the log over at offset 0.
+//! [`crate::service::CHECKPOINT_INTERVAL`] (or when the log is half full) it makes a redb
+//! durable commit — a checkpoint — and starts the log over at offset 0 in a new cycle.
 //!
 //! Record: `len u32 LE · crc32c u32 LE (of the fields after it and the body) · cycle u64 LE ·
 //! seq u64 LE · synced u64 LE · body`, body = the puts (key, expiry, index keys, value) and the
@@ -91,7 +91,7 @@ pub struct Corrupt {
 pub struct WalMark {
     /// The last record the durable database contains.
     pub seq: u64,
-    /// The cycle's id; 0 only in a database from before cycle ids (see [`Wal::open`]).
+    /// The cycle's id; 0 in a new database or one from before cycle ids (see [`Wal::open`]).
     pub cycle: u64,
 }
 
@@ -224,7 +224,8 @@ impl WalRecord {
 }
 
 /// The consecutive records of cycle `mark.cycle` at the start of `log` (sequence number and
-/// record), first ones first, up to the first zero, torn or out-of-sequence record.
+/// record), first ones first, up to the first zero, torn or out-of-sequence record or one of
+/// another cycle.
 ///
 /// # Errors
 /// [`Corrupt`] when a later record of the cycle was written after the missing one's fsync.
@@ -309,6 +310,22 @@ pub fn scan_unversioned(log: &[u8]) -> Vec<(u64, WalRecord)> {
 
 fn io_err(what: &str, path: &Path, e: &std::io::Error) -> StoreError {
     StoreError::Wal(format!("{what} {}: {e}", path.display()))
+}
+
+/// `records` in the format of [`scan_unversioned`] (to test upgrades).
+#[cfg(test)]
+pub(crate) fn unversioned_log(records: &[(u64, WalRecord)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (seq, r) in records {
+        let mut body = Vec::new();
+        r.encode(&mut body);
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&seq.to_le_bytes()), &body);
+        out.extend_from_slice(&u32::try_from(body.len()).unwrap_or(u32::MAX).to_le_bytes());
+        out.extend_from_slice(&crc.to_le_bytes());
+        out.extend_from_slice(&seq.to_le_bytes());
+        out.extend_from_slice(&body);
+    }
+    out
 }
 
 /// The open log.
@@ -580,19 +597,30 @@ mod tests {
         assert!(err.to_string().contains("record 6"), "{err}");
     }
 
+    /// A record of an earlier cycle that happens to follow a new one with the next number
+    /// (same sizes) is not part of the new cycle.
+    #[test]
+    fn records_of_another_cycle_never_chain() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = WalMark::after(0);
+        let (mut w, _) = Wal::open(dir.path(), 1 << 16, first).unwrap();
+        for s in 1..=3 {
+            assert!(w.append(s, &rec(u8::try_from(s).unwrap())).unwrap());
+        }
+        w.sync().unwrap();
+        // A restart that did not get past record 0 (records 1..=3 were never checkpointed).
+        let again = WalMark::after(0);
+        w.restart(again);
+        assert!(w.append(1, &rec(9)).unwrap());
+        w.sync().unwrap();
+        let (_, found) = Wal::open(dir.path(), 1 << 16, again).unwrap();
+        assert_eq!(found, vec![(1, rec(9))]);
+    }
+
     #[test]
     fn a_log_from_before_cycle_ids_is_replayed_once() {
         let dir = tempfile::tempdir().unwrap();
-        let mut old = Vec::new();
-        for seq in 1..=2u64 {
-            let mut body = Vec::new();
-            rec(u8::try_from(seq).unwrap()).encode(&mut body);
-            let crc = crc32c::crc32c_append(crc32c::crc32c(&seq.to_le_bytes()), &body);
-            old.extend_from_slice(&u32::try_from(body.len()).unwrap().to_le_bytes());
-            old.extend_from_slice(&crc.to_le_bytes());
-            old.extend_from_slice(&seq.to_le_bytes());
-            old.extend_from_slice(&body);
-        }
+        let old = unversioned_log(&[(1, rec(1)), (2, rec(2))]);
         std::fs::write(dir.path().join(WAL_FILE), &old).unwrap();
         let unversioned = WalMark { seq: 0, cycle: 0 };
         let (_, found) = Wal::open(dir.path(), 1 << 16, unversioned).unwrap();
