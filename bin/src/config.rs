@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futureq_core::AckLevel;
 use serde::{Deserialize, Serialize};
-use serde_yaml::Value;
+use yaml_serde::Value;
 
 /// A configuration error; the message names the key.
 #[derive(Debug, thiserror::Error)]
@@ -722,7 +722,7 @@ fn apply_env(
                 .map(|s| Value::String(s.into()))
                 .collect(),
         ),
-        _ => serde_yaml::from_str(raw)
+        _ => yaml_serde::from_str(raw)
             .or_else(|e| err(path, format!("environment {var}={raw:?}: {e}")))?,
     };
     Ok(())
@@ -751,15 +751,15 @@ pub fn load(
     path: Option<&std::path::Path>,
     env: &BTreeMap<String, String>,
 ) -> Result<(Config, Settings), ConfigError> {
-    let defaults = serde_yaml::to_value(Config::default()).expect("defaults serialize");
+    let defaults = yaml_serde::to_value(Config::default()).expect("defaults serialize");
     let mut tree = defaults.clone();
     if let Some(p) = path {
         let text = std::fs::read_to_string(p)
             .map_err(|e| ConfigError(format!("cannot read {}: {e}", p.display())))?;
-        let file: Value = serde_yaml::from_str(&text)
+        let file: Value = yaml_serde::from_str(&text)
             .map_err(|e| ConfigError(format!("{}: {e}", p.display())))?;
         let file = if file.is_null() {
-            Value::Mapping(serde_yaml::Mapping::new())
+            Value::Mapping(yaml_serde::Mapping::new())
         } else {
             file
         };
@@ -822,8 +822,8 @@ mod tests {
     #[test]
     fn example_file_equals_the_defaults() {
         let text = include_str!("../../config.example.yaml");
-        let example: Value = serde_yaml::from_str(text).unwrap();
-        assert_eq!(example, serde_yaml::to_value(Config::default()).unwrap());
+        let example: Value = yaml_serde::from_str(text).unwrap();
+        assert_eq!(example, yaml_serde::to_value(Config::default()).unwrap());
         assert!(Config::default().validate().is_ok());
     }
 
@@ -946,6 +946,28 @@ mod tests {
         );
         let e = load_str(&missing, &no_env()).unwrap_err().to_string();
         assert!(e.starts_with("cluster.secretFile:"), "{e}");
+    }
+
+    /// The YAML reading users rely on (guards the YAML crate, see the workspace Cargo.toml):
+    /// YAML 1.2 scalars (`no` is a string, not false), a number where a string is expected is
+    /// refused naming the key, and a duplicate key is refused naming it.
+    #[test]
+    fn yaml_scalars_and_duplicate_keys() {
+        let base = "configVersion: 1\napi:\n  grpc:\n    advertise: 127.0.0.1:8443\ncluster:\n  enabled: true\n  nodeId: 1\n  raft:\n    advertise: 127.0.0.1:50005\n    initialMembers: {1: \"127.0.0.1:50005\"}\n";
+        let with = |secret: &str| {
+            base.replace(
+                "  nodeId: 1\n",
+                &format!("  nodeId: 1\n  secret: {secret}\n"),
+            )
+        };
+        let c = load_str(&with("no"), &no_env()).unwrap().cluster.unwrap();
+        assert!(c.secret.matches(b"no"));
+        let e = load_str(&with("12345"), &no_env()).unwrap_err().to_string();
+        assert!(e.contains("cluster.secret"), "{e}");
+        let e = load_str("configVersion: 1\ndelivery: {}\ndelivery: {}\n", &no_env())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("duplicate") && e.contains("\"delivery\""), "{e}");
     }
 
     /// Issue 10.3: a memory store cannot back a Raft replica.
