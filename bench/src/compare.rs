@@ -155,7 +155,7 @@ struct Results {
 }
 
 /// Counts and durations of one compare run.
-struct Plan {
+pub(crate) struct Plan {
     warmup: Duration,
     measure: Duration,
     /// Lateness series: (messages, due rate per second; 0 = burst).
@@ -172,7 +172,7 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(quick: bool, msg_bytes: usize, batch: usize) -> Self {
+    pub(crate) fn new(quick: bool, msg_bytes: usize, batch: usize) -> Self {
         if quick {
             Plan {
                 warmup: Duration::from_millis(500),
@@ -200,7 +200,7 @@ impl Plan {
 
     /// The closed-loop publish every system gets: 8 connections × 4 in flight, `msg_bytes`
     /// messages, `batch` per request (`ack` and `delay_ms` matter to futureq only).
-    fn publish(&self, batch: usize, ack: Ack, delay_ms: i64) -> PublishParams {
+    pub(crate) fn publish(&self, batch: usize, ack: Ack, delay_ms: i64) -> PublishParams {
         PublishParams {
             streams: 8,
             window: 4,
@@ -257,13 +257,13 @@ fn per_s(rate: u64) -> f64 {
 }
 
 /// The futureq deployment a series runs against.
-enum Target<'a> {
+pub(crate) enum Target<'a> {
     One(&'a Broker),
     Three(&'a Cluster),
 }
 
 impl Target<'_> {
-    fn mode(&self) -> &'static str {
+    pub(crate) fn mode(&self) -> &'static str {
         match self {
             Target::One(_) => "standalone",
             Target::Three(_) => "cluster3",
@@ -281,7 +281,7 @@ impl Target<'_> {
     /// Runs `series` against the broker, or the cluster's current leader; in a cluster, a
     /// series that fails because leadership moved (elections happen on a loaded 2-CPU
     /// machine) runs again on the new leader, at most twice.
-    async fn on_leader<T, F: Future<Output = anyhow::Result<T>>>(
+    pub(crate) async fn on_leader<T, F: Future<Output = anyhow::Result<T>>>(
         &self,
         series: impl Fn(String) -> F,
     ) -> anyhow::Result<T> {

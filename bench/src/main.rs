@@ -12,6 +12,7 @@
 //!
 //! Every latency figure comes from an HDR histogram; results print as a markdown table.
 
+mod ab;
 mod compare;
 mod nats_peer;
 mod nemesis;
@@ -108,6 +109,29 @@ enum Cmd {
         /// Measure only these systems (comma-separated; default: all).
         #[arg(long, value_enum, value_delimiter = ',', default_values_t = [compare::System::Futureq, compare::System::Redis, compare::System::Nats])]
         only: Vec<compare::System>,
+    },
+    /// Two futureq binaries side by side in one run (before and after a change): QUORUM
+    /// publish at 1 and 100 messages per request, rounds alternating the order; medians,
+    /// ranges and the after ÷ before ratio.
+    Ab {
+        /// The binary before the change.
+        #[arg(long)]
+        before: std::path::PathBuf,
+        /// The binary after the change.
+        #[arg(long)]
+        after: std::path::PathBuf,
+        /// Rounds (each runs both binaries, the order alternating from round to round).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Short series (smoke test).
+        #[arg(long)]
+        quick: bool,
+        /// Measure 3-node clusters instead of standalone brokers.
+        #[arg(long)]
+        cluster: bool,
+        /// Directory for ab.json.
+        #[arg(long, default_value = "ab")]
+        out: std::path::PathBuf,
     },
     /// Seeded fault run against a 3-node cluster it starts; checks the history.
     Nemesis {
@@ -614,6 +638,22 @@ async fn main() -> anyhow::Result<()> {
                 r = nemesis::run(seed, Duration::from_secs(seconds), &faults, &out, futureq) => r,
                 _ = tokio::signal::ctrl_c() => bail!("interrupted; every node this run started is stopped"),
                 _ = term.recv() => bail!("terminated; every node this run started is stopped"),
+            }
+        }
+        Cmd::Ab {
+            before,
+            after,
+            rounds,
+            quick,
+            cluster,
+            out,
+        } => {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+            tokio::select! {
+                r = ab::run((&before, &after), rounds, quick, cluster, &out) => r,
+                _ = tokio::signal::ctrl_c() => bail!("interrupted; every broker this run started is stopped"),
+                _ = term.recv() => bail!("terminated; every broker this run started is stopped"),
             }
         }
         Cmd::Compare {

@@ -1,0 +1,185 @@
+//! `futureq-bench ab`: two futureq binaries measured side by side in one run — the before and
+//! after of a change on this noisy machine. Rounds alternate the order (before then after,
+//! after then before, …), each run gets a fresh deployment and data directory, and the report
+//! gives each series' median and range per binary and the ratio of the medians.
+
+use std::path::Path;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::compare::{Plan, Target};
+use crate::procs::{standalone, Broker, Cluster};
+use crate::{publish_run, Ack};
+
+/// The series measured: QUORUM publish at one message per request and at 100.
+const SERIES: [(usize, Ack); 2] = [(1, Ack::Quorum), (100, Ack::Quorum)];
+
+/// What one run measures: a standalone broker or a 3-node cluster.
+enum Deployment {
+    One(Broker),
+    Three(Cluster),
+}
+
+/// One measured series of one binary in one round.
+#[derive(Debug, Serialize)]
+struct Sample {
+    binary: &'static str,
+    round: usize,
+    batch: usize,
+    msgs_per_s: f64,
+    p99_us: u64,
+}
+
+/// Median, smallest and largest of `v` (not empty).
+fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    let median = if v.len().is_multiple_of(2) {
+        (v[mid - 1] + v[mid]) / 2.0
+    } else {
+        v[mid]
+    };
+    (median, v[0], v[v.len() - 1])
+}
+
+/// The report's table: per series, each binary's median [range] throughput and median p99,
+/// and the after ÷ before ratio of the median throughputs.
+fn table(samples: &[Sample], mode: &str) -> String {
+    let mut out = format!(
+        "| {mode} series | before msgs/s median [range] | after msgs/s median [range] | after ÷ before | before p99 ms | after p99 ms |\n|---|---|---|---|---|---|\n"
+    );
+    for (batch, _) in SERIES {
+        let of = |binary: &str, f: fn(&Sample) -> f64| -> Vec<f64> {
+            samples
+                .iter()
+                .filter(|s| s.binary == binary && s.batch == batch)
+                .map(f)
+                .collect()
+        };
+        let rate = |s: &Sample| s.msgs_per_s;
+        #[allow(clippy::cast_precision_loss)]
+        let p99 = |s: &Sample| s.p99_us as f64 / 1000.0;
+        let (b, a) = (of("before", rate), of("after", rate));
+        if b.is_empty() || a.is_empty() {
+            continue;
+        }
+        let ((bm, bl, bh), (am, al, ah)) = (spread(b), spread(a));
+        let (bp, ap) = (spread(of("before", p99)).0, spread(of("after", p99)).0);
+        out.push_str(&format!(
+            "| QUORUM {batch}/request | {bm:.0} [{bl:.0}–{bh:.0}] | {am:.0} [{al:.0}–{ah:.0}] | {:.2}× | {bp:.2} | {ap:.2} |\n",
+            am / bm
+        ));
+    }
+    out
+}
+
+/// Runs `rounds` rounds of every series on both binaries, standalone or on a 3-node cluster;
+/// writes `out/ab.json` and prints the table.
+pub(crate) async fn run(
+    (before, after): (&Path, &Path),
+    rounds: usize,
+    quick: bool,
+    cluster: bool,
+    out: &Path,
+) -> anyhow::Result<()> {
+    if rounds == 0 {
+        anyhow::bail!("--rounds must be at least 1");
+    }
+    for bin in [before, after] {
+        if !bin.is_file() {
+            anyhow::bail!("{} is not a file", bin.display());
+        }
+    }
+    let plan = Plan::new(quick, 100, 100);
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let mut samples = Vec::new();
+    for round in 1..=rounds {
+        let order = if !round.is_multiple_of(2) {
+            [("before", before), ("after", after)]
+        } else {
+            [("after", after), ("before", before)]
+        };
+        for (binary, bin) in order {
+            let work = tempfile::tempdir()?;
+            let deployment = if cluster {
+                Deployment::Three(Cluster::start(bin, work.path()).await?)
+            } else {
+                Deployment::One(standalone(bin, work.path()).await?)
+            };
+            let target = match &deployment {
+                Deployment::One(b) => Target::One(b),
+                Deployment::Three(c) => Target::Three(c),
+            };
+            for (batch, ack) in SERIES {
+                eprintln!(
+                    "ab round {round}/{rounds}: {binary} ({}), {} QUORUM {batch}/request",
+                    bin.display(),
+                    target.mode()
+                );
+                let p = plan.publish(batch, ack, 3_600_000);
+                let o = target
+                    .on_leader(|addr| async move { publish_run(&addr, &p).await })
+                    .await?;
+                samples.push(Sample {
+                    binary,
+                    round,
+                    batch,
+                    msgs_per_s: o.msgs_per_s,
+                    p99_us: o.latency.value_at_quantile(0.99),
+                });
+            }
+            match deployment {
+                Deployment::One(b) => b.stop()?,
+                Deployment::Three(c) => c.stop()?,
+            }
+        }
+    }
+    let path = out.join("ab.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&samples)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    let mode = if cluster { "cluster3" } else { "standalone" };
+    println!(
+        "before: {}\nafter:  {}\n",
+        before.display(),
+        after.display()
+    );
+    println!("{}", table(&samples, mode));
+    println!("samples: {}", path.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn medians_ranges_and_ratio() {
+        assert_eq!(spread(vec![3.0, 1.0, 2.0]), (2.0, 1.0, 3.0));
+        assert_eq!(spread(vec![4.0, 1.0, 2.0, 3.0]), (2.5, 1.0, 4.0));
+        let s = |binary, round, batch, msgs_per_s| Sample {
+            binary,
+            round,
+            batch,
+            msgs_per_s,
+            p99_us: 2000,
+        };
+        let samples = [
+            s("before", 1, 1, 100.0),
+            s("after", 1, 1, 150.0),
+            s("after", 2, 1, 250.0),
+            s("before", 2, 1, 100.0),
+        ];
+        let t = table(&samples, "standalone");
+        assert!(
+            t.contains(
+                "| QUORUM 1/request | 100 [100–100] | 200 [150–250] | 2.00× | 2.00 | 2.00 |"
+            ),
+            "{t}"
+        );
+        assert!(
+            !t.contains("100/request"),
+            "a series without samples has no row"
+        );
+    }
+}
