@@ -66,9 +66,13 @@ fn table(samples: &[Sample], mode: &str) -> String {
         }
         let ((bm, bl, bh), (am, al, ah)) = (spread(b), spread(a));
         let (bp, ap) = (spread(of("before", p99)).0, spread(of("after", p99)).0);
+        let ratio = if bm > 0.0 && (am / bm).is_finite() {
+            format!("{:.2}×", am / bm)
+        } else {
+            "—".to_owned()
+        };
         out.push_str(&format!(
-            "| QUORUM {batch}/request | {bm:.0} [{bl:.0}–{bh:.0}] | {am:.0} [{al:.0}–{ah:.0}] | {:.2}× | {bp:.2} | {ap:.2} |\n",
-            am / bm
+            "| QUORUM {batch}/request | {bm:.0} [{bl:.0}–{bh:.0}] | {am:.0} [{al:.0}–{ah:.0}] | {ratio} | {bp:.2} | {ap:.2} |\n"
         ));
     }
     out
@@ -76,6 +80,9 @@ fn table(samples: &[Sample], mode: &str) -> String {
 
 /// Runs `rounds` rounds of every series on both binaries, standalone or on a 3-node cluster;
 /// writes `out/ab.json` and prints the table.
+///
+/// Both binaries are started by the bench's harness (its `FUTUREQ_*` environment settings and
+/// flags): a "before" binary must be recent enough to accept them.
 pub(crate) async fn run(
     (before, after): (&Path, &Path),
     rounds: usize,
@@ -93,7 +100,34 @@ pub(crate) async fn run(
     }
     let plan = Plan::new(quick, 100, 100);
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let path = out.join("ab.json");
     let mut samples = Vec::new();
+    let measured = measure(&plan, (before, after), rounds, cluster, &mut samples).await;
+    // The samples measured so far are written even when a run failed: a long A/B that fails in
+    // its last round still leaves its numbers.
+    std::fs::write(&path, serde_json::to_vec_pretty(&samples)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    measured?;
+    let mode = if cluster { "cluster3" } else { "standalone" };
+    println!(
+        "before: {}\nafter:  {}\n",
+        before.display(),
+        after.display()
+    );
+    println!("{}", table(&samples, mode));
+    println!("samples: {}", path.display());
+    Ok(())
+}
+
+/// The rounds of [`run`], each sample pushed as soon as it is measured. A deployment that
+/// fails to start keeps its data directory (with the broker's log) and names it in the error.
+async fn measure(
+    plan: &Plan,
+    (before, after): (&Path, &Path),
+    rounds: usize,
+    cluster: bool,
+    samples: &mut Vec<Sample>,
+) -> anyhow::Result<()> {
     for round in 1..=rounds {
         let order = if !round.is_multiple_of(2) {
             [("before", before), ("after", after)]
@@ -102,10 +136,23 @@ pub(crate) async fn run(
         };
         for (binary, bin) in order {
             let work = tempfile::tempdir()?;
-            let deployment = if cluster {
-                Deployment::Three(Cluster::start(bin, work.path()).await?)
+            let started = if cluster {
+                Cluster::start(bin, work.path())
+                    .await
+                    .map(Deployment::Three)
             } else {
-                Deployment::One(standalone(bin, work.path()).await?)
+                standalone(bin, work.path()).await.map(Deployment::One)
+            };
+            let deployment = match started {
+                Ok(d) => d,
+                Err(e) => {
+                    let kept = work.keep();
+                    return Err(e.context(format!(
+                        "starting {} ({binary}); its data directory and log are kept in {}",
+                        bin.display(),
+                        kept.display()
+                    )));
+                }
             };
             let target = match &deployment {
                 Deployment::One(b) => Target::One(b),
@@ -135,17 +182,6 @@ pub(crate) async fn run(
             }
         }
     }
-    let path = out.join("ab.json");
-    std::fs::write(&path, serde_json::to_vec_pretty(&samples)?)
-        .with_context(|| format!("writing {}", path.display()))?;
-    let mode = if cluster { "cluster3" } else { "standalone" };
-    println!(
-        "before: {}\nafter:  {}\n",
-        before.display(),
-        after.display()
-    );
-    println!("{}", table(&samples, mode));
-    println!("samples: {}", path.display());
     Ok(())
 }
 
@@ -180,6 +216,11 @@ mod tests {
         assert!(
             !t.contains("100/request"),
             "a series without samples has no row"
+        );
+        let t = table(&[s("before", 1, 100, 0.0), s("after", 1, 100, 50.0)], "x");
+        assert!(
+            t.contains("| QUORUM 100/request | 0 [0–0] | 50 [50–50] | — |"),
+            "no ratio against a zero median: {t}"
         );
     }
 }

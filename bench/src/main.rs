@@ -7,6 +7,8 @@
 //!
 //! - `compare`: starts the brokers itself and measures them side by side in one run (see
 //!   [`compare`]); writes `results.json` and prints a markdown table.
+//! - `ab`: two futureq binaries (before and after a change) side by side in one run (see
+//!   [`ab`]); writes `ab.json` and prints medians, ranges and ratios.
 //! - `nemesis`: a seeded fault run against a 3-node cluster with a history checker (see
 //!   [`nemesis`]); writes `nemesis.json`, fails on any violation.
 //!
@@ -120,7 +122,8 @@ enum Cmd {
         /// The binary after the change.
         #[arg(long)]
         after: std::path::PathBuf,
-        /// Rounds (each runs both binaries, the order alternating from round to round).
+        /// Rounds (each runs both binaries, the order alternating from round to round; an odd
+        /// count runs "before" first once more than "after" first).
         #[arg(long, default_value_t = 3)]
         rounds: usize,
         /// Short series (smoke test).
@@ -651,7 +654,12 @@ async fn main() -> anyhow::Result<()> {
             let mut term =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
             tokio::select! {
-                r = ab::run((&before, &after), rounds, quick, cluster, &out) => r,
+                r = async {
+                    let canon = |p: &std::path::Path| {
+                        std::fs::canonicalize(p).with_context(|| format!("{}", p.display()))
+                    };
+                    ab::run((&canon(&before)?, &canon(&after)?), rounds, quick, cluster, &out).await
+                } => r,
                 _ = tokio::signal::ctrl_c() => bail!("interrupted; every broker this run started is stopped"),
                 _ = term.recv() => bail!("terminated; every broker this run started is stopped"),
             }
