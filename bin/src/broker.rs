@@ -13,14 +13,12 @@ mod consumer;
 mod producer;
 
 use std::rc::Rc;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use futureq_net::grpc::{Call, Code, Handler, Outbound, Status};
 use futureq_net::Shutdown;
-use futureq_storage::StoreService;
 
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, RaftReq};
 use crate::config::Settings;
 use crate::dispatcher::HubCmd;
 use crate::metrics::Metrics;
@@ -29,18 +27,16 @@ use crate::metrics::Metrics;
 pub struct Ctx {
     /// Validated configuration.
     pub settings: Arc<Settings>,
-    /// The store threads.
-    pub store: StoreService,
     /// The dispatcher's command queue.
     pub hub: flume::Sender<HubCmd>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Process-wide shutdown.
     pub shutdown: Shutdown,
-    /// Next event id, shared by every core (standalone only; in a cluster the Raft core
-    /// assigns ids). Event ids never regress: it starts above the persisted high-water mark
-    /// and only grows.
-    pub next_id: Arc<AtomicU64>,
+    /// Write requests (publish, delete, group registration): to the Raft core in a cluster,
+    /// to the local journal standalone; either assigns event ids at the moment the write
+    /// enters its log, so ids follow log order.
+    pub writes: flume::Sender<RaftReq>,
     /// The Raft core's handle, in clustered mode.
     pub cluster: Option<Arc<Cluster>>,
 }

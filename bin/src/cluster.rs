@@ -193,6 +193,20 @@ impl Cluster {
     }
 }
 
+/// What an apply tells the dispatcher (on every replica, and standalone): the smallest new
+/// key per topic (a scan cursor that passed it moves back) and the deleted keys (never
+/// delivered again).
+pub fn applied_to_hub(hub: flume::Sender<HubCmd>) -> impl Fn(&[EventKey], &[EventKey]) {
+    move |published: &[EventKey], deleted: &[EventKey]| {
+        if !published.is_empty() {
+            send_to_hub(&hub, HubCmd::Published(published.to_vec()));
+        }
+        if !deleted.is_empty() {
+            send_to_hub(&hub, HubCmd::Expired(deleted.to_vec()));
+        }
+    }
+}
+
 fn send_to_hub(hub: &flume::Sender<HubCmd>, cmd: HubCmd) {
     // Never block the Raft core: when the queue is full, hand the send to a task.
     if let Err(flume::TrySendError::Full(cmd)) = hub.try_send(cmd) {
@@ -247,15 +261,7 @@ pub async fn start(
     if cfg.secret.is_open() {
         tracing::warn!(target: "raft", "cluster.secret is not set: anyone who reaches cluster.raft.listen or the gRPC port can join nodes, remove them or talk Raft to this node; set cluster.secret (or cluster.secretFile) on every node");
     }
-    let on_applied: futureq_raft::state_machine::OnApplied =
-        Rc::new(move |published: &[EventKey], deleted: &[EventKey]| {
-            if !published.is_empty() {
-                send_to_hub(&hub, HubCmd::Published(published.to_vec()));
-            }
-            if !deleted.is_empty() {
-                send_to_hub(&hub, HubCmd::Expired(deleted.to_vec()));
-            }
-        });
+    let on_applied: futureq_raft::state_machine::OnApplied = Rc::new(applied_to_hub(hub));
     let node = Node::start(&node_cfg, store, on_applied)
         .await
         .map_err(|e| e.to_string())?;

@@ -115,7 +115,8 @@ pub struct DispatcherConfig {
 struct Dispatcher {
     hub: Hub<ConsumerSink>,
     store: StoreService,
-    cluster: Option<Arc<Cluster>>,
+    /// Where deletes go: the Raft core, or the local journal standalone.
+    writes: flume::Sender<RaftReq>,
     delete_timeout: Duration,
     tx: flume::Sender<HubCmd>,
     metrics: Arc<Metrics>,
@@ -204,15 +205,11 @@ impl Dispatcher {
         self.flushing = true;
         #[allow(clippy::cast_precision_loss)]
         self.metrics.delete_batch_size.observe(batch.len() as f64);
-        let store = self.store.clone();
         let tx = self.tx.clone();
-        let cluster = self.cluster.clone();
+        let writes = self.writes.clone();
         let timeout = self.delete_timeout;
         glommio::spawn_local(async move {
-            let result = match cluster {
-                Some(c) => delete_replicated(&c, batch, timeout).await,
-                None => store.delete(batch).await.map(drop).map_err(|e| e.to_string()),
-            };
+            let result = delete_logged(&writes, batch, timeout).await;
             let committed = match result {
                 Ok(()) => true,
                 Err(e) => {
@@ -268,11 +265,11 @@ impl Dispatcher {
     }
 }
 
-/// Deletes keys through the Raft log; a node that no longer leads forwards them to the
-/// leader. A failure (no leader known, timeout) keeps them queued for the next flush:
-/// deletes are idempotent, and an ACKed key is never dropped.
-async fn delete_replicated(
-    cluster: &Cluster,
+/// Deletes keys through the log (the Raft log, or the journal standalone); a node that no
+/// longer leads forwards them to the leader. A failure (no leader known, timeout) keeps them
+/// queued for the next flush: deletes are idempotent, and an ACKed key is never dropped.
+async fn delete_logged(
+    writes: &flume::Sender<RaftReq>,
     keys: Vec<EventKey>,
     timeout: Duration,
 ) -> Result<(), String> {
@@ -282,15 +279,14 @@ async fn delete_replicated(
         deadline: Instant::now() + timeout,
         reply,
     };
-    cluster
-        .tx
+    writes
         .send_async(req)
         .await
-        .map_err(|_| "the Raft core stopped".to_owned())?;
+        .map_err(|_| "the write core stopped".to_owned())?;
     match rx.await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("the Raft core stopped".to_owned()),
+        Err(_) => Err("the write core stopped".to_owned()),
     }
 }
 
@@ -300,14 +296,14 @@ pub async fn run(
     rx: flume::Receiver<HubCmd>,
     tx: flume::Sender<HubCmd>,
     store: StoreService,
-    cluster: Option<Arc<Cluster>>,
+    writes: flume::Sender<RaftReq>,
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
 ) {
     let mut d = Dispatcher {
         hub: Hub::new(cfg.hub),
         store,
-        cluster,
+        writes,
         delete_timeout: cfg.delete_timeout,
         tx,
         metrics,
@@ -399,14 +395,16 @@ pub async fn run(
     tracing::info!(target: "dispatcher", pending_deletes = d.hub.pending_deletes(), "dispatcher stopped");
 }
 
-/// One sweep step in a cluster: the leader reads expired keys from its replica and deletes
-/// them through the log (every replica's apply tells its dispatcher). Followers do nothing.
-async fn sweep_replicated(
-    cluster: &Cluster,
+/// One sweep step: the leader (or the standalone broker) reads expired keys from its store
+/// and deletes them through the log (every replica's apply tells its dispatcher). Followers
+/// do nothing.
+async fn sweep_step(
+    writes: &flume::Sender<RaftReq>,
+    cluster: Option<&Cluster>,
     store: &StoreService,
     timeout: Duration,
 ) -> Result<Vec<EventKey>, String> {
-    if !cluster.state.view().leading {
+    if cluster.is_some_and(|c| !c.state.view().leading) {
         return Ok(Vec::new());
     }
     let s = store.store().clone();
@@ -416,7 +414,7 @@ async fn sweep_replicated(
         .await
         .map_err(|e| e.to_string())?;
     if !keys.is_empty() {
-        delete_replicated(cluster, keys.clone(), timeout).await?;
+        delete_logged(writes, keys.clone(), timeout).await?;
     }
     Ok(keys)
 }
@@ -426,8 +424,8 @@ async fn sweep_replicated(
 pub async fn sweep_ttl(
     interval: Duration,
     store: StoreService,
+    writes: flume::Sender<RaftReq>,
     cluster: Option<Arc<Cluster>>,
-    tx: flume::Sender<HubCmd>,
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
     timeout: Duration,
@@ -448,23 +446,14 @@ pub async fn sweep_ttl(
             return;
         }
         loop {
-            let swept = match &cluster {
-                Some(c) => sweep_replicated(c, &store, timeout).await,
-                None => store
-                    .sweep_expired(now_ms(), SWEEP_BATCH_MAX)
-                    .await
-                    .map_err(|e| e.to_string()),
-            };
+            let swept = sweep_step(&writes, cluster.as_deref(), &store, timeout).await;
             match swept {
                 Ok(keys) => {
                     let n = keys.len();
                     if n > 0 {
                         metrics.messages_expired.add(&["sweeper"], n as u64);
+                        // The apply hook tells the dispatcher.
                         tracing::info!(target: "ttl_sweeper", expired = n, "deleted expired messages");
-                        // In a cluster the apply hook tells the dispatcher.
-                        if cluster.is_none() {
-                            let _ = tx.send_async(HubCmd::Expired(keys)).await;
-                        }
                     }
                     if n < SWEEP_BATCH_MAX {
                         break;

@@ -7,12 +7,12 @@ mod broker;
 mod cluster;
 mod config;
 mod dispatcher;
+mod local;
 mod metrics;
 mod runtime;
 
 use std::path::PathBuf;
 use std::rc::Rc;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -258,30 +258,40 @@ fn start(settings: Settings) -> anyhow::Result<()> {
     } else {
         StoreMode::Disk(settings.data_dir.clone(), settings.cache_bytes)
     };
+    if let StoreMode::Disk(dir, _) = &mode {
+        let wal = dir.join("futureq.wal");
+        if wal.exists() {
+            bail!(
+                "{} was written by an older futureq, whose standalone write-ahead log this version does not read: start that version once and stop it cleanly (SIGTERM: it checkpoints, leaving nothing to replay), then delete the file",
+                wal.display()
+            );
+        }
+    }
     let commit_tx = hub_tx.clone();
-    // Standalone, the store's own write-ahead log makes groups durable; in a cluster the
-    // Raft log does.
-    let start_store = if settings.cluster.is_some() {
-        StoreService::start
-    } else {
-        StoreService::start_logged
-    };
-    let (store, store_threads) = start_store(
+    // Writes reach redb through a log either way: the Raft log in a cluster, the local
+    // journal standalone (both apply with the same code; the store's own writer only takes
+    // what neither does).
+    let (store, store_threads) = StoreService::start(
         &mode,
         Box::new(move |keys| {
             let _ = commit_tx.send(HubCmd::Published(keys.to_vec()));
         }),
     )
     .with_context(|| format!("opening storage ({mode:?})"))?;
-    let next_id = Arc::new(AtomicU64::new(store.last_id_at_open() + 1));
-    let (cluster, raft_rx) = match settings.cluster {
+    // Every write request goes to one core: the Raft core in a cluster, the journal
+    // standalone (`runtime.raftCore` either way).
+    let (cluster, writes, write_rx) = match settings.cluster {
         Some(_) => {
             let (c, rx) = cluster::Cluster::new();
-            (Some(c), Some(rx))
+            let tx = c.tx.clone();
+            (Some(c), tx, rx)
         }
-        None => (None, None),
+        None => {
+            let (tx, rx) = flume::bounded(cluster::RAFT_QUEUE_MAX);
+            (None, tx, rx)
+        }
     };
-    let mut raft_rx = raft_rx;
+    let mut raft_rx = Some(write_rx);
     let dispatcher_done = Shutdown::new();
     let metrics = Arc::new(Metrics {
         store_digest: store.store().digest_cell(),
@@ -301,7 +311,7 @@ fn start(settings: Settings) -> anyhow::Result<()> {
             hub: hub_tx.clone(),
             metrics: Arc::clone(&metrics),
             shutdown: shutdown.clone(),
-            next_id: Arc::clone(&next_id),
+            writes: writes.clone(),
             cluster: cluster.clone(),
             raft_rx: if core == settings.raft_core as usize {
                 raft_rx.take()
@@ -364,9 +374,9 @@ struct CtxParts {
     hub: flume::Sender<HubCmd>,
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
-    next_id: Arc<AtomicU64>,
+    writes: flume::Sender<cluster::RaftReq>,
     cluster: Option<Arc<cluster::Cluster>>,
-    /// The Raft core's request queue (on that core only).
+    /// The write requests' queue (on the Raft core only): the Raft core's or the journal's.
     raft_rx: Option<flume::Receiver<cluster::RaftReq>>,
     /// Fires when the dispatcher stopped (its last deletes are through).
     dispatcher_done: Shutdown,
@@ -387,7 +397,7 @@ async fn core_main(
         hub,
         metrics,
         shutdown,
-        next_id,
+        writes,
         cluster,
         raft_rx,
         dispatcher_done,
@@ -404,6 +414,31 @@ async fn core_main(
         }
     };
     let mut background = Vec::new();
+    if let (Some(rx), None) = (&raft_rx, &cluster) {
+        let (opened, open_rx) = futures::channel::oneshot::channel();
+        let data_dir = (!settings.memory_storage).then(|| settings.data_dir.clone());
+        background.push(glommio::spawn_local(local::serve(
+            data_dir,
+            store.store().clone(),
+            Box::new(cluster::applied_to_hub(hub.clone())),
+            rx.clone(),
+            dispatcher_done.clone(),
+            move |r| {
+                let _ = opened.send(r);
+            },
+        )));
+        match open_rx.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let _ = ready.send(Err(format!("storage: {e}")));
+                return;
+            }
+            Err(_) => {
+                let _ = ready.send(Err("storage: the journal stopped while opening".into()));
+                return;
+            }
+        }
+    }
     if let (Some(rx), Some(c), Some(cfg)) = (raft_rx, &cluster, &settings.cluster) {
         let node = match cluster::start(
             cfg,
@@ -464,8 +499,8 @@ async fn core_main(
         background.push(glommio::spawn_local(dispatcher::sweep_ttl(
             settings.ttl_sweep_interval,
             store.clone(),
+            writes.clone(),
             cluster.clone(),
-            hub.clone(),
             Arc::clone(&metrics),
             shutdown.clone(),
             settings.proposal_timeout,
@@ -475,7 +510,7 @@ async fn core_main(
             rx,
             hub.clone(),
             store.clone(),
-            cluster.clone(),
+            writes.clone(),
             Arc::clone(&metrics),
             shutdown.clone(),
         );
@@ -493,11 +528,10 @@ async fn core_main(
     };
     let ctx = Rc::new(Ctx {
         settings,
-        store,
         hub,
         metrics,
         shutdown: shutdown.clone(),
-        next_id,
+        writes,
         cluster,
     });
     let _ = ready.send(Ok(()));

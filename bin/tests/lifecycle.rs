@@ -280,3 +280,31 @@ async fn a_second_broker_on_a_served_port_refuses_to_start() {
             .success
     );
 }
+
+/// Issue 11: standalone writes go through the journal (`<dataDir>/journal`, the shared log);
+/// a data directory holding the old write-ahead log is refused with what to do, never
+/// silently started without replaying it.
+#[tokio::test]
+async fn standalone_writes_go_through_the_journal_and_an_old_wal_is_refused() {
+    let mut b = Broker::start("").await;
+    let mut p = Publisher::open(b.channel().await).await;
+    let ack = p.publish(batch(1, 0, vec![msg("j", "x", 60_000, 0)])).await;
+    assert!(ack.success, "{}", ack.error_message);
+    let journal = b.dir.path().join("data").join("journal");
+    assert!(journal.is_dir(), "no journal at {}", journal.display());
+    drop(p);
+    let st = b.sigterm(Duration::from_secs(15));
+    assert!(st.success(), "exit status {st}; log:\n{}", b.log());
+
+    std::fs::write(b.dir.path().join("data").join("futureq.wal"), [0u8; 64]).unwrap();
+    b.launch();
+    let st = b
+        .wait_exit(Duration::from_secs(20))
+        .expect("the broker started over an old write-ahead log");
+    assert!(!st.success());
+    let log = b.log();
+    assert!(
+        log.contains("futureq.wal") && log.contains("stop it cleanly"),
+        "{log}"
+    );
+}

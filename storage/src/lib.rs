@@ -20,6 +20,8 @@
 //! - Index and expiry entries exist exactly as long as their message.
 
 pub mod error;
+#[cfg(feature = "glommio")]
+pub mod journal;
 pub mod log;
 pub mod service;
 pub mod store;

@@ -76,35 +76,23 @@ fn not_leader(leader_addr: String, code: Code, message: &str) -> Status {
 
 /// Makes sure `group` is in the durable group registry of `topic` before its first member
 /// takes messages: from then on the group is owed every message of the topic, also across
-/// disconnects, restarts and failovers (standalone: a durable store commit; clustered: a
-/// replicated command, committed by a quorum).
+/// disconnects, restarts and failovers (a `RegisterGroup` command: durable in the journal
+/// standalone, committed by a quorum in a cluster).
 async fn register_group(ctx: &Ctx, topic: &str, group: &str) -> Result<(), String> {
-    let h = futureq_core::topic_hash(topic);
-    match &ctx.cluster {
-        None => {
-            let (store, g) = (ctx.store.store().clone(), group.to_owned());
-            glommio::executor()
-                .spawn_blocking(move || store.register_group(h, &g))
-                .await
-                .map(drop)
-                .map_err(|e| e.to_string())
-        }
-        Some(c) => {
-            let (reply, rx) = oneshot::channel();
-            let req = RaftReq::RegisterGroup {
-                topic_hash: h,
-                group: group.to_owned(),
-                deadline: std::time::Instant::now() + ctx.settings.proposal_timeout,
-                reply,
-            };
-            c.tx.send_async(req)
-                .await
-                .map_err(|_| "the Raft core stopped".to_owned())?;
-            match rx.await {
-                Ok(r) => r.map_err(|e| e.to_string()),
-                Err(_) => Err("the Raft core stopped".to_owned()),
-            }
-        }
+    let (reply, rx) = oneshot::channel();
+    let req = RaftReq::RegisterGroup {
+        topic_hash: futureq_core::topic_hash(topic),
+        group: group.to_owned(),
+        deadline: std::time::Instant::now() + ctx.settings.proposal_timeout,
+        reply,
+    };
+    ctx.writes
+        .send_async(req)
+        .await
+        .map_err(|_| "the write core stopped".to_owned())?;
+    match rx.await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err("the write core stopped".to_owned()),
     }
 }
 

@@ -7,7 +7,6 @@
 
 use std::cell::Cell;
 use std::rc::Rc;
-use std::sync::atomic::Ordering;
 use std::task::Poll;
 use std::time::Instant;
 
@@ -20,13 +19,12 @@ use futureq_core::{
 use futureq_net::grpc::{Call, Code, Outbound, Status};
 use futureq_net::pb::{self, index, PublishBatchAck};
 use futureq_raft::node::WriteError;
-use futureq_storage::NewMessage;
 use futures::channel::oneshot;
 use futures::stream::{FuturesOrdered, StreamExt};
 use futures_lite::future;
 
 use super::Ctx;
-use crate::cluster::{Cluster, RaftReq};
+use crate::cluster::RaftReq;
 use crate::dispatcher::now_ms;
 
 /// Most batches outstanding (received, not yet acked) on one stream. Beyond it the stream
@@ -61,7 +59,7 @@ fn index_value(i: usize, j: usize, idx: pb::Index) -> Result<IndexValue, Validat
 }
 
 /// Validates a batch and encodes its messages as store items without ids (ids are assigned
-/// only to a valid batch: by this process standalone, by the Raft core in a cluster).
+/// only to a valid batch, by the write core as the batch enters its log).
 fn prepare(
     ctx: &Ctx,
     batch: pb::PublishBatch,
@@ -147,60 +145,13 @@ enum Outcome {
     Failed(Code, String, String),
 }
 
-/// Stores a standalone batch: ids from the shared counter, then the store's writer.
-async fn store_standalone(ctx: &Ctx, items: Vec<StoreItem>, level: AckLevel) -> Outcome {
-    let first_id = ctx.next_id.fetch_add(items.len() as u64, Ordering::Relaxed);
-    let items: Vec<NewMessage> = items
-        .into_iter()
-        .enumerate()
-        .map(|(i, it)| NewMessage {
-            key: EventKey::new(it.topic_hash, it.bucket, first_id + i as u64),
-            expires_at_ms: (it.expires_at_ms != 0).then_some(it.expires_at_ms),
-            index_keys: it.index_keys,
-            value: Bytes::from(it.message),
-        })
-        .collect();
-    let store = ctx.store.clone();
-    let timeout = ctx.settings.proposal_timeout;
-    let outcome = if level.is_durable() {
-        let commit = async { Some(store.publish(items, true).await.map(|_| ())) };
-        let deadline = async {
-            glommio::timer::sleep(timeout).await;
-            None
-        };
-        future::or(commit, deadline).await
-    } else {
-        Some(store.publish_no_wait(items).await)
-    };
-    match outcome {
-        Some(Ok(())) => Outcome::Stored(first_id),
-        Some(Err(e)) => {
-            tracing::warn!(target: "producer", error = %e, "batch not stored");
-            Outcome::Failed(
-                Code::Unavailable,
-                format!("storage failure, batch not stored: {e}"),
-                String::new(),
-            )
-        }
-        None => Outcome::Failed(
-            Code::DeadlineExceeded,
-            timeout_message(timeout),
-            String::new(),
-        ),
-    }
-}
-
 fn timeout_message(timeout: std::time::Duration) -> String {
     format!("batch not committed within publish.proposalTimeout ({timeout:?}); outcome unknown")
 }
 
-/// Stores a clustered batch: the Raft core assigns ids and proposes it.
-async fn store_clustered(
-    ctx: &Ctx,
-    cluster: &Cluster,
-    items: Vec<StoreItem>,
-    level: AckLevel,
-) -> Outcome {
+/// Stores a batch: the write core (the Raft core, or the local journal standalone) assigns
+/// its ids and appends it to its log.
+async fn store_batch(ctx: &Ctx, items: Vec<StoreItem>, level: AckLevel) -> Outcome {
     let timeout = ctx.settings.proposal_timeout;
     let not_leader = |addr: String| {
         Outcome::Failed(
@@ -209,9 +160,11 @@ async fn store_clustered(
             addr,
         )
     };
-    let view = cluster.state.view();
-    if !view.leading {
-        return not_leader(view.leader_addr);
+    if let Some(c) = &ctx.cluster {
+        let view = c.state.view();
+        if !view.leading {
+            return not_leader(view.leader_addr);
+        }
     }
     let (reply, rx) = oneshot::channel();
     let req = RaftReq::Publish {
@@ -220,7 +173,7 @@ async fn store_clustered(
         deadline: Instant::now() + timeout,
         reply,
     };
-    if cluster.tx.send_async(req).await.is_err() {
+    if ctx.writes.send_async(req).await.is_err() {
         return Outcome::Failed(
             Code::Unavailable,
             "server is shutting down".into(),
@@ -229,7 +182,12 @@ async fn store_clustered(
     }
     match rx.await {
         Ok(Ok(first)) => Outcome::Stored(first),
-        Ok(Err(WriteError::NotLeader { .. })) => not_leader(cluster.state.view().leader_addr),
+        Ok(Err(WriteError::NotLeader { .. })) => not_leader(
+            ctx.cluster
+                .as_ref()
+                .map(|c| c.state.view().leader_addr)
+                .unwrap_or_default(),
+        ),
         Ok(Err(WriteError::Timeout)) => Outcome::Failed(
             Code::DeadlineExceeded,
             timeout_message(timeout),
@@ -244,10 +202,15 @@ async fn store_clustered(
             )
         }
         Ok(Err(WriteError::Failed(e))) => {
-            tracing::warn!(target: "producer", error = %e, "batch not replicated");
+            tracing::warn!(target: "producer", error = %e, "batch not stored");
+            let what = if ctx.cluster.is_some() {
+                "replication"
+            } else {
+                "storage"
+            };
             Outcome::Failed(
                 Code::Unavailable,
-                format!("replication failure, batch not stored: {e}"),
+                format!("{what} failure, batch not stored: {e}"),
                 String::new(),
             )
         }
@@ -279,10 +242,7 @@ fn process(ctx: &Rc<Ctx>, batch: pb::PublishBatch, received: Instant) -> (AckLev
     let keys: Vec<(u64, u64)> = items.iter().map(|it| (it.topic_hash, it.bucket)).collect();
     let ctx = Rc::clone(ctx);
     let fut = async move {
-        let outcome = match &ctx.cluster {
-            Some(c) => store_clustered(&ctx, c, items, level).await,
-            None => store_standalone(&ctx, items, level).await,
-        };
+        let outcome = store_batch(&ctx, items, level).await;
         let ack = match outcome {
             Outcome::Stored(first_id) => {
                 metrics

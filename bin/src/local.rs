@@ -1,0 +1,187 @@
+//! The standalone write core: the local journal ([`futureq_storage::journal`]) serves the
+//! same write requests ([`RaftReq`]) the Raft core serves in a cluster, with the same replies:
+//! one write path (rkyv commands on the io_uring log, applied by the replicas' apply code)
+//! whatever the mode.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use futureq_core::AckLevel;
+use futureq_net::Shutdown;
+use futureq_raft::node::WriteError;
+use futureq_storage::journal::{
+    Journal, JournalConfig, JournalError, OnApplied, Wait, DURABLE_APPLY_INTERVAL,
+};
+use futureq_storage::log::io::{LogIo, MemLogIo};
+use futureq_storage::log::LogConfig;
+use futureq_storage::Store;
+use futures_lite::future;
+
+use crate::cluster::{RaftReq, EXIT_RAFT_FAILED};
+
+/// Directory of the journal's log under `storage.dataDir`.
+pub const JOURNAL_DIR: &str = "journal";
+/// Segment size of the journal's log (preallocated, then reused by the purge).
+const SEGMENT_BYTES: u64 = 64 << 20;
+
+const CONFIG: JournalConfig = JournalConfig {
+    log: LogConfig {
+        segment_bytes: SEGMENT_BYTES,
+        // The journal holds each entry until its apply; only a replay reads the log.
+        cache_bytes: 0,
+    },
+    durable_interval: DURABLE_APPLY_INTERVAL,
+};
+
+/// Opens the journal beside the store (replaying what the store has not applied) and serves
+/// `rx` until `stop` fires (the dispatcher's last deletes are through); then the journal is
+/// applied, made durable and emptied. Reports the open's outcome on `ready` first. A failed
+/// journal (a log write or fsync, an apply) ends the process with [`EXIT_RAFT_FAILED`], as a
+/// failed Raft log does: a restart recovers from what is durable.
+pub async fn serve(
+    data_dir: Option<PathBuf>,
+    store: Store,
+    on_applied: OnApplied,
+    rx: flume::Receiver<RaftReq>,
+    stop: Shutdown,
+    ready: impl FnOnce(Result<(), String>),
+) {
+    match data_dir {
+        Some(dir) => {
+            let dir = dir.join(JOURNAL_DIR);
+            if let Err(e) = std::fs::create_dir_all(&dir) {
+                ready(Err(format!("creating {}: {e}", dir.display())));
+                return;
+            }
+            let io = futureq_storage::log::uring::DmaLogIo::in_dir(dir.clone());
+            run(
+                io,
+                &dir.display().to_string(),
+                store,
+                on_applied,
+                rx,
+                stop,
+                ready,
+            )
+            .await;
+        }
+        // storage.mode: memory keeps nothing across restarts: the log lives in memory too.
+        None => {
+            run(
+                MemLogIo::new(),
+                "memory",
+                store,
+                on_applied,
+                rx,
+                stop,
+                ready,
+            )
+            .await
+        }
+    }
+}
+
+async fn run<I: LogIo + 'static>(
+    io: I,
+    place: &str,
+    store: Store,
+    on_applied: OnApplied,
+    rx: flume::Receiver<RaftReq>,
+    stop: Shutdown,
+    ready: impl FnOnce(Result<(), String>),
+) {
+    let journal = match Journal::open(io, CONFIG, store.clone(), on_applied).await {
+        Ok(j) => j,
+        Err(e) => {
+            ready(Err(format!("opening the journal ({place}): {e}")));
+            return;
+        }
+    };
+    ready(Ok(()));
+    let requests = {
+        let journal = journal.clone();
+        glommio::spawn_local(async move {
+            while let Ok(req) = rx.recv_async().await {
+                glommio::spawn_local(handle(journal.clone(), store.clone(), req)).detach();
+            }
+        })
+        .detach()
+    };
+    journal.run(stop.wait()).await;
+    if let Some(e) = journal.failed() {
+        tracing::error!(target: "storage", error = %e, "the journal failed: exiting (status {EXIT_RAFT_FAILED}) so that the broker restarts from its durable state");
+        std::process::exit(EXIT_RAFT_FAILED);
+    }
+    drop(requests);
+}
+
+fn write_error(e: JournalError) -> WriteError {
+    match e {
+        JournalError::Refused(r) => WriteError::Refused(r.to_string()),
+        JournalError::Stopped => WriteError::Failed("the server is shutting down".into()),
+        other => WriteError::Failed(other.to_string()),
+    }
+}
+
+/// Waits for `f` until `deadline` (then the outcome is unknown: [`WriteError::Timeout`]).
+async fn until<T>(
+    deadline: Instant,
+    f: impl std::future::Future<Output = Result<T, JournalError>>,
+) -> Result<T, WriteError> {
+    let timeout = async {
+        glommio::timer::sleep(deadline.saturating_duration_since(Instant::now())).await;
+        Err(WriteError::Timeout)
+    };
+    future::or(async { f.await.map_err(write_error) }, timeout).await
+}
+
+async fn handle<I: LogIo + 'static>(journal: Journal<I>, store: Store, req: RaftReq) {
+    match req {
+        RaftReq::Publish {
+            items,
+            level,
+            deadline,
+            reply,
+        } => {
+            // QUORUM and LEADER: durable in the journal (the one copy is the leader's); the
+            // apply follows, and a crash before it replays the entry.
+            let wait = match level {
+                AckLevel::NoAck => Wait::Appended,
+                AckLevel::Quorum | AckLevel::Leader => Wait::Durable,
+            };
+            let _ = reply.send(until(deadline, journal.publish(items, wait)).await);
+        }
+        RaftReq::Delete {
+            keys,
+            deadline,
+            reply,
+        } => {
+            let _ = reply.send(until(deadline, journal.delete(&keys)).await);
+        }
+        RaftReq::RegisterGroup {
+            topic_hash,
+            group,
+            deadline,
+            reply,
+        } => {
+            let out = async {
+                let g = group.clone();
+                let known = glommio::executor()
+                    .spawn_blocking(move || store.has_group(topic_hash, &g))
+                    .await
+                    .map_err(|e| WriteError::Failed(e.to_string()))?;
+                if known {
+                    return Ok(());
+                }
+                until(deadline, journal.register_group(topic_hash, group)).await
+            };
+            let _ = reply.send(out.await);
+        }
+        RaftReq::Membership { reply, .. } => {
+            let _ = reply.send(Err(
+                "this broker is standalone (cluster.enabled is false): no membership to change"
+                    .into(),
+            ));
+        }
+    }
+}

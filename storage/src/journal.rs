@@ -1,0 +1,668 @@
+//! The local journal: the standalone broker's write path, over the same log and the same
+//! apply as a Raft replica.
+//!
+//! A write is an rkyv command ([`futureq_core::command`]: `StoreBatch`, `DeleteBatch`,
+//! `RegisterGroup`) appended as one entry to the segmented log ([`crate::log::Log`]: io_uring,
+//! group commit, CRC, torn-tail recovery, poisoning on a failed fsync), then applied into redb
+//! by [`Store::apply_entries`], the code every Raft replica applies its committed entries with.
+//!
+//! - **Pipelined.** The log's flusher fsyncs everything appended while the previous fsync ran;
+//!   the applier applies every entry flushed so far in one redb transaction (on a blocking
+//!   thread) while the next group is written. Waiters are answered once their entry is
+//!   applied.
+//! - **Ids in log order.** Event ids are assigned when the entry is appended, on the journal's
+//!   executor: ids ascend with log indexes, as the apply requires.
+//! - **Durability.** An entry is durable when its fsync returns. Applies commit redb without
+//!   fsync, except one every [`DURABLE_APPLY_INTERVAL`] (and after an idle interval); the log
+//!   is purged only up to the last durably applied index, so a crash replays the entries the
+//!   store may have lost (the apply skips entries at or below its applied index).
+//! - **Failure.** A failed log write or fsync poisons the log, a failed apply the journal:
+//!   every waiting and later write fails, and [`Journal::failed`] says why (the broker exits,
+//!   as a Raft node does, and restarts from what is durable).
+//!
+//! # Invariants
+//! - Entries are applied in log order, each exactly once per process; an entry is applied
+//!   only after the fsync that made it durable.
+//! - The log is never purged past the store's durably applied index.
+//! - Event ids never regress: the first id handed out is above the store's `last-id` after
+//!   the replay, and each entry's ids are above the previous entry's.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use futureq_core::command::{
+    encode_delete, encode_register_group, encode_store, DeleteBatch, RegisterGroup, StoreBatch,
+    StoreItem,
+};
+use futureq_core::EventKey;
+use futures::channel::oneshot;
+
+use crate::log::io::LogIo;
+use crate::log::{Log, LogConfig, LogError};
+use crate::store::{Refusal, Store};
+use crate::StoreError;
+
+/// Term of every journal entry (a standalone broker has one writer, for ever).
+const TERM: u64 = 1;
+/// Longest run of non-durable applies (redb keeps their pages in memory until a durable
+/// commit; the log keeps their entries until then).
+pub const DURABLE_APPLY_INTERVAL: Duration = Duration::from_millis(50);
+/// Most entries appended and not yet applied; a writer waits beyond it (NO_ACK writes would
+/// otherwise outrun the disk without bound).
+pub const UNAPPLIED_MAX: usize = 4096;
+/// Most bytes of entries appended and not yet applied.
+pub const UNAPPLIED_BYTES_MAX: usize = 128 << 20;
+/// Most entries (and bytes) in one apply transaction.
+const APPLY_ENTRIES_MAX: usize = 4096;
+const APPLY_BYTES_MAX: usize = 64 << 20;
+
+/// Journal configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct JournalConfig {
+    /// The log's segments and read cache.
+    pub log: LogConfig,
+    /// Longest run of non-durable applies ([`DURABLE_APPLY_INTERVAL`]).
+    pub durable_interval: Duration,
+}
+
+/// Why a journal write failed.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum JournalError {
+    /// The journal failed earlier (a log write or fsync, or an apply); nothing more is
+    /// written until the process restarts from what is durable.
+    #[error("the journal failed ({reason}); restart the broker")]
+    Failed {
+        /// What failed.
+        reason: Rc<str>,
+    },
+    /// The apply refused the entry (it changed nothing).
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+    /// The journal stopped.
+    #[error("the journal is stopped")]
+    Stopped,
+}
+
+/// Why the journal could not open.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// The log could not be opened or read (I/O, or damage to durable entries).
+    #[error("journal log: {0}")]
+    Log(#[from] LogError),
+    /// The store could not be read or the replay could not be applied.
+    #[error("journal replay: {0}")]
+    Store(#[from] StoreError),
+    /// The log starts after the store's applied index: entries in between are gone.
+    #[error("the journal starts at entry {first} but the store has applied only up to {applied}: entries in between are missing")]
+    Gap {
+        /// First entry in the log.
+        first: u64,
+        /// The store's applied index.
+        applied: u64,
+    },
+}
+
+/// How long a write waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wait {
+    /// Until it is appended (lost if the process dies before its fsync).
+    Appended,
+    /// Until the fsync that made it durable (its apply follows; a crash replays it).
+    Durable,
+    /// Until it is durable and applied to the store.
+    Applied,
+}
+
+/// Sees what each apply changed: the smallest stored key per topic, and the deleted keys.
+pub type OnApplied = Box<dyn Fn(&[EventKey], &[EventKey])>;
+
+type Waiter = oneshot::Sender<Result<(), JournalError>>;
+
+/// An entry appended and not yet applied.
+struct Pending {
+    index: u64,
+    bytes: Vec<u8>,
+    waiter: Option<Waiter>,
+}
+
+struct State {
+    next_index: u64,
+    next_id: u64,
+    /// Highest index whose fsync returned.
+    flushed: u64,
+    /// Entries appended, not applied, in index order.
+    queue: VecDeque<Pending>,
+    queue_bytes: usize,
+    failed: Option<Rc<str>>,
+    stopped: bool,
+}
+
+struct Inner<I: LogIo> {
+    log: Log<I>,
+    store: Store,
+    on_applied: OnApplied,
+    durable_interval: Duration,
+    st: RefCell<State>,
+    /// Notified when entries were flushed or applied, or the journal failed or stopped.
+    changed: event_listener::Event,
+    /// Number of applies, for tests and metrics.
+    applies: Cell<u64>,
+}
+
+/// The journal (cheap to clone; single-threaded: it lives on one executor).
+pub struct Journal<I: LogIo + 'static>(Rc<Inner<I>>);
+
+impl<I: LogIo + 'static> Clone for Journal<I> {
+    fn clone(&self) -> Self {
+        Journal(Rc::clone(&self.0))
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    glommio::executor().spawn_blocking(f).await
+}
+
+impl<I: LogIo + 'static> Journal<I> {
+    /// Opens the log (recovering a torn tail, refusing damage to durable entries), replays
+    /// into `store` the entries it has not applied, makes the store durable and empties the
+    /// log. Runs on the executor that will run [`Journal::run`].
+    ///
+    /// # Errors
+    /// See [`OpenError`].
+    pub async fn open(
+        io: I,
+        cfg: JournalConfig,
+        store: Store,
+        on_applied: OnApplied,
+    ) -> Result<Self, OpenError> {
+        let log = Log::open(io, cfg.log, Box::new(|_| {})).await?;
+        let s = store.clone();
+        let applied = blocking(move || s.applied()).await?.map_or(0, |(i, _)| i);
+        let mut replayed = 0u64;
+        if let Some((first, last)) = log.bounds() {
+            if first > applied + 1 {
+                return Err(OpenError::Gap { first, applied });
+            }
+            let mut index = first.max(applied + 1);
+            while index <= last {
+                let mut chunk: Vec<(u64, u64, Vec<u8>)> = Vec::new();
+                let mut bytes = 0;
+                while index <= last && chunk.len() < APPLY_ENTRIES_MAX && bytes < APPLY_BYTES_MAX {
+                    let rec = log.read(index).await?.ok_or(OpenError::Gap {
+                        first: index,
+                        applied,
+                    })?;
+                    bytes += rec.payload.len();
+                    chunk.push((rec.index, rec.term, rec.payload));
+                    index += 1;
+                }
+                let s = store.clone();
+                let n = chunk.len() as u64;
+                let out = blocking(move || {
+                    let refs: Vec<(u64, u64, &[u8])> = chunk
+                        .iter()
+                        .map(|(i, t, c)| (*i, *t, c.as_slice()))
+                        .collect();
+                    s.apply_entries(&refs, &[], false)
+                })
+                .await?;
+                // A dispatcher may already scan: replayed keys behind its cursors move them
+                // back.
+                if !out.published.is_empty() || !out.deleted.is_empty() {
+                    on_applied(&out.published, &out.deleted);
+                }
+                replayed += n;
+            }
+        }
+        let s = store.clone();
+        let (applied, last_id) = blocking(move || {
+            s.sync()?;
+            Ok::<_, StoreError>((s.applied()?.map_or(0, |(i, _)| i), s.last_id()?))
+        })
+        .await?;
+        let last = log.bounds().map_or(0, |(_, l)| l).max(applied);
+        log.purge(last).await?;
+        if replayed > 0 {
+            tracing::info!(target: "storage", entries = replayed, "replayed the journal");
+        }
+        Ok(Journal(Rc::new(Inner {
+            log,
+            store,
+            on_applied,
+            durable_interval: cfg.durable_interval,
+            st: RefCell::new(State {
+                next_index: last + 1,
+                next_id: last_id + 1,
+                flushed: last,
+                queue: VecDeque::new(),
+                queue_bytes: 0,
+                failed: None,
+                stopped: false,
+            }),
+            changed: event_listener::Event::new(),
+            applies: Cell::new(0),
+        })))
+    }
+
+    /// Why the journal failed, if it did (it then writes nothing more).
+    #[must_use]
+    pub fn failed(&self) -> Option<Rc<str>> {
+        self.0.st.borrow().failed.clone()
+    }
+
+    /// Applies done since open (each one redb transaction).
+    #[must_use]
+    pub fn applies(&self) -> u64 {
+        self.0.applies.get()
+    }
+
+    /// Stores one batch; ids are assigned here, consecutive from the returned first id.
+    /// A batch's ids ascend above every earlier entry's, so the apply never refuses it: a
+    /// batch acknowledged at [`Wait::Durable`] is stored by the apply that follows (or by the
+    /// replay after a crash).
+    ///
+    /// # Errors
+    /// See [`JournalError`]; nothing of the batch is stored then.
+    pub async fn publish(&self, items: Vec<StoreItem>, wait: Wait) -> Result<u64, JournalError> {
+        let mut batch = StoreBatch { items };
+        let mut first = 0;
+        self.submit(
+            |next_id| {
+                first = *next_id;
+                for it in &mut batch.items {
+                    it.event_id = *next_id;
+                    *next_id += 1;
+                }
+                encode_store(&batch)
+            },
+            wait,
+        )
+        .await?;
+        Ok(first)
+    }
+
+    /// Deletes keys (with their index and expiry rows) durably; deleting a missing key is a
+    /// no-op.
+    ///
+    /// # Errors
+    /// See [`JournalError`].
+    pub async fn delete(&self, keys: &[EventKey]) -> Result<(), JournalError> {
+        let cmd = encode_delete(&DeleteBatch {
+            keys: keys.iter().map(|k| k.0).collect(),
+        });
+        self.submit(|_| cmd, Wait::Applied).await
+    }
+
+    /// Adds a consumer group to the durable registry (a no-op when it is there).
+    ///
+    /// # Errors
+    /// See [`JournalError`].
+    pub async fn register_group(&self, topic_hash: u64, group: String) -> Result<(), JournalError> {
+        let cmd = encode_register_group(&RegisterGroup { topic_hash, group });
+        self.submit(|_| cmd, Wait::Applied).await
+    }
+
+    fn check(&self) -> Result<(), JournalError> {
+        let st = self.0.st.borrow();
+        if let Some(reason) = &st.failed {
+            return Err(JournalError::Failed {
+                reason: Rc::clone(reason),
+            });
+        }
+        if st.stopped {
+            return Err(JournalError::Stopped);
+        }
+        Ok(())
+    }
+
+    /// Appends the command `make` encodes (given the next event id to assign, which it
+    /// advances past the ids it used) and waits as `wait` says.
+    async fn submit(
+        &self,
+        make: impl FnOnce(&mut u64) -> Vec<u8>,
+        wait: Wait,
+    ) -> Result<(), JournalError> {
+        loop {
+            self.check()?;
+            let listener = {
+                let st = self.0.st.borrow();
+                if st.queue.len() < UNAPPLIED_MAX && st.queue_bytes < UNAPPLIED_BYTES_MAX {
+                    break;
+                }
+                self.0.changed.listen()
+            };
+            listener.await;
+        }
+        // No await from here to the append: ids and indexes are taken in log order.
+        let (index, bytes) = {
+            let mut st = self.0.st.borrow_mut();
+            let bytes = make(&mut st.next_id);
+            (st.next_index, bytes)
+        };
+        let (durable_tx, durable_rx) = match wait {
+            Wait::Durable => {
+                let (tx, rx) = oneshot::channel();
+                (Some(tx), Some(rx))
+            }
+            _ => (None, None),
+        };
+        let weak = Rc::downgrade(&self.0);
+        let done = Box::new(move |r: Result<(), String>| {
+            let Some(inner) = weak.upgrade() else { return };
+            let out = {
+                let mut st = inner.st.borrow_mut();
+                match r {
+                    Ok(()) => {
+                        st.flushed = st.flushed.max(index);
+                        Ok(())
+                    }
+                    Err(e) => {
+                        if st.failed.is_none() {
+                            tracing::error!(target: "storage", error = %e, "journal write failed");
+                            st.failed = Some(e.into());
+                        }
+                        Err(JournalError::Failed {
+                            reason: st.failed.clone().unwrap_or_else(|| "".into()),
+                        })
+                    }
+                }
+            };
+            if let Some(tx) = durable_tx {
+                let _ = tx.send(out);
+            }
+            inner.changed.notify(usize::MAX);
+        });
+        if let Err(e) = self.0.log.append(vec![(TERM, index, bytes.clone())], done) {
+            return Err(match e {
+                LogError::Poisoned => {
+                    self.fail(&e.to_string());
+                    self.check().err().unwrap_or(JournalError::Stopped)
+                }
+                // A command larger than a segment, or a gap: this write fails, the journal
+                // goes on.
+                other => JournalError::Failed {
+                    reason: other.to_string().into(),
+                },
+            });
+        }
+        let (tx, rx) = match wait {
+            Wait::Applied => {
+                let (tx, rx) = oneshot::channel();
+                (Some(tx), Some(rx))
+            }
+            Wait::Durable => (None, durable_rx),
+            Wait::Appended => (None, None),
+        };
+        {
+            let mut st = self.0.st.borrow_mut();
+            st.next_index = index + 1;
+            st.queue_bytes += bytes.len();
+            st.queue.push_back(Pending {
+                index,
+                bytes,
+                waiter: tx,
+            });
+        }
+        match rx {
+            Some(rx) => rx.await.unwrap_or(Err(JournalError::Stopped)),
+            None => Ok(()),
+        }
+    }
+
+    /// Marks the journal failed and fails every waiter.
+    fn fail(&self, reason: &str) {
+        let waiters: Vec<Waiter> = {
+            let mut st = self.0.st.borrow_mut();
+            if st.failed.is_none() {
+                tracing::error!(target: "storage", error = reason, "the journal failed");
+                st.failed = Some(reason.into());
+            }
+            st.queue_bytes = 0;
+            st.queue.drain(..).filter_map(|p| p.waiter).collect()
+        };
+        let reason: Rc<str> = self.failed().unwrap_or_else(|| reason.into());
+        for w in waiters {
+            let _ = w.send(Err(JournalError::Failed {
+                reason: Rc::clone(&reason),
+            }));
+        }
+        self.0.changed.notify(usize::MAX);
+    }
+
+    /// Runs the log's flusher and the applier until `stop` resolves: then no more writes
+    /// are taken, what was appended is flushed and applied, the store is made durable and the
+    /// log purged (a clean stop leaves nothing to replay). Returns early when the journal
+    /// fails.
+    pub async fn run(&self, stop: impl std::future::Future<Output = ()>) {
+        let (flusher_stop, flusher_stopped) = oneshot::channel::<()>();
+        let flusher = async {
+            let marks = async {
+                loop {
+                    glommio::timer::sleep(crate::log::segmented::MARK_INTERVAL).await;
+                    if self.0.log.mark_lags() {
+                        if let Err(e) = self.0.log.save_mark().await {
+                            tracing::warn!(target: "storage", error = %e, "saving the journal's durable mark failed");
+                        }
+                    }
+                }
+            };
+            // Stopped only once every appended entry was applied (so flushed): never in the
+            // middle of a flush.
+            self.0
+                .log
+                .run_flusher(async {
+                    futures::future::select(std::pin::pin!(flusher_stopped), std::pin::pin!(marks))
+                        .await;
+                })
+                .await;
+        };
+        let applier = async {
+            self.apply_until(stop).await;
+            drop(flusher_stop);
+        };
+        futures::join!(applier, flusher);
+        if self.0.st.borrow().failed.is_none() {
+            self.make_durable().await;
+        }
+        self.fail_rest();
+    }
+
+    /// The applier: applies flushed entries as they come (durably every
+    /// `durable_interval`, and once after an idle interval) until `stop` resolved and
+    /// the queue is empty, or the journal failed.
+    async fn apply_until(&self, stop: impl std::future::Future<Output = ()>) {
+        let mut last_durable = Instant::now();
+        let mut volatile = false;
+        let mut stop = std::pin::pin!(futures::FutureExt::fuse(stop));
+        loop {
+            let listener = self.0.changed.listen();
+            let (failed, ready, empty, stopped) = {
+                let st = self.0.st.borrow();
+                (
+                    st.failed.clone(),
+                    st.queue.front().is_some_and(|p| p.index <= st.flushed),
+                    st.queue.is_empty(),
+                    st.stopped,
+                )
+            };
+            if let Some(reason) = failed {
+                self.fail(&reason);
+                return;
+            }
+            if ready {
+                let durable = last_durable.elapsed() >= self.0.durable_interval;
+                if !self.apply_flushed(durable).await {
+                    return;
+                }
+                if durable {
+                    last_durable = Instant::now();
+                }
+                volatile = !durable;
+                continue;
+            }
+            if stopped {
+                if empty {
+                    return;
+                }
+                listener.await;
+                continue;
+            }
+            let idle = async {
+                if volatile {
+                    glommio::timer::sleep(
+                        self.0
+                            .durable_interval
+                            .saturating_sub(last_durable.elapsed()),
+                    )
+                    .await;
+                } else {
+                    futures::future::pending::<()>().await;
+                }
+            };
+            futures::select_biased! {
+                () = futures::FutureExt::fuse(listener) => {}
+                () = futures::FutureExt::fuse(idle) => {
+                    if self.make_durable().await {
+                        last_durable = Instant::now();
+                        volatile = false;
+                    }
+                }
+                () = stop => {
+                    // No write is taken from now on; what is queued is flushed and applied.
+                    self.0.st.borrow_mut().stopped = true;
+                    self.0.changed.notify(usize::MAX);
+                }
+            }
+        }
+    }
+
+    /// Fails every write still queued when the journal stops (none was applied).
+    fn fail_rest(&self) {
+        let waiters: Vec<Waiter> = {
+            let mut st = self.0.st.borrow_mut();
+            st.stopped = true;
+            st.queue_bytes = 0;
+            st.queue.drain(..).filter_map(|p| p.waiter).collect()
+        };
+        for w in waiters {
+            let _ = w.send(Err(JournalError::Stopped));
+        }
+        self.0.changed.notify(usize::MAX);
+    }
+
+    /// Applies every flushed entry (bounded per transaction) and answers their waiters.
+    /// False when the apply failed (the journal is failed then).
+    async fn apply_flushed(&self, durable: bool) -> bool {
+        let taken: Vec<Pending> = {
+            let mut st = self.0.st.borrow_mut();
+            let mut taken = Vec::new();
+            let mut bytes = 0;
+            while taken.len() < APPLY_ENTRIES_MAX && bytes < APPLY_BYTES_MAX {
+                match st.queue.front() {
+                    Some(p) if p.index <= st.flushed => {}
+                    _ => break,
+                }
+                let p = st.queue.pop_front().expect("checked");
+                bytes += p.bytes.len();
+                taken.push(p);
+            }
+            taken
+        };
+        if taken.is_empty() {
+            return true;
+        }
+        let mut entries = Vec::with_capacity(taken.len());
+        let mut waiters = Vec::with_capacity(taken.len());
+        let mut bytes = 0;
+        for p in taken {
+            bytes += p.bytes.len();
+            waiters.push((p.index, p.waiter));
+            entries.push((p.index, TERM, p.bytes));
+        }
+        let last = entries.last().map_or(0, |e| e.0);
+        let store = self.0.store.clone();
+        let out = blocking(move || {
+            let refs: Vec<(u64, u64, &[u8])> = entries
+                .iter()
+                .map(|(i, t, c)| (*i, *t, c.as_slice()))
+                .collect();
+            store.apply_entries(&refs, &[], durable)
+        })
+        .await;
+        {
+            let mut st = self.0.st.borrow_mut();
+            st.queue_bytes = st.queue_bytes.saturating_sub(bytes);
+        }
+        self.0.applies.set(self.0.applies.get() + 1);
+        let out = match out {
+            Ok(out) => out,
+            Err(e) => {
+                let reason = format!("applying entries up to {last} failed: {e}");
+                let err = JournalError::Failed {
+                    reason: reason.as_str().into(),
+                };
+                self.fail(&reason);
+                for (_, w) in waiters {
+                    if let Some(w) = w {
+                        let _ = w.send(Err(err.clone()));
+                    }
+                }
+                return false;
+            }
+        };
+        if !out.published.is_empty() || !out.deleted.is_empty() {
+            (self.0.on_applied)(&out.published, &out.deleted);
+        }
+        for (index, why) in &out.refused {
+            // Never expected: the journal assigns ids in log order and encodes every command.
+            tracing::error!(target: "storage", index, reason = %why, "journal entry refused by the apply");
+        }
+        for (index, w) in waiters {
+            let Some(w) = w else { continue };
+            let r = match out.refused.binary_search_by_key(&index, |(i, _)| *i) {
+                Ok(at) => Err(JournalError::Refused(out.refused[at].1.clone())),
+                Err(_) => Ok(()),
+            };
+            let _ = w.send(r);
+        }
+        self.0.changed.notify(usize::MAX);
+        if durable {
+            self.purge(last).await;
+        }
+        true
+    }
+
+    /// One durable commit (everything applied so far survives a crash), then the log is
+    /// purged up to the applied index. False when the commit failed (retried later).
+    async fn make_durable(&self) -> bool {
+        let store = self.0.store.clone();
+        match blocking(move || {
+            store.sync()?;
+            store.applied()
+        })
+        .await
+        {
+            Ok(applied) => {
+                if let Some((index, _)) = applied {
+                    self.purge(index).await;
+                }
+                true
+            }
+            Err(e) => {
+                tracing::error!(target: "storage", error = %e, "making applied entries durable failed; retrying");
+                false
+            }
+        }
+    }
+
+    async fn purge(&self, upto: u64) {
+        if let Err(e) = self.0.log.purge(upto).await {
+            // The entries stay in the log and are skipped by the next start's replay.
+            tracing::warn!(target: "storage", error = %e, upto, "purging the journal failed");
+        }
+    }
+}

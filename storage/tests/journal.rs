@@ -1,0 +1,281 @@
+//! The local journal (standalone's write path): writes through the log and the shared apply,
+//! replay after a crash compared with the store that took the writes, fsync failure, clean
+//! stop, ids in log order, bounded memory.
+#![cfg(feature = "glommio")]
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use futureq_core::command::StoreItem;
+use futureq_core::EventKey;
+use futureq_storage::journal::{Journal, JournalConfig, JournalError, OpenError, Wait};
+use futureq_storage::log::io::MemLogIo;
+use futureq_storage::log::LogConfig;
+use futureq_storage::{Store, StoreMode};
+use glommio::{LocalExecutorBuilder, Placement};
+
+/// Never durable on its own: the log keeps every entry until a stop (a crash replays them).
+const KEEP: JournalConfig = JournalConfig {
+    log: LogConfig {
+        segment_bytes: 64 * 1024,
+        cache_bytes: 0,
+    },
+    durable_interval: Duration::from_secs(3600),
+};
+
+fn run<F: std::future::Future<Output = ()> + 'static>(f: impl FnOnce() -> F + Send + 'static) {
+    LocalExecutorBuilder::new(Placement::Unbound)
+        .io_memory(512 << 10)
+        .spawn(move || async move { f().await })
+        .expect("executor")
+        .join()
+        .expect("test body");
+}
+
+fn item(topic: u64, n: u8) -> StoreItem {
+    StoreItem {
+        event_id: 0,
+        bucket: 7,
+        topic_hash: topic,
+        expires_at_ms: 0,
+        index_keys: vec![],
+        message: vec![n; 10 + usize::from(n)],
+    }
+}
+
+fn memory() -> Store {
+    Store::open(&StoreMode::Memory).unwrap()
+}
+
+type Seen = Rc<RefCell<(Vec<EventKey>, Vec<EventKey>)>>;
+
+async fn open(io: &MemLogIo, cfg: JournalConfig, store: &Store) -> (Journal<MemLogIo>, Seen) {
+    let seen: Seen = Rc::default();
+    let s = Rc::clone(&seen);
+    let j = Journal::open(
+        io.clone(),
+        cfg,
+        store.clone(),
+        Box::new(move |p, d| {
+            s.borrow_mut().0.extend_from_slice(p);
+            s.borrow_mut().1.extend_from_slice(d);
+        }),
+    )
+    .await
+    .unwrap();
+    (j, seen)
+}
+
+/// Starts `j.run` until the returned sender is dropped or fired.
+fn serve(
+    j: &Journal<MemLogIo>,
+) -> (
+    futures::channel::oneshot::Sender<()>,
+    glommio::task::JoinHandle<()>,
+) {
+    let (tx, rx) = futures::channel::oneshot::channel::<()>();
+    let j = j.clone();
+    let h = glommio::spawn_local(async move {
+        j.run(async {
+            let _ = rx.await;
+        })
+        .await;
+    })
+    .detach();
+    (tx, h)
+}
+
+#[test]
+fn writes_are_applied_and_a_crash_replays_what_was_acknowledged() {
+    run(|| async {
+        let io = MemLogIo::new();
+        let store = memory();
+        let (j, seen) = open(&io, KEEP, &store).await;
+        let (_stop, _task) = serve(&j);
+        let a = j
+            .publish(vec![item(1, 1), item(1, 2)], Wait::Applied)
+            .await
+            .unwrap();
+        // Acknowledged once durable: the apply follows, in log order.
+        let b = j.publish(vec![item(2, 3)], Wait::Durable).await.unwrap();
+        assert_eq!((a, b), (1, 3), "ids are consecutive in log order");
+        j.delete(&[EventKey::new(1, 7, 2)]).await.unwrap();
+        for (t, id) in [(1, 1), (2, 3)] {
+            assert!(store.get(&EventKey::new(t, 7, id)).unwrap().is_some());
+        }
+        let mut published = seen.borrow().0.clone();
+        published.sort();
+        assert_eq!(
+            published,
+            vec![EventKey::new(1, 7, 1), EventKey::new(2, 7, 3)],
+            "the dispatcher hears of each apply's smallest key per topic"
+        );
+        assert!(store.get(&EventKey::new(1, 7, 2)).unwrap().is_none());
+        assert_eq!(seen.borrow().1, vec![EventKey::new(1, 7, 2)]);
+        j.register_group(1, "g".into()).await.unwrap();
+        assert_eq!(store.groups_of(1).unwrap(), vec!["g".to_owned()]);
+        assert!(j.applies() >= 1);
+
+        // Power loss: only what was fsynced survives, and the store lost everything it did
+        // not commit durably (here: all of it). The replay rebuilds the same store.
+        let replica = memory();
+        let (j2, _) = open(&io.crash(), KEEP, &replica).await;
+        assert_eq!(
+            replica.computed_digest().unwrap(),
+            store.computed_digest().unwrap()
+        );
+        assert_eq!(replica.last_id().unwrap(), 3);
+        assert_eq!(replica.groups_of(1).unwrap(), vec!["g".to_owned()]);
+        let (_stop2, _task2) = serve(&j2);
+        let c = j2.publish(vec![item(1, 4)], Wait::Applied).await.unwrap();
+        assert_eq!(c, 4, "ids never regress across a restart");
+    });
+}
+
+#[test]
+fn a_failed_fsync_fails_the_write_and_every_later_one() {
+    run(|| async {
+        let io = MemLogIo::new();
+        let store = memory();
+        let (j, _) = open(&io, KEEP, &store).await;
+        let (_stop, task) = serve(&j);
+        j.publish(vec![item(1, 1)], Wait::Applied).await.unwrap();
+        io.fail_syncs(true);
+        let e = j
+            .publish(vec![item(1, 2)], Wait::Durable)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, JournalError::Failed { .. }), "{e}");
+        let e = j
+            .publish(vec![item(1, 3)], Wait::Applied)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, JournalError::Failed { .. }), "{e}");
+        assert!(j.failed().is_some());
+        assert!(
+            store.get(&EventKey::new(1, 7, 2)).unwrap().is_none(),
+            "never applied"
+        );
+        let e = j
+            .publish(vec![item(1, 4)], Wait::Appended)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, JournalError::Failed { .. }), "{e}");
+        // The journal's task ends by itself.
+        task.await;
+    });
+}
+
+#[test]
+fn a_clean_stop_leaves_nothing_to_replay() {
+    run(|| async {
+        let io = MemLogIo::new();
+        let store = memory();
+        let (j, _) = open(&io, KEEP, &store).await;
+        let (stop, task) = serve(&j);
+        for n in 0..50u8 {
+            j.publish(
+                vec![item(1, n)],
+                if n % 2 == 0 {
+                    Wait::Durable
+                } else {
+                    Wait::Appended
+                },
+            )
+            .await
+            .unwrap();
+        }
+        drop(stop);
+        task.await;
+        let e = j
+            .publish(vec![item(1, 99)], Wait::Applied)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, JournalError::Stopped), "{e}");
+        assert_eq!(
+            store.last_id().unwrap(),
+            50,
+            "NO_ACK writes were applied before the stop"
+        );
+        let segments = futures::executor::block_on(futureq_storage::log::io::LogIo::list(&io))
+            .unwrap()
+            .into_iter()
+            .filter(|n| n.ends_with(".log"))
+            .count();
+        assert_eq!(
+            segments, 0,
+            "the log is purged after the final durable commit"
+        );
+        // A store that missed the log's entries would now be refused, not silently served.
+        let fresh = memory();
+        let (j2, _) = open(&io.crash(), KEEP, &fresh).await;
+        drop(j2);
+        assert_eq!(fresh.last_id().unwrap(), 0, "nothing was replayed");
+    });
+}
+
+#[test]
+fn a_log_that_starts_after_the_store_is_refused() {
+    run(|| async {
+        // A log holding entries 5..=6 (1..=4 purged behind a durable apply) beside a store that
+        // applied nothing (a restored old copy): entries 1..=4 are gone, refuse to serve.
+        let io = MemLogIo::new();
+        let log = futureq_storage::log::Log::open(io.clone(), KEEP.log, Box::new(|_| {}))
+            .await
+            .unwrap();
+        for i in 5..=6u64 {
+            let cmd = futureq_core::command::encode_register_group(
+                &futureq_core::command::RegisterGroup {
+                    topic_hash: i,
+                    group: "g".into(),
+                },
+            );
+            log.append(vec![(1, i, cmd)], Box::new(|r| r.unwrap()))
+                .unwrap();
+        }
+        log.flush().await.unwrap();
+        drop(log);
+        match Journal::open(io.crash(), KEEP, memory(), Box::new(|_, _| {})).await {
+            Err(OpenError::Gap {
+                first: 5,
+                applied: 0,
+            }) => {}
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("opened over a gap"),
+        }
+        // The same log beside a store that applied up to 4 replays 5 and 6.
+        let store = memory();
+        store.apply_entries(&[(4, 1, &[][..])], &[], true).unwrap();
+        let (_j, _) = open(&io.crash(), KEEP, &store).await;
+        assert_eq!(store.applied().unwrap(), Some((6, 1)));
+        assert_eq!(store.groups_of(5).unwrap(), vec!["g".to_owned()]);
+    });
+}
+
+#[test]
+fn no_ack_writes_wait_when_the_apply_falls_behind() {
+    run(|| async {
+        let io = MemLogIo::new();
+        let store = memory();
+        let (j, _) = open(&io, KEEP, &store).await;
+        // Not serving: nothing is flushed or applied, so the queue fills to its bound.
+        let mut taken = 0usize;
+        for n in 0..(futureq_storage::journal::UNAPPLIED_MAX + 10) {
+            let fut = j.publish(vec![item(1, (n % 200) as u8)], Wait::Appended);
+            match futures::future::select(
+                Box::pin(fut),
+                Box::pin(glommio::timer::sleep(Duration::from_millis(20))),
+            )
+            .await
+            {
+                futures::future::Either::Left((r, _)) => {
+                    r.unwrap();
+                    taken += 1;
+                }
+                futures::future::Either::Right(_) => break,
+            }
+        }
+        assert_eq!(taken, futureq_storage::journal::UNAPPLIED_MAX);
+    });
+}
