@@ -242,8 +242,9 @@ impl Dispatcher {
         );
         m.parked_messages
             .store(i64::try_from(self.hub.parked()).unwrap_or(i64::MAX), r);
-        m.store_commits.store(self.store.stats().commits.load(r), r);
-        m.store_commit_ops.store(self.store.stats().ops.load(r), r);
+        let applied = self.store.store().stats();
+        m.store_commits.store(applied.transactions.load(r), r);
+        m.store_commit_ops.store(applied.entries.load(r), r);
     }
 
     /// One pass: timeouts, waiting redeliveries, due scans. Returns false if a scan failed.

@@ -267,17 +267,10 @@ fn start(settings: Settings) -> anyhow::Result<()> {
             );
         }
     }
-    let commit_tx = hub_tx.clone();
     // Writes reach redb through a log either way: the Raft log in a cluster, the local
-    // journal standalone (both apply with the same code; the store's own writer only takes
-    // what neither does).
-    let (store, store_threads) = StoreService::start(
-        &mode,
-        Box::new(move |keys| {
-            let _ = commit_tx.send(HubCmd::Published(keys.to_vec()));
-        }),
-    )
-    .with_context(|| format!("opening storage ({mode:?})"))?;
+    // journal standalone (both apply with the same code).
+    let (store, store_threads) =
+        StoreService::start(&mode).with_context(|| format!("opening storage ({mode:?})"))?;
     // Every write request goes to one core: the Raft core in a cluster, the journal
     // standalone (`runtime.raftCore` either way).
     let (cluster, writes, write_rx) = match settings.cluster {

@@ -397,14 +397,14 @@ impl Metrics {
             &mut o,
             "futureq_store_commits_total",
             "counter",
-            "Storage transactions committed.",
+            "Apply transactions committed to the store (each applies a group of log entries).",
             self.store_commits.load(r),
         );
         scalar(
             &mut o,
             "futureq_store_commit_ops_total",
             "counter",
-            "Operations in those transactions (group commit).",
+            "Log entries applied by those transactions.",
             self.store_commit_ops.load(r),
         );
         scalar(

@@ -101,8 +101,9 @@ async fn acked_deletes_survive_a_graceful_restart() {
     );
 }
 
-/// Acks are deletes made durable by the write-ahead log (standalone): a kill -9 soon after
-/// (well within a checkpoint interval) must not bring the acked message back.
+/// Acks are deletes made durable by the journal (standalone): a kill -9 soon after
+/// (within the journal's 50 ms durable-apply interval: the deletes may be durable in the
+/// journal only) must not bring the acked message back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acked_deletes_survive_kill9() {
     let mut b = Broker::start("delivery:\n  deleteBatchInterval: 10ms\n").await;
@@ -120,8 +121,8 @@ async fn acked_deletes_survive_kill9() {
     let mut sub = Subscriber::open(b.channel().await, "k9", "", 0).await;
     let got = sub.drain(Duration::from_millis(400)).await;
     assert_eq!(got.len(), 20);
-    // This group takes the due checkpoint, so the acks' deletes right after go to the
-    // write-ahead log only.
+    // A write that starts a durable apply, so the acks' deletes right after are durable in
+    // the journal only.
     assert!(
         p.publish(batch(2, QUORUM, vec![msg("other", "x", 60_000, 0)]))
             .await

@@ -22,9 +22,9 @@ pub enum StoreError {
     /// Writing or reading a snapshot stream failed.
     #[error("snapshot I/O: {0}")]
     SnapshotIo(#[from] std::io::Error),
-    /// The write-ahead log does not fit the database it belongs to.
-    #[error("write-ahead log: {0}")]
-    Wal(String),
+    /// A store thread could not be started.
+    #[error("cannot start a store thread: {0}")]
+    Thread(std::io::Error),
     /// The storage threads have stopped (shutdown or a fatal error).
     #[error("storage is closed")]
     Closed,

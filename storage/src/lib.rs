@@ -1,13 +1,14 @@
 //! futureq-storage: the durable message store on redb, and the threads that own it.
 //!
 //! Layout:
-//! - [`store`]: the synchronous store: schema, group-committed publishes, deletes, TTL
-//!   sweeps and due-range scans.
-//! - [`service`]: the store's writer and reader threads with an async, channel-based API,
-//!   so that no redb call ever runs on an executor's reactor.
-//! - [`log`]: the Raft log's record format and leader-persist tracker (clustering, in progress).
-//! - [`wal`]: the standalone store's write-ahead log (durability without a redb fsync per
-//!   group commit).
+//! - [`store`]: the synchronous store: schema, the apply of log entries (publishes, deletes,
+//!   group registrations), expiry lookups, due-range scans, snapshots.
+//! - [`service`]: the store's reader thread with an async, channel-based API, so that no
+//!   redb read ever runs on an executor's reactor.
+//! - [`log`]: the segmented log on io_uring (record format, group commit, recovery) and the
+//!   leader-persist tracker: the Raft log, and the journal's.
+//! - [`journal`]: the standalone write path: commands appended to the log, applied into the
+//!   store with the replicas' apply.
 //! - `error`: the crate error type, `StoreError`.
 //!
 //! # Invariants
@@ -15,8 +16,9 @@
 //!   transaction as the messages that carry it, and ids start above it after a restart.
 //! - A batch is atomic: all of its messages, index entries and expiry entries commit in one
 //!   transaction, or none do.
-//! - A durable group has been fsynced when its reply is sent: as a durable redb commit, or
-//!   (standalone) as a write-ahead log record.
+//! - A write acknowledged as durable is in an fsynced log entry (the Raft log or the
+//!   journal); the store's applied index says which entries it holds, and a log is never
+//!   purged past the store's durable applied index.
 //! - Index and expiry entries exist exactly as long as their message.
 
 pub mod error;
@@ -25,8 +27,7 @@ pub mod journal;
 pub mod log;
 pub mod service;
 pub mod store;
-pub mod wal;
 
 pub use error::StoreError;
-pub use service::{StoreService, WriteStats};
-pub use store::{ApplyOutcome, NewMessage, Refusal, SnapshotInfo, Store, StoreMode};
+pub use service::StoreService;
+pub use store::{ApplyOutcome, ApplyStats, Refusal, SnapshotInfo, Store, StoreMode};

@@ -15,7 +15,8 @@
 //! to it, kept in `meta` by every transaction that changes those tables. Replicas that applied
 //! the same log have the same digest ([`Store::digest`]).
 //!
-//! Every method is blocking: call them only from the threads in [`crate::service`].
+//! Every method is blocking: call them only off the executors (the write core's blocking
+//! threads, the reader thread in [`crate::service`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -29,7 +30,6 @@ use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
 };
 
-use crate::wal::WalMark;
 use crate::StoreError;
 
 const MESSAGES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("messages");
@@ -42,10 +42,6 @@ const GROUPS: TableDefinition<&[u8], ()> = TableDefinition::new("groups");
 /// data it describes.
 const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft-meta");
 const LAST_ID: &str = "last-id";
-/// The last write-ahead log record a durable commit contains ([`crate::wal`]).
-const WAL_SEQ: &str = "wal-seq";
-/// The write-ahead log cycle the last checkpoint started (absent before cycle ids).
-const WAL_CYCLE: &str = "wal-cycle";
 const APPLIED_INDEX: &str = "applied-index";
 const APPLIED_TERM: &str = "applied-term";
 /// The digest of the data tables (see the module docs).
@@ -62,19 +58,6 @@ pub enum StoreMode {
     Memory,
 }
 
-/// A message ready to store, encoded by the ingress core (which also assigned its id).
-#[derive(Debug, Clone, PartialEq)]
-pub struct NewMessage {
-    /// The event key: topic hash, time bucket, event id.
-    pub key: EventKey,
-    /// Expiry instant (Unix ms) when the message has a TTL.
-    pub expires_at_ms: Option<i64>,
-    /// Index keys ([`futureq_core::IndexValue::index_key`]).
-    pub index_keys: Vec<Vec<u8>>,
-    /// The encoded [`StoredMessage`].
-    pub value: Bytes,
-}
-
 /// The store. Cheap to clone (shares the database).
 #[derive(Clone)]
 pub struct Store {
@@ -83,6 +66,16 @@ pub struct Store {
     digest: Arc<AtomicU64>,
     /// Held from a commit until its digest is published.
     commit_order: Arc<std::sync::Mutex<()>>,
+    stats: Arc<ApplyStats>,
+}
+
+/// What [`Store::apply_entries`] committed since the store was opened (for the metrics).
+#[derive(Debug, Default)]
+pub struct ApplyStats {
+    /// Apply transactions committed.
+    pub transactions: AtomicU64,
+    /// Log entries they applied.
+    pub entries: AtomicU64,
 }
 
 /// Table tags of the digest's row hashes.
@@ -170,6 +163,7 @@ impl Store {
             db: Arc::new(db),
             digest: Arc::new(AtomicU64::new(0)),
             commit_order: Arc::default(),
+            stats: Arc::default(),
         };
         let kept = store
             .db
@@ -213,6 +207,12 @@ impl Store {
     #[must_use]
     pub fn digest(&self) -> u64 {
         self.digest.load(Ordering::Relaxed)
+    }
+
+    /// Apply statistics, shared by every clone of the store.
+    #[must_use]
+    pub fn stats(&self) -> Arc<ApplyStats> {
+        Arc::clone(&self.stats)
     }
 
     /// A handle on [`Store::digest`] for readers that must not touch the database (metrics).
@@ -265,117 +265,7 @@ impl Store {
         Ok(meta.get(LAST_ID)?.map_or(0, |v| v.value()))
     }
 
-    /// The last write-ahead log record the durable database contains (0: none).
-    ///
-    /// # Errors
-    /// A storage error.
-    pub fn wal_seq(&self) -> Result<u64, StoreError> {
-        let txn = self.db.begin_read()?;
-        let meta = txn.open_table(META)?;
-        Ok(meta.get(WAL_SEQ)?.map_or(0, |v| v.value()))
-    }
-
-    /// The last checkpoint's write-ahead log mark (cycle 0 in a database from before cycle
-    /// ids, or a new one).
-    ///
-    /// # Errors
-    /// A storage error.
-    pub fn wal_mark(&self) -> Result<WalMark, StoreError> {
-        let txn = self.db.begin_read()?;
-        let meta = txn.open_table(META)?;
-        Ok(WalMark {
-            seq: meta.get(WAL_SEQ)?.map_or(0, |v| v.value()),
-            cycle: meta.get(WAL_CYCLE)?.map_or(0, |v| v.value()),
-        })
-    }
-
-    /// A durable commit recording that everything up to write-ahead log record `mark.seq` is
-    /// in the database and that the log's next records carry `mark.cycle` (a checkpoint).
-    ///
-    /// # Errors
-    /// A storage error.
-    pub fn checkpoint(&self, mark: WalMark) -> Result<(), StoreError> {
-        let txn = self.begin_write(true)?;
-        {
-            let mut meta = txn.open_table(META)?;
-            meta.insert(WAL_SEQ, mark.seq)?;
-            meta.insert(WAL_CYCLE, mark.cycle)?;
-        }
-        txn.commit()?;
-        Ok(())
-    }
-
-    /// Commits a group of operations in one transaction: publish batches, then deletes, then
-    /// a TTL sweep. `last_id` is the persisted id high-water mark: it is raised (in the same
-    /// transaction) to the largest id stored, and never lowered. `checkpoint`: make it durable
-    /// and record that it contains write-ahead log records up to this mark (see
-    /// [`Store::checkpoint`]); otherwise durable only when `durable`.
-    ///
-    /// # Errors
-    /// Any storage error; then nothing of the group is committed.
-    pub fn commit_group(
-        &self,
-        batches: &[&[NewMessage]],
-        deletes: &[EventKey],
-        sweep: Option<(i64, usize)>,
-        last_id: &mut u64,
-        durable: bool,
-        checkpoint: Option<WalMark>,
-    ) -> Result<GroupOutcome, StoreError> {
-        let txn = self.begin_write(durable || checkpoint.is_some())?;
-        let mut out = GroupOutcome::default();
-        let digest;
-        {
-            let mut t = Tables::open(&txn)?;
-            let mut max_id = *last_id;
-            for batch in batches {
-                let mut keys = Vec::with_capacity(batch.len());
-                for m in *batch {
-                    max_id = max_id.max(m.key.event_id());
-                    t.insert(
-                        &m.key,
-                        m.expires_at_ms,
-                        m.index_keys.iter().map(Vec::as_slice),
-                        &m.value,
-                    )?;
-                    keys.push(m.key);
-                }
-                out.published.push(keys);
-            }
-            for key in deletes {
-                if t.remove(key)? {
-                    out.deleted.push(*key);
-                }
-            }
-            if let Some((now_ms, limit)) = sweep {
-                let upper = expiry_key(now_ms.saturating_add(1), &EventKey([0; KEY_LEN]));
-                let due: Vec<EventKey> = t
-                    .expiry
-                    .range(..upper.as_slice())?
-                    .take(limit)
-                    .map(|r| r.map(|(k, _)| expiry_entry_key(k.value())))
-                    .collect::<Result<_, _>>()?;
-                for key in due {
-                    t.remove(&key)?;
-                    out.expired.push(key);
-                }
-            }
-            if max_id > *last_id || checkpoint.is_some() {
-                t.meta.insert(LAST_ID, max_id)?;
-                if let Some(mark) = checkpoint {
-                    t.meta.insert(WAL_SEQ, mark.seq)?;
-                    t.meta.insert(WAL_CYCLE, mark.cycle)?;
-                }
-            }
-            out.last_id = max_id;
-            digest = t.finish()?;
-        }
-        self.commit_with_digest(txn, digest)?;
-        *last_id = out.last_id;
-        Ok(out)
-    }
-
-    /// The groups registered for a topic (see [`Store::register_group`]).
+    /// The groups registered for a topic (`RegisterGroup` commands applied).
     ///
     /// # Errors
     /// A storage error.
@@ -403,24 +293,6 @@ impl Store {
         let txn = self.db.begin_read()?;
         let t = txn.open_table(GROUPS)?;
         Ok(t.get(group_key(topic_hash, group).as_slice())?.is_some())
-    }
-
-    /// Registers a consumer group for a topic, durably (standalone; in a cluster the
-    /// replicated command does it). Returns whether it was new.
-    ///
-    /// # Errors
-    /// A storage error.
-    pub fn register_group(&self, topic_hash: u64, group: &str) -> Result<bool, StoreError> {
-        if self.has_group(topic_hash, group)? {
-            return Ok(false);
-        }
-        let txn = self.begin_write(true)?;
-        let (new, digest) = {
-            let mut t = Tables::open(&txn)?;
-            (t.add_group(&group_key(topic_hash, group))?, t.finish()?)
-        };
-        self.commit_with_digest(txn, digest)?;
-        Ok(new)
     }
 
     /// The last applied Raft log id `(index, term)`, if any entry was applied.
@@ -536,6 +408,10 @@ impl Store {
             }
         }
         self.commit_with_digest(txn, digest)?;
+        self.stats.transactions.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .entries
+            .fetch_add(fresh.len() as u64, Ordering::Relaxed);
         out.refused.sort_by_key(|(i, _)| *i);
         out.applied = Some((last_index, last_term));
         out.published = min_key_per_topic(stored);
@@ -925,27 +801,6 @@ fn ids_above(b: &futureq_core::command::ArchivedStoreBatch, max: u64) -> Result<
         prev = id;
     }
     Ok(())
-}
-
-/// What one group commit did.
-#[derive(Debug, Default)]
-pub struct GroupOutcome {
-    /// Keys of each publish batch, in order.
-    pub published: Vec<Vec<EventKey>>,
-    /// Keys deleted on request (those that still existed).
-    pub deleted: Vec<EventKey>,
-    /// Keys removed by the TTL sweep.
-    pub expired: Vec<EventKey>,
-    /// The id high-water mark after this commit.
-    pub last_id: u64,
-}
-
-impl GroupOutcome {
-    /// The smallest published key per topic: what the dispatcher must not have scanned past.
-    #[must_use]
-    pub fn min_key_per_topic(&self) -> Vec<EventKey> {
-        min_key_per_topic(self.published.iter().flatten().copied())
-    }
 }
 
 /// The smallest key per topic of `keys`.

@@ -275,9 +275,15 @@ fn group_registrations_apply_and_travel_with_snapshots() {
     let mut snap = Vec::new();
     src.write_snapshot(&mut snap).unwrap();
     let dst = Store::open(&StoreMode::Memory).unwrap();
-    assert!(dst.register_group(topic_hash("t"), "stale").unwrap());
-    assert!(
-        !dst.register_group(topic_hash("t"), "stale").unwrap(),
+    let stale = encode_register_group(&RegisterGroup {
+        topic_hash: topic_hash("t"),
+        group: "stale".into(),
+    });
+    dst.apply_entries(&[(1, 1, &stale), (2, 1, &stale)], &[], false)
+        .unwrap();
+    assert_eq!(
+        dst.groups_of(topic_hash("t")).unwrap(),
+        vec!["stale"],
         "idempotent"
     );
     dst.install_snapshot(&mut snap.as_slice(), Some((4, 1)))

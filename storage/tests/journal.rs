@@ -279,3 +279,32 @@ fn no_ack_writes_wait_when_the_apply_falls_behind() {
         assert_eq!(taken, futureq_storage::journal::UNAPPLIED_MAX);
     });
 }
+
+#[test]
+fn concurrent_publishes_share_fsyncs_and_applies() {
+    run(|| async {
+        let io = MemLogIo::new();
+        let store = memory();
+        let (j, _) = open(&io, KEEP, &store).await;
+        let (_stop, _task) = serve(&j);
+        let futs: Vec<_> = (0..200u8)
+            .map(|n| j.publish(vec![item(1, n)], Wait::Applied))
+            .collect();
+        let all = futures::future::join_all(futs).await;
+        assert!(all.iter().all(Result::is_ok));
+        let mut firsts: Vec<u64> = all.into_iter().map(Result::unwrap).collect();
+        firsts.sort_unstable();
+        assert_eq!(
+            firsts,
+            (1..=200).collect::<Vec<u64>>(),
+            "one id each, none twice"
+        );
+        let syncs = io.syncs();
+        assert!(syncs < 200, "200 concurrent batches took {syncs} fsyncs");
+        assert!(
+            j.applies() < 200,
+            "200 concurrent batches took {} applies",
+            j.applies()
+        );
+    });
+}

@@ -1,20 +1,18 @@
-//! Store and store-service behaviour on a real redb file.
+//! Store behaviour on a real redb file and in memory: writes are log entries applied by
+//! `Store::apply_entries` (the journal's and every replica's apply).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
+use futureq_core::command::{
+    encode_delete, encode_register_group, encode_store, DeleteBatch, RegisterGroup, StoreBatch,
+    StoreItem,
+};
 use futureq_core::hub::ScanRequest;
 use futureq_core::{bucket_of, topic_hash, EventKey, IndexValue, StoredMessage};
-use futureq_storage::{NewMessage, Store, StoreMode, StoreService};
-use futures::executor::block_on;
+use futureq_storage::{ApplyOutcome, Store, StoreMode};
 
-fn new_message(
-    topic: &str,
-    enq: i64,
-    delay: i64,
-    ttl: i64,
-    indexes: Vec<IndexValue>,
-) -> NewMessage {
+fn new_message(topic: &str, enq: i64, delay: i64, ttl: i64, indexes: Vec<IndexValue>) -> StoreItem {
     static NEXT_ID: AtomicU64 = AtomicU64::new(1);
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let m = StoredMessage {
@@ -25,12 +23,45 @@ fn new_message(
         ttl_ms: ttl,
         indexes,
     };
-    NewMessage {
-        key: EventKey::new(topic_hash(topic), bucket_of(m.due_at_ms(), 1), id),
-        expires_at_ms: m.expires_at_ms(),
+    StoreItem {
+        event_id: id,
+        bucket: bucket_of(m.due_at_ms(), 1),
+        topic_hash: topic_hash(topic),
+        expires_at_ms: m.expires_at_ms().unwrap_or(0),
         index_keys: m.indexes.iter().map(IndexValue::index_key).collect(),
-        value: m.encode(),
+        message: m.encode().to_vec(),
     }
+}
+
+fn key_of(it: &StoreItem) -> EventKey {
+    EventKey::new(it.topic_hash, it.bucket, it.event_id)
+}
+
+/// Applies one command as the next log entry, durably.
+fn apply(s: &Store, cmd: &[u8]) -> ApplyOutcome {
+    let next = s.applied().unwrap().map_or(1, |(i, _)| i + 1);
+    s.apply_entries(&[(next, 1, cmd)], &[], true).unwrap()
+}
+
+/// Stores a batch; returns its keys.
+fn publish(s: &Store, items: Vec<StoreItem>) -> Vec<EventKey> {
+    let keys = items.iter().map(key_of).collect();
+    let out = apply(s, &encode_store(&StoreBatch { items }));
+    assert!(out.refused.is_empty(), "{:?}", out.refused);
+    keys
+}
+
+fn delete(s: &Store, keys: &[EventKey]) -> ApplyOutcome {
+    apply(
+        s,
+        &encode_delete(&DeleteBatch {
+            keys: keys.iter().map(|k| k.0).collect(),
+        }),
+    )
+}
+
+fn memory() -> Store {
+    Store::open(&StoreMode::Memory).unwrap()
 }
 
 fn scan_all(s: &Store, topic: &str, now: i64) -> futureq_core::hub::ScanResult {
@@ -51,135 +82,106 @@ fn ids_are_monotonic_and_never_regress_across_restarts() {
     let mode = StoreMode::Disk(dir.path().to_path_buf(), 16 << 20);
     let mut last = 0u64;
     for _ in 0..3 {
-        let (svc, threads) = StoreService::start(&mode, Box::new(|_| {})).unwrap();
+        let s = Store::open(&mode).unwrap();
         assert_eq!(
-            svc.last_id_at_open(),
+            s.last_id().unwrap(),
             last,
             "the high-water mark survives the restart"
         );
         let batch: Vec<_> = (0..3).map(|_| new_message("t", 1, 0, 0, vec![])).collect();
-        let keys = block_on(svc.publish(batch.clone(), true)).unwrap();
+        let keys = publish(&s, batch);
         last = keys.iter().map(EventKey::event_id).max().unwrap();
-        assert_eq!(svc.store().last_id().unwrap(), last);
-        // An older id committed later never lowers the mark.
+        assert_eq!(s.last_id().unwrap(), last);
+        // An older id applied later is refused and never lowers the mark.
         let mut old = new_message("t", 1, 0, 0, vec![]);
-        old.key = EventKey::new(old.key.topic_hash(), old.key.bucket(), 1);
-        block_on(svc.publish(vec![old], true)).unwrap();
-        assert_eq!(svc.store().last_id().unwrap(), last);
-        drop(svc);
-        threads.join();
+        old.event_id = 1;
+        let out = apply(&s, &encode_store(&StoreBatch { items: vec![old] }));
+        assert_eq!(out.refused.len(), 1);
+        assert_eq!(s.last_id().unwrap(), last);
     }
 }
 
 #[test]
 fn scan_reads_only_the_due_range_and_reports_the_next_key() {
-    let (svc, _t) = StoreService::start(&StoreMode::Memory, Box::new(|_| {})).unwrap();
-    block_on(svc.publish(
+    let s = memory();
+    publish(
+        &s,
         vec![
             new_message("a", 1000, 0, 0, vec![]),
             new_message("a", 1000, 500, 0, vec![]),
             new_message("b", 1000, 0, 0, vec![]),
         ],
-        true,
-    ))
-    .unwrap();
-    let r = scan_all(svc.store(), "a", 1200);
+    );
+    let r = scan_all(&s, "a", 1200);
     assert_eq!(r.items.len(), 1);
     assert!(r.exhausted);
     assert_eq!(r.next_key.map(|k| k.bucket()), Some(1500));
-    let r = scan_all(svc.store(), "a", 1500);
+    let r = scan_all(&s, "a", 1500);
     assert_eq!(r.items.len(), 2);
     assert_eq!(r.next_key, None, "topic b is not part of topic a's range");
 }
 
 #[test]
 fn delete_and_sweep_remove_index_and_expiry_entries() {
-    let (svc, _t) = StoreService::start(&StoreMode::Memory, Box::new(|_| {})).unwrap();
+    let s = memory();
     let idx = vec![IndexValue::Int64(7), IndexValue::String("order-1".into())];
-    let keys = block_on(svc.publish(
+    let keys = publish(
+        &s,
         vec![
             new_message("t", 1000, 0, 100, idx.clone()),
             new_message("t", 1000, 0, 5000, idx.clone()),
             new_message("t", 1000, 0, 0, idx),
         ],
-        true,
-    ))
-    .unwrap();
-    assert_eq!(svc.store().counts().unwrap(), (3, 6, 2));
-    let expired = block_on(svc.sweep_expired(1099, 100)).unwrap();
-    assert!(expired.is_empty());
-    let expired = block_on(svc.sweep_expired(1100, 100)).unwrap();
-    assert_eq!(expired, vec![keys[0]]);
-    assert_eq!(svc.store().counts().unwrap(), (2, 4, 1));
-    let deleted = block_on(svc.delete(vec![keys[1], keys[0]])).unwrap();
-    assert_eq!(
-        deleted,
-        vec![keys[1]],
-        "an already deleted key is not reported"
     );
-    assert_eq!(svc.store().counts().unwrap(), (1, 2, 0));
-    // Every standalone write path keeps the digest in step with the rows.
-    let s = svc.store();
+    assert_eq!(s.counts().unwrap(), (3, 6, 2));
+    // The TTL sweep: expired keys from the expiry table, then a delete command.
+    assert!(s.expired_keys(1099, 100).unwrap().is_empty());
+    let expired = s.expired_keys(1100, 100).unwrap();
+    assert_eq!(expired, vec![keys[0]]);
+    delete(&s, &expired);
+    assert_eq!(s.counts().unwrap(), (2, 4, 1));
+    let out = delete(&s, &[keys[1], keys[0]]);
+    assert_eq!(
+        out.deleted,
+        vec![keys[1], keys[0]],
+        "every key of the command is reported, also one already gone (replicas clear their in-flight state)"
+    );
+    assert_eq!(s.counts().unwrap(), (1, 2, 0));
+    // Every write keeps the digest in step with the rows.
     assert_ne!(s.digest(), 0);
     assert_eq!(s.digest(), s.computed_digest().unwrap());
-    s.register_group(topic_hash("t"), "g").unwrap();
+    let register = encode_register_group(&RegisterGroup {
+        topic_hash: topic_hash("t"),
+        group: "g".into(),
+    });
+    apply(&s, &register);
     assert_eq!(s.digest(), s.computed_digest().unwrap());
-    block_on(svc.delete(vec![keys[2]])).unwrap();
-    s.register_group(topic_hash("t"), "g").unwrap();
+    delete(&s, &[keys[2]]);
+    apply(&s, &register);
     let only_group = s.digest();
     assert_eq!(only_group, s.computed_digest().unwrap());
     assert_ne!(only_group, 0, "the group's row");
+    let stats = s.stats();
+    assert_eq!(stats.transactions.load(Ordering::Relaxed), 6);
+    assert_eq!(stats.entries.load(Ordering::Relaxed), 6);
 }
 
 #[test]
-fn commit_hook_sees_the_smallest_key_per_topic() {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let (svc, _t) = StoreService::start(
-        &StoreMode::Memory,
-        Box::new(move |mins| {
-            tx.send(mins.to_vec()).unwrap();
-        }),
-    )
-    .unwrap();
-    let keys = block_on(svc.publish(
-        vec![
-            new_message("t", 1000, 50, 0, vec![]),
-            new_message("t", 1000, 10, 0, vec![]),
-        ],
-        false,
-    ))
-    .unwrap();
-    let mins = rx.recv().unwrap();
-    assert_eq!(mins, vec![keys[1]]);
-}
-
-#[test]
-fn concurrent_publishes_share_commits() {
-    let dir = tempfile::tempdir().unwrap();
-    let (svc, _t) = StoreService::start(
-        &StoreMode::Disk(dir.path().to_path_buf(), 16 << 20),
-        Box::new(|_| {}),
-    )
-    .unwrap();
-    let futs: Vec<_> = (0..200)
-        .map(|_| svc.publish(vec![new_message("t", 1, 0, 0, vec![])], true))
-        .collect();
-    let all = block_on(futures::future::join_all(futs));
-    assert!(all.iter().all(Result::is_ok));
-    let commits = svc
-        .stats()
-        .commits
-        .load(std::sync::atomic::Ordering::Relaxed);
-    assert!(
-        commits < 200,
-        "200 concurrent batches took {commits} commits"
-    );
+fn an_apply_reports_the_smallest_key_per_topic() {
+    let s = memory();
+    let items = vec![
+        new_message("t", 1000, 50, 0, vec![]),
+        new_message("t", 1000, 10, 0, vec![]),
+    ];
+    let keys: Vec<EventKey> = items.iter().map(key_of).collect();
+    let out = apply(&s, &encode_store(&StoreBatch { items }));
+    assert_eq!(out.published, vec![keys[1]]);
 }
 
 #[test]
 fn scan_stops_at_the_byte_bound() {
-    let (svc, _t) = StoreService::start(&StoreMode::Memory, Box::new(|_| {})).unwrap();
-    let big: Vec<NewMessage> = (0..12)
+    let s = memory();
+    let big: Vec<StoreItem> = (0..12)
         .map(|_| {
             let mut m = new_message("big", 1000, 0, 0, vec![]);
             let stored = StoredMessage {
@@ -190,12 +192,12 @@ fn scan_stops_at_the_byte_bound() {
                 ttl_ms: 0,
                 indexes: vec![],
             };
-            m.value = stored.encode();
+            m.message = stored.encode().to_vec();
             m
         })
         .collect();
-    block_on(svc.publish(big, true)).unwrap();
-    let r = scan_all(svc.store(), "big", 2000);
+    publish(&s, big);
+    let r = scan_all(&s, "big", 2000);
     assert!(
         !r.exhausted,
         "a scan past SCAN_BYTES_MAX reports more to come"
