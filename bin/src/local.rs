@@ -21,8 +21,14 @@ use crate::cluster::{RaftReq, EXIT_RAFT_FAILED};
 
 /// Directory of the journal's log under `storage.dataDir`.
 pub const JOURNAL_DIR: &str = "journal";
-/// Segment size of the journal's log (preallocated, then reused by the purge).
+/// Segment size of the journal's log (preallocated and zero-filled; the purge keeps the
+/// newest).
 const SEGMENT_BYTES: u64 = 64 << 20;
+/// Requests served at once (each waits for its entry); beyond it the queue fills and the
+/// ingress cores wait, as on the Raft core.
+const REQUESTS_MAX: u64 = 4096;
+/// How long after shutdown the journal waits for the dispatcher's last deletes at most.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 const CONFIG: JournalConfig = JournalConfig {
     log: LogConfig {
@@ -43,9 +49,18 @@ pub async fn serve(
     store: Store,
     on_applied: OnApplied,
     rx: flume::Receiver<RaftReq>,
-    stop: Shutdown,
+    (stop, shutdown): (Shutdown, Shutdown),
     ready: impl FnOnce(Result<(), String>),
 ) {
+    // The journal stops after the dispatcher's last deletes; a dispatcher that never ran (a
+    // failed start-up on its core) must not keep the process up: shutdown plus a grace.
+    let stop = async move {
+        let grace = async {
+            shutdown.wait().await;
+            glommio::timer::sleep(STOP_GRACE).await;
+        };
+        future::or(stop.wait(), grace).await;
+    };
     match data_dir {
         Some(dir) => {
             let dir = dir.join(JOURNAL_DIR);
@@ -87,7 +102,7 @@ async fn run<I: LogIo + 'static>(
     store: Store,
     on_applied: OnApplied,
     rx: flume::Receiver<RaftReq>,
-    stop: Shutdown,
+    stop: impl std::future::Future<Output = ()>,
     ready: impl FnOnce(Result<(), String>),
 ) {
     let journal = match Journal::open(io, CONFIG, store.clone(), on_applied).await {
@@ -101,13 +116,25 @@ async fn run<I: LogIo + 'static>(
     let requests = {
         let journal = journal.clone();
         glommio::spawn_local(async move {
+            let in_service = std::rc::Rc::new(glommio::sync::Semaphore::new(REQUESTS_MAX));
             while let Ok(req) = rx.recv_async().await {
-                glommio::spawn_local(handle(journal.clone(), store.clone(), req)).detach();
+                let Ok(permit) = std::rc::Rc::clone(&in_service)
+                    .acquire_static_permit(1)
+                    .await
+                else {
+                    break;
+                };
+                let (journal, store) = (journal.clone(), store.clone());
+                glommio::spawn_local(async move {
+                    handle(journal, store, req).await;
+                    drop(permit);
+                })
+                .detach();
             }
         })
         .detach()
     };
-    journal.run(stop.wait()).await;
+    journal.run(stop).await;
     if let Some(e) = journal.failed() {
         tracing::error!(target: "storage", error = %e, "the journal failed: exiting (status {EXIT_RAFT_FAILED}) so that the broker restarts from its durable state");
         std::process::exit(EXIT_RAFT_FAILED);
@@ -118,7 +145,14 @@ async fn run<I: LogIo + 'static>(
 fn write_error(e: JournalError) -> WriteError {
     match e {
         JournalError::Refused(r) => WriteError::Refused(r.to_string()),
-        JournalError::Stopped => WriteError::Failed("the server is shutting down".into()),
+        // The entry may be in the log (its fsync may have reached the disk, a restart replays
+        // it): the outcome is unknown, as after a deadline.
+        JournalError::Failed { reason } => WriteError::Failed(format!(
+            "the journal failed ({reason}); the broker restarts from its durable state, and the batch may have been stored (outcome unknown)"
+        )),
+        JournalError::Stopped => WriteError::Failed(
+            "the server is shutting down; the batch may have been stored (outcome unknown)".into(),
+        ),
         other => WriteError::Failed(other.to_string()),
     }
 }

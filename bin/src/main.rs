@@ -415,7 +415,7 @@ async fn core_main(
             store.store().clone(),
             Box::new(cluster::applied_to_hub(hub.clone())),
             rx.clone(),
-            dispatcher_done.clone(),
+            (dispatcher_done.clone(), shutdown.clone()),
             move |r| {
                 let _ = opened.send(r);
             },

@@ -22,6 +22,11 @@ use crate::envelope::frame;
 
 use crate::key::{EventKey, KEY_LEN};
 
+/// Largest command a write may append (bytes). A log record must fit in one segment
+/// (64 MiB); a batch whose encoding could pass this is refused at the API edge, before any id
+/// is assigned.
+pub const ENTRY_BYTES_MAX: usize = 32 << 20;
+
 /// Tag of a v1 [`StoreBatch`].
 pub const TAG_STORE_V1: u8 = 1;
 /// Tag of a v1 [`DeleteBatch`].
@@ -56,6 +61,24 @@ pub struct StoreItem {
     pub index_keys: Vec<Vec<u8>>,
     /// The encoded [`crate::StoredMessage`].
     pub message: Vec<u8>,
+}
+
+impl StoreItem {
+    /// An upper bound of this item's share of an encoded [`StoreBatch`]: the fixed fields,
+    /// each vector's header and alignment, and the bytes.
+    #[must_use]
+    pub fn encoded_len_bound(&self) -> usize {
+        64 + self.message.len() + self.index_keys.iter().map(|k| k.len() + 16).sum::<usize>()
+    }
+}
+
+/// An upper bound of [`encode_store`]'s output for these items.
+#[must_use]
+pub fn store_len_bound(items: &[StoreItem]) -> usize {
+    64 + items
+        .iter()
+        .map(StoreItem::encoded_len_bound)
+        .sum::<usize>()
 }
 
 impl ArchivedStoreItem {
@@ -210,6 +233,12 @@ mod tests {
             for (x, y) in a.items.iter().zip(&b.items) {
                 prop_assert_eq!(x.key(), EventKey::new(y.topic_hash, y.bucket, y.event_id));
             }
+        }
+
+        #[test]
+        fn the_length_bound_holds(items in proptest::collection::vec(arb_item(), 0..40)) {
+            let b = StoreBatch { items };
+            prop_assert!(encode_store(&b).len() <= store_len_bound(&b.items));
         }
 
         #[test]

@@ -14,7 +14,7 @@
 //!   executor: ids ascend with log indexes, as the apply requires.
 //! - **Durability.** An entry is durable when its fsync returns. Applies commit redb without
 //!   fsync, except one every [`DURABLE_APPLY_INTERVAL`] (and after an idle interval); the log
-//!   is purged only up to the last durably applied index, so a crash replays the entries the
+//!   is purged only up to the last durably applied index (whole segments, never the newest), so a crash replays the entries the
 //!   store may have lost (the apply skips entries at or below its applied index).
 //! - **Failure.** A failed log write or fsync poisons the log, a failed apply the journal:
 //!   every waiting and later write fails, and [`Journal::failed`] says why (the broker exits,
@@ -76,6 +76,13 @@ pub enum JournalError {
     #[error("the journal failed ({reason}); restart the broker")]
     Failed {
         /// What failed.
+        reason: Rc<str>,
+    },
+    /// The log refused the append (an entry larger than a segment); nothing was stored and
+    /// the journal goes on.
+    #[error("write not appended ({reason}); nothing of it was stored")]
+    NotAppended {
+        /// Why.
         reason: Rc<str>,
     },
     /// The apply refused the entry (it changed nothing).
@@ -168,8 +175,8 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 
 impl<I: LogIo + 'static> Journal<I> {
     /// Opens the log (recovering a torn tail, refusing damage to durable entries), replays
-    /// into `store` the entries it has not applied, makes the store durable and empties the
-    /// log. Runs on the executor that will run [`Journal::run`].
+    /// into `store` the entries it has not applied, makes the store durable and purges the
+    /// log behind it. Runs on the executor that will run [`Journal::run`].
     ///
     /// # Errors
     /// See [`OpenError`].
@@ -225,7 +232,7 @@ impl<I: LogIo + 'static> Journal<I> {
         })
         .await?;
         let last = log.bounds().map_or(0, |(_, l)| l).max(applied);
-        log.purge(last).await?;
+        purge_behind(&log, last).await?;
         if replayed > 0 {
             tracing::info!(target: "storage", entries = replayed, "replayed the journal");
         }
@@ -384,7 +391,7 @@ impl<I: LogIo + 'static> Journal<I> {
                 }
                 // A command larger than a segment, or a gap: this write fails, the journal
                 // goes on.
-                other => JournalError::Failed {
+                other => JournalError::NotAppended {
                     reason: other.to_string().into(),
                 },
             });
@@ -435,36 +442,48 @@ impl<I: LogIo + 'static> Journal<I> {
 
     /// Runs the log's flusher and the applier until `stop` resolves: then no more writes
     /// are taken, what was appended is flushed and applied, the store is made durable and the
-    /// log purged (a clean stop leaves nothing to replay). Returns early when the journal
+    /// log purged (a clean stop leaves nothing for the next start to apply). Returns early when the journal
     /// fails.
     pub async fn run(&self, stop: impl std::future::Future<Output = ()>) {
         let (flusher_stop, flusher_stopped) = oneshot::channel::<()>();
-        let flusher = async {
-            let marks = async {
-                loop {
-                    glommio::timer::sleep(crate::log::segmented::MARK_INTERVAL).await;
-                    if self.0.log.mark_lags() {
-                        if let Err(e) = self.0.log.save_mark().await {
-                            tracing::warn!(target: "storage", error = %e, "saving the journal's durable mark failed");
-                        }
+        let stopping = Cell::new(false);
+        let stop_marks = event_listener::Event::new();
+        // Beside the flusher: a durable mark left behind by a burst that went idle is saved
+        // within MARK_INTERVAL. A save is never cancelled halfway (a torn mark write racing a
+        // later one could leave a stale mark): the loop only stops between saves.
+        let marks = async {
+            loop {
+                let l = stop_marks.listen();
+                if stopping.get() {
+                    return;
+                }
+                futures::future::select(
+                    std::pin::pin!(glommio::timer::sleep(crate::log::segmented::MARK_INTERVAL)),
+                    l,
+                )
+                .await;
+                if stopping.get() {
+                    return;
+                }
+                if self.0.log.mark_lags() {
+                    if let Err(e) = self.0.log.save_mark().await {
+                        tracing::warn!(target: "storage", error = %e, "saving the journal's durable mark failed");
                     }
                 }
-            };
-            // Stopped only once every appended entry was applied (so flushed): never in the
-            // middle of a flush.
-            self.0
-                .log
-                .run_flusher(async {
-                    futures::future::select(std::pin::pin!(flusher_stopped), std::pin::pin!(marks))
-                        .await;
-                })
-                .await;
+            }
         };
+        // Stopped only once every appended entry was applied (so flushed): never in the
+        // middle of a flush.
+        let flusher = self.0.log.run_flusher(async {
+            let _ = flusher_stopped.await;
+        });
         let applier = async {
             self.apply_until(stop).await;
             drop(flusher_stop);
+            stopping.set(true);
+            stop_marks.notify(usize::MAX);
         };
-        futures::join!(applier, flusher);
+        futures::join!(applier, flusher, marks);
         if self.0.st.borrow().failed.is_none() {
             self.make_durable().await;
         }
@@ -660,9 +679,19 @@ impl<I: LogIo + 'static> Journal<I> {
     }
 
     async fn purge(&self, upto: u64) {
-        if let Err(e) = self.0.log.purge(upto).await {
+        if let Err(e) = purge_behind(&self.0.log, upto).await {
             // The entries stay in the log and are skipped by the next start's replay.
             tracing::warn!(target: "storage", error = %e, upto, "purging the journal failed");
         }
+    }
+}
+
+/// Purges the log up to `upto`, keeping its newest segment: emptying the log would delete the
+/// segment being written, and the next write would have to create (and zero-fill) a new one.
+/// The entries left behind are at or below the store's applied index: a replay skips them.
+async fn purge_behind<I: LogIo>(log: &Log<I>, upto: u64) -> Result<(), LogError> {
+    match log.bounds() {
+        Some((_, last)) => log.purge(upto.min(last.saturating_sub(1))).await,
+        None => Ok(()),
     }
 }

@@ -112,3 +112,50 @@ fn a_torn_tail_on_disk_is_cut_at_reopen() {
         assert_eq!(log.read(5).await.unwrap().unwrap().payload, b"again");
     });
 }
+
+/// Segments are zero-filled when created (no unwritten extents for an fsync to convert) and
+/// the next one is prepared in the background: a roll renames it into place. The spare is
+/// never taken for a segment, and a log reopened beside one reads back every entry.
+#[test]
+fn rolls_take_the_prepared_segment_and_the_spare_is_never_a_segment() {
+    const BIG: LogConfig = LogConfig {
+        segment_bytes: 1 << 20,
+        cache_bytes: 0,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    let entry = |i: u64| vec![(i % 251) as u8; 100_000];
+    run(move || async move {
+        let log = Log::open(DmaLogIo::new(&path).unwrap(), BIG, Box::new(|_| {}))
+            .await
+            .unwrap();
+        for i in 1..=40u64 {
+            log.append(vec![(1, i, entry(i))], Box::new(|r| r.unwrap()))
+                .unwrap();
+            log.flush().await.unwrap();
+            // Let the background preparation run between rolls.
+            glommio::timer::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    });
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    let segments: Vec<&String> = names.iter().filter(|n| n.ends_with(".log")).collect();
+    assert!(segments.len() >= 4, "{names:?}");
+    assert!(names.iter().any(|n| n == "next.spare"), "{names:?}");
+    for s in &segments {
+        let data = std::fs::read(dir.path().join(s)).unwrap();
+        assert_eq!(data.len(), 1 << 20, "{s}: preallocated to the segment size");
+    }
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let log = Log::open(DmaLogIo::new(&path).unwrap(), BIG, Box::new(|_| {}))
+            .await
+            .unwrap();
+        assert_eq!(log.bounds(), Some((1, 40)));
+        for i in 1..=40u64 {
+            assert_eq!(log.read(i).await.unwrap().unwrap().payload, entry(i));
+        }
+    });
+}

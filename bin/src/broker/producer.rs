@@ -119,6 +119,18 @@ fn prepare(
             message: Vec::from(stored.encode()),
         });
     }
+    // The batch is one log entry, and a log record must fit in a segment.
+    let entry = futureq_core::command::store_len_bound(&items);
+    if entry > futureq_core::command::ENTRY_BYTES_MAX {
+        return Err((
+            Code::ResourceExhausted,
+            format!(
+                "PublishBatch: its {} messages would make a log entry of up to {entry} bytes, over the limit of {} bytes; split the batch (nothing of it was stored)",
+                items.len(),
+                futureq_core::command::ENTRY_BYTES_MAX
+            ),
+        ));
+    }
     Ok((items, topics.join("|")))
 }
 
@@ -202,17 +214,13 @@ async fn store_batch(ctx: &Ctx, items: Vec<StoreItem>, level: AckLevel) -> Outco
             )
         }
         Ok(Err(WriteError::Failed(e))) => {
-            tracing::warn!(target: "producer", error = %e, "batch not stored");
-            let what = if ctx.cluster.is_some() {
-                "replication"
+            tracing::warn!(target: "producer", error = %e, "batch failed");
+            let message = if ctx.cluster.is_some() {
+                format!("replication failure, batch not stored: {e}")
             } else {
-                "storage"
+                format!("storage failure: {e}")
             };
-            Outcome::Failed(
-                Code::Unavailable,
-                format!("{what} failure, batch not stored: {e}"),
-                String::new(),
-            )
+            Outcome::Failed(Code::Unavailable, message, String::new())
         }
         Err(_) => Outcome::Failed(
             Code::Unavailable,

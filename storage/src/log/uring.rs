@@ -1,4 +1,5 @@
-//! [`LogIo`] on io_uring: glommio `DmaFile` (O_DIRECT), preallocated with fallocate.
+//! [`LogIo`] on io_uring: glommio `DmaFile` (O_DIRECT), preallocated with fallocate and
+//! zero-filled once (see [`zero_fill`]); the next segment is prepared in the background.
 //!
 //! Must run inside a glommio executor. Listing the directory and fsyncing it after a segment
 //! is created or removed are plain syscalls (rare: start-up and segment rolls).
@@ -18,7 +19,25 @@ pub struct DmaLogIo {
     dir: PathBuf,
     files: RefCell<HashMap<String, Rc<DmaFile>>>,
     probed: std::cell::Cell<bool>,
+    /// The next segment, prepared (preallocated, zero-filled, fsynced) off the append path.
+    spare: Rc<std::cell::Cell<Spare>>,
 }
+
+/// The spare file's state. A spare file found at start-up (a crash may have left it half
+/// prepared) is never trusted: it is prepared again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Spare {
+    None,
+    Preparing,
+    /// Ready, this many bytes long.
+    Ready(u64),
+}
+
+/// Name of the spare segment file (not a segment name: the log never lists it).
+const SPARE_FILE: &str = "next.spare";
+/// Files at least this long get a spare prepared (segments; not the small mark and vote
+/// files).
+const SPARE_MIN: u64 = 1 << 20;
 
 /// Name of the scratch file used to probe the device (see [`DmaLogIo::probe_device`]).
 const PROBE_FILE: &str = ".iopoll-probe";
@@ -45,6 +64,7 @@ impl DmaLogIo {
             dir: dir.into(),
             files: RefCell::default(),
             probed: std::cell::Cell::new(false),
+            spare: Rc::new(std::cell::Cell::new(Spare::None)),
         }
     }
 
@@ -88,6 +108,34 @@ impl DmaLogIo {
         Ok(f)
     }
 
+    /// Starts preparing the next segment in the background, unless one is prepared or being
+    /// prepared: a roll then renames it instead of writing 64 MiB of zeros while every flush
+    /// waits.
+    fn prepare_spare(&self, len: u64) {
+        if self.spare.get() != Spare::None {
+            return;
+        }
+        self.spare.set(Spare::Preparing);
+        let (state, path) = (Rc::clone(&self.spare), self.dir.join(SPARE_FILE));
+        glommio::spawn_local(async move {
+            let made = async {
+                match std::fs::remove_file(&path) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                    _ => {}
+                }
+                prepare(&path, len).await
+            };
+            match made.await {
+                Ok(()) => state.set(Spare::Ready(len)),
+                Err(e) => {
+                    tracing::warn!(target: "storage.log", error = %e, "preparing the next log segment failed; the next roll prepares it inline");
+                    state.set(Spare::None);
+                }
+            }
+        })
+        .detach();
+    }
+
     /// Makes the directory's entries durable, off the reactor: an fsync of a directory waits
     /// for the file system's journal commit, which (ext4 `data=ordered`) may first write out
     /// every other file's dirty data — redb's included — and take seconds. On the Raft core
@@ -118,22 +166,24 @@ impl LogIo for DmaLogIo {
         self.probe_device().await?;
         let path = self.dir.join(name);
         if !path.exists() {
-            let f = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .dma_open(&path)
-                .await
-                .map_err(to_io)?;
-            f.pre_allocate(len, false).await.map_err(to_io)?;
-            zero_fill(&f, len).await?;
-            f.fdatasync().await.map_err(to_io)?;
-            f.close().await.map_err(to_io)?;
+            if self.spare.get() == Spare::Ready(len) {
+                // The prepared segment takes the name; the directory fsync makes that durable.
+                self.spare.set(Spare::None);
+                std::fs::rename(self.dir.join(SPARE_FILE), &path)?;
+            } else {
+                prepare(&path, len).await?;
+            }
             self.sync_dir().await?;
+            if len >= SPARE_MIN {
+                self.prepare_spare(len);
+            }
         }
         let f = self.file(name).await?;
         if f.file_size().await.map_err(to_io)? < len {
             f.pre_allocate(len, false).await.map_err(to_io)?;
+        }
+        if len >= SPARE_MIN {
+            self.prepare_spare(len);
         }
         Ok(())
     }
@@ -187,6 +237,21 @@ impl LogIo for DmaLogIo {
     }
 }
 
+/// Creates `path` preallocated to `len` bytes, zero-filled and fsynced.
+async fn prepare(path: &std::path::Path, len: u64) -> io::Result<()> {
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .dma_open(path)
+        .await
+        .map_err(to_io)?;
+    f.pre_allocate(len, false).await.map_err(to_io)?;
+    zero_fill(&f, len).await?;
+    f.fdatasync().await.map_err(to_io)?;
+    f.close().await.map_err(to_io)
+}
+
 /// Most bytes of zeros written by one request of [`zero_fill`].
 const ZERO_CHUNK: usize = 1 << 20;
 
@@ -200,7 +265,13 @@ async fn zero_fill(f: &glommio::io::DmaFile, len: u64) -> io::Result<()> {
         let n = usize::try_from((len - at).min(ZERO_CHUNK as u64)).unwrap_or(ZERO_CHUNK);
         let mut buf = f.alloc_dma_buffer(n);
         buf.as_bytes_mut().fill(0);
-        f.write_at(buf, at).await.map_err(to_io)?;
+        let written = f.write_at(buf, at).await.map_err(to_io)?;
+        if written != n {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                format!("short write while zero-filling: {written} of {n}"),
+            ));
+        }
         at += n as u64;
     }
     Ok(())
