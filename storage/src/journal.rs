@@ -383,7 +383,11 @@ impl<I: LogIo + 'static> Journal<I> {
             }
             inner.changed.notify(usize::MAX);
         });
-        if let Err(e) = self.0.log.append(vec![(TERM, index, bytes.clone())], done) {
+        if let Err(e) = self
+            .0
+            .log
+            .append(vec![(TERM, index, bytes.as_slice())], done)
+        {
             return Err(match e {
                 LogError::Poisoned => {
                     self.fail(&e.to_string());

@@ -411,7 +411,11 @@ impl<I: LogIo> Log<I> {
     /// # Errors
     /// [`LogError::Poisoned`], [`LogError::Gap`], [`LogError::TooLarge`]; nothing is
     /// appended then.
-    pub fn append(&self, entries: Vec<(u64, u64, Vec<u8>)>, done: Flushed) -> Result<(), LogError> {
+    pub fn append<P: AsRef<[u8]>>(
+        &self,
+        entries: Vec<(u64, u64, P)>,
+        done: Flushed,
+    ) -> Result<(), LogError> {
         let mut st = self.st.borrow_mut();
         if st.poisoned {
             return Err(LogError::Poisoned);
@@ -426,14 +430,16 @@ impl<I: LogIo> Log<I> {
                     });
                 }
             }
-            if (HEADER_LEN + payload.len()) as u64 > self.cfg.segment_bytes - BLOCK {
-                return Err(LogError::TooLarge(payload.len()));
+            let len = payload.as_ref().len();
+            if (HEADER_LEN + len) as u64 > self.cfg.segment_bytes - BLOCK {
+                return Err(LogError::TooLarge(len));
             }
             last = Some(*index);
         }
         for (term, index, payload) in entries {
+            let payload = payload.as_ref();
             let mut bytes = Vec::with_capacity(HEADER_LEN + payload.len());
-            encode(&mut bytes, term, index, &payload);
+            encode(&mut bytes, term, index, payload);
             let n = bytes.len() as u64;
             let roll = st
                 .segments
