@@ -24,6 +24,11 @@ pub const JOURNAL_DIR: &str = "journal";
 /// Segment size of the journal's log (preallocated and zero-filled; the purge keeps the
 /// newest).
 const SEGMENT_BYTES: u64 = 64 << 20;
+// A command at the API's entry limit fits in one record of a segment.
+const _: () = assert!(
+    (futureq_core::command::ENTRY_BYTES_MAX + futureq_storage::log::format::HEADER_LEN) as u64
+        <= SEGMENT_BYTES - futureq_storage::log::format::BLOCK
+);
 /// Requests served at once (each waits for its entry); beyond it the queue fills and the
 /// ingress cores wait, as on the Raft core.
 const REQUESTS_MAX: u64 = 4096;

@@ -216,7 +216,6 @@ pub fn parse_cpu_list(s: &str) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::mpsc;
     use std::time::Duration;
 
     #[test]
@@ -253,10 +252,15 @@ mod tests {
     }
 
     /// Runs 2000 short timer sleeps on an executor whose preempt timer (30 µs) often fires
-    /// before a scheduling round gets to run anything; true when they finish within 60 s
-    /// (with [`keep_awake`] each such round costs at most its period).
+    /// before a scheduling round gets to run anything; true when they all finish, false when
+    /// the executor made no progress for 20 s (a parked executor never resumes; with
+    /// [`keep_awake`] each such round costs at most its period — on a heavily loaded machine
+    /// the 30 µs preempt timer can expire round after round, hence the long window).
     fn progresses(with_keep_awake: bool) -> bool {
-        let (tx, rx) = mpsc::channel();
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        const SLEEPS: usize = 2000;
+        let done = std::sync::Arc::new(AtomicUsize::new(0));
+        let counter = std::sync::Arc::clone(&done);
         std::thread::spawn(move || {
             let ex = glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
                 .io_memory(IO_MEMORY_PER_EXECUTOR)
@@ -265,14 +269,26 @@ mod tests {
                 .expect("executor");
             ex.run(async move {
                 let _awake = with_keep_awake.then(keep_awake);
-                for _ in 0..2000 {
+                for _ in 0..SLEEPS {
                     glommio::timer::sleep(Duration::from_micros(50)).await;
+                    counter.fetch_add(1, Ordering::Relaxed);
                 }
             });
-            let _ = tx.send(());
         });
         // A hung executor thread is left behind (it sleeps; the test process exits anyway).
-        rx.recv_timeout(Duration::from_secs(60)).is_ok()
+        let (mut last, mut since) = (0, std::time::Instant::now());
+        loop {
+            std::thread::sleep(Duration::from_millis(50));
+            let now = done.load(Ordering::Relaxed);
+            if now == SLEEPS {
+                return true;
+            }
+            if now != last {
+                (last, since) = (now, std::time::Instant::now());
+            } else if since.elapsed() >= Duration::from_secs(20) {
+                return false;
+            }
+        }
     }
 
     /// Issue 10.15: an executor parked with runnable tasks and no timer never woke up

@@ -51,6 +51,13 @@ pub const KIND_FORWARD: u8 = 4;
 pub const META_SNAPSHOT_ENTRIES: u64 = 5;
 /// Raft log segment size.
 pub const SEGMENT_BYTES: u64 = 64 << 20;
+// A command at the API's entry limit fits in one record of a segment (with the entry's
+// openraft envelope, a few dozen bytes).
+const _: () = assert!(
+    (futureq_core::command::ENTRY_BYTES_MAX + futureq_storage::log::format::HEADER_LEN + 4096)
+        as u64
+        <= SEGMENT_BYTES - futureq_storage::log::format::BLOCK
+);
 /// Per-RPC timeout between peers (snapshots get `network::SNAPSHOT_RPC_TIMEOUT`).
 pub const RPC_TIMEOUT: Duration = Duration::from_secs(2);
 /// Most event-shard proposals outstanding (proposed, not yet applied) on a leader.

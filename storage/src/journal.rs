@@ -231,8 +231,15 @@ impl<I: LogIo + 'static> Journal<I> {
             Ok::<_, StoreError>((s.applied()?.map_or(0, |(i, _)| i), s.last_id()?))
         })
         .await?;
-        let last = log.bounds().map_or(0, |(_, l)| l).max(applied);
-        purge_behind(&log, last).await?;
+        let log_last = log.bounds().map(|(_, l)| l);
+        let last = log_last.map_or(0, |l| l).max(applied);
+        if log_last.is_some_and(|l| l < applied) {
+            // The store applied past the log (its entries came from elsewhere, such as a
+            // Raft log): the next entry follows the store, so nothing of the log may stay.
+            log.purge(last).await?;
+        } else {
+            purge_behind(&log, last).await?;
+        }
         if replayed > 0 {
             tracing::info!(target: "storage", entries = replayed, "replayed the journal");
         }

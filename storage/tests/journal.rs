@@ -354,6 +354,14 @@ fn the_journal_on_disk_survives_restarts() {
             }
             drop(tx);
             task.await;
+            assert_eq!(
+                store
+                    .stats()
+                    .entries
+                    .load(std::sync::atomic::Ordering::Relaxed),
+                30,
+                "this round's entries applied once each; the kept segment's older ones skipped"
+            );
             assert_eq!(store.last_id().unwrap(), next - 1);
             assert_eq!(
                 store.counts().unwrap().0,
@@ -361,5 +369,34 @@ fn the_journal_on_disk_survives_restarts() {
                 "every message stored once"
             );
         }
+    });
+}
+
+/// A store that applied past the journal (its entries came from another log) starts the
+/// journal after its applied index: the old entries are dropped and writes go on.
+#[test]
+fn a_store_ahead_of_the_journal_empties_it() {
+    run(|| async {
+        let io = MemLogIo::new();
+        let store = memory();
+        let (j, _) = open(&io, KEEP, &store).await;
+        let (stop, task) = serve(&j);
+        for n in 0..3u8 {
+            j.publish(vec![item(1, n)], Wait::Applied).await.unwrap();
+        }
+        drop(stop);
+        task.await;
+        let reg =
+            futureq_core::command::encode_register_group(&futureq_core::command::RegisterGroup {
+                topic_hash: 9,
+                group: "g".into(),
+            });
+        let more: Vec<(u64, u64, &[u8])> = (4..=10).map(|i| (i, 7, reg.as_slice())).collect();
+        store.apply_entries(&more, &[], true).unwrap();
+        let (j2, _) = open(&io.crash(), KEEP, &store).await;
+        let (_stop2, _task2) = serve(&j2);
+        let first = j2.publish(vec![item(1, 9)], Wait::Applied).await.unwrap();
+        assert_eq!(first, 4);
+        assert_eq!(store.applied().unwrap(), Some((11, 1)));
     });
 }

@@ -12,6 +12,18 @@ const CFG: LogConfig = LogConfig {
     cache_bytes: 0,
 };
 
+/// Runs `f` on a small glommio executor and returns its result.
+fn run_with<T: Send + 'static, F: std::future::Future<Output = T> + 'static>(
+    f: impl FnOnce() -> F + Send + 'static,
+) -> T {
+    LocalExecutorBuilder::new(Placement::Unbound)
+        .io_memory(512 << 10)
+        .spawn(move || async move { f().await })
+        .expect("executor")
+        .join()
+        .expect("test body")
+}
+
 /// Runs `f` on a small glommio executor (small io memory: several tests run at once).
 fn run<F: std::future::Future<Output = ()> + 'static>(f: impl FnOnce() -> F + Send + 'static) {
     LocalExecutorBuilder::new(Placement::Unbound)
@@ -125,17 +137,25 @@ fn rolls_take_the_prepared_segment_and_the_spare_is_never_a_segment() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_path_buf();
     let entry = |i: u64| vec![(i % 251) as u8; 100_000];
-    run(move || async move {
+    let spares = run_with(move || async move {
         let log = Log::open(DmaLogIo::new(&path).unwrap(), BIG, Box::new(|_| {}))
             .await
             .unwrap();
+        let mut spares = std::collections::HashSet::new();
         for i in 1..=40u64 {
             log.append(vec![(1, i, entry(i))], Box::new(|r| r.unwrap()))
                 .unwrap();
             log.flush().await.unwrap();
             // Let the background preparation run between rolls.
             glommio::timer::sleep(std::time::Duration::from_millis(5)).await;
+            for e in std::fs::read_dir(&path).unwrap() {
+                let e = e.unwrap();
+                if e.file_name().to_string_lossy().ends_with(".spare") {
+                    spares.insert(std::os::unix::fs::MetadataExt::ino(&e.metadata().unwrap()));
+                }
+            }
         }
+        spares
     });
     let names: Vec<String> = std::fs::read_dir(dir.path())
         .unwrap()
@@ -143,11 +163,17 @@ fn rolls_take_the_prepared_segment_and_the_spare_is_never_a_segment() {
         .collect();
     let segments: Vec<&String> = names.iter().filter(|n| n.ends_with(".log")).collect();
     assert!(segments.len() >= 4, "{names:?}");
-    assert!(names.iter().any(|n| n == "next.spare"), "{names:?}");
+    assert!(names.iter().any(|n| n.ends_with(".spare")), "{names:?}");
+    let mut taken = 0;
     for s in &segments {
-        let data = std::fs::read(dir.path().join(s)).unwrap();
-        assert_eq!(data.len(), 1 << 20, "{s}: preallocated to the segment size");
+        let meta = std::fs::metadata(dir.path().join(s)).unwrap();
+        assert_eq!(meta.len(), 1 << 20, "{s}: preallocated to the segment size");
+        taken += usize::from(spares.contains(&std::os::unix::fs::MetadataExt::ino(&meta)));
     }
+    assert!(
+        taken >= 2,
+        "rolls renamed prepared spares into place ({taken} of {segments:?})"
+    );
     let path = dir.path().to_path_buf();
     run(move || async move {
         let log = Log::open(DmaLogIo::new(&path).unwrap(), BIG, Box::new(|_| {}))

@@ -21,6 +21,9 @@ pub struct DmaLogIo {
     probed: std::cell::Cell<bool>,
     /// The next segment, prepared (preallocated, zero-filled, fsynced) off the append path.
     spare: Rc<std::cell::Cell<Spare>>,
+    /// This instance's spare file name: unique, so that a preparation still running for an
+    /// earlier instance on the same directory never writes into this one's file.
+    spare_name: String,
 }
 
 /// The spare file's state. A spare file found at start-up (a crash may have left it half
@@ -33,8 +36,9 @@ enum Spare {
     Ready(u64),
 }
 
-/// Name of the spare segment file (not a segment name: the log never lists it).
-const SPARE_FILE: &str = "next.spare";
+/// Suffix of spare segment files (not a segment name: the log never lists them). A spare
+/// costs one segment of disk per log.
+const SPARE_SUFFIX: &str = ".spare";
 /// Files at least this long get a spare prepared (segments; not the small mark and vote
 /// files).
 const SPARE_MIN: u64 = 1 << 20;
@@ -65,6 +69,12 @@ impl DmaLogIo {
             files: RefCell::default(),
             probed: std::cell::Cell::new(false),
             spare: Rc::new(std::cell::Cell::new(Spare::None)),
+            spare_name: {
+                use std::hash::{BuildHasher, Hasher};
+                let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+                h.write_u64(u64::from(std::process::id()));
+                format!("next-{:016x}{SPARE_SUFFIX}", h.finish())
+            },
         }
     }
 
@@ -116,19 +126,29 @@ impl DmaLogIo {
             return;
         }
         self.spare.set(Spare::Preparing);
-        let (state, path) = (Rc::clone(&self.spare), self.dir.join(SPARE_FILE));
+        let (state, dir) = (Rc::clone(&self.spare), self.dir.clone());
+        let name = self.spare_name.clone();
         glommio::spawn_local(async move {
-            let made = async {
-                match std::fs::remove_file(&path) {
-                    Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-                    _ => {}
-                }
-                prepare(&path, len).await
+            let path = dir.join(&name);
+            // Leftovers (a crash mid-preparation, earlier instances) are never trusted.
+            let clean = {
+                let (dir, name) = (dir.clone(), name.clone());
+                glommio::executor()
+                    .spawn_blocking(move || remove_spares(&dir, Some(&name)))
+                    .await
             };
-            match made.await {
+            let made = match clean {
+                Ok(()) => prepare(&path, len).await,
+                Err(e) => Err(e),
+            };
+            match made {
                 Ok(()) => state.set(Spare::Ready(len)),
                 Err(e) => {
                     tracing::warn!(target: "storage.log", error = %e, "preparing the next log segment failed; the next roll prepares it inline");
+                    // Give the space back (a full disk is a likely cause).
+                    let _ = glommio::executor()
+                        .spawn_blocking(move || remove_spares(&dir, None))
+                        .await;
                     state.set(Spare::None);
                 }
             }
@@ -166,11 +186,12 @@ impl LogIo for DmaLogIo {
         self.probe_device().await?;
         let path = self.dir.join(name);
         if !path.exists() {
-            if self.spare.get() == Spare::Ready(len) {
+            let taken = self.spare.get() == Spare::Ready(len) && {
                 // The prepared segment takes the name; the directory fsync makes that durable.
                 self.spare.set(Spare::None);
-                std::fs::rename(self.dir.join(SPARE_FILE), &path)?;
-            } else {
+                std::fs::rename(self.dir.join(&self.spare_name), &path).is_ok()
+            };
+            if !taken {
                 prepare(&path, len).await?;
             }
             self.sync_dir().await?;
@@ -235,6 +256,21 @@ impl LogIo for DmaLogIo {
     async fn len(&self, name: &str) -> io::Result<u64> {
         self.file(name).await?.file_size().await.map_err(to_io)
     }
+}
+
+/// Removes the spare files in `dir`, but `keep`.
+fn remove_spares(dir: &std::path::Path, keep: Option<&str>) -> io::Result<()> {
+    for e in std::fs::read_dir(dir)? {
+        let name = e?.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name.ends_with(SPARE_SUFFIX) && Some(name) != keep {
+            match std::fs::remove_file(dir.join(name)) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Creates `path` preallocated to `len` bytes, zero-filled and fsynced.
