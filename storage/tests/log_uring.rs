@@ -26,12 +26,7 @@ fn run_with<T: Send + 'static, F: std::future::Future<Output = T> + 'static>(
 
 /// Runs `f` on a small glommio executor (small io memory: several tests run at once).
 fn run<F: std::future::Future<Output = ()> + 'static>(f: impl FnOnce() -> F + Send + 'static) {
-    LocalExecutorBuilder::new(Placement::Unbound)
-        .io_memory(512 << 10)
-        .spawn(move || async move { f().await })
-        .expect("executor")
-        .join()
-        .expect("test body");
+    run_with(f);
 }
 
 fn payload(i: u64) -> Vec<u8> {
