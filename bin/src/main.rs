@@ -258,6 +258,16 @@ fn start(settings: Settings) -> anyhow::Result<()> {
     } else {
         StoreMode::Disk(settings.data_dir.clone(), settings.cache_bytes)
     };
+    if let (StoreMode::Disk(dir, _), Some(_)) = (&mode, &settings.cluster) {
+        let journal = dir.join(local::JOURNAL_DIR);
+        if journal.exists() {
+            bail!(
+                "storage.dataDir {} holds a standalone broker's store ({} exists): a cluster node starts from its own store; give it another storage.dataDir, or start this one without cluster.enabled",
+                dir.display(),
+                journal.display()
+            );
+        }
+    }
     if let StoreMode::Disk(dir, _) = &mode {
         let wal = dir.join("futureq.wal");
         if wal.exists() {

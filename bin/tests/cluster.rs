@@ -668,3 +668,61 @@ fn snapshot_bytes(log: &str) -> usize {
         .next()
         .unwrap_or(0)
 }
+
+/// Issue 11: standalone and clustered brokers share the store's applied index, so a data
+/// directory is never switched between the modes: a cluster node's store refuses to start
+/// standalone, a standalone store refuses to join a cluster, each naming what to do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_directory_is_not_switched_between_modes() {
+    let mut c = Cluster::start(1, "").await;
+    let mut b = c.nodes.remove(0);
+    // An apply more than 50 ms after the bootstrap is a durable one: the membership is in the
+    // store for good.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut p = Publisher::open(b.channel().await).await;
+    // The new leader takes writes once it confirmed its term.
+    let mut ack = p.publish(batch(1, 0, vec![msg("m", "x", 60_000, 0)])).await;
+    for id in 2..100 {
+        if ack.success {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        ack = p
+            .publish(batch(id, 0, vec![msg("m", "x", 60_000, 0)]))
+            .await;
+    }
+    assert!(ack.success, "{ack:?}");
+    drop(p);
+    let st = b.sigterm(Duration::from_secs(20));
+    assert!(st.success(), "exit status {st}; log:\n{}", b.log());
+    let clustered = b.extra.clone();
+    b.extra = String::new();
+    b.launch();
+    let st = b
+        .wait_exit(Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("a cluster node's store started standalone:\n{}", b.log()));
+    assert!(!st.success());
+    assert!(
+        b.log().contains("holds the store of a cluster node"),
+        "{}",
+        b.log()
+    );
+
+    let mut s = Broker::start("").await;
+    let st = s.sigterm(Duration::from_secs(20));
+    assert!(st.success(), "exit status {st}; log:\n{}", s.log());
+    s.extra = clustered.replace(
+        &b.dir.path().join("raft").display().to_string(),
+        &s.dir.path().join("raft").display().to_string(),
+    );
+    s.launch();
+    let st = s
+        .wait_exit(Duration::from_secs(20))
+        .expect("a standalone store joined a cluster");
+    assert!(!st.success());
+    assert!(
+        s.log().contains("holds a standalone broker's store"),
+        "{}",
+        s.log()
+    );
+}

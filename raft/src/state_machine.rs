@@ -30,8 +30,8 @@ use crate::types::{Applied, SnapshotData, TypeConfig};
 
 /// Raft-meta key of the applied log id.
 const APPLIED: &str = "applied";
-/// Raft-meta key of the last applied membership.
-const MEMBERSHIP: &str = "membership";
+/// Raft-meta key of the last applied membership: present in the store of every cluster node.
+pub const MEMBERSHIP: &str = "membership";
 
 type LeaderId = openraft::impls::leader_id_adv::LeaderId<u64, u64>;
 /// Snapshot metadata of [`TypeConfig`].
