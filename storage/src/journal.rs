@@ -173,6 +173,23 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
     glommio::executor().spawn_blocking(f).await
 }
 
+/// Applies entries `(index, term, command)` in one transaction, off the reactor.
+async fn apply(
+    store: &Store,
+    entries: Vec<(u64, u64, Vec<u8>)>,
+    durable: bool,
+) -> Result<crate::ApplyOutcome, StoreError> {
+    let store = store.clone();
+    blocking(move || {
+        let refs: Vec<(u64, u64, &[u8])> = entries
+            .iter()
+            .map(|(i, t, c)| (*i, *t, c.as_slice()))
+            .collect();
+        store.apply_entries(&refs, &[], durable)
+    })
+    .await
+}
+
 impl<I: LogIo + 'static> Journal<I> {
     /// Opens the log (recovering a torn tail, refusing damage to durable entries), replays
     /// into `store` the entries it has not applied, makes the store durable and purges the
@@ -207,16 +224,8 @@ impl<I: LogIo + 'static> Journal<I> {
                     chunk.push((rec.index, rec.term, rec.payload));
                     index += 1;
                 }
-                let s = store.clone();
                 let n = chunk.len() as u64;
-                let out = blocking(move || {
-                    let refs: Vec<(u64, u64, &[u8])> = chunk
-                        .iter()
-                        .map(|(i, t, c)| (*i, *t, c.as_slice()))
-                        .collect();
-                    s.apply_entries(&refs, &[], false)
-                })
-                .await?;
+                let out = apply(&store, chunk, false).await?;
                 // A dispatcher may already scan: replayed keys behind its cursors move them
                 // back.
                 if !out.published.is_empty() || !out.deleted.is_empty() {
@@ -614,15 +623,7 @@ impl<I: LogIo + 'static> Journal<I> {
             entries.push((p.index, TERM, p.bytes));
         }
         let last = entries.last().map_or(0, |e| e.0);
-        let store = self.0.store.clone();
-        let out = blocking(move || {
-            let refs: Vec<(u64, u64, &[u8])> = entries
-                .iter()
-                .map(|(i, t, c)| (*i, *t, c.as_slice()))
-                .collect();
-            store.apply_entries(&refs, &[], durable)
-        })
-        .await;
+        let out = apply(&self.0.store, entries, durable).await;
         {
             let mut st = self.0.st.borrow_mut();
             st.queue_bytes = st.queue_bytes.saturating_sub(bytes);
