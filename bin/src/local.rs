@@ -66,6 +66,25 @@ pub async fn serve(
         };
         future::or(stop.wait(), grace).await;
     };
+    // A cluster node's store (its entries came from a Raft log) is not a standalone one. Its
+    // membership is durable in the store from the node's first durable apply on (50 ms); a
+    // node stopped sooner is not recognised (its Raft log holds its state). Checked before the
+    // journal's directory is made: a refused start leaves the directory as it was.
+    let s = store.clone();
+    let clustered = glommio::executor()
+        .spawn_blocking(move || s.raft_meta(futureq_raft::state_machine::MEMBERSHIP))
+        .await;
+    match clustered {
+        Ok(None) => {}
+        Ok(Some(_)) => {
+            ready(Err("storage.dataDir holds the store of a cluster node (a Raft membership is recorded in it): start it with cluster.enabled, or give this standalone broker another storage.dataDir".into()));
+            return;
+        }
+        Err(e) => {
+            ready(Err(format!("reading the store: {e}")));
+            return;
+        }
+    }
     match data_dir {
         Some(dir) => {
             let dir = dir.join(JOURNAL_DIR);
@@ -110,24 +129,6 @@ async fn run<I: LogIo + 'static>(
     stop: impl std::future::Future<Output = ()>,
     ready: impl FnOnce(Result<(), String>),
 ) {
-    // A cluster node's store (its entries came from a Raft log) is not a standalone one. Its
-    // membership is durable in the store from the node's first durable apply on (50 ms); a
-    // node stopped sooner is not recognised (its Raft log holds its state).
-    let s = store.clone();
-    let clustered = glommio::executor()
-        .spawn_blocking(move || s.raft_meta(futureq_raft::state_machine::MEMBERSHIP))
-        .await;
-    match clustered {
-        Ok(None) => {}
-        Ok(Some(_)) => {
-            ready(Err("storage.dataDir holds the store of a cluster node (a Raft membership is recorded in it): start it with cluster.enabled, or give this standalone broker another storage.dataDir".into()));
-            return;
-        }
-        Err(e) => {
-            ready(Err(format!("reading the store: {e}")));
-            return;
-        }
-    }
     let journal = match Journal::open(io, CONFIG, store.clone(), on_applied).await {
         Ok(j) => j,
         Err(e) => {

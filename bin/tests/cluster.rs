@@ -707,6 +707,11 @@ async fn a_data_directory_is_not_switched_between_modes() {
         "{}",
         b.log()
     );
+    // The refused start left the directory as it was: the node still starts clustered.
+    b.extra = clustered.clone();
+    b.spawn().await;
+    let st = b.sigterm(Duration::from_secs(20));
+    assert!(st.success(), "exit status {st}; log:\n{}", b.log());
 
     let mut s = Broker::start("").await;
     let st = s.sigterm(Duration::from_secs(20));
