@@ -208,10 +208,15 @@ impl Dispatcher {
         let tx = self.tx.clone();
         let writes = self.writes.clone();
         let timeout = self.delete_timeout;
+        let metrics = Arc::clone(&self.metrics);
         glommio::spawn_local(async move {
+            let keys = batch.len() as u64;
             let result = delete_logged(&writes, batch, timeout).await;
             let committed = match result {
-                Ok(()) => true,
+                Ok(()) => {
+                    metrics.deletes_committed.fetch_add(keys, Ordering::Relaxed);
+                    true
+                }
                 Err(e) => {
                     tracing::error!(target: "deleter", error = %e, "delete flush failed; will retry");
                     false
@@ -292,6 +297,9 @@ async fn delete_logged(
 }
 
 /// Runs the dispatcher until shutdown, then flushes the pending deletes.
+/// Runs the dispatcher. Start it once the write path replayed what it holds (see
+/// `core_main`): a delete still in the journal would otherwise let it deliver an
+/// acknowledged message again.
 pub async fn run(
     cfg: DispatcherConfig,
     rx: flume::Receiver<HubCmd>,
@@ -311,6 +319,7 @@ pub async fn run(
         flushing: false,
         last_counters: futureq_core::hub::HubCounters::default(),
     };
+    tracing::info!(target: "dispatcher", "dispatcher started");
     let mut next_flush = Instant::now() + cfg.delete_interval;
     let mut stop_by: Option<Instant> = None;
     loop {
@@ -421,7 +430,7 @@ async fn sweep_step(
 }
 
 /// Deletes expired messages every `interval` (expiry index: no full scan) and tells the
-/// dispatcher which keys went away.
+/// dispatcher which keys went away. Started as [`run`] is.
 pub async fn sweep_ttl(
     interval: Duration,
     store: StoreService,

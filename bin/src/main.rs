@@ -296,6 +296,7 @@ fn start(settings: Settings) -> anyhow::Result<()> {
     };
     let mut raft_rx = Some(write_rx);
     let dispatcher_done = Shutdown::new();
+    let writes_open = Shutdown::new();
     let metrics = Arc::new(Metrics {
         store_digest: store.store().digest_cell(),
         ..Metrics::default()
@@ -322,6 +323,7 @@ fn start(settings: Settings) -> anyhow::Result<()> {
                 None
             },
             dispatcher_done: dispatcher_done.clone(),
+            writes_open: writes_open.clone(),
         };
         let hub_rx = if core == 0 { hub_rx.take() } else { None };
         let ready = ready_tx.clone();
@@ -370,6 +372,11 @@ fn start(settings: Settings) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Resolves when `a` or `b` fired.
+async fn either(a: Shutdown, b: Shutdown) {
+    futures_lite::future::or(a.wait(), b.wait()).await;
+}
+
 /// What each executor starts with.
 struct CtxParts {
     settings: Arc<Settings>,
@@ -383,6 +390,9 @@ struct CtxParts {
     raft_rx: Option<flume::Receiver<cluster::RaftReq>>,
     /// Fires when the dispatcher stopped (its last deletes are through).
     dispatcher_done: Shutdown,
+    /// Fires when the write path is open: the journal replayed (standalone), the Raft groups
+    /// started (clustered).
+    writes_open: Shutdown,
 }
 
 /// One executor: its gRPC listener; on core 0 the dispatcher, TTL sweeper and metrics; on the
@@ -404,6 +414,7 @@ async fn core_main(
         cluster,
         raft_rx,
         dispatcher_done,
+        writes_open,
     } = parts;
     let _awake = runtime::keep_awake();
     let listener = match glommio::net::TcpListener::bind(settings.grpc_listen) {
@@ -431,7 +442,7 @@ async fn core_main(
             },
         )));
         match open_rx.await {
-            Ok(Ok(())) => {}
+            Ok(Ok(())) => writes_open.trigger(),
             Ok(Err(e)) => {
                 let _ = ready.send(Err(format!("storage: {e}")));
                 return;
@@ -457,6 +468,7 @@ async fn core_main(
                 return;
             }
         };
+        writes_open.trigger();
         background.push(glommio::spawn_local(cluster::serve(
             node,
             cfg.clone(),
@@ -499,7 +511,10 @@ async fn core_main(
             delete_interval: settings.delete_batch_interval,
             delete_timeout: settings.proposal_timeout,
         };
-        background.push(glommio::spawn_local(dispatcher::sweep_ttl(
+        // The store is read once the write path replayed what it holds (on another core
+        // when `runtime.raftCore` is not 0): a delete still in the journal would otherwise
+        // let an acknowledged message be delivered again.
+        let sweep = dispatcher::sweep_ttl(
             settings.ttl_sweep_interval,
             store.clone(),
             writes.clone(),
@@ -507,7 +522,12 @@ async fn core_main(
             Arc::clone(&metrics),
             shutdown.clone(),
             settings.proposal_timeout,
-        )));
+        );
+        let opened = either(writes_open.clone(), shutdown.clone());
+        background.push(glommio::spawn_local(async move {
+            opened.await;
+            sweep.await;
+        }));
         let run = dispatcher::run(
             cfg,
             rx,
@@ -517,7 +537,9 @@ async fn core_main(
             Arc::clone(&metrics),
             shutdown.clone(),
         );
+        let opened = either(writes_open, shutdown.clone());
         background.push(glommio::spawn_local(async move {
+            opened.await;
             run.await;
             dispatcher_done.trigger();
         }));

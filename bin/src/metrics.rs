@@ -140,6 +140,8 @@ pub struct Metrics {
     pub delivery_grpc_sends: AtomicU64,
     pub delete_batch_size: Histogram,
     pub delete_failures: AtomicU64,
+    /// Keys whose delete (an ACK, a drop) the write path committed.
+    pub deletes_committed: AtomicU64,
     pub pending_deletes: AtomicI64,
     pub parked_messages: AtomicI64,
     pub store_commits: AtomicU64,
@@ -179,6 +181,7 @@ impl Default for Metrics {
             delivery_grpc_sends: AtomicU64::new(0),
             delete_batch_size: Histogram::new(SIZES),
             delete_failures: AtomicU64::new(0),
+            deletes_committed: AtomicU64::new(0),
             pending_deletes: AtomicI64::new(0),
             parked_messages: AtomicI64::new(0),
             store_commits: AtomicU64::new(0),
@@ -378,6 +381,13 @@ impl Metrics {
             "counter",
             "Failed delete flushes (retried).",
             self.delete_failures.load(r),
+        );
+        scalar(
+            &mut o,
+            "futureq_deletes_committed_total",
+            "counter",
+            "Keys whose delete (acknowledged or dropped deliveries) the write path committed: durable in the journal or the Raft log.",
+            self.deletes_committed.load(r),
         );
         scalar(
             &mut o,

@@ -101,12 +101,16 @@ async fn acked_deletes_survive_a_graceful_restart() {
     );
 }
 
-/// Acks are deletes made durable by the journal (standalone): a kill -9 soon after
-/// (within the journal's 50 ms durable-apply interval: the deletes may be durable in the
-/// journal only) must not bring the acked message back.
+/// Acks are deletes made durable by the journal (standalone): a kill -9 right after they are
+/// (within the journal's 50 ms durable-apply interval: the deletes are durable in the journal
+/// only) must not bring the acked messages back. The journal runs on core 1: the dispatcher
+/// on core 0 reads the store only once the journal replayed the deletes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acked_deletes_survive_kill9() {
-    let mut b = Broker::start("delivery:\n  deleteBatchInterval: 10ms\n").await;
+    let mut b = Broker::start(
+        "runtime:\n  cores: 2\n  raftCore: 1\ndelivery:\n  deleteBatchInterval: 5ms\n",
+    )
+    .await;
     let mut p = Publisher::open(b.channel().await).await;
     let topics: Vec<String> = (0..20).map(|i| format!("m{i}")).collect();
     assert!(
@@ -121,8 +125,12 @@ async fn acked_deletes_survive_kill9() {
     let mut sub = Subscriber::open(b.channel().await, "k9", "", 0).await;
     let got = sub.drain(Duration::from_millis(400)).await;
     assert_eq!(got.len(), 20);
-    // A write that starts a durable apply, so the acks' deletes right after are durable in
-    // the journal only.
+    // The stored messages are durable in the store (the journal's idle durable apply)...
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let before = b.metric("futureq_deletes_committed_total").await;
+    // ... and a write makes the next apply a durable one, so the acks' deletes right after
+    // are applied volatile: durable in the journal only until the next durable apply, 50 ms on.
+    let t = std::time::Instant::now();
     assert!(
         p.publish(batch(2, QUORUM, vec![msg("other", "x", 60_000, 0)]))
             .await
@@ -131,9 +139,19 @@ async fn acked_deletes_survive_kill9() {
     for m in &got[..15] {
         sub.ack(&m.delivery_tag, true);
     }
-    // Long enough for the delete batch (10 ms) and its commit; short of the 250 ms checkpoint.
-    tokio::time::sleep(Duration::from_millis(120)).await;
+    while b.metric("futureq_deletes_committed_total").await < before + 15.0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the deletes were not committed"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     b.kill9();
+    assert!(
+        t.elapsed() < Duration::from_millis(50),
+        "too slow to kill before the deletes' durable apply ({:?}): the test would prove nothing",
+        t.elapsed()
+    );
     b.spawn().await;
     let mut sub = Subscriber::open(b.channel().await, "k9", "", 0).await;
     let mut again: Vec<_> = sub
@@ -146,6 +164,15 @@ async fn acked_deletes_survive_kill9() {
     again.sort();
     want.sort();
     assert_eq!(again, want, "only the 5 unacked messages come back");
+    let log = b.log();
+    let (replayed, started) = (
+        log.rfind("replayed the journal"),
+        log.rfind("dispatcher started"),
+    );
+    assert!(
+        replayed.is_some() && replayed < started,
+        "the journal replays the deletes, before the dispatcher reads the store:\n{log}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

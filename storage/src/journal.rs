@@ -226,8 +226,8 @@ impl<I: LogIo + 'static> Journal<I> {
                 }
                 let n = chunk.len() as u64;
                 let out = apply(&store, chunk, false).await?;
-                // A dispatcher may already scan: replayed keys behind its cursors move them
-                // back.
+                // Readers (a dispatcher) start once the journal is open; they hear of the
+                // replayed keys all the same.
                 if !out.published.is_empty() || !out.deleted.is_empty() {
                     on_applied(&out.published, &out.deleted);
                 }
