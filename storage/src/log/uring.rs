@@ -170,13 +170,18 @@ impl DmaLogIo {
 
 impl LogIo for DmaLogIo {
     async fn list(&self) -> io::Result<Vec<String>> {
-        let mut out = Vec::new();
-        for e in std::fs::read_dir(&self.dir)? {
-            if let Some(n) = e?.file_name().to_str() {
-                out.push(n.to_owned());
-            }
-        }
-        Ok(out)
+        let dir = self.dir.clone();
+        glommio::executor()
+            .spawn_blocking(move || {
+                let mut out = Vec::new();
+                for e in std::fs::read_dir(dir)? {
+                    if let Some(n) = e?.file_name().to_str() {
+                        out.push(n.to_owned());
+                    }
+                }
+                Ok(out)
+            })
+            .await
     }
 
     async fn open(&self, name: &str, len: u64) -> io::Result<()> {
@@ -185,19 +190,22 @@ impl LogIo for DmaLogIo {
         }
         self.probe_device().await?;
         let path = self.dir.join(name);
-        if !path.exists() {
+        // File system calls off the reactor (a roll happens while flushes wait).
+        let p = path.clone();
+        let exists = glommio::executor().spawn_blocking(move || p.exists()).await;
+        if !exists {
             let taken = self.spare.get() == Spare::Ready(len) && {
                 // The prepared segment takes the name; the directory fsync makes that durable.
                 self.spare.set(Spare::None);
-                std::fs::rename(self.dir.join(&self.spare_name), &path).is_ok()
+                let (from, to) = (self.dir.join(&self.spare_name), path.clone());
+                glommio::executor()
+                    .spawn_blocking(move || std::fs::rename(from, to).is_ok())
+                    .await
             };
             if !taken {
                 prepare(&path, len).await?;
             }
             self.sync_dir().await?;
-            if len >= SPARE_MIN {
-                self.prepare_spare(len);
-            }
         }
         let f = self.file(name).await?;
         if f.file_size().await.map_err(to_io)? < len {
