@@ -175,7 +175,7 @@ fn write_error(e: JournalError) -> WriteError {
             "the journal failed ({reason}); the broker restarts from its durable state, and the batch may have been stored (outcome unknown)"
         )),
         JournalError::Stopped => WriteError::Failed(
-            "the server is shutting down; the batch may have been stored (outcome unknown)".into(),
+            "the server is shutting down; the batch was not stored".into(),
         ),
         other => WriteError::Failed(other.to_string()),
     }

@@ -3,8 +3,8 @@
 //! - Every call into redb runs on glommio's blocking thread pool, never on the Raft core's
 //!   reactor (a blocked Raft core loses leadership).
 //! - One `apply` call = one redb transaction: the commands, the applied log id and the last
-//!   membership commit together, without fsync (the Raft log is the WAL: committed entries
-//!   after the last durable apply are replayed from it after a crash).
+//!   membership commit together, without fsync (the Raft log holds the entries: those after
+//!   the last durable apply are replayed from it after a crash).
 //! - Snapshots stream the whole store from one read transaction; installing one replaces the
 //!   store durably and all-or-nothing, after checking its applied log id.
 

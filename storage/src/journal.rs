@@ -88,7 +88,8 @@ pub enum JournalError {
     /// The apply refused the entry (it changed nothing).
     #[error(transparent)]
     Refused(#[from] Refusal),
-    /// The journal stopped.
+    /// The journal stopped before the write was appended: nothing of it was stored (a write
+    /// appended before the stop is flushed and applied by the stop).
     #[error("the journal is stopped")]
     Stopped,
 }
@@ -110,6 +111,12 @@ pub enum OpenError {
         first: u64,
         /// The store's applied index.
         applied: u64,
+    },
+    /// An entry inside the log's bounds could not be read.
+    #[error("journal entry {index} is missing inside the log")]
+    Missing {
+        /// The entry.
+        index: u64,
     },
 }
 
@@ -216,10 +223,7 @@ impl<I: LogIo + 'static> Journal<I> {
                 let mut chunk: Vec<(u64, u64, Vec<u8>)> = Vec::new();
                 let mut bytes = 0;
                 while index <= last && chunk.len() < APPLY_ENTRIES_MAX && bytes < APPLY_BYTES_MAX {
-                    let rec = log.read(index).await?.ok_or(OpenError::Gap {
-                        first: index,
-                        applied,
-                    })?;
+                    let rec = log.read(index).await?.ok_or(OpenError::Missing { index })?;
                     bytes += rec.payload.len();
                     chunk.push((rec.index, rec.term, rec.payload));
                     index += 1;
@@ -442,20 +446,26 @@ impl<I: LogIo + 'static> Journal<I> {
 
     /// Marks the journal failed and fails every waiter.
     fn fail(&self, reason: &str) {
-        let waiters: Vec<Waiter> = {
+        {
             let mut st = self.0.st.borrow_mut();
             if st.failed.is_none() {
                 tracing::error!(target: "storage", error = reason, "the journal failed");
                 st.failed = Some(reason.into());
             }
+        }
+        let reason: Rc<str> = self.failed().unwrap_or_else(|| reason.into());
+        self.drain(&JournalError::Failed { reason });
+    }
+
+    /// Answers every write still queued with `err` (none of them was applied).
+    fn drain(&self, err: &JournalError) {
+        let waiters: Vec<Waiter> = {
+            let mut st = self.0.st.borrow_mut();
             st.queue_bytes = 0;
             st.queue.drain(..).filter_map(|p| p.waiter).collect()
         };
-        let reason: Rc<str> = self.failed().unwrap_or_else(|| reason.into());
         for w in waiters {
-            let _ = w.send(Err(JournalError::Failed {
-                reason: Rc::clone(&reason),
-            }));
+            let _ = w.send(Err(err.clone()));
         }
         self.0.changed.notify(usize::MAX);
     }
@@ -581,22 +591,14 @@ impl<I: LogIo + 'static> Journal<I> {
 
     /// Fails every write still queued when the journal stops (none was applied).
     fn fail_rest(&self) {
-        let waiters: Vec<Waiter> = {
-            let mut st = self.0.st.borrow_mut();
-            st.stopped = true;
-            st.queue_bytes = 0;
-            st.queue.drain(..).filter_map(|p| p.waiter).collect()
-        };
-        for w in waiters {
-            let _ = w.send(Err(JournalError::Stopped));
-        }
-        self.0.changed.notify(usize::MAX);
+        self.0.st.borrow_mut().stopped = true;
+        self.drain(&JournalError::Stopped);
     }
 
     /// Applies every flushed entry (bounded per transaction) and answers their waiters.
     /// False when the apply failed (the journal is failed then).
     async fn apply_flushed(&self, durable: bool) -> bool {
-        let taken: Vec<Pending> = {
+        let (taken, bytes): (Vec<Pending>, usize) = {
             let mut st = self.0.st.borrow_mut();
             let mut taken = Vec::new();
             let mut bytes = 0;
@@ -609,16 +611,14 @@ impl<I: LogIo + 'static> Journal<I> {
                 bytes += p.bytes.len();
                 taken.push(p);
             }
-            taken
+            (taken, bytes)
         };
         if taken.is_empty() {
             return true;
         }
         let mut entries = Vec::with_capacity(taken.len());
         let mut waiters = Vec::with_capacity(taken.len());
-        let mut bytes = 0;
         for p in taken {
-            bytes += p.bytes.len();
             waiters.push((p.index, p.waiter));
             entries.push((p.index, TERM, p.bytes));
         }
@@ -668,7 +668,9 @@ impl<I: LogIo + 'static> Journal<I> {
     }
 
     /// One durable commit (everything applied so far survives a crash), then the log is
-    /// purged up to the applied index. False when the commit failed (retried later).
+    /// purged up to the applied index. False when the commit failed: retried later, and
+    /// nothing is lost meanwhile (the log is purged only behind a durable commit; a store
+    /// that cannot write fails the next apply, and that fails the journal).
     async fn make_durable(&self) -> bool {
         let store = self.0.store.clone();
         match blocking(move || {

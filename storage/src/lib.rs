@@ -12,8 +12,10 @@
 //! - `error`: the crate error type, `StoreError`.
 //!
 //! # Invariants
-//! - Event ids never regress: the highest id handed out is persisted (`last-id`) in the same
-//!   transaction as the messages that carry it, and ids start above it after a restart.
+//! - Event ids never regress among stored messages: the highest id applied is persisted
+//!   (`last-id`) in the same transaction as the messages that carry it, and ids start above
+//!   it after a restart. An id handed to a write that was never applied (lost before its
+//!   fsync, refused) may be handed out again after a crash: no stored message carries it.
 //! - A batch is atomic: all of its messages, index entries and expiry entries commit in one
 //!   transaction, or none do.
 //! - A write acknowledged as durable is in an fsynced log entry (the Raft log or the

@@ -187,8 +187,7 @@ impl Store {
     }
 
     /// Commits a transaction that wrote the data tables and publishes its digest. Commits and
-    /// digests are published in the same order (standalone, a group registration commits
-    /// beside the writer thread).
+    /// digests are published in the same order.
     fn commit_with_digest(
         &self,
         txn: redb::WriteTransaction,
@@ -322,8 +321,9 @@ impl Store {
     /// Both decisions depend only on the entries and the applied state, so every replica
     /// takes the same one; they are reported in [`ApplyOutcome::refused`].
     ///
-    /// `durable` = false commits without fsync: allowed when the Raft log is the WAL, as long
-    /// as the log is not purged past the last durably applied index.
+    /// `durable` = false commits without fsync: allowed because the log (the Raft log or the
+    /// journal) holds the entries, as long as it is not purged past the last durably applied
+    /// index.
     ///
     /// # Errors
     /// A storage error; then nothing changed.

@@ -1,8 +1,8 @@
 //! [`LogIo`] on io_uring: glommio `DmaFile` (O_DIRECT), preallocated with fallocate and
 //! zero-filled once (see [`zero_fill`]); the next segment is prepared in the background.
 //!
-//! Must run inside a glommio executor. Listing the directory and fsyncing it after a segment
-//! is created or removed are plain syscalls (rare: start-up and segment rolls).
+//! Must run inside a glommio executor. File system calls that are not reads or writes
+//! (listing, renames, removals, directory fsyncs) run on the executor's blocking threads.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
