@@ -821,7 +821,7 @@ mod tests {
 
     #[test]
     fn example_file_equals_the_defaults() {
-        let text = include_str!("../../config.example.yaml");
+        let text = include_str!("../../../config.example.yaml");
         let example: Value = yaml_serde::from_str(text).unwrap();
         assert_eq!(example, yaml_serde::to_value(Config::default()).unwrap());
         assert!(Config::default().validate().is_ok());

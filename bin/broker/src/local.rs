@@ -44,6 +44,39 @@ const CONFIG: JournalConfig = JournalConfig {
     durable_interval: DURABLE_APPLY_INTERVAL,
 };
 
+/// Why the standalone write path did not open.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// The store is a cluster node's.
+    #[error("storage.dataDir holds the store of a cluster node (a Raft membership is recorded in it): start it with cluster.enabled, or give this standalone broker another storage.dataDir")]
+    ClusterStore,
+    /// The store could not be read.
+    #[error("reading the store")]
+    Store(#[source] futureq_storage::StoreError),
+    /// The journal's directory could not be made.
+    #[error("creating {}", dir.display())]
+    CreateDir {
+        /// The directory.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The journal did not open.
+    #[error("opening the journal ({place})")]
+    Journal {
+        /// Its directory, or "memory".
+        place: String,
+        /// Why.
+        #[source]
+        source: futureq_storage::journal::OpenError,
+    },
+    /// The journal's task ended before it reported.
+    #[error("the journal stopped while opening")]
+    Stopped,
+}
+
 /// Opens the journal beside the store (replaying what the store has not applied) and serves
 /// `rx` until `stop` fires (the dispatcher's last deletes are through); then the journal is
 /// applied, made durable and emptied. Reports the open's outcome on `ready` first. A failed
@@ -55,7 +88,7 @@ pub async fn serve(
     on_applied: OnApplied,
     rx: flume::Receiver<RaftReq>,
     (stop, shutdown): (Shutdown, Shutdown),
-    ready: impl FnOnce(Result<(), String>),
+    ready: impl FnOnce(Result<(), OpenError>),
 ) {
     // The journal stops after the dispatcher's last deletes; a dispatcher that never ran (a
     // failed start-up on its core) must not keep the process up: shutdown plus a grace.
@@ -77,11 +110,11 @@ pub async fn serve(
     match clustered {
         Ok(None) => {}
         Ok(Some(_)) => {
-            ready(Err("storage.dataDir holds the store of a cluster node (a Raft membership is recorded in it): start it with cluster.enabled, or give this standalone broker another storage.dataDir".into()));
+            ready(Err(OpenError::ClusterStore));
             return;
         }
         Err(e) => {
-            ready(Err(format!("reading the store: {e}")));
+            ready(Err(OpenError::Store(e)));
             return;
         }
     }
@@ -89,7 +122,7 @@ pub async fn serve(
         Some(dir) => {
             let dir = dir.join(JOURNAL_DIR);
             if let Err(e) = std::fs::create_dir_all(&dir) {
-                ready(Err(format!("creating {}: {e}", dir.display())));
+                ready(Err(OpenError::CreateDir { dir, source: e }));
                 return;
             }
             let io = futureq_storage::log::uring::DmaLogIo::in_dir(dir.clone());
@@ -127,12 +160,15 @@ async fn run<I: LogIo + 'static>(
     on_applied: OnApplied,
     rx: flume::Receiver<RaftReq>,
     stop: impl std::future::Future<Output = ()>,
-    ready: impl FnOnce(Result<(), String>),
+    ready: impl FnOnce(Result<(), OpenError>),
 ) {
     let journal = match Journal::open(io, CONFIG, store.clone(), on_applied).await {
         Ok(j) => j,
         Err(e) => {
-            ready(Err(format!("opening the journal ({place}): {e}")));
+            ready(Err(OpenError::Journal {
+                place: place.to_owned(),
+                source: e,
+            }));
             return;
         }
     };

@@ -1,6 +1,46 @@
 //! Process set-up for the thread-per-core runtime: locked-memory limit, CPU list, executors.
 
-use anyhow::{bail, Context};
+/// Why the process cannot host the executors.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuntimeError {
+    /// RLIMIT_MEMLOCK could not be read or raised.
+    #[error("{what}")]
+    Rlimit {
+        /// What failed.
+        what: &'static str,
+        /// The system error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// RLIMIT_MEMLOCK stays below what the executors need.
+    #[error(
+        "RLIMIT_MEMLOCK is {soft} bytes but {executors} executors need at least {need}: \
+         raise it (ulimit -l, or LimitMEMLOCK=infinity in the systemd unit) or lower runtime.cores"
+    )]
+    MemlockTooLow {
+        /// The limit.
+        soft: u64,
+        /// Executors to start.
+        executors: usize,
+        /// Bytes they need.
+        need: u64,
+    },
+    /// Another process listens on a port this broker is configured to serve.
+    #[error("cannot listen on {key} {addr}: the port is already in use ({other} is served by process {pid} {name}: another futureq or another server)")]
+    PortTaken {
+        /// The configuration key.
+        key: String,
+        /// The configured address.
+        addr: std::net::SocketAddr,
+        /// The other listener's address.
+        other: std::net::SocketAddr,
+        /// The other process.
+        pid: u32,
+        /// Its name.
+        name: String,
+    },
+}
 
 /// io_uring buffer memory registered per executor. This broker does no DMA file I/O on its
 /// executors (redb has its own threads), so a small pool suffices; it must fit in
@@ -14,25 +54,33 @@ pub const BLOCKING_THREADS: usize = 2;
 ///
 /// # Errors
 /// The limit stays below what the executors need; the message says how to fix it.
-pub fn raise_memlock(executors: usize) -> anyhow::Result<u64> {
+pub fn raise_memlock(executors: usize) -> Result<u64, RuntimeError> {
     use rlimit::Resource;
-    let (_, hard) = Resource::MEMLOCK.get().context("reading RLIMIT_MEMLOCK")?;
+    let reading = |source| RuntimeError::Rlimit {
+        what: "reading RLIMIT_MEMLOCK",
+        source,
+    };
+    let (_, hard) = Resource::MEMLOCK.get().map_err(reading)?;
     if Resource::MEMLOCK
         .set(rlimit::INFINITY, rlimit::INFINITY)
         .is_err()
     {
         Resource::MEMLOCK
             .set(hard, hard)
-            .context("raising RLIMIT_MEMLOCK to its hard limit")?;
+            .map_err(|source| RuntimeError::Rlimit {
+                what: "raising RLIMIT_MEMLOCK to its hard limit",
+                source,
+            })?;
     }
-    let (soft, _) = Resource::MEMLOCK.get().context("reading RLIMIT_MEMLOCK")?;
+    let (soft, _) = Resource::MEMLOCK.get().map_err(reading)?;
     // glommio refuses to start below 512 KiB, and each executor registers its pool.
     let need = (executors as u64 * IO_MEMORY_PER_EXECUTOR as u64).max(512 << 10);
     if soft < need {
-        bail!(
-            "RLIMIT_MEMLOCK is {soft} bytes but {executors} executors need at least {need}: \
-             raise it (ulimit -l, or LimitMEMLOCK=infinity in the systemd unit) or lower runtime.cores"
-        );
+        return Err(RuntimeError::MemlockTooLow {
+            soft,
+            executors,
+            need,
+        });
     }
     Ok(soft)
 }
@@ -77,7 +125,7 @@ const ORPHAN_LISTENER_WAIT: std::time::Duration = std::time::Duration::from_secs
 ///
 /// # Errors
 /// Another process listens there; the message names the configuration key and the process.
-pub fn check_port_free(key: &str, addr: std::net::SocketAddr) -> anyhow::Result<()> {
+pub fn check_port_free(key: &str, addr: std::net::SocketAddr) -> Result<(), RuntimeError> {
     if addr.port() == 0 {
         return Ok(());
     }
@@ -104,10 +152,13 @@ pub fn check_port_free(key: &str, addr: std::net::SocketAddr) -> anyhow::Result<
         for (other, inode) in &clash {
             if let Some(pid) = socket_owner(*inode) {
                 let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-                bail!(
-                    "cannot listen on {key} {addr}: the port is already in use ({other} is served by process {pid} {}: another futureq or another server)",
-                    name.trim()
-                );
+                return Err(RuntimeError::PortTaken {
+                    key: key.to_owned(),
+                    addr,
+                    other: *other,
+                    pid,
+                    name: name.trim().to_owned(),
+                });
             }
         }
         if std::time::Instant::now() >= until {

@@ -1,0 +1,29 @@
+//! The futureq broker: everything the `futureq` binary runs, as a library tests can drive.
+//!
+//! Layout (one job per module):
+//! - [`config`]: the configuration file, its defaults and environment overrides, validated
+//!   into [`config::Settings`].
+//! - [`server`]: the process: one glommio executor per core, started and stopped together.
+//! - `api`: the gRPC services (producer, consumer, cluster and health) on every core.
+//! - `dispatcher`: core 0's delivery loop (the `futureq_core::hub` state machine over the
+//!   store) and the TTL sweeper.
+//! - `local` and `cluster`: the write path on `runtime.raftCore`: the local journal
+//!   (standalone) or the Raft groups (clustered), behind one request protocol
+//!   (`cluster::RaftReq`).
+//! - [`metrics`]: Prometheus text for every core's counters.
+//! - [`runtime`]: process limits, CPU list, executor keep-alive.
+//! - [`admin`]: operator commands against a cluster (`futureq leave`).
+
+pub mod admin;
+mod api;
+mod cluster;
+pub mod config;
+mod dispatcher;
+mod local;
+pub mod metrics;
+pub mod runtime;
+pub mod server;
+
+pub use cluster::EXIT_RAFT_FAILED;
+pub use futureq_net::Shutdown;
+pub use server::{run, ServerError};

@@ -1,0 +1,491 @@
+//! The broker process: one glommio executor per core, started and stopped together.
+
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futureq_core::hub::HubConfig;
+use futureq_net::grpc::ServerConfig;
+use futureq_net::http::HttpResponse;
+use futureq_net::Shutdown;
+use futureq_storage::{StoreError, StoreMode, StoreService};
+use glommio::{LocalExecutorBuilder, Placement, PoolPlacement};
+
+use crate::api::Ctx;
+use crate::config::Settings;
+use crate::dispatcher::{DispatcherConfig, HubCmd, HUB_QUEUE_MAX};
+use crate::metrics::Metrics;
+use crate::runtime::RuntimeError;
+use crate::{api, cluster, dispatcher, local, runtime};
+
+/// Why the broker did not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// `runtime.raftCore` names no executor.
+    #[error("runtime.raftCore {raft_core} is not one of the {cores} executors (0..{})", cores - 1)]
+    RaftCore {
+        /// The configured core.
+        raft_core: u32,
+        /// Executors.
+        cores: usize,
+    },
+    /// The process cannot host the executors.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// A cluster node was pointed at a standalone broker's store.
+    #[error("storage.dataDir {} holds a standalone broker's store ({} exists): a cluster node starts from its own store; give it another storage.dataDir, or start this one without cluster.enabled", dir.display(), journal.display())]
+    StandaloneStore {
+        /// `storage.dataDir`.
+        dir: PathBuf,
+        /// The journal's directory in it.
+        journal: PathBuf,
+    },
+    /// The data directory holds the write-ahead log of a futureq before the journal.
+    #[error("{} was written by an older futureq, whose standalone write-ahead log this version does not read: start that version once and stop it cleanly (SIGTERM: it checkpoints, leaving nothing to replay), then delete the file", path.display())]
+    OldWal {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The store did not open.
+    #[error("opening the store ({place})")]
+    Storage {
+        /// Its directory, or "memory".
+        place: String,
+        /// Why.
+        #[source]
+        source: StoreError,
+    },
+    /// An executor thread did not start.
+    #[error("starting executor {core} on CPU {cpu}: {reason}")]
+    Executor {
+        /// The executor.
+        core: usize,
+        /// Its CPU.
+        cpu: usize,
+        /// Why.
+        reason: String,
+    },
+    /// An executor ended before it reported.
+    #[error("an executor stopped during start-up")]
+    ExecutorLost,
+    /// A listener could not be opened.
+    #[error("cannot listen on {key} {addr}: {reason}")]
+    Listen {
+        /// The configuration key.
+        key: &'static str,
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        reason: String,
+    },
+    /// The standalone write path did not open.
+    #[error("storage")]
+    Journal(#[source] local::OpenError),
+    /// The Raft node did not start.
+    #[error("cluster: {reason}")]
+    Cluster {
+        /// Why.
+        reason: String,
+    },
+}
+
+fn metrics_handler(metrics: Arc<Metrics>, shutdown: Shutdown) -> futureq_net::http::HttpHandler {
+    Rc::new(move |path: &str| match path {
+        "/metrics" => HttpResponse {
+            status: 200,
+            content_type: "text/plain; version=0.0.4",
+            body: metrics.render(),
+        },
+        "/healthz" if !shutdown.is_triggered() => HttpResponse {
+            status: 200,
+            content_type: "text/plain",
+            body: "ok\n".into(),
+        },
+        "/healthz" => HttpResponse {
+            status: 503,
+            content_type: "text/plain",
+            body: "shutting down\n".into(),
+        },
+        _ => HttpResponse {
+            status: 404,
+            content_type: "text/plain",
+            body: "not found\n".into(),
+        },
+    })
+}
+
+/// Runs the broker until `shutdown` fires and every executor stopped: opens the store,
+/// starts one executor per core (its gRPC listener; on core 0 the dispatcher, TTL sweeper
+/// and metrics; on `runtime.raftCore` the write path: the Raft groups or the journal).
+///
+/// # Errors
+/// A start-up failure ([`ServerError`]); once serving, failures end the process (see
+/// [`crate::cluster::EXIT_RAFT_FAILED`]) or are logged.
+pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
+    let settings = Arc::new(settings);
+    let cpus = runtime::allowed_cpus();
+    let cores = if settings.cores == 0 {
+        cpus.len()
+    } else {
+        settings.cores as usize
+    };
+    if settings.cluster.is_some() && settings.raft_core as usize >= cores {
+        return Err(ServerError::RaftCore {
+            raft_core: settings.raft_core,
+            cores,
+        });
+    }
+    let memlock = runtime::raise_memlock(cores)?;
+    tracing::debug!(target: "app", memlock, cores, "runtime limits");
+    // The executors' listeners share their ports (SO_REUSEPORT), which would also let them
+    // join a port another broker serves: clients would be split between two stores.
+    let mut exclusive = vec![("api.grpc.listen", settings.grpc_listen)];
+    exclusive.extend(
+        settings
+            .metrics_listen
+            .map(|a| ("observability.metrics.listen", a)),
+    );
+    exclusive.extend(
+        settings
+            .cluster
+            .as_ref()
+            .map(|c| ("cluster.raft.listen", c.raft_listen)),
+    );
+    for (key, addr) in exclusive {
+        runtime::check_port_free(key, addr)?;
+    }
+
+    let (hub_tx, hub_rx) = flume::bounded::<HubCmd>(HUB_QUEUE_MAX);
+    let mode = if settings.memory_storage {
+        StoreMode::Memory
+    } else {
+        StoreMode::Disk(settings.data_dir.clone(), settings.cache_bytes)
+    };
+    if let (StoreMode::Disk(dir, _), Some(_)) = (&mode, &settings.cluster) {
+        let journal = dir.join(local::JOURNAL_DIR);
+        if journal.exists() {
+            return Err(ServerError::StandaloneStore {
+                dir: dir.clone(),
+                journal,
+            });
+        }
+    }
+    if let StoreMode::Disk(dir, _) = &mode {
+        let wal = dir.join("futureq.wal");
+        if wal.exists() {
+            return Err(ServerError::OldWal { path: wal });
+        }
+    }
+    // Writes reach redb through a log either way: the Raft log in a cluster, the local
+    // journal standalone (both apply with the same code).
+    let (store, store_threads) =
+        StoreService::start(&mode).map_err(|source| ServerError::Storage {
+            place: match &mode {
+                StoreMode::Disk(dir, _) => dir.display().to_string(),
+                StoreMode::Memory => "memory".into(),
+            },
+            source,
+        })?;
+    // Every write request goes to one core: the Raft core in a cluster, the journal
+    // standalone (`runtime.raftCore` either way).
+    let (cluster, writes, write_rx) = match settings.cluster {
+        Some(_) => {
+            let (c, rx) = cluster::Cluster::new();
+            let tx = c.tx.clone();
+            (Some(c), tx, rx)
+        }
+        None => {
+            let (tx, rx) = flume::bounded(cluster::RAFT_QUEUE_MAX);
+            (None, tx, rx)
+        }
+    };
+    let mut raft_rx = Some(write_rx);
+    let dispatcher_done = Shutdown::new();
+    let writes_open = Shutdown::new();
+    let metrics = Arc::new(Metrics {
+        store_digest: store.store().digest_cell(),
+        ..Metrics::default()
+    });
+
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), ServerError>>();
+    let mut handles = Vec::new();
+    let mut hub_rx = Some(hub_rx);
+    for core in 0..cores {
+        let cpu = cpus[core % cpus.len()];
+        let ctx_parts = CtxParts {
+            settings: Arc::clone(&settings),
+            store: store.clone(),
+            hub: hub_tx.clone(),
+            metrics: Arc::clone(&metrics),
+            shutdown: shutdown.clone(),
+            writes: writes.clone(),
+            cluster: cluster.clone(),
+            raft_rx: if core == settings.raft_core as usize {
+                raft_rx.take()
+            } else {
+                None
+            },
+            dispatcher_done: dispatcher_done.clone(),
+            writes_open: writes_open.clone(),
+        };
+        let hub_rx = if core == 0 { hub_rx.take() } else { None };
+        let ready = ready_tx.clone();
+        let h = LocalExecutorBuilder::new(Placement::Fixed(cpu))
+            .name(&format!("futureq-core{core}"))
+            .io_memory(runtime::IO_MEMORY_PER_EXECUTOR)
+            // Work handed off the reactor (Raft apply, snapshot builds, sweeps) must not queue
+            // behind one long job: a snapshot build stalled every apply for seconds.
+            .blocking_thread_pool_placement(PoolPlacement::Unbound(runtime::BLOCKING_THREADS))
+            .spawn(move || async move { core_main(core, ctx_parts, hub_rx, ready).await })
+            .map_err(|e| ServerError::Executor {
+                core,
+                cpu,
+                reason: e.to_string(),
+            })?;
+        handles.push(h);
+    }
+    drop(ready_tx);
+    drop(hub_tx);
+    for _ in 0..cores {
+        match ready_rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                shutdown.trigger();
+                for h in handles {
+                    let _ = h.join();
+                }
+                return Err(e);
+            }
+            Err(_) => return Err(ServerError::ExecutorLost),
+        }
+    }
+    tracing::info!(
+        target: "app",
+        grpc = %settings.grpc_listen,
+        metrics = ?settings.metrics_listen.map(|a| a.to_string()),
+        storage = ?mode,
+        cores,
+        mode = if settings.cluster.is_some() { "clustered" } else { "standalone" },
+        "futureq serving"
+    );
+    for h in handles {
+        if let Err(e) = h.join() {
+            tracing::error!(target: "app", error = %e, "executor failed");
+        }
+    }
+    drop(store);
+    store_threads.join();
+    tracing::info!(target: "app", "stopped");
+    Ok(())
+}
+
+/// Resolves when `a` or `b` fired.
+async fn either(a: Shutdown, b: Shutdown) {
+    futures_lite::future::or(a.wait(), b.wait()).await;
+}
+
+/// What each executor starts with.
+struct CtxParts {
+    settings: Arc<Settings>,
+    store: StoreService,
+    hub: flume::Sender<HubCmd>,
+    metrics: Arc<Metrics>,
+    shutdown: Shutdown,
+    writes: flume::Sender<cluster::RaftReq>,
+    cluster: Option<Arc<cluster::Cluster>>,
+    /// The write requests' queue (on the Raft core only): the Raft core's or the journal's.
+    raft_rx: Option<flume::Receiver<cluster::RaftReq>>,
+    /// Fires when the dispatcher stopped (its last deletes are through).
+    dispatcher_done: Shutdown,
+    /// Fires when the write path is open: the journal replayed (standalone), the Raft groups
+    /// started (clustered).
+    writes_open: Shutdown,
+}
+
+/// One executor: its gRPC listener; on core 0 the dispatcher, TTL sweeper and metrics; on the
+/// Raft core (clustered) both Raft groups.
+#[allow(clippy::too_many_lines)]
+async fn core_main(
+    core: usize,
+    parts: CtxParts,
+    hub_rx: Option<flume::Receiver<HubCmd>>,
+    ready: std::sync::mpsc::Sender<Result<(), ServerError>>,
+) {
+    let CtxParts {
+        settings,
+        store,
+        hub,
+        metrics,
+        shutdown,
+        writes,
+        cluster,
+        raft_rx,
+        dispatcher_done,
+        writes_open,
+    } = parts;
+    let _awake = runtime::keep_awake();
+    let listener = match glommio::net::TcpListener::bind(settings.grpc_listen) {
+        Ok(l) => l,
+        Err(e) => {
+            let _ = ready.send(Err(ServerError::Listen {
+                key: "api.grpc.listen",
+                addr: settings.grpc_listen,
+                reason: e.to_string(),
+            }));
+            return;
+        }
+    };
+    let mut background = Vec::new();
+    if let (Some(rx), None) = (&raft_rx, &cluster) {
+        let (opened, open_rx) = futures::channel::oneshot::channel();
+        let data_dir = (!settings.memory_storage).then(|| settings.data_dir.clone());
+        background.push(glommio::spawn_local(local::serve(
+            data_dir,
+            store.store().clone(),
+            Box::new(cluster::applied_to_hub(hub.clone())),
+            rx.clone(),
+            (dispatcher_done.clone(), shutdown.clone()),
+            move |r| {
+                let _ = opened.send(r);
+            },
+        )));
+        match open_rx.await {
+            Ok(Ok(())) => writes_open.trigger(),
+            Ok(Err(e)) => {
+                let _ = ready.send(Err(ServerError::Journal(e)));
+                return;
+            }
+            Err(_) => {
+                let _ = ready.send(Err(ServerError::Journal(local::OpenError::Stopped)));
+                return;
+            }
+        }
+    }
+    if let (Some(rx), Some(c), Some(cfg)) = (raft_rx, &cluster, &settings.cluster) {
+        let node = match cluster::start(
+            cfg,
+            &settings.grpc_advertise,
+            store.store().clone(),
+            hub.clone(),
+        )
+        .await
+        {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = ready.send(Err(ServerError::Cluster { reason: e }));
+                return;
+            }
+        };
+        writes_open.trigger();
+        background.push(glommio::spawn_local(cluster::serve(
+            node,
+            cfg.clone(),
+            settings.grpc_advertise.clone(),
+            Arc::clone(c),
+            rx,
+            store.store().clone(),
+            shutdown.clone(),
+            dispatcher_done.clone(),
+            Arc::clone(&metrics),
+        )));
+    }
+    if let Some(rx) = hub_rx {
+        if let Some(addr) = settings.metrics_listen {
+            match glommio::net::TcpListener::bind(addr) {
+                Ok(l) => {
+                    let h = metrics_handler(Arc::clone(&metrics), shutdown.clone());
+                    background.push(glommio::spawn_local(futureq_net::http::serve(
+                        l,
+                        h,
+                        shutdown.clone(),
+                    )));
+                }
+                Err(e) => {
+                    let _ = ready.send(Err(ServerError::Listen {
+                        key: "observability.metrics.listen",
+                        addr,
+                        reason: e.to_string(),
+                    }));
+                    return;
+                }
+            }
+        }
+        let cfg = DispatcherConfig {
+            hub: HubConfig {
+                in_flight_timeout_ms: i64::try_from(settings.in_flight_timeout.as_millis())
+                    .unwrap_or(i64::MAX),
+                bucket_ms: settings.time_bucket_ms,
+                scan_limit: settings.scan_max_keys,
+                lookahead_ms: i64::try_from(settings.read_ahead.as_millis()).unwrap_or(i64::MAX),
+            },
+            delete_interval: settings.delete_batch_interval,
+            delete_timeout: settings.proposal_timeout,
+        };
+        // The store is read once the write path replayed what it holds (on another core
+        // when `runtime.raftCore` is not 0): a delete still in the journal would otherwise
+        // let an acknowledged message be delivered again.
+        let sweep = dispatcher::sweep_ttl(
+            settings.ttl_sweep_interval,
+            store.clone(),
+            writes.clone(),
+            cluster.clone(),
+            Arc::clone(&metrics),
+            shutdown.clone(),
+            settings.proposal_timeout,
+        );
+        let opened = either(writes_open.clone(), shutdown.clone());
+        background.push(glommio::spawn_local(async move {
+            opened.await;
+            sweep.await;
+        }));
+        let run = dispatcher::run(
+            cfg,
+            rx,
+            hub.clone(),
+            store.clone(),
+            writes.clone(),
+            Arc::clone(&metrics),
+            shutdown.clone(),
+        );
+        let opened = either(writes_open, shutdown.clone());
+        background.push(glommio::spawn_local(async move {
+            opened.await;
+            run.await;
+            dispatcher_done.trigger();
+        }));
+    }
+    let server_cfg = ServerConfig {
+        max_recv_message_len: settings.max_recv_message_len,
+        max_send_message_len: settings.max_send_message_len,
+        max_concurrent_streams: settings.max_concurrent_streams,
+        keepalive_timeout: settings.keepalive_timeout,
+        ..ServerConfig::default()
+    };
+    let ctx = Rc::new(Ctx {
+        settings,
+        hub,
+        metrics,
+        shutdown: shutdown.clone(),
+        writes,
+        cluster,
+    });
+    let _ = ready.send(Ok(()));
+    tracing::debug!(target: "app", core, "executor serving");
+    futureq_net::grpc::serve(
+        listener,
+        api::handler(Rc::clone(&ctx)),
+        server_cfg,
+        shutdown,
+    )
+    .await;
+    // Let streams finish (they end themselves on shutdown), then stop the background tasks.
+    for task in background {
+        task.await;
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while Rc::strong_count(&ctx) > 1 && std::time::Instant::now() < deadline {
+        glommio::timer::sleep(Duration::from_millis(10)).await;
+    }
+}
