@@ -18,10 +18,10 @@ use std::sync::Arc;
 use futureq_net::grpc::{Call, Code, Handler, Outbound, Status};
 use futureq_net::Shutdown;
 
-use crate::cluster::{Cluster, RaftReq};
 use crate::config::Settings;
 use crate::dispatcher::HubCmd;
 use crate::metrics::Metrics;
+use crate::replication::Replication;
 
 /// What every request handler on a core can reach.
 pub struct Ctx {
@@ -33,12 +33,10 @@ pub struct Ctx {
     pub metrics: Arc<Metrics>,
     /// Process-wide shutdown.
     pub shutdown: Shutdown,
-    /// Write requests (publish, delete, group registration): to the Raft core in a cluster,
-    /// to the local journal standalone; either assigns event ids at the moment the write
-    /// enters its log, so ids follow log order.
-    pub writes: flume::Sender<RaftReq>,
-    /// The Raft core's handle, in clustered mode.
-    pub cluster: Option<Arc<Cluster>>,
+    /// Where writes go (publish, delete, group registration: to the Raft core in a
+    /// cluster, to the local journal standalone; either assigns event ids at the moment the
+    /// write enters its log, so ids follow log order) and who leads.
+    pub repl: Arc<Replication>,
 }
 
 /// Builds the request router.
@@ -57,16 +55,8 @@ pub fn handler(ctx: Rc<Ctx>) -> Handler {
                 "/futureq.FutureQCluster/JoinCluster"
                 | "/futureq.FutureQCluster/LeaveCluster"
                 | "/futureq.FutureQCluster/JoinMetadata"
-                | "/futureq.FutureQCluster/LeaveMetadata" => match &ctx.cluster {
-                    Some(c) => {
-                        let secret = ctx
-                            .settings
-                            .cluster
-                            .as_ref()
-                            .map(|c| c.secret.clone())
-                            .unwrap_or_default();
-                        cluster::membership(c, &secret, call, out).await
-                    }
+                | "/futureq.FutureQCluster/LeaveMetadata" => match &ctx.settings.cluster {
+                    Some(c) => cluster::membership(&ctx.repl, &c.secret, call, out).await,
                     None => cluster::standalone_membership(call).await,
                 },
                 "/grpc.health.v1.Health/Check" => cluster::health_check(&ctx, call, out).await,

@@ -1,41 +1,36 @@
 //! Clustered mode: the task on the Raft core (`runtime.raftCore`) that owns this node's two
 //! Raft groups, and what the other cores share with it.
 //!
-//! Ingress cores never touch openraft: they read [`ClusterState`] (thread-safe) and send
-//! [`RaftReq`]s over a bounded channel; the Raft core answers over oneshots.
+//! Ingress cores never touch openraft: they read the [`Replication`] view (thread-safe) and
+//! send [`RaftReq`]s over a bounded channel; the Raft core answers over oneshots.
 //!
 //! # Invariants
 //! - Event ids are assigned here only, by a leader that has applied its log up to its own
 //!   first entry of the term (so the store's high-water mark covers every earlier leader's
 //!   ids), starting above that mark: ids never regress across failovers and restarts.
 //! - Clients are served only while this node leads with a fresh quorum; when it stops, the
-//!   [`View::lost`] signal of that leadership fires and every consumer stream of it ends.
+//!   [`crate::replication::View::lost`] signal of that leadership fires and every consumer stream of it ends.
 
 use std::cell::Cell;
-use std::collections::BTreeSet;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futureq_core::command::{
     encode_delete, encode_register_group, encode_store, DeleteBatch, RegisterGroup, StoreBatch,
-    StoreItem,
 };
-use futureq_core::metadata::{ClusterView, Member, MetaCommand, NodeAddr, ShardTopology};
-use futureq_core::{AckLevel, EventKey};
+use futureq_core::metadata::{Member, MetaCommand, NodeAddr, ShardTopology};
+use futureq_core::AckLevel;
 use futureq_net::Shutdown;
 use futureq_raft::node::{Ack, Forward, Leadership, Node, NodeConfig, Standing, WriteError};
 use futureq_storage::Store;
-use futures::channel::oneshot;
 use futures_lite::future;
 
 use crate::config::ClusterSettings;
-use crate::dispatcher::HubCmd;
 use crate::metrics::Metrics;
+use crate::replication::{MembershipOp, RaftReq, Replication};
 
-/// Capacity of the Raft core's request queue.
-pub const RAFT_QUEUE_MAX: usize = 4096;
 /// Requests the Raft core serves at once (each waits for its proposal or membership change).
 const RAFT_REQUESTS_MAX: u64 = 4096;
 /// How often leadership is re-checked when nothing changes (the quorum-freshness check
@@ -56,174 +51,12 @@ const REJOIN_ATTEMPTS: u32 = 30;
 /// Pause between them.
 const REJOIN_PAUSE: Duration = Duration::from_secs(2);
 
-/// A request from an ingress core to the Raft core.
-pub enum RaftReq {
-    /// Store a publish batch (ids are assigned on the Raft core); replies with the first id.
-    Publish {
-        /// Items with `event_id` unset.
-        items: Vec<StoreItem>,
-        /// How long to wait.
-        level: AckLevel,
-        /// When to give up.
-        deadline: Instant,
-        /// First assigned id.
-        reply: oneshot::Sender<Result<u64, WriteError>>,
-    },
-    /// Delete keys (ACKs, TTL expiry) through the log.
-    Delete {
-        /// The keys.
-        keys: Vec<EventKey>,
-        /// When to give up.
-        deadline: Instant,
-        /// Done.
-        reply: oneshot::Sender<Result<(), WriteError>>,
-    },
-    /// Add a consumer group to the durable registry (a no-op when it is there).
-    RegisterGroup {
-        /// Topic hash.
-        topic_hash: u64,
-        /// The group.
-        group: String,
-        /// When to give up.
-        deadline: Instant,
-        /// Done.
-        reply: oneshot::Sender<Result<(), WriteError>>,
-    },
-    /// A membership change asked over gRPC.
-    Membership {
-        /// What to change.
-        op: MembershipOp,
-        /// Error message on failure.
-        reply: oneshot::Sender<Result<(), String>>,
-    },
-}
-
-/// Membership changes (`FutureQCluster`).
-#[derive(Debug, Clone)]
-pub enum MembershipOp {
-    /// Add a node to both groups (learner → catch up → voter).
-    Join {
-        /// Its id.
-        node_id: u64,
-        /// Its Raft address.
-        raft_addr: String,
-    },
-    /// Remove a node from the event shard, then from the metadata group.
-    Leave {
-        /// Its id.
-        node_id: u64,
-    },
-    /// Add a non-voting observer of the metadata group.
-    JoinMeta {
-        /// Its id.
-        node_id: u64,
-        /// Its Raft address.
-        raft_addr: String,
-    },
-    /// Remove a node from the metadata group.
-    LeaveMeta {
-        /// Its id.
-        node_id: u64,
-    },
-}
-
-/// What every core may read about the cluster.
-#[derive(Clone, Default)]
-pub struct View {
-    /// This node leads the event shard and may take clients.
-    pub leading: bool,
-    /// The leader this node knows of.
-    pub leader_id: Option<u64>,
-    /// The leader's client address ("" if unknown).
-    pub leader_addr: String,
-    /// What `GetClusterInfo` answers (`None` before the topology is known).
-    pub info: Option<ClusterView>,
-    /// On the leader: the members it heard from within an election timeout.
-    pub alive: Option<BTreeSet<u64>>,
-    /// Fires when the leadership that `leading` describes ends.
-    pub lost: Shutdown,
-}
-
-/// The shared, thread-safe cluster state.
-pub struct ClusterState {
-    view: Mutex<View>,
-}
-
-impl ClusterState {
-    /// A copy of the current view.
-    #[must_use]
-    pub fn view(&self) -> View {
-        self.view
-            .lock()
-            .map(|v| v.clone())
-            .unwrap_or_else(|p| p.into_inner().clone())
-    }
-
-    fn update(&self, f: impl FnOnce(&mut View)) {
-        let mut g = self
-            .view
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        f(&mut g);
-    }
-}
-
-/// The handle other cores hold.
-pub struct Cluster {
-    /// Requests to the Raft core.
-    pub tx: flume::Sender<RaftReq>,
-    /// The shared view.
-    pub state: ClusterState,
-}
-
-impl Cluster {
-    /// A handle and the receiving end for the Raft core.
-    #[must_use]
-    pub fn new() -> (Arc<Cluster>, flume::Receiver<RaftReq>) {
-        let (tx, rx) = flume::bounded(RAFT_QUEUE_MAX);
-        (
-            Arc::new(Cluster {
-                tx,
-                state: ClusterState {
-                    view: Mutex::new(View::default()),
-                },
-            }),
-            rx,
-        )
-    }
-}
-
-/// What an apply tells the dispatcher (on every replica, and standalone): the smallest new
-/// key per topic (a scan cursor that passed it moves back) and the deleted keys (never
-/// delivered again).
-pub fn applied_to_hub(hub: flume::Sender<HubCmd>) -> impl Fn(&[EventKey], &[EventKey]) {
-    move |published: &[EventKey], deleted: &[EventKey]| {
-        if !published.is_empty() {
-            send_to_hub(&hub, HubCmd::Published(published.to_vec()));
-        }
-        if !deleted.is_empty() {
-            send_to_hub(&hub, HubCmd::Expired(deleted.to_vec()));
-        }
-    }
-}
-
-fn send_to_hub(hub: &flume::Sender<HubCmd>, cmd: HubCmd) {
-    // Never block the Raft core: when the queue is full, hand the send to a task.
-    if let Err(flume::TrySendError::Full(cmd)) = hub.try_send(cmd) {
-        let hub = hub.clone();
-        glommio::spawn_local(async move {
-            let _ = hub.send_async(cmd).await;
-        })
-        .detach();
-    }
-}
-
 /// The Raft core's state besides the node.
 struct Core {
     node: Node,
     cfg: ClusterSettings,
     grpc_advertise: String,
-    cluster: Arc<Cluster>,
+    cluster: Arc<Replication>,
     store: Store,
     /// Next event id to assign (only meaningful while `ready_term` is the current term).
     next_id: Cell<u64>,
@@ -246,7 +79,7 @@ pub async fn start(
     cfg: &ClusterSettings,
     grpc_advertise: &str,
     store: Store,
-    hub: flume::Sender<HubCmd>,
+    on_applied: futureq_raft::state_machine::OnApplied,
 ) -> Result<Node, String> {
     let node_cfg = NodeConfig {
         node_id: cfg.node_id,
@@ -261,7 +94,6 @@ pub async fn start(
     if cfg.secret.is_open() {
         tracing::warn!(target: "raft", "cluster.secret is not set: anyone who reaches cluster.raft.listen or the gRPC port can join nodes, remove them or talk Raft to this node; set cluster.secret (or cluster.secretFile) on every node");
     }
-    let on_applied: futureq_raft::state_machine::OnApplied = Rc::new(applied_to_hub(hub));
     let node = Node::start(&node_cfg, store, on_applied)
         .await
         .map_err(|e| e.to_string())?;
@@ -387,7 +219,7 @@ pub async fn serve(
     node: Node,
     cfg: ClusterSettings,
     grpc_advertise: String,
-    cluster: Arc<Cluster>,
+    cluster: Arc<Replication>,
     rx: flume::Receiver<RaftReq>,
     store: Store,
     shutdown: Shutdown,
@@ -446,7 +278,7 @@ pub async fn serve(
     };
     future::or(drain, glommio::timer::sleep(Duration::from_secs(5))).await;
     watcher.await;
-    core.cluster.state.update(|v| {
+    core.cluster.update(|v| {
         v.leading = false;
         v.lost.trigger();
     });
@@ -590,7 +422,7 @@ impl Core {
     }
 
     fn not_leader_message(&self) -> String {
-        let v = self.cluster.state.view();
+        let v = self.cluster.view();
         if v.leader_addr.is_empty() {
             "node is not the cluster leader (leader unknown)".into()
         } else {
@@ -721,7 +553,7 @@ impl Core {
         m.raft_purged_index.store(l.purged, Ordering::Relaxed);
         m.raft_refused_entries
             .store(self.node.refused_entries(), Ordering::Relaxed);
-        self.cluster.state.update(|v| {
+        self.cluster.update(|v| {
             if v.leading != leading {
                 m.raft_leader_changes.fetch_add(1, Ordering::Relaxed);
             }

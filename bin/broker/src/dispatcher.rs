@@ -16,8 +16,8 @@ use futureq_storage::StoreService;
 use futures::channel::oneshot;
 use futures_lite::future;
 
-use crate::cluster::{Cluster, RaftReq};
 use crate::metrics::Metrics;
+use crate::replication::{RaftReq, Replication};
 
 /// Capacity of the dispatcher's command queue.
 pub const HUB_QUEUE_MAX: usize = 65_536;
@@ -297,6 +297,31 @@ async fn delete_logged(
 }
 
 /// Runs the dispatcher until shutdown, then flushes the pending deletes.
+/// What an apply tells the dispatcher (on every replica, and standalone): the smallest new
+/// key per topic (a scan cursor that passed it moves back) and the deleted keys (never
+/// delivered again).
+pub fn applied_to_hub(hub: flume::Sender<HubCmd>) -> impl Fn(&[EventKey], &[EventKey]) {
+    move |published: &[EventKey], deleted: &[EventKey]| {
+        if !published.is_empty() {
+            send_to_hub(&hub, HubCmd::Published(published.to_vec()));
+        }
+        if !deleted.is_empty() {
+            send_to_hub(&hub, HubCmd::Expired(deleted.to_vec()));
+        }
+    }
+}
+
+fn send_to_hub(hub: &flume::Sender<HubCmd>, cmd: HubCmd) {
+    // Never block the write core: when the queue is full, hand the send to a task.
+    if let Err(flume::TrySendError::Full(cmd)) = hub.try_send(cmd) {
+        let hub = hub.clone();
+        glommio::spawn_local(async move {
+            let _ = hub.send_async(cmd).await;
+        })
+        .detach();
+    }
+}
+
 /// Runs the dispatcher. Start it once the write path replayed what it holds (see
 /// `core_main`): a delete still in the journal would otherwise let it deliver an
 /// acknowledged message again.
@@ -409,12 +434,11 @@ pub async fn run(
 /// and deletes them through the log (every replica's apply tells its dispatcher). Followers
 /// do nothing.
 async fn sweep_step(
-    writes: &flume::Sender<RaftReq>,
-    cluster: Option<&Cluster>,
+    repl: &Replication,
     store: &StoreService,
     timeout: Duration,
 ) -> Result<Vec<EventKey>, String> {
-    if cluster.is_some_and(|c| !c.state.view().leading) {
+    if !repl.leading() {
         return Ok(Vec::new());
     }
     let s = store.store().clone();
@@ -424,7 +448,7 @@ async fn sweep_step(
         .await
         .map_err(|e| e.to_string())?;
     if !keys.is_empty() {
-        delete_logged(writes, keys.clone(), timeout).await?;
+        delete_logged(repl.writes(), keys.clone(), timeout).await?;
     }
     Ok(keys)
 }
@@ -434,8 +458,7 @@ async fn sweep_step(
 pub async fn sweep_ttl(
     interval: Duration,
     store: StoreService,
-    writes: flume::Sender<RaftReq>,
-    cluster: Option<Arc<Cluster>>,
+    repl: Arc<Replication>,
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
     timeout: Duration,
@@ -456,7 +479,7 @@ pub async fn sweep_ttl(
             return;
         }
         loop {
-            let swept = sweep_step(&writes, cluster.as_deref(), &store, timeout).await;
+            let swept = sweep_step(&repl, &store, timeout).await;
             match swept {
                 Ok(keys) => {
                     let n = keys.len();

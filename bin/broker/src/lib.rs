@@ -7,9 +7,10 @@
 //! - `api`: the gRPC services (producer, consumer, cluster and health) on every core.
 //! - `dispatcher`: core 0's delivery loop (the `futureq_core::hub` state machine over the
 //!   store) and the TTL sweeper.
-//! - `local` and `cluster`: the write path on `runtime.raftCore`: the local journal
-//!   (standalone) or the Raft groups (clustered), behind one request protocol
-//!   (`cluster::RaftReq`).
+//! - `replication`: the seam between the modes, as every core sees it: the write requests
+//!   (`RaftReq`) and who leads (a standalone broker is a one-node cluster that always leads).
+//! - `local` and `cluster`: the two servers of the write requests on `runtime.raftCore`: the
+//!   local journal (standalone) or the Raft groups (clustered).
 //! - [`metrics`]: Prometheus text for every core's counters.
 //! - [`runtime`]: process limits, CPU list, executor keep-alive.
 //! - [`admin`]: operator commands against a cluster (`futureq leave`).
@@ -21,6 +22,7 @@ pub mod config;
 mod dispatcher;
 mod local;
 pub mod metrics;
+mod replication;
 pub mod runtime;
 pub mod server;
 

@@ -17,7 +17,8 @@ use futureq_storage::log::LogConfig;
 use futureq_storage::Store;
 use futures_lite::future;
 
-use crate::cluster::{RaftReq, EXIT_RAFT_FAILED};
+use crate::cluster::EXIT_RAFT_FAILED;
+use crate::replication::RaftReq;
 
 /// Directory of the journal's log under `storage.dataDir`.
 pub const JOURNAL_DIR: &str = "journal";

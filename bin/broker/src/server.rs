@@ -16,6 +16,7 @@ use crate::api::Ctx;
 use crate::config::Settings;
 use crate::dispatcher::{DispatcherConfig, HubCmd, HUB_QUEUE_MAX};
 use crate::metrics::Metrics;
+use crate::replication::{RaftReq, Replication};
 use crate::runtime::RuntimeError;
 use crate::{api, cluster, dispatcher, local, runtime};
 
@@ -190,16 +191,9 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
         })?;
     // Every write request goes to one core: the Raft core in a cluster, the journal
     // standalone (`runtime.raftCore` either way).
-    let (cluster, writes, write_rx) = match settings.cluster {
-        Some(_) => {
-            let (c, rx) = cluster::Cluster::new();
-            let tx = c.tx.clone();
-            (Some(c), tx, rx)
-        }
-        None => {
-            let (tx, rx) = flume::bounded(cluster::RAFT_QUEUE_MAX);
-            (None, tx, rx)
-        }
+    let (repl, write_rx) = match settings.cluster {
+        Some(_) => Replication::clustered(),
+        None => Replication::standalone(settings.node_id, &settings.grpc_advertise),
     };
     let mut raft_rx = Some(write_rx);
     let dispatcher_done = Shutdown::new();
@@ -220,8 +214,7 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
             hub: hub_tx.clone(),
             metrics: Arc::clone(&metrics),
             shutdown: shutdown.clone(),
-            writes: writes.clone(),
-            cluster: cluster.clone(),
+            repl: Arc::clone(&repl),
             raft_rx: if core == settings.raft_core as usize {
                 raft_rx.take()
             } else {
@@ -293,10 +286,9 @@ struct CtxParts {
     hub: flume::Sender<HubCmd>,
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
-    writes: flume::Sender<cluster::RaftReq>,
-    cluster: Option<Arc<cluster::Cluster>>,
+    repl: Arc<Replication>,
     /// The write requests' queue (on the Raft core only): the Raft core's or the journal's.
-    raft_rx: Option<flume::Receiver<cluster::RaftReq>>,
+    raft_rx: Option<flume::Receiver<RaftReq>>,
     /// Fires when the dispatcher stopped (its last deletes are through).
     dispatcher_done: Shutdown,
     /// Fires when the write path is open: the journal replayed (standalone), the Raft groups
@@ -319,8 +311,7 @@ async fn core_main(
         hub,
         metrics,
         shutdown,
-        writes,
-        cluster,
+        repl,
         raft_rx,
         dispatcher_done,
         writes_open,
@@ -338,13 +329,14 @@ async fn core_main(
         }
     };
     let mut background = Vec::new();
-    if let (Some(rx), None) = (&raft_rx, &cluster) {
+    // The write core: one of the two servers of the write requests.
+    if let (Some(rx), None) = (&raft_rx, &settings.cluster) {
         let (opened, open_rx) = futures::channel::oneshot::channel();
         let data_dir = (!settings.memory_storage).then(|| settings.data_dir.clone());
         background.push(glommio::spawn_local(local::serve(
             data_dir,
             store.store().clone(),
-            Box::new(cluster::applied_to_hub(hub.clone())),
+            Box::new(dispatcher::applied_to_hub(hub.clone())),
             rx.clone(),
             (dispatcher_done.clone(), shutdown.clone()),
             move |r| {
@@ -363,12 +355,12 @@ async fn core_main(
             }
         }
     }
-    if let (Some(rx), Some(c), Some(cfg)) = (raft_rx, &cluster, &settings.cluster) {
+    if let (Some(rx), Some(cfg)) = (raft_rx, &settings.cluster) {
         let node = match cluster::start(
             cfg,
             &settings.grpc_advertise,
             store.store().clone(),
-            hub.clone(),
+            Rc::new(dispatcher::applied_to_hub(hub.clone())),
         )
         .await
         {
@@ -383,7 +375,7 @@ async fn core_main(
             node,
             cfg.clone(),
             settings.grpc_advertise.clone(),
-            Arc::clone(c),
+            Arc::clone(&repl),
             rx,
             store.store().clone(),
             shutdown.clone(),
@@ -429,8 +421,7 @@ async fn core_main(
         let sweep = dispatcher::sweep_ttl(
             settings.ttl_sweep_interval,
             store.clone(),
-            writes.clone(),
-            cluster.clone(),
+            Arc::clone(&repl),
             Arc::clone(&metrics),
             shutdown.clone(),
             settings.proposal_timeout,
@@ -445,7 +436,7 @@ async fn core_main(
             rx,
             hub.clone(),
             store.clone(),
-            writes.clone(),
+            repl.writes().clone(),
             Arc::clone(&metrics),
             shutdown.clone(),
         );
@@ -468,8 +459,7 @@ async fn core_main(
         hub,
         metrics,
         shutdown: shutdown.clone(),
-        writes,
-        cluster,
+        repl,
     });
     let _ = ready.send(Ok(()));
     tracing::debug!(target: "app", core, "executor serving");

@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures::channel::oneshot;
 
 use super::{unary_request, Ctx};
-use crate::cluster::{Cluster, MembershipOp, RaftReq};
+use crate::replication::{MembershipOp, RaftReq, Replication};
 
 /// Services the health check knows.
 const SERVICES: [&str; 4] = [
@@ -30,75 +30,58 @@ const FORWARDED: &str = "futureq-forwarded";
 /// Clustered: the topology from the metadata replica (UNAVAILABLE before it is known), with
 /// liveness as the leader knows it (heard from within an election timeout). A follower asks
 /// the leader; when it cannot reach it, it answers its own view with only itself alive.
-/// Standalone: a one-node topology with itself as leader.
+/// Standalone: the one-node topology [`Replication::standalone`] holds.
 pub async fn get_cluster_info(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
     let req = match unary_request::<pb::ClusterInfoRequest>(&mut call).await {
         Ok(r) => r,
         Err(s) => return s,
     };
     let s = &ctx.settings;
-    let resp = if let Some(c) = &ctx.cluster {
-        let view = c.state.view();
-        let Some(info) = view.info else {
-            return Status::new(Code::Unavailable, "topology not yet available");
-        };
-        let forwarded = call.headers.contains_key(FORWARDED);
-        let from_leader = if view.leading || view.leader_addr.is_empty() || forwarded {
-            None
-        } else {
-            futureq_net::grpc::client::unary_with_headers::<_, pb::ClusterInfoResponse>(
-                &view.leader_addr,
-                "/futureq.FutureQCluster/GetClusterInfo",
-                &req,
-                &[(FORWARDED, "1")],
-                INFO_FROM_LEADER_TIMEOUT,
-            )
-            .await
-            .map_err(|e| tracing::debug!(target: "grpc", leader = %view.leader_addr, error = %e.message, "cluster info from the leader failed; answering locally"))
-            .ok()
-        };
-        if let Some(r) = from_leader {
-            r
-        } else {
-            let alive = |id: u64| match &view.alive {
-                Some(alive) => alive.contains(&id),
-                None => id == s.node_id,
-            };
-            // The leader as Raft knows it now: the topology in the metadata group names the
-            // leader that last published it, which lags (or stays stale while the metadata
-            // group has no leader).
-            let leader = view.leader_id.unwrap_or(0);
-            pb::ClusterInfoResponse {
-                leader_node_id: leader,
-                leader_address: view.leader_addr.clone(),
-                nodes: info
-                    .nodes
-                    .into_iter()
-                    .map(|n| pb::NodeInfo {
-                        node_id: n.node_id,
-                        address: n.address,
-                        is_leader: n.node_id == leader,
-                        is_alive: alive(n.node_id),
-                        raft_address: n.raft_address,
-                        is_voter: n.is_voter,
-                    })
-                    .collect(),
-            }
-        }
-    } else {
-        pb::ClusterInfoResponse {
-            leader_node_id: s.node_id,
-            leader_address: s.grpc_advertise.clone(),
-            nodes: vec![pb::NodeInfo {
-                node_id: s.node_id,
-                address: s.grpc_advertise.clone(),
-                is_leader: true,
-                is_alive: true,
-                raft_address: String::new(),
-                is_voter: true,
-            }],
-        }
+    let view = ctx.repl.view();
+    let Some(info) = &view.info else {
+        return Status::new(Code::Unavailable, "topology not yet available");
     };
+    let forwarded = call.headers.contains_key(FORWARDED);
+    let from_leader = if view.leading || view.leader_addr.is_empty() || forwarded {
+        None
+    } else {
+        futureq_net::grpc::client::unary_with_headers::<_, pb::ClusterInfoResponse>(
+            &view.leader_addr,
+            "/futureq.FutureQCluster/GetClusterInfo",
+            &req,
+            &[(FORWARDED, "1")],
+            INFO_FROM_LEADER_TIMEOUT,
+        )
+        .await
+        .map_err(|e| tracing::debug!(target: "grpc", leader = %view.leader_addr, error = %e.message, "cluster info from the leader failed; answering locally"))
+        .ok()
+    };
+    let resp = from_leader.unwrap_or_else(|| {
+        let alive = |id: u64| match &view.alive {
+            Some(alive) => alive.contains(&id),
+            None => id == s.node_id,
+        };
+        // The leader as Raft knows it now: the topology in the metadata group names the
+        // leader that last published it, which lags (or stays stale while the metadata
+        // group has no leader).
+        let leader = view.leader_id.unwrap_or(0);
+        pb::ClusterInfoResponse {
+            leader_node_id: leader,
+            leader_address: view.leader_addr.clone(),
+            nodes: info
+                .nodes
+                .iter()
+                .map(|n| pb::NodeInfo {
+                    node_id: n.node_id,
+                    address: n.address.clone(),
+                    is_leader: n.node_id == leader,
+                    is_alive: alive(n.node_id),
+                    raft_address: n.raft_address.clone(),
+                    is_voter: n.is_voter,
+                })
+                .collect(),
+        }
+    });
     match out.send(&resp).await {
         Ok(()) => Status::ok(),
         Err(s) => s,
@@ -124,10 +107,7 @@ pub async fn health_check(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Stat
     if !SERVICES.contains(&req.service.as_str()) {
         return Status::new(Code::NotFound, format!("unknown service {:?}", req.service));
     }
-    let leader_known = ctx
-        .cluster
-        .as_ref()
-        .is_none_or(|c| c.state.view().leader_id.is_some());
+    let leader_known = ctx.repl.view().leader_id.is_some();
     let status = if ctx.shutdown.is_triggered() || !leader_known {
         ServingStatus::NotServing
     } else {
@@ -147,7 +127,7 @@ pub async fn health_check(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Stat
 /// Reads a unary request, runs a membership change on the Raft core and answers
 /// `{success, error_message}` (status OK, as the API contract says for failures).
 async fn change<Req, Resp>(
-    cluster: &Cluster,
+    cluster: &Replication,
     mut call: Call,
     out: &mut Outbound,
     op: impl FnOnce(Req) -> Result<MembershipOp, String>,
@@ -167,7 +147,7 @@ where
     };
     let (reply, rx) = oneshot::channel();
     if cluster
-        .tx
+        .writes()
         .send_async(RaftReq::Membership { op, reply })
         .await
         .is_err()
@@ -208,7 +188,7 @@ fn raft_address(a: String) -> Result<String, String> {
 /// cluster secret, only calls that carry it (header `futureq-cluster-secret`, compared in
 /// constant time) are served, others get UNAUTHENTICATED.
 pub async fn membership(
-    cluster: &Cluster,
+    cluster: &Replication,
     secret: &futureq_net::peer_link::PeerSecret,
     mut call: Call,
     out: &mut Outbound,

@@ -13,8 +13,8 @@ use futures::channel::oneshot;
 use futures_lite::future;
 
 use super::Ctx;
-use crate::cluster::RaftReq;
 use crate::dispatcher::{now_ms, ConsumerSink, HubCmd};
+use crate::replication::RaftReq;
 
 /// Most queued deliveries written to the stream in one go.
 const SEND_BATCH_MAX: usize = 64;
@@ -86,7 +86,8 @@ async fn register_group(ctx: &Ctx, topic: &str, group: &str) -> Result<(), Strin
         deadline: std::time::Instant::now() + ctx.settings.proposal_timeout,
         reply,
     };
-    ctx.writes
+    ctx.repl
+        .writes()
         .send_async(req)
         .await
         .map_err(|_| "the write core stopped".to_owned())?;
@@ -144,21 +145,18 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
             ),
         );
     }
-    // In a cluster only the leader delivers; the stream ends when its leadership does.
-    let lost = match &ctx.cluster {
-        Some(c) => {
-            let view = c.state.view();
-            if !view.leading {
-                return not_leader(
-                    view.leader_addr,
-                    Code::FailedPrecondition,
-                    "node is not the cluster leader",
-                );
-            }
-            Some(view.lost)
-        }
-        None => None,
-    };
+    // Only the leader delivers; the stream ends when its leadership does (standalone:
+    // never).
+    let view = ctx.repl.view();
+    if !view.leading {
+        return not_leader(
+            view.leader_addr.clone(),
+            Code::FailedPrecondition,
+            "node is not the cluster leader",
+        );
+    }
+    let lost = view.lost.clone();
+    drop(view);
     let max_in_flight = if init.max_in_flight == 0 {
         ctx.settings.consumer_queue_size
     } else {
@@ -220,27 +218,16 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
                 }
                 Event::Frame(call.inbound.next::<ConsumerFrame>().await)
             };
-            let stop = async {
-                match &lost {
-                    Some(l) => {
-                        future::or(
-                            async {
-                                ctx.shutdown.wait().await;
-                                Event::Stop
-                            },
-                            async {
-                                l.wait().await;
-                                Event::Lost
-                            },
-                        )
-                        .await
-                    }
-                    None => {
-                        ctx.shutdown.wait().await;
-                        Event::Stop
-                    }
-                }
-            };
+            let stop = future::or(
+                async {
+                    ctx.shutdown.wait().await;
+                    Event::Stop
+                },
+                async {
+                    lost.wait().await;
+                    Event::Lost
+                },
+            );
             let gone = async {
                 out.closed().await;
                 Event::Gone
@@ -314,13 +301,8 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
             Event::Frame(Err(s)) => return s,
             Event::Stop => return Status::new(Code::Unavailable, "server is shutting down"),
             Event::Lost => {
-                let addr = ctx
-                    .cluster
-                    .as_ref()
-                    .map(|c| c.state.view().leader_addr)
-                    .unwrap_or_default();
                 return not_leader(
-                    addr,
+                    ctx.repl.leader_addr(),
                     Code::Unavailable,
                     "this node is no longer the cluster leader; reconnect to the leader",
                 );

@@ -24,8 +24,8 @@ use futures::stream::{FuturesOrdered, StreamExt};
 use futures_lite::future;
 
 use super::Ctx;
-use crate::cluster::RaftReq;
 use crate::dispatcher::now_ms;
+use crate::replication::RaftReq;
 
 /// Most batches outstanding (received, not yet acked) on one stream. Beyond it the stream
 /// stops reading, and HTTP/2 flow control pushes back on the client.
@@ -172,11 +172,8 @@ async fn store_batch(ctx: &Ctx, items: Vec<StoreItem>, level: AckLevel) -> Outco
             addr,
         )
     };
-    if let Some(c) = &ctx.cluster {
-        let view = c.state.view();
-        if !view.leading {
-            return not_leader(view.leader_addr);
-        }
+    if !ctx.repl.leading() {
+        return not_leader(ctx.repl.leader_addr());
     }
     let (reply, rx) = oneshot::channel();
     let req = RaftReq::Publish {
@@ -185,7 +182,7 @@ async fn store_batch(ctx: &Ctx, items: Vec<StoreItem>, level: AckLevel) -> Outco
         deadline: Instant::now() + timeout,
         reply,
     };
-    if ctx.writes.send_async(req).await.is_err() {
+    if ctx.repl.writes().send_async(req).await.is_err() {
         return Outcome::Failed(
             Code::Unavailable,
             "server is shutting down".into(),
@@ -194,12 +191,7 @@ async fn store_batch(ctx: &Ctx, items: Vec<StoreItem>, level: AckLevel) -> Outco
     }
     match rx.await {
         Ok(Ok(first)) => Outcome::Stored(first),
-        Ok(Err(WriteError::NotLeader { .. })) => not_leader(
-            ctx.cluster
-                .as_ref()
-                .map(|c| c.state.view().leader_addr)
-                .unwrap_or_default(),
-        ),
+        Ok(Err(WriteError::NotLeader { .. })) => not_leader(ctx.repl.leader_addr()),
         Ok(Err(WriteError::Timeout)) => Outcome::Failed(
             Code::DeadlineExceeded,
             timeout_message(timeout),
@@ -215,7 +207,7 @@ async fn store_batch(ctx: &Ctx, items: Vec<StoreItem>, level: AckLevel) -> Outco
         }
         Ok(Err(WriteError::Failed(e))) => {
             tracing::warn!(target: "producer", error = %e, "batch failed");
-            let message = if ctx.cluster.is_some() {
+            let message = if ctx.repl.is_clustered() {
                 format!("replication failure, batch not stored: {e}")
             } else {
                 format!("storage failure: {e}")

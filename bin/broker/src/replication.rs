@@ -1,0 +1,214 @@
+//! The seam between the standalone and the clustered broker, as every core sees it: where
+//! write requests go ([`RaftReq`]: served by the local journal standalone, by the Raft core
+//! in a cluster, with the same replies) and who leads ([`View`]). A standalone broker is a
+//! one-node cluster that always leads: the services and the dispatcher take one path.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use futureq_core::command::StoreItem;
+use futureq_core::metadata::{ClusterView, NodeView};
+use futureq_core::{AckLevel, EventKey};
+use futureq_net::Shutdown;
+use futureq_raft::node::WriteError;
+use futures::channel::oneshot;
+
+/// Capacity of the write core's request queue.
+pub const WRITES_QUEUE_MAX: usize = 4096;
+
+/// A request to the write core (`runtime.raftCore`).
+pub enum RaftReq {
+    /// Store a publish batch (ids are assigned on the write core); replies with the first id.
+    Publish {
+        /// Items with `event_id` unset.
+        items: Vec<StoreItem>,
+        /// How long to wait.
+        level: AckLevel,
+        /// When to give up.
+        deadline: Instant,
+        /// First assigned id.
+        reply: oneshot::Sender<Result<u64, WriteError>>,
+    },
+    /// Delete keys (ACKs, TTL expiry) through the log.
+    Delete {
+        /// The keys.
+        keys: Vec<EventKey>,
+        /// When to give up.
+        deadline: Instant,
+        /// Done.
+        reply: oneshot::Sender<Result<(), WriteError>>,
+    },
+    /// Add a consumer group to the durable registry (a no-op when it is there).
+    RegisterGroup {
+        /// Topic hash.
+        topic_hash: u64,
+        /// The group.
+        group: String,
+        /// When to give up.
+        deadline: Instant,
+        /// Done.
+        reply: oneshot::Sender<Result<(), WriteError>>,
+    },
+    /// A membership change asked over gRPC.
+    Membership {
+        /// What to change.
+        op: MembershipOp,
+        /// Error message on failure.
+        reply: oneshot::Sender<Result<(), String>>,
+    },
+}
+
+/// Membership changes (`FutureQCluster`).
+#[derive(Debug, Clone)]
+pub enum MembershipOp {
+    /// Add a node to both groups (learner → catch up → voter).
+    Join {
+        /// Its id.
+        node_id: u64,
+        /// Its Raft address.
+        raft_addr: String,
+    },
+    /// Remove a node from the event shard, then from the metadata group.
+    Leave {
+        /// Its id.
+        node_id: u64,
+    },
+    /// Add a non-voting observer of the metadata group.
+    JoinMeta {
+        /// Its id.
+        node_id: u64,
+        /// Its Raft address.
+        raft_addr: String,
+    },
+    /// Remove a node from the metadata group.
+    LeaveMeta {
+        /// Its id.
+        node_id: u64,
+    },
+}
+
+/// Who leads, as every core may read it.
+#[derive(Clone, Default)]
+pub struct View {
+    /// This node leads the event shard and may take clients (standalone: always).
+    pub leading: bool,
+    /// The leader this node knows of.
+    pub leader_id: Option<u64>,
+    /// The leader's client address ("" if unknown).
+    pub leader_addr: String,
+    /// What `GetClusterInfo` answers (`None` before the topology is known).
+    pub info: Option<ClusterView>,
+    /// On the leader: the members it heard from within an election timeout (`None`: only
+    /// this node is known alive).
+    pub alive: Option<BTreeSet<u64>>,
+    /// Fires when the leadership that `leading` describes ends (standalone: never).
+    pub lost: Shutdown,
+}
+
+/// The handle every core holds.
+///
+/// Reads are cheap: [`Replication::leading`] is one atomic load, [`Replication::view`] an
+/// `Arc` clone under a read lock (the view is replaced, never changed in place).
+pub struct Replication {
+    writes: flume::Sender<RaftReq>,
+    clustered: bool,
+    leading: AtomicBool,
+    view: RwLock<Arc<View>>,
+}
+
+impl Replication {
+    /// A standalone broker: a one-node topology that always leads. Returns the handle and
+    /// the write core's end of the request queue.
+    #[must_use]
+    pub fn standalone(
+        node_id: u64,
+        grpc_advertise: &str,
+    ) -> (Arc<Replication>, flume::Receiver<RaftReq>) {
+        let info = ClusterView {
+            leader_id: node_id,
+            leader_addr: grpc_advertise.to_owned(),
+            nodes: vec![NodeView {
+                node_id,
+                address: grpc_advertise.to_owned(),
+                raft_address: String::new(),
+                is_leader: true,
+                is_voter: true,
+            }],
+        };
+        let view = View {
+            leading: true,
+            leader_id: Some(node_id),
+            leader_addr: grpc_advertise.to_owned(),
+            info: Some(info),
+            alive: None,
+            lost: Shutdown::new(),
+        };
+        Self::new(false, view)
+    }
+
+    /// A cluster node: not leading until the Raft core says so.
+    #[must_use]
+    pub fn clustered() -> (Arc<Replication>, flume::Receiver<RaftReq>) {
+        Self::new(true, View::default())
+    }
+
+    fn new(clustered: bool, view: View) -> (Arc<Replication>, flume::Receiver<RaftReq>) {
+        let (writes, rx) = flume::bounded(WRITES_QUEUE_MAX);
+        let r = Replication {
+            writes,
+            clustered,
+            leading: AtomicBool::new(view.leading),
+            view: RwLock::new(Arc::new(view)),
+        };
+        (Arc::new(r), rx)
+    }
+
+    /// Where write requests go.
+    #[must_use]
+    pub fn writes(&self) -> &flume::Sender<RaftReq> {
+        &self.writes
+    }
+
+    /// Whether this node is a cluster member (membership changes need one).
+    #[must_use]
+    pub fn is_clustered(&self) -> bool {
+        self.clustered
+    }
+
+    /// Whether this node leads (standalone: always).
+    #[must_use]
+    pub fn leading(&self) -> bool {
+        self.leading.load(Ordering::Acquire)
+    }
+
+    /// The current view.
+    #[must_use]
+    pub fn view(&self) -> Arc<View> {
+        Arc::clone(
+            &self
+                .view
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    /// The leader's client address ("" if unknown).
+    #[must_use]
+    pub fn leader_addr(&self) -> String {
+        self.view().leader_addr.clone()
+    }
+
+    /// Replaces the view (the Raft core only).
+    pub(crate) fn update(&self, f: impl FnOnce(&mut View)) {
+        let mut g = self
+            .view
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut v = View::clone(&g);
+        f(&mut v);
+        self.leading.store(v.leading, Ordering::Release);
+        *g = Arc::new(v);
+    }
+}
