@@ -73,10 +73,25 @@ fn main() {
         Command::Leave { seed } => leave(&settings, &seed),
     };
     if let Err(e) = result {
-        tracing::error!(target: "app", "{e:#}");
-        eprintln!("futureq: {e:#}");
+        let e = report(&e);
+        tracing::error!(target: "app", "{e}");
+        eprintln!("futureq: {e}");
         std::process::exit(1);
     }
+}
+
+/// The error and its causes on one line, each cause once (some errors already name their
+/// cause in their own message).
+fn report(e: &anyhow::Error) -> String {
+    let mut out = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !out.contains(&c) {
+            out.push_str(": ");
+            out.push_str(&c);
+        }
+    }
+    out
 }
 
 fn init_tracing(level: &str) {

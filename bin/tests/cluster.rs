@@ -597,13 +597,14 @@ async fn a_new_node_joins_from_a_snapshot_and_leaves_again() {
         .log()
         .contains("restarting with local Raft data"));
 
-    // `futureq leave` removes it from both groups; the topology shrinks back to three.
+    // `futureq leave` through a follower (it follows the leader trailer) removes it from
+    // both groups; the topology shrinks back to three.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_futureq"))
         .args(["leave", "-c"])
         .arg(c.nodes[new].config_path())
         .args([
             "--seed",
-            &format!("127.0.0.1:{}", c.nodes[leader].grpc_port),
+            &format!("127.0.0.1:{}", c.nodes[follower].grpc_port),
         ])
         .output()
         .unwrap();
@@ -627,7 +628,15 @@ async fn a_new_node_joins_from_a_snapshot_and_leaves_again() {
     leave
         .metadata_mut()
         .insert("futureq-cluster-secret", SECRET.parse().unwrap());
-    let r = cl.leave_cluster(leave).await.unwrap().into_inner();
+    let r = cl.leave_cluster(leave).await.unwrap();
+    assert_eq!(
+        r.metadata()
+            .get("futureq-leader-address")
+            .and_then(|v| v.to_str().ok()),
+        Some(format!("127.0.0.1:{}", c.nodes[leader].grpc_port).as_str()),
+        "the leader travels in a trailer"
+    );
+    let r = r.into_inner();
     assert!(!r.success);
     assert!(
         r.error_message.contains(&format!(

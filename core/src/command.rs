@@ -130,6 +130,9 @@ pub enum CommandError {
     /// The leading byte names no known command version.
     #[error("unknown command tag {0}")]
     UnknownTag(u8),
+    /// The envelope around the archive is damaged.
+    #[error("invalid command envelope: {0}")]
+    Envelope(#[from] crate::envelope::EnvelopeError),
     /// The archive failed validation.
     #[error("invalid command archive: {0}")]
     Invalid(String),
@@ -179,7 +182,7 @@ pub fn decode(bytes: &[u8]) -> Result<CommandRef<'_>, CommandError> {
     if bytes.is_empty() {
         return Err(CommandError::Empty);
     }
-    let (tag, archive) = crate::envelope::unframe(bytes).map_err(CommandError::Invalid)?;
+    let (tag, archive) = crate::envelope::unframe(bytes)?;
     match tag {
         TAG_STORE_V1 => rkyv::access::<ArchivedStoreBatch, RkyvError>(archive)
             .map(CommandRef::Store)

@@ -16,24 +16,37 @@ pub(crate) fn frame(tag: u8, archive: &[u8]) -> Vec<u8> {
     out
 }
 
+/// Bytes that are not an envelope.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EnvelopeError {
+    /// Fewer bytes than the header.
+    #[error("{0} bytes, shorter than the 5-byte header")]
+    Short(usize),
+    /// The length in the header is not the rest of the bytes.
+    #[error("archive length {declared} but {actual} bytes follow (truncated or padded)")]
+    Length {
+        /// The header's length.
+        declared: usize,
+        /// The bytes after the header.
+        actual: usize,
+    },
+}
+
 /// Splits an envelope into its tag and archive.
 ///
 /// # Errors
-/// A reason when the header is missing or the length does not match.
-pub(crate) fn unframe(bytes: &[u8]) -> Result<(u8, &[u8]), String> {
+/// The header is missing or the length does not match.
+pub(crate) fn unframe(bytes: &[u8]) -> Result<(u8, &[u8]), EnvelopeError> {
     if bytes.len() < 5 {
-        return Err(format!(
-            "{} bytes, shorter than the 5-byte header",
-            bytes.len()
-        ));
+        return Err(EnvelopeError::Short(bytes.len()));
     }
     let len = u32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]) as usize;
     let rest = &bytes[5..];
     if len != rest.len() {
-        return Err(format!(
-            "archive length {len} but {} bytes follow (truncated or padded)",
-            rest.len()
-        ));
+        return Err(EnvelopeError::Length {
+            declared: len,
+            actual: rest.len(),
+        });
     }
     Ok((bytes[0], rest))
 }

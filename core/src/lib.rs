@@ -27,6 +27,7 @@ pub mod message;
 pub mod metadata;
 pub mod publish;
 
+pub use envelope::EnvelopeError;
 pub use key::{bucket_of, topic_hash, EventKey, KEY_LEN};
 pub use message::{DecodeError, IndexValue, StoredMessage};
 pub use publish::{AckLevel, ValidationError};

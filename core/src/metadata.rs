@@ -121,7 +121,10 @@ pub struct NodeView {
 }
 
 fn unframe<'b>(bytes: &'b [u8], what: &'static str) -> Result<(u8, &'b [u8]), MetaDecodeError> {
-    crate::envelope::unframe(bytes).map_err(|reason| MetaDecodeError { what, reason })
+    crate::envelope::unframe(bytes).map_err(|e| MetaDecodeError {
+        what,
+        reason: e.to_string(),
+    })
 }
 
 impl MetaCommand {

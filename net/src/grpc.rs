@@ -7,4 +7,4 @@ pub mod status;
 
 pub use codec::{encode_into, encode_message, FrameDecoder};
 pub use server::{serve, Call, Handler, Inbound, Outbound, ServerConfig};
-pub use status::{Code, Status};
+pub use status::{Code, Status, LEADER_ADDRESS};

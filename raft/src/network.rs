@@ -157,12 +157,20 @@ impl PeerNetwork {
     }
 }
 
+/// A member's Raft address that is not an IP socket address.
+#[derive(Debug, thiserror::Error)]
+#[error("bad peer address {addr:?}: {source}")]
+pub struct BadPeerAddress {
+    addr: String,
+    source: std::net::AddrParseError,
+}
+
 /// The network to one peer.
 pub struct PeerConn {
     group: u8,
     timeout: Duration,
     append_bytes_max: usize,
-    client: Result<Rc<PeerClient>, String>,
+    client: Result<Rc<PeerClient>, BadPeerAddress>,
 }
 
 impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
@@ -172,7 +180,10 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
         let client = node
             .addr
             .parse::<SocketAddr>()
-            .map_err(|e| format!("bad peer address {:?}: {e}", node.addr))
+            .map_err(|source| BadPeerAddress {
+                addr: node.addr.clone(),
+                source,
+            })
             .map(|addr| self.client(addr));
         PeerConn {
             group: self.group,

@@ -129,7 +129,7 @@ pub enum NodeError {
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum WriteError {
     /// This node is not the group's leader; the leader's node id if known.
-    #[error("node is not the leader (leader: {leader:?})")]
+    #[error("node is not the leader ({})", leader.map_or_else(|| "leader unknown".to_owned(), |id| format!("leader: node {id}")))]
     NotLeader {
         /// The leader, if known.
         leader: Option<u64>,

@@ -40,7 +40,7 @@ use futureq_core::EventKey;
 use futures::channel::oneshot;
 
 use crate::log::io::LogIo;
-use crate::log::{Log, LogConfig, LogError};
+use crate::log::{FlushError, Log, LogConfig, LogError};
 use crate::store::{Refusal, Store};
 use crate::StoreError;
 
@@ -378,7 +378,7 @@ impl<I: LogIo + 'static> Journal<I> {
             _ => (None, None),
         };
         let weak = Rc::downgrade(&self.0);
-        let done = Box::new(move |r: Result<(), String>| {
+        let done = Box::new(move |r: Result<(), FlushError>| {
             let Some(inner) = weak.upgrade() else { return };
             let out = {
                 let mut st = inner.st.borrow_mut();
@@ -390,7 +390,7 @@ impl<I: LogIo + 'static> Journal<I> {
                     Err(e) => {
                         if st.failed.is_none() {
                             tracing::error!(target: "storage", error = %e, "journal write failed");
-                            st.failed = Some(e.into());
+                            st.failed = Some(e.to_string().into());
                         }
                         Err(JournalError::Failed {
                             reason: st.failed.clone().unwrap_or_else(|| "".into()),

@@ -16,4 +16,4 @@ pub mod tracker;
 pub mod uring;
 pub mod vote;
 
-pub use segmented::{Log, LogConfig, LogError};
+pub use segmented::{FlushError, Log, LogConfig, LogError};

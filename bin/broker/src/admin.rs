@@ -59,7 +59,7 @@ pub fn leave(settings: &Settings, seed: &str) -> Result<(), LeaveError> {
             let until = std::time::Instant::now() + LEAVE_RETRY_FOR;
             let mut target = seed_owned;
             loop {
-                let r = futureq_net::grpc::client::unary_with_headers::<_, LeaveResponse>(
+                let r = futureq_net::grpc::client::unary_answer::<_, LeaveResponse>(
                     &target,
                     "/futureq.FutureQCluster/LeaveCluster",
                     &LeaveRequest { node_id },
@@ -67,13 +67,17 @@ pub fn leave(settings: &Settings, seed: &str) -> Result<(), LeaveError> {
                     Duration::from_secs(30),
                 )
                 .await;
+                // A refusal by a node that does not lead names the leader (or none yet).
                 let retry = match &r {
-                    Ok(r) if !r.success && r.error_message.contains("not the cluster leader") => {
-                        if let Some(l) = r.error_message.split("leader: ").nth(1) {
-                            target = l.to_owned();
+                    Ok(a) if !a.message.success => match &a.leader {
+                        Some(l) => {
+                            if !l.is_empty() {
+                                target.clone_from(l);
+                            }
+                            true
                         }
-                        true
-                    }
+                        None => false,
+                    },
                     _ => false,
                 };
                 if !retry || std::time::Instant::now() >= until {
@@ -85,7 +89,7 @@ pub fn leave(settings: &Settings, seed: &str) -> Result<(), LeaveError> {
         .map_err(|e| LeaveError::Executor(e.to_string()))?
         .join()
         .map_err(|e| LeaveError::Executor(e.to_string()))?;
-    match outcome {
+    match outcome.map(|a| a.message) {
         Ok(r) if r.success => Ok(()),
         Ok(r) => Err(LeaveError::Refused(r.error_message)),
         Err(s) => Err(LeaveError::Call {

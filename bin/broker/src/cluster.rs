@@ -23,13 +23,15 @@ use futureq_core::command::{
 use futureq_core::metadata::{Member, MetaCommand, NodeAddr, ShardTopology};
 use futureq_core::AckLevel;
 use futureq_net::Shutdown;
-use futureq_raft::node::{Ack, Forward, Leadership, Node, NodeConfig, Standing, WriteError};
+use futureq_raft::node::{
+    Ack, Forward, Leadership, Node, NodeConfig, NodeError, Standing, WriteError,
+};
 use futureq_storage::Store;
 use futures_lite::future;
 
 use crate::config::ClusterSettings;
 use crate::metrics::Metrics;
-use crate::replication::{MembershipOp, RaftReq, Replication};
+use crate::replication::{MembershipError, MembershipOp, RaftReq, Replication};
 
 /// Requests the Raft core serves at once (each waits for its proposal or membership change).
 const RAFT_REQUESTS_MAX: u64 = 4096;
@@ -67,6 +69,40 @@ struct Core {
     metrics: Arc<Metrics>,
 }
 
+/// Why a cluster node did not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The Raft node did not start.
+    #[error(transparent)]
+    Node(#[from] NodeError),
+    /// Initializing the groups failed.
+    #[error("bootstrap failed: {0}")]
+    Bootstrap(#[source] NodeError),
+    /// Nothing says how to become a member.
+    #[error(
+        "a fresh cluster node needs cluster.raft.initialMembers or cluster.joinSeeds (or --join)"
+    )]
+    NoMembership,
+    /// No seed added this node.
+    #[error("{source} (this node's Raft data in {} is kept: the next start asks again)", data_dir.display())]
+    Join {
+        /// Why.
+        #[source]
+        source: JoinError,
+        /// `cluster.raft.dataDir`.
+        data_dir: std::path::PathBuf,
+    },
+}
+
+/// No seed added this node to the cluster.
+#[derive(Debug, thiserror::Error)]
+#[error("failed to join cluster: all seeds exhausted (last: {last})")]
+pub struct JoinError {
+    /// The last seed's answer.
+    last: String,
+}
+
 /// Starts the node: opens the logs, starts both groups and the peer listener, bootstraps
 /// from `cluster.raft.initialMembers` (idempotent: only groups not yet initialized) or joins
 /// through `cluster.joinSeeds` (a restart with local Raft data finishes an unfinished join in
@@ -74,13 +110,13 @@ struct Core {
 /// drives it.
 ///
 /// # Errors
-/// The node cannot start (the message says why).
+/// See [`StartError`].
 pub async fn start(
     cfg: &ClusterSettings,
     grpc_advertise: &str,
     store: Store,
     on_applied: futureq_raft::state_machine::OnApplied,
-) -> Result<Node, String> {
+) -> Result<Node, StartError> {
     let node_cfg = NodeConfig {
         node_id: cfg.node_id,
         raft_listen: cfg.raft_listen,
@@ -94,9 +130,7 @@ pub async fn start(
     if cfg.secret.is_open() {
         tracing::warn!(target: "raft", "cluster.secret is not set: anyone who reaches cluster.raft.listen or the gRPC port can join nodes, remove them or talk Raft to this node; set cluster.secret (or cluster.secretFile) on every node");
     }
-    let node = Node::start(&node_cfg, store, on_applied)
-        .await
-        .map_err(|e| e.to_string())?;
+    let node = Node::start(&node_cfg, store, on_applied).await?;
     // Never wipe Raft data here: once a bootstrap or join may have begun, other nodes may
     // count this one as a member (its vote and log are part of their quorums). Bootstrap and
     // join are idempotent instead, and a start with local data finishes what is missing.
@@ -108,20 +142,20 @@ pub async fn start(
         // Initializes the groups that are not yet (an aborted bootstrap left one behind).
         if let Err(e) = node.bootstrap(&cfg.initial_members).await {
             node.shutdown().await;
-            return Err(format!("bootstrap failed: {e}"));
+            return Err(StartError::Bootstrap(e));
         }
     } else if cfg.join_seeds.is_empty() {
         if !restart {
             node.shutdown().await;
-            return Err("a fresh cluster node needs cluster.raft.initialMembers or cluster.joinSeeds (or --join)".into());
+            return Err(StartError::NoMembership);
         }
     } else if !restart {
-        if let Err(e) = join(cfg, grpc_advertise).await {
+        if let Err(source) = join(cfg, grpc_advertise).await {
             node.shutdown().await;
-            return Err(format!(
-                "{e} (this node's Raft data in {} is kept: the next start asks again)",
-                cfg.data_dir.display()
-            ));
+            return Err(StartError::Join {
+                source,
+                data_dir: cfg.data_dir.clone(),
+            });
         }
     } else if matches!(
         node.standing(cfg.node_id),
@@ -167,7 +201,7 @@ pub fn secret_header(secret: &futureq_net::peer_link::PeerSecret) -> Vec<(&'stat
 /// Asks the seeds, in order, to add this node (JoinCluster); a refusal that names the leader
 /// is retried there once. The leader adds it as a learner, waits for it to catch up (this
 /// node's groups already run and receive the log or a snapshot), then promotes it.
-async fn join(cfg: &ClusterSettings, grpc_advertise: &str) -> Result<(), String> {
+async fn join(cfg: &ClusterSettings, grpc_advertise: &str) -> Result<(), JoinError> {
     use futureq_net::pb::{JoinRequest, JoinResponse};
     let req = JoinRequest {
         node_id: cfg.node_id,
@@ -181,7 +215,7 @@ async fn join(cfg: &ClusterSettings, grpc_advertise: &str) -> Result<(), String>
         let seed = seeds[i].clone();
         i += 1;
         tracing::info!(target: "raft", %seed, "asking to join the cluster");
-        match futureq_net::grpc::client::unary_with_headers::<_, JoinResponse>(
+        match futureq_net::grpc::client::unary_answer::<_, JoinResponse>(
             &seed,
             "/futureq.FutureQCluster/JoinCluster",
             &req,
@@ -190,25 +224,23 @@ async fn join(cfg: &ClusterSettings, grpc_advertise: &str) -> Result<(), String>
         )
         .await
         {
-            Ok(r) if r.success => {
+            Ok(r) if r.message.success => {
                 tracing::info!(target: "raft", %seed, "joined the cluster");
                 return Ok(());
             }
             Ok(r) => {
-                if let Some(leader) = r.error_message.split("leader: ").nth(1) {
-                    if !seeds.iter().any(|s| s == leader) {
-                        seeds.insert(i, leader.to_owned());
+                if let Some(leader) = r.leader.filter(|l| !l.is_empty()) {
+                    if !seeds.contains(&leader) {
+                        seeds.insert(i, leader);
                     }
                 }
-                last = format!("{seed}: {}", r.error_message);
+                last = format!("{seed}: {}", r.message.error_message);
             }
             Err(s) => last = format!("{seed}: {}", s.message),
         }
         tracing::warn!(target: "raft", error = %last, "join attempt failed");
     }
-    Err(format!(
-        "failed to join cluster: all seeds exhausted (last: {last})"
-    ))
+    Err(JoinError { last })
 }
 
 /// Drives the node until shutdown: leadership tracking, id assignment, the metadata
@@ -421,24 +453,21 @@ impl Core {
         self.node.write_event(make, Ack::Quorum, deadline).await
     }
 
-    fn not_leader_message(&self) -> String {
-        let v = self.cluster.view();
-        if v.leader_addr.is_empty() {
-            "node is not the cluster leader (leader unknown)".into()
-        } else {
-            format!("node is not the cluster leader; leader: {}", v.leader_addr)
+    fn not_leader(&self) -> MembershipError {
+        MembershipError::NotLeader {
+            leader_addr: self.cluster.leader_addr(),
         }
     }
 
-    async fn membership(&self, op: &MembershipOp) -> Result<(), String> {
+    async fn membership(&self, op: &MembershipOp) -> Result<(), MembershipError> {
         let deadline = || Instant::now() + META_DEADLINE;
-        let fmt = |what: &str, e: WriteError| format!("{what}: {e}");
+        let fmt = |step: &'static str, source: WriteError| MembershipError::Step { step, source };
         match op {
             MembershipOp::Join { node_id, raft_addr } => {
                 // Idempotent: a retried join (its reply was lost, or the node restarted
                 // mid-join) does only the steps still missing.
                 if self.leading_now().is_err() {
-                    return Err(self.not_leader_message());
+                    return Err(self.not_leader());
                 }
                 let (event, meta) = self.node.standing(*node_id);
                 let learner = Forward::AddLearner(*node_id, raft_addr.clone());
@@ -473,7 +502,7 @@ impl Core {
             }
             MembershipOp::Leave { node_id } => {
                 if self.leading_now().is_err() {
-                    return Err(self.not_leader_message());
+                    return Err(self.not_leader());
                 }
                 self.node
                     .event_request(Forward::Remove(*node_id), deadline())
@@ -499,7 +528,7 @@ impl Core {
 
     /// Polls until the learner's replicated index reaches the leader's last index as of the
     /// start of the wait.
-    async fn wait_caught_up(&self, node_id: u64) -> Result<(), String> {
+    async fn wait_caught_up(&self, node_id: u64) -> Result<(), MembershipError> {
         let until = Instant::now() + CATCH_UP_DEADLINE;
         let target = self.node.event_last_log_index();
         loop {
@@ -507,9 +536,10 @@ impl Core {
                 return Ok(());
             }
             if Instant::now() >= until {
-                return Err(format!(
-                    "node {node_id} did not catch up within {CATCH_UP_DEADLINE:?}"
-                ));
+                return Err(MembershipError::CatchUp {
+                    node_id,
+                    within: CATCH_UP_DEADLINE,
+                });
             }
             glommio::timer::sleep(CATCH_UP_POLL).await;
         }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futureq_core::hub::{ConsumerId, Delivery, Hub, HubConfig, Sink, Subscription};
 use futureq_core::EventKey;
 use futureq_net::Shutdown;
+use futureq_raft::node::WriteError;
 use futureq_storage::StoreService;
 use futures::channel::oneshot;
 use futures_lite::future;
@@ -278,22 +279,14 @@ async fn delete_logged(
     writes: &flume::Sender<RaftReq>,
     keys: Vec<EventKey>,
     timeout: Duration,
-) -> Result<(), String> {
-    let (reply, rx) = oneshot::channel();
-    let req = RaftReq::Delete {
+) -> Result<(), WriteError> {
+    let deadline = Instant::now() + timeout;
+    crate::replication::request(writes, |reply| RaftReq::Delete {
         keys,
-        deadline: Instant::now() + timeout,
+        deadline,
         reply,
-    };
-    writes
-        .send_async(req)
-        .await
-        .map_err(|_| "the write core stopped".to_owned())?;
-    match rx.await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("the write core stopped".to_owned()),
-    }
+    })
+    .await
 }
 
 /// Runs the dispatcher until shutdown, then flushes the pending deletes.
@@ -430,6 +423,17 @@ pub async fn run(
     tracing::info!(target: "dispatcher", pending_deletes = d.hub.pending_deletes(), "dispatcher stopped");
 }
 
+/// Why a TTL sweep step failed (retried next interval).
+#[derive(Debug, thiserror::Error)]
+enum SweepError {
+    /// Reading the expiry index.
+    #[error("reading expired keys: {0}")]
+    Store(#[from] futureq_storage::StoreError),
+    /// Deleting them.
+    #[error("deleting expired keys: {0}")]
+    Write(#[from] WriteError),
+}
+
 /// One sweep step: the leader (or the standalone broker) reads expired keys from its store
 /// and deletes them through the log (every replica's apply tells its dispatcher). Followers
 /// do nothing.
@@ -437,7 +441,7 @@ async fn sweep_step(
     repl: &Replication,
     store: &StoreService,
     timeout: Duration,
-) -> Result<Vec<EventKey>, String> {
+) -> Result<Vec<EventKey>, SweepError> {
     if !repl.leading() {
         return Ok(Vec::new());
     }
@@ -445,8 +449,7 @@ async fn sweep_step(
     let now = now_ms();
     let keys = glommio::executor()
         .spawn_blocking(move || s.expired_keys(now, SWEEP_BATCH_MAX))
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     if !keys.is_empty() {
         delete_logged(repl.writes(), keys.clone(), timeout).await?;
     }

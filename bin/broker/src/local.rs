@@ -18,7 +18,7 @@ use futureq_storage::Store;
 use futures_lite::future;
 
 use crate::cluster::EXIT_RAFT_FAILED;
-use crate::replication::RaftReq;
+use crate::replication::{MembershipError, RaftReq};
 
 /// Directory of the journal's log under `storage.dataDir`.
 pub const JOURNAL_DIR: &str = "journal";
@@ -273,10 +273,7 @@ async fn handle<I: LogIo + 'static>(journal: Journal<I>, store: Store, req: Raft
             let _ = reply.send(out.await);
         }
         RaftReq::Membership { reply, .. } => {
-            let _ = reply.send(Err(
-                "this broker is standalone (cluster.enabled is false): no membership to change"
-                    .into(),
-            ));
+            let _ = reply.send(Err(MembershipError::Standalone));
         }
     }
 }

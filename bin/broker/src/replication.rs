@@ -55,8 +55,8 @@ pub enum RaftReq {
     Membership {
         /// What to change.
         op: MembershipOp,
-        /// Error message on failure.
-        reply: oneshot::Sender<Result<(), String>>,
+        /// Done.
+        reply: oneshot::Sender<Result<(), MembershipError>>,
     },
 }
 
@@ -87,6 +87,66 @@ pub enum MembershipOp {
         /// Its id.
         node_id: u64,
     },
+}
+
+/// [`Replication::request`] over a bare sender (the dispatcher holds one).
+///
+/// # Errors
+/// As [`Replication::request`].
+pub async fn request<T>(
+    writes: &flume::Sender<RaftReq>,
+    make: impl FnOnce(oneshot::Sender<Result<T, WriteError>>) -> RaftReq,
+) -> Result<T, WriteError> {
+    let stopped = || WriteError::Failed("the write core stopped".into());
+    let (reply, rx) = oneshot::channel();
+    writes
+        .send_async(make(reply))
+        .await
+        .map_err(|_| stopped())?;
+    rx.await.unwrap_or_else(|_| Err(stopped()))
+}
+
+/// Why a membership change did not happen.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum MembershipError {
+    /// A standalone broker has no membership.
+    #[error("this broker is standalone (cluster.enabled is false): no membership to change")]
+    Standalone,
+    /// Only the leader changes the membership.
+    #[error("node is not the cluster leader{}", leader_text(leader_addr))]
+    NotLeader {
+        /// The leader's client address ("" if unknown).
+        leader_addr: String,
+    },
+    /// A step of the change failed (the steps before it stay done; a retry does the rest).
+    #[error("{step}: {source}")]
+    Step {
+        /// What was being done.
+        step: &'static str,
+        /// Why it failed.
+        #[source]
+        source: WriteError,
+    },
+    /// A joining node did not catch up in time (it stays a learner; a retry goes on).
+    #[error("node {node_id} did not catch up within {within:?}")]
+    CatchUp {
+        /// The node.
+        node_id: u64,
+        /// How long it had.
+        within: std::time::Duration,
+    },
+    /// The write core stopped.
+    #[error("server is shutting down")]
+    Stopped,
+}
+
+fn leader_text(addr: &str) -> String {
+    if addr.is_empty() {
+        " (leader unknown)".into()
+    } else {
+        format!("; leader: {addr}")
+    }
 }
 
 /// Who leads, as every core may read it.
@@ -169,6 +229,17 @@ impl Replication {
     #[must_use]
     pub fn writes(&self) -> &flume::Sender<RaftReq> {
         &self.writes
+    }
+
+    /// Sends the request `make` builds to the write core and waits for its reply.
+    ///
+    /// # Errors
+    /// The write's failure; [`WriteError::Failed`] when the write core stopped.
+    pub async fn request<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, WriteError>>) -> RaftReq,
+    ) -> Result<T, WriteError> {
+        request(&self.writes, make).await
     }
 
     /// Whether this node is a cluster member (membership changes need one).

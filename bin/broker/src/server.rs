@@ -85,11 +85,8 @@ pub enum ServerError {
     #[error("storage")]
     Journal(#[source] local::OpenError),
     /// The Raft node did not start.
-    #[error("cluster: {reason}")]
-    Cluster {
-        /// Why.
-        reason: String,
-    },
+    #[error("cluster")]
+    Cluster(#[source] cluster::StartError),
 }
 
 fn metrics_handler(metrics: Arc<Metrics>, shutdown: Shutdown) -> futureq_net::http::HttpHandler {
@@ -366,7 +363,7 @@ async fn core_main(
         {
             Ok(n) => n,
             Err(e) => {
-                let _ = ready.send(Err(ServerError::Cluster { reason: e }));
+                let _ = ready.send(Err(ServerError::Cluster(e)));
                 return;
             }
         };

@@ -11,7 +11,7 @@ use http::{HeaderMap, Request};
 use tokio_util::compat::FuturesAsyncReadCompatExt;
 
 use super::codec::{encode_message, FrameDecoder};
-use super::status::{Code, Status};
+use super::status::{Code, Status, LEADER_ADDRESS};
 
 /// Largest response accepted.
 pub const RESPONSE_MAX: usize = 4 << 20;
@@ -46,7 +46,8 @@ fn code_of(n: u32) -> Code {
     .unwrap_or(Unknown)
 }
 
-/// The status in `grpc-status` / `grpc-message`, if the headers carry one.
+/// The status in `grpc-status` / `grpc-message`, if the headers carry one, with the
+/// [`LEADER_ADDRESS`] trailer.
 fn status_of(h: &HeaderMap) -> Option<Status> {
     let code = h.get("grpc-status")?.to_str().ok()?.parse::<u32>().ok()?;
     let msg = h
@@ -54,7 +55,22 @@ fn status_of(h: &HeaderMap) -> Option<Status> {
         .and_then(|v| v.to_str().ok())
         .map(percent_decode)
         .unwrap_or_default();
-    Some(Status::new(code_of(code), msg))
+    let status = Status::new(code_of(code), msg);
+    Some(match h.get(LEADER_ADDRESS).and_then(|v| v.to_str().ok()) {
+        Some(leader) => status.with_metadata(LEADER_ADDRESS, leader.to_owned()),
+        None => status,
+    })
+}
+
+/// A unary call's response message and the leader the server named in its trailers (a
+/// follower's refusal answered with status OK, as membership changes are).
+#[derive(Debug)]
+pub struct Answer<Resp> {
+    /// The response.
+    pub message: Resp,
+    /// The [`LEADER_ADDRESS`] trailer: present on a refusal by a node that does not lead,
+    /// empty when that node knows no leader either.
+    pub leader: Option<String>,
 }
 
 fn percent_decode(s: &str) -> String {
@@ -120,6 +136,26 @@ where
     Req: prost::Message,
     Resp: prost::Message + Default,
 {
+    unary_answer(addr, path, req, headers, timeout)
+        .await
+        .map(|a| a.message)
+}
+
+/// [`unary_with_headers`], with the leader the server named in its trailers.
+///
+/// # Errors
+/// As [`unary`]; a refusal's status carries the leader too ([`Status::leader`]).
+pub async fn unary_answer<Req, Resp>(
+    addr: &str,
+    path: &str,
+    req: &Req,
+    headers: &[(&'static str, &str)],
+    timeout: Duration,
+) -> Result<Answer<Resp>, Status>
+where
+    Req: prost::Message,
+    Resp: prost::Message + Default,
+{
     let call = call(addr, path, encode_message(req), headers);
     let deadline = async {
         glommio::timer::sleep(timeout).await;
@@ -128,8 +164,10 @@ where
             format!("{path} on {addr}: no answer within {timeout:?}"),
         ))
     };
-    let bytes = future::or(call, deadline).await?;
-    Resp::decode(bytes).map_err(|e| Status::new(Code::Internal, format!("bad response: {e}")))
+    let (bytes, leader) = future::or(call, deadline).await?;
+    let message = Resp::decode(bytes)
+        .map_err(|e| Status::new(Code::Internal, format!("bad response: {e}")))?;
+    Ok(Answer { message, leader })
 }
 
 async fn call(
@@ -137,7 +175,7 @@ async fn call(
     path: &str,
     body: Bytes,
     headers: &[(&'static str, &str)],
-) -> Result<Bytes, Status> {
+) -> Result<(Bytes, Option<String>), Status> {
     let sock = resolve(addr)?;
     let stream = glommio::net::TcpStream::connect(sock)
         .await
@@ -188,9 +226,10 @@ async fn call(
             .map_err(|e| unavailable("reading the trailers", e))?
             .unwrap_or_default();
         match status_of(&trailers) {
-            Some(s) if s.code == Code::Ok => {
-                message.ok_or_else(|| Status::new(Code::Internal, "OK without a response message"))
-            }
+            Some(s) if s.code == Code::Ok => match message {
+                Some(m) => Ok((m, s.leader().map(str::to_owned))),
+                None => Err(Status::new(Code::Internal, "OK without a response message")),
+            },
             Some(s) => Err(s),
             None => Err(Status::new(Code::Internal, "response without grpc-status")),
         }

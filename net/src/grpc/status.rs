@@ -26,6 +26,10 @@ pub enum Code {
     Unauthenticated = 16,
 }
 
+/// Trailer naming the leader's client address on a refusal by a follower (publish,
+/// subscribe, membership changes): clients reconnect there, never parsing messages.
+pub const LEADER_ADDRESS: &str = "futureq-leader-address";
+
 /// A status: code, message, and extra trailer metadata.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Status {
@@ -58,6 +62,25 @@ impl Status {
     pub fn with_metadata(mut self, key: &'static str, value: String) -> Self {
         self.metadata.push((key, value));
         self
+    }
+
+    /// Adds the [`LEADER_ADDRESS`] trailer, unless `addr` is empty (leader unknown).
+    #[must_use]
+    pub fn with_leader(self, addr: &str) -> Self {
+        if addr.is_empty() {
+            self
+        } else {
+            self.with_metadata(LEADER_ADDRESS, addr.to_owned())
+        }
+    }
+
+    /// The [`LEADER_ADDRESS`] trailer, if any.
+    #[must_use]
+    pub fn leader(&self) -> Option<&str> {
+        self.metadata
+            .iter()
+            .find(|(k, _)| *k == LEADER_ADDRESS)
+            .map(|(_, v)| v.as_str())
     }
 }
 

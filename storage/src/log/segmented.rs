@@ -59,7 +59,13 @@ pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
 pub type PersistHook = Box<dyn Fn(&[u8])>;
 
 /// Called once per flushed batch with its outcome (openraft's "IO flushed" callback).
-pub type Flushed = Box<dyn FnOnce(Result<(), String>)>;
+pub type Flushed = Box<dyn FnOnce(Result<(), FlushError>)>;
+
+/// The write or fsync of a flush failed (the log is poisoned); every waiting callback gets
+/// the same error.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("log write or fsync failed: {0}")]
+pub struct FlushError(pub std::sync::Arc<std::io::Error>);
 
 #[derive(Debug)]
 struct Segment {
@@ -588,11 +594,11 @@ impl<I: LogIo> Log<I> {
         if let Err(e) = result {
             self.st.borrow_mut().poisoned = true;
             tracing::error!(target: "storage.log", error = %e, "log write or fsync failed: log poisoned, no more writes");
-            let msg = e.to_string();
+            let e = std::sync::Arc::new(e);
             for cb in callbacks {
-                cb(Err(msg.clone()));
+                cb(Err(FlushError(std::sync::Arc::clone(&e))));
             }
-            return Err(LogError::Io(e));
+            return Err(LogError::Io(std::io::Error::new(e.kind(), e.to_string())));
         }
         {
             let mut st = self.st.borrow_mut();

@@ -11,7 +11,7 @@ use std::time::Duration;
 use futures::channel::oneshot;
 
 use super::{unary_request, Ctx};
-use crate::replication::{MembershipOp, RaftReq, Replication};
+use crate::replication::{MembershipError, MembershipOp, RaftReq, Replication};
 
 /// Services the health check knows.
 const SERVICES: [&str; 4] = [
@@ -130,7 +130,7 @@ async fn change<Req, Resp>(
     cluster: &Replication,
     mut call: Call,
     out: &mut Outbound,
-    op: impl FnOnce(Req) -> Result<MembershipOp, String>,
+    op: impl FnOnce(Req) -> Result<MembershipOp, Status>,
     resp: impl FnOnce(bool, String) -> Resp,
 ) -> Status
 where
@@ -143,7 +143,7 @@ where
     };
     let op = match op(req) {
         Ok(op) => op,
-        Err(m) => return Status::new(Code::InvalidArgument, m),
+        Err(s) => return s,
     };
     let (reply, rx) = oneshot::channel();
     if cluster
@@ -154,32 +154,40 @@ where
     {
         return Status::new(Code::Unavailable, "server is shutting down");
     }
-    let outcome = rx
-        .await
-        .unwrap_or_else(|_| Err("server is shutting down".into()));
+    let outcome = rx.await.unwrap_or(Err(MembershipError::Stopped));
+    // A follower's refusal names the leader in a trailer (empty: not known yet): callers
+    // follow it from there, or retry.
+    let leader = match &outcome {
+        Err(MembershipError::NotLeader { leader_addr }) => Some(leader_addr.clone()),
+        _ => None,
+    };
     let (ok, msg) = match outcome {
         Ok(()) => (true, String::new()),
-        Err(e) => (false, e),
+        Err(e) => (false, e.to_string()),
     };
     match out.send(&resp(ok, msg)).await {
-        Ok(()) => Status::ok(),
+        Ok(()) => match leader {
+            Some(l) => Status::ok().with_metadata(futureq_net::grpc::LEADER_ADDRESS, l),
+            None => Status::ok(),
+        },
         Err(s) => s,
     }
 }
 
-fn node_id(id: u64) -> Result<u64, String> {
+fn node_id(id: u64) -> Result<u64, Status> {
     if id == 0 {
-        Err("node_id must not be 0".into())
+        Err(Status::new(Code::InvalidArgument, "node_id must not be 0"))
     } else {
         Ok(id)
     }
 }
 
-fn raft_address(a: String) -> Result<String, String> {
+fn raft_address(a: String) -> Result<String, Status> {
     match a.parse::<std::net::SocketAddr>() {
         Ok(s) if !s.ip().is_unspecified() && s.port() != 0 => Ok(a),
-        _ => Err(format!(
-            "raft_address {a:?} must be a dialable host:port (no wildcard address)"
+        _ => Err(Status::new(
+            Code::InvalidArgument,
+            format!("raft_address {a:?} must be a dialable host:port (no wildcard address)"),
         )),
     }
 }

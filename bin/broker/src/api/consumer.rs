@@ -9,6 +9,7 @@ use futureq_core::message::TOPIC_LEN_MAX;
 use futureq_core::EventKey;
 use futureq_net::grpc::{Call, Code, Outbound, Status};
 use futureq_net::pb::{consumer_frame, ConsumerFrame, QueueMessage};
+use futureq_raft::node::WriteError;
 use futures::channel::oneshot;
 use futures_lite::future;
 
@@ -64,37 +65,26 @@ enum Event {
     Gone,
 }
 
-/// A refusal naming the leader in the `futureq-leader-address` trailer (when known).
-fn not_leader(leader_addr: String, code: Code, message: &str) -> Status {
-    let s = Status::new(code, message);
-    if leader_addr.is_empty() {
-        s
-    } else {
-        s.with_metadata("futureq-leader-address", leader_addr)
-    }
+/// A refusal naming the leader in the [`futureq_net::grpc::LEADER_ADDRESS`] trailer (when
+/// known).
+fn not_leader(leader_addr: &str, code: Code, message: &str) -> Status {
+    Status::new(code, message).with_leader(leader_addr)
 }
 
 /// Makes sure `group` is in the durable group registry of `topic` before its first member
 /// takes messages: from then on the group is owed every message of the topic, also across
 /// disconnects, restarts and failovers (a `RegisterGroup` command: durable in the journal
 /// standalone, committed by a quorum in a cluster).
-async fn register_group(ctx: &Ctx, topic: &str, group: &str) -> Result<(), String> {
-    let (reply, rx) = oneshot::channel();
-    let req = RaftReq::RegisterGroup {
-        topic_hash: futureq_core::topic_hash(topic),
-        group: group.to_owned(),
-        deadline: std::time::Instant::now() + ctx.settings.proposal_timeout,
-        reply,
-    };
+async fn register_group(ctx: &Ctx, topic: &str, group: &str) -> Result<(), WriteError> {
+    let deadline = std::time::Instant::now() + ctx.settings.proposal_timeout;
     ctx.repl
-        .writes()
-        .send_async(req)
+        .request(|reply| RaftReq::RegisterGroup {
+            topic_hash: futureq_core::topic_hash(topic),
+            group: group.to_owned(),
+            deadline,
+            reply,
+        })
         .await
-        .map_err(|_| "the write core stopped".to_owned())?;
-    match rx.await {
-        Ok(r) => r.map_err(|e| e.to_string()),
-        Err(_) => Err("the write core stopped".to_owned()),
-    }
 }
 
 /// Serves one Subscribe stream.
@@ -150,7 +140,7 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
     let view = ctx.repl.view();
     if !view.leading {
         return not_leader(
-            view.leader_addr.clone(),
+            &view.leader_addr,
             Code::FailedPrecondition,
             "node is not the cluster leader",
         );
@@ -302,7 +292,7 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
             Event::Stop => return Status::new(Code::Unavailable, "server is shutting down"),
             Event::Lost => {
                 return not_leader(
-                    ctx.repl.leader_addr(),
+                    &ctx.repl.leader_addr(),
                     Code::Unavailable,
                     "this node is no longer the cluster leader; reconnect to the leader",
                 );
