@@ -341,7 +341,7 @@ pub fn take_part<'a>(rest: &mut &'a [u8], what: &'static str) -> Result<&'a [u8]
 
 /// Encodes snapshot metadata (`last_log_id`, `last_membership`) followed by the data.
 #[must_use]
-pub fn encode_snapshot_meta(meta: &crate::state_machine::Meta, data: &[u8]) -> Vec<u8> {
+pub fn encode_snapshot_meta(meta: &crate::types::Meta, data: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + data.len());
     put_part(&mut out, &encode_log_id(meta.last_log_id.as_ref()));
     put_part(&mut out, &encode_membership(&meta.last_membership));
@@ -353,12 +353,12 @@ pub fn encode_snapshot_meta(meta: &crate::state_machine::Meta, data: &[u8]) -> V
 ///
 /// # Errors
 /// [`CodecError`] for truncated or malformed bytes.
-pub fn decode_snapshot_meta(b: &[u8]) -> Result<(crate::state_machine::Meta, &[u8]), CodecError> {
+pub fn decode_snapshot_meta(b: &[u8]) -> Result<(crate::types::Meta, &[u8]), CodecError> {
     let mut rest = b;
     let id = take_part(&mut rest, "snapshot meta")?;
     let m = take_part(&mut rest, "snapshot meta")?;
     Ok((
-        crate::state_machine::Meta {
+        crate::types::Meta {
             last_log_id: decode_log_id(id)?,
             last_membership: decode_membership(m)?,
         },
@@ -449,7 +449,7 @@ mod tests {
 
     #[test]
     fn parts_and_snapshot_meta_round_trip_and_reject_truncation() {
-        let meta = crate::state_machine::Meta {
+        let meta = crate::types::Meta {
             last_log_id: Some(LogId {
                 leader_id: LeaderId {
                     term: 4,

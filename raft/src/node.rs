@@ -2,6 +2,11 @@
 //! logs on io_uring, the peer listener, and what the broker asks of them — proposals with the
 //! three ack levels, forwarded metadata proposals, membership changes and leadership status.
 //!
+//! Jobs: this file starts the node and answers leadership questions; `open` opens the logs
+//! and the Raft configuration; `changes` runs requests on a group this node leads, retried
+//! while leadership settles; `forward` sends requests to a group's leader over the peer link
+//! and serves the ones forwarded here.
+//!
 //! Everything here runs on the Raft core's glommio executor; other cores talk to it over
 //! channels (see the broker). No blocking call runs on this reactor: redb calls go to the
 //! blocking pool (state machine), log I/O is io_uring.
@@ -17,27 +22,26 @@ use std::io;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::rc::Rc;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use futureq_core::command::{encode_delete, DeleteBatch};
-use futureq_core::KEY_LEN;
-use futureq_net::peer::PeerFrame;
-use futureq_net::peer_link::{serve_peers, PeerHandler};
+use futureq_net::peer_link::serve_peers;
 use futureq_net::Shutdown;
 use futureq_storage::log::tracker::PersistTracker;
-use futureq_storage::log::uring::DmaLogIo;
-use futureq_storage::log::LogConfig;
 use futureq_storage::Store;
 use futures_lite::future;
-use openraft::error::{ClientWriteError, ForwardReason, ForwardToLeader, RaftError};
-use openraft::{BasicNode, ChangeMembers, ReadPolicy, ServerState, SnapshotPolicy};
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{BasicNode, ReadPolicy, ServerState, SnapshotPolicy};
 
-use crate::log_store::LogStore;
+mod changes;
+mod forward;
+mod open;
+
+pub use forward::Forward;
+
+use self::changes::{settling, write_error};
+use self::open::{check_not_behind_purge, open_log, raft_config};
 use crate::metadata_sm::MetaStateMachine;
-use crate::network::{raft_handler, PeerNetwork, PEER_FRAME_MAX, SNAPSHOT_RPC_TIMEOUT};
-use crate::rpc::KIND_RESPONSE;
+use crate::network::{PeerNetwork, PEER_FRAME_MAX};
 use crate::state_machine::{EventStateMachine, OnApplied};
 use crate::types::{Applied, Command, TypeConfig};
 
@@ -190,227 +194,6 @@ pub enum Standing {
     Voter,
 }
 
-/// A request forwarded to a group's leader over the peer link.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Forward {
-    /// `client_write(command)`.
-    Write(Vec<u8>),
-    /// Add a learner (non-blocking).
-    AddLearner(u64, String),
-    /// Promote a learner to voter.
-    AddVoter(u64),
-    /// Remove a node (voter or learner) from the group.
-    Remove(u64),
-    /// Delete these event keys (ACKs and TTL expiry of a node that stopped leading): the
-    /// only request the event shard takes over the peer port. The leader builds the delete
-    /// command itself, so a peer frame can never commit bytes of its own choosing.
-    Delete(Vec<[u8; KEY_LEN]>),
-}
-
-impl Forward {
-    /// Encodes the request (op byte, then its fields, little-endian).
-    #[must_use]
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        match self {
-            Forward::Write(c) => {
-                out.push(1);
-                out.extend_from_slice(c);
-            }
-            Forward::AddLearner(id, addr) => {
-                out.push(2);
-                out.extend_from_slice(&id.to_le_bytes());
-                out.extend_from_slice(addr.as_bytes());
-            }
-            Forward::AddVoter(id) => {
-                out.push(3);
-                out.extend_from_slice(&id.to_le_bytes());
-            }
-            Forward::Remove(id) => {
-                out.push(4);
-                out.extend_from_slice(&id.to_le_bytes());
-            }
-            Forward::Delete(keys) => {
-                out.push(5);
-                for k in keys {
-                    out.extend_from_slice(k);
-                }
-            }
-        }
-        out
-    }
-
-    /// Decodes a forwarded request; `None` for anything malformed.
-    #[must_use]
-    pub fn decode(b: &[u8]) -> Option<Forward> {
-        let (&op, rest) = b.split_first()?;
-        let id = || {
-            rest.get(..8)
-                .map(|x| u64::from_le_bytes(x.try_into().unwrap_or([0; 8])))
-        };
-        match op {
-            1 => Some(Forward::Write(rest.to_vec())),
-            2 => Some(Forward::AddLearner(
-                id()?,
-                String::from_utf8(rest.get(8..)?.to_vec()).ok()?,
-            )),
-            3 if rest.len() == 8 => Some(Forward::AddVoter(id()?)),
-            4 if rest.len() == 8 => Some(Forward::Remove(id()?)),
-            5 if !rest.is_empty() && rest.len() % KEY_LEN == 0 => Some(Forward::Delete(
-                rest.chunks_exact(KEY_LEN)
-                    .map(|k| {
-                        let mut key = [0u8; KEY_LEN];
-                        key.copy_from_slice(k);
-                        key
-                    })
-                    .collect(),
-            )),
-            _ => None,
-        }
-    }
-}
-
-fn encode_outcome(r: &Result<(), WriteError>) -> Vec<u8> {
-    match r {
-        Ok(()) => vec![0],
-        Err(WriteError::NotLeader { leader }) => {
-            let mut v = vec![1];
-            v.extend_from_slice(&leader.unwrap_or(0).to_le_bytes());
-            v
-        }
-        Err(WriteError::Timeout) => vec![2],
-        Err(WriteError::Failed(m)) => {
-            let mut v = vec![3];
-            v.extend_from_slice(m.as_bytes());
-            v
-        }
-        Err(WriteError::Refused(m)) => {
-            let mut v = vec![4];
-            v.extend_from_slice(m.as_bytes());
-            v
-        }
-    }
-}
-
-fn decode_outcome(b: &[u8]) -> Result<(), WriteError> {
-    match b.split_first() {
-        Some((0, _)) => Ok(()),
-        Some((1, rest)) if rest.len() == 8 => {
-            let id = u64::from_le_bytes(rest.try_into().unwrap_or([0; 8]));
-            Err(WriteError::NotLeader {
-                leader: (id != 0).then_some(id),
-            })
-        }
-        Some((2, _)) => Err(WriteError::Timeout),
-        Some((3, m)) => Err(WriteError::Failed(String::from_utf8_lossy(m).into_owned())),
-        Some((4, m)) => Err(WriteError::Refused(String::from_utf8_lossy(m).into_owned())),
-        _ => Err(WriteError::Failed("malformed forwarded reply".into())),
-    }
-}
-
-/// Whether a ForwardToLeader refusal is transient on a node that leads (or may lead soon).
-fn settling(f: &ForwardToLeader<TypeConfig>, me: u64) -> bool {
-    f.reason == ForwardReason::LeaseExpired || f.leader_id.is_none() || f.leader_id == Some(me)
-}
-
-fn write_error(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> WriteError {
-    match e {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => WriteError::NotLeader {
-            leader: f.leader_id,
-        },
-        other => WriteError::Failed(other.to_string()),
-    }
-}
-
-/// Runs `op` until it succeeds, fails for good, or `deadline` passes; transient leadership
-/// refusals are retried.
-async fn with_retry<F, Fut, T>(me: u64, deadline: Instant, mut op: F) -> Result<T, WriteError>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<
-        Output = Result<T, RaftError<TypeConfig, ClientWriteError<TypeConfig>>>,
-    >,
-{
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(WriteError::Timeout);
-        }
-        let attempt = async { Some(op().await) };
-        let timer = async {
-            glommio::timer::sleep(left).await;
-            None
-        };
-        match future::or(attempt, timer).await {
-            None => return Err(WriteError::Timeout),
-            Some(Ok(v)) => return Ok(v),
-            Some(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))))
-                if settling(&f, me) =>
-            {
-                tracing::debug!(target: "raft", reason = ?f.reason, leader = ?f.leader_id, "write refused while leadership settles; retrying");
-                glommio::timer::sleep(RETRY_PAUSE).await;
-            }
-            Some(Err(e)) => return Err(write_error(e)),
-        }
-    }
-}
-
-/// Applies a membership request on `raft`, which must lead its group.
-async fn change<SM>(
-    raft: &openraft::Raft<TypeConfig, SM>,
-    me: u64,
-    req: &Forward,
-    deadline: Instant,
-) -> Result<(), WriteError>
-where
-    SM: openraft::storage::RaftStateMachine<TypeConfig>,
-{
-    match req {
-        Forward::Write(c) => with_retry(me, deadline, || raft.client_write(Command(c.clone())))
-            .await
-            .map(drop),
-        Forward::Delete(_) => Err(WriteError::Failed(
-            "event deletes go through Node::write_event".into(),
-        )),
-        Forward::AddLearner(id, addr) => {
-            let node = BasicNode { addr: addr.clone() };
-            with_retry(me, deadline, || raft.add_learner(*id, node.clone(), false))
-                .await
-                .map(drop)
-        }
-        Forward::AddVoter(id) => with_retry(me, deadline, || {
-            raft.change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([*id])), true)
-        })
-        .await
-        .map(drop),
-        Forward::Remove(id) => {
-            let voter = raft
-                .metrics()
-                .borrow_watched()
-                .membership_config
-                .membership()
-                .voter_ids()
-                .any(|v| v == *id);
-            if voter {
-                with_retry(me, deadline, || {
-                    raft.change_membership(
-                        ChangeMembers::RemoveVoters(BTreeSet::from([*id])),
-                        false,
-                    )
-                })
-                .await
-                .map(drop)
-            } else {
-                with_retry(me, deadline, || {
-                    raft.change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([*id])), false)
-                })
-                .await
-                .map(drop)
-            }
-        }
-    }
-}
-
 use openraft_rt::watch::WatchReceiver as _;
 
 /// Changes of the event shard's metrics (see [`Node::watch_event`]).
@@ -432,9 +215,6 @@ impl EventWatch {
     }
 }
 
-/// Pause between attempts of a metadata request (see [`Node::meta_request`]).
-const META_RETRY_PAUSE: Duration = Duration::from_millis(100);
-
 /// A running node (both groups). Cheap to clone.
 #[derive(Clone)]
 pub struct Node {
@@ -453,121 +233,6 @@ pub struct Node {
     election_timeout: Duration,
     proposals: Rc<glommio::sync::Semaphore>,
     event_sm: EventStateMachine,
-}
-
-fn raft_config(
-    cluster: &str,
-    rtt: Duration,
-    policy: SnapshotPolicy,
-    keep: u64,
-) -> Result<Arc<openraft::Config>, NodeError> {
-    let rtt_ms = u64::try_from(rtt.as_millis()).unwrap_or(u64::MAX).max(1);
-    let c = openraft::Config {
-        cluster_name: cluster.into(),
-        heartbeat_interval: rtt_ms,
-        election_timeout_min: 10 * rtt_ms,
-        // openraft's leader lease is election_timeout_max: followers refuse votes until it
-        // ran out, so a narrow range shortens failover (a candidate that times out early
-        // is refused and tries again one timeout later).
-        election_timeout_max: 15 * rtt_ms,
-        snapshot_policy: policy,
-        max_in_snapshot_log_to_keep: keep,
-        // Purge as soon as a snapshot covers entries (snapshots are already the batching).
-        purge_batch_size: 1,
-        install_snapshot_timeout: u64::try_from(SNAPSHOT_RPC_TIMEOUT.as_millis()).unwrap_or(60_000),
-        // A leader that restarts must not lead its old term again: entries it had sent to
-        // followers but not yet fsynced itself are gone from its log, and new entries of the
-        // same term would reuse their (term, index) — followers that hold the old ones take
-        // the new ones for them, and acked messages are lost (found by the disk-fault test).
-        // It rejoins as a follower; leading again takes an election in a higher term.
-        enable_leader_restore: Some(false),
-        ..Default::default()
-    };
-    c.validate()
-        .map(Arc::new)
-        .map_err(|e| NodeError::Raft(e.to_string()))
-}
-
-/// The files under the Raft logs: io_uring, with the disk-fault seam in fault-injection
-/// builds.
-#[cfg(not(feature = "fault-injection"))]
-type DiskIo = DmaLogIo;
-#[cfg(feature = "fault-injection")]
-type DiskIo = futureq_storage::log::faults::FaultyIo<DmaLogIo>;
-
-fn disk_io(dir: &std::path::Path) -> DiskIo {
-    #[cfg(feature = "fault-injection")]
-    {
-        // The Raft data directory (the parent of the event and metadata log directories).
-        let trigger = dir
-            .parent()
-            .unwrap_or(dir)
-            .join(futureq_storage::log::faults::TRIGGER_FILE);
-        futureq_storage::log::faults::FaultyIo::new(
-            DmaLogIo::in_dir(dir.to_path_buf()),
-            trigger,
-            || std::process::abort(),
-        )
-    }
-    #[cfg(not(feature = "fault-injection"))]
-    DmaLogIo::in_dir(dir.to_path_buf())
-}
-
-async fn open_log(
-    dir: PathBuf,
-    hook: futureq_storage::log::segmented::PersistHook,
-) -> Result<LogStore<DiskIo>, NodeError> {
-    let err = |source| NodeError::Log {
-        path: dir.display().to_string(),
-        source,
-    };
-    std::fs::create_dir_all(&dir).map_err(err)?;
-    let d = dir.clone();
-    LogStore::open(
-        move || disk_io(&d),
-        LogConfig {
-            segment_bytes: SEGMENT_BYTES,
-            cache_bytes: futureq_storage::log::segmented::DEFAULT_CACHE_BYTES,
-        },
-        hook,
-    )
-    .await
-    .map_err(err)
-}
-
-/// Refuses a store that applied less than the log purged (see [`NodeError::BehindPurge`]):
-/// openraft would apply the entries after the purge point over the gap and serve a replica
-/// that silently lacks messages.
-async fn check_not_behind_purge(
-    log: &mut LogStore<DiskIo>,
-    store: &Store,
-    dir: &std::path::Path,
-) -> Result<(), NodeError> {
-    use openraft::storage::RaftLogStorage as _;
-    let err = |source| NodeError::Log {
-        path: dir.display().to_string(),
-        source,
-    };
-    let purged = log
-        .get_log_state()
-        .await
-        .map_err(err)?
-        .last_purged_log_id
-        .map_or(0, |l| l.index);
-    let s = store.clone();
-    let applied = glommio::executor()
-        .spawn_blocking(move || s.applied())
-        .await
-        .map_err(|e| err(io::Error::other(e.to_string())))?
-        .map_or(0, |(i, _)| i);
-    if purged > 0 && applied < purged {
-        return Err(NodeError::BehindPurge {
-            applied,
-            purged,
-            dir: dir.display().to_string(),
-        });
-    }
-    Ok(())
 }
 
 impl Node {
@@ -663,69 +328,6 @@ impl Node {
         ))
         .detach();
         Ok(node)
-    }
-
-    /// Routes peer frames: Raft RPCs to their group, forwarded requests to [`Node::forwarded`].
-    fn peer_handler(&self) -> PeerHandler {
-        let event = raft_handler(EVENT_GROUP, self.event.clone());
-        let meta = raft_handler(META_GROUP, self.meta.clone());
-        let node = self.clone();
-        Rc::new(move |f: PeerFrame| {
-            if f.kind == KIND_FORWARD {
-                let node = node.clone();
-                return Box::pin(async move {
-                    let req = Forward::decode(&f.payload)?;
-                    let out = node.forwarded(f.group, &req).await;
-                    Some((KIND_RESPONSE, Bytes::from(encode_outcome(&out))))
-                });
-            }
-            match f.group {
-                EVENT_GROUP => event(f),
-                META_GROUP => meta(f),
-                _ => Box::pin(async { None }),
-            }
-        })
-    }
-
-    /// Serves a request another node forwarded here (this node must lead the group). The
-    /// event shard takes only [`Forward::Delete`]: its commands are built by its leader.
-    async fn forwarded(&self, group: u8, req: &Forward) -> Result<(), WriteError> {
-        let deadline = Instant::now() + RPC_TIMEOUT;
-        match (group, req) {
-            (META_GROUP, Forward::Delete(_)) => Err(WriteError::Failed(
-                "the metadata group has no event keys to delete".into(),
-            )),
-            (META_GROUP, _) => change(&self.meta, self.id, req, deadline).await,
-            (EVENT_GROUP, Forward::Delete(keys)) => {
-                let cmd = encode_delete(&DeleteBatch { keys: keys.clone() });
-                self.write_event(move || Ok(cmd.clone()), Ack::Quorum, deadline)
-                    .await
-            }
-            (EVENT_GROUP, _) => Err(WriteError::Failed(
-                "the event shard takes no forwarded writes or membership changes".into(),
-            )),
-            _ => Err(WriteError::Failed(format!("unknown group {group}"))),
-        }
-    }
-
-    /// Deletes event keys through the event shard's leader when this node does not lead
-    /// (an ACK taken while it led must not be lost when leadership moves).
-    ///
-    /// # Errors
-    /// [`WriteError`]; `NotLeader { leader: None }` while no leader is known.
-    pub async fn forward_delete(
-        &self,
-        keys: Vec<[u8; KEY_LEN]>,
-        deadline: Instant,
-    ) -> Result<(), WriteError> {
-        let leader = self.event.metrics().borrow_watched().current_leader;
-        match leader {
-            Some(l) if l != self.id => {
-                self.forward(EVENT_GROUP, l, &Forward::Delete(keys), deadline)
-                    .await
-            }
-            _ => Err(WriteError::NotLeader { leader }),
-        }
     }
 
     /// Whether either group has state on disk (a restart: no bootstrap, no join).
@@ -851,74 +453,6 @@ impl Node {
         done_rx
             .await
             .unwrap_or_else(|_| Err(WriteError::Failed("raft stopped".into())))
-    }
-
-    /// Applies a metadata request on the metadata leader, forwarding it there when this node
-    /// does not lead. Its requests are idempotent (membership changes; registry writes rewrite
-    /// the same value or carry an epoch the state machine refuses when stale), so while no
-    /// leader is known or the leader fails or cannot be reached (it may be the very node a
-    /// `LeaveCluster` removes, down until the others elect another) the request is tried
-    /// again, until `deadline`.
-    ///
-    /// # Errors
-    /// [`WriteError`]: the last attempt's error once `deadline` is near.
-    pub async fn meta_request(&self, req: Forward, deadline: Instant) -> Result<(), WriteError> {
-        loop {
-            let r = match change(&self.meta, self.id, &req, deadline).await {
-                Err(WriteError::NotLeader {
-                    leader: Some(leader),
-                }) if leader != self.id => self.forward(META_GROUP, leader, &req, deadline).await,
-                r => r,
-            };
-            let again = matches!(r, Err(WriteError::NotLeader { .. } | WriteError::Failed(_)));
-            if !again || Instant::now() + META_RETRY_PAUSE >= deadline {
-                return r;
-            }
-            tracing::debug!(target: "raft", error = ?r, "metadata request not done; trying again");
-            glommio::timer::sleep(META_RETRY_PAUSE).await;
-        }
-    }
-
-    /// Applies a membership request on the event shard (this node must lead it).
-    ///
-    /// # Errors
-    /// [`WriteError`].
-    pub async fn event_request(&self, req: Forward, deadline: Instant) -> Result<(), WriteError> {
-        change(&self.event, self.id, &req, deadline).await
-    }
-
-    async fn forward(
-        &self,
-        group: u8,
-        leader: u64,
-        req: &Forward,
-        deadline: Instant,
-    ) -> Result<(), WriteError> {
-        let addr = {
-            let m = if group == EVENT_GROUP {
-                self.event.metrics()
-            } else {
-                self.meta.metrics()
-            };
-            let m = m.borrow_watched();
-            m.membership_config
-                .membership()
-                .get_node(&leader)
-                .map(|n| n.addr.clone())
-        };
-        let Some(addr) = addr.and_then(|a| a.parse::<SocketAddr>().ok()) else {
-            return Err(WriteError::NotLeader {
-                leader: Some(leader),
-            });
-        };
-        let timeout = deadline.saturating_duration_since(Instant::now());
-        let reply = self
-            .network
-            .client(addr)
-            .call(group, KIND_FORWARD, Bytes::from(req.encode()), timeout)
-            .await
-            .map_err(|e| WriteError::Failed(format!("forwarding to node {leader}: {e}")))?;
-        decode_outcome(&reply.payload)
     }
 
     /// The event shard's leadership as of now.
@@ -1059,52 +593,5 @@ impl Node {
         self.stop.trigger();
         let _ = self.event.shutdown().await;
         let _ = self.meta.shutdown().await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn forward_round_trips_and_rejects_garbage() {
-        for f in [
-            Forward::Write(vec![1, 2, 3]),
-            Forward::Write(vec![]),
-            Forward::AddLearner(7, "127.0.0.1:5000".into()),
-            Forward::AddVoter(u64::MAX),
-            Forward::Remove(3),
-            Forward::Delete(vec![[7; KEY_LEN], [9; KEY_LEN]]),
-        ] {
-            assert_eq!(Forward::decode(&f.encode()), Some(f));
-        }
-        for bad in [
-            &[][..],
-            &[0],
-            &[2, 1],
-            &[3, 1, 2],
-            &[4; 10],
-            &[9, 0],
-            &[5],
-            &[5; 24],
-        ] {
-            assert_eq!(Forward::decode(bad), None, "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn outcomes_round_trip() {
-        for r in [
-            Ok(()),
-            Err(WriteError::NotLeader { leader: Some(3) }),
-            Err(WriteError::NotLeader { leader: None }),
-            Err(WriteError::Timeout),
-            Err(WriteError::Failed("boom".into())),
-            Err(WriteError::Refused("stale ids".into())),
-        ] {
-            assert_eq!(decode_outcome(&encode_outcome(&r)), r);
-        }
-        assert!(decode_outcome(&[]).is_err());
-        assert!(decode_outcome(&[1, 0]).is_err());
     }
 }

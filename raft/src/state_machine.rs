@@ -16,9 +16,7 @@ use std::time::{Duration, Instant};
 use futureq_core::EventKey;
 use futureq_storage::Store;
 use futures::StreamExt;
-use openraft::storage::{
-    EntryResponder, RaftSnapshotBuilder, RaftStateMachine, Snapshot, SnapshotMeta,
-};
+use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine, Snapshot};
 use openraft::{BasicNode, EntryPayload, StoredMembership};
 
 use bytes::Bytes;
@@ -33,9 +31,8 @@ const APPLIED: &str = "applied";
 /// Raft-meta key of the last applied membership: present in the store of every cluster node.
 pub const MEMBERSHIP: &str = "membership";
 
-type LeaderId = openraft::impls::leader_id_adv::LeaderId<u64, u64>;
-/// Snapshot metadata of [`TypeConfig`].
-pub type Meta = SnapshotMeta<LeaderId, u64, BasicNode>;
+use crate::types::LeaderId;
+pub use crate::types::Meta;
 /// A snapshot of [`TypeConfig`] with in-memory data.
 pub type EventSnapshot = Snapshot<LeaderId, u64, BasicNode, SnapshotData>;
 

@@ -47,3 +47,8 @@ pub type SnapshotData = std::io::Cursor<bytes::Bytes>;
 pub type Entry = <TypeConfig as openraft::RaftTypeConfig>::Entry;
 /// A vote of [`TypeConfig`].
 pub type Vote = <TypeConfig as openraft::RaftTypeConfig>::Vote;
+
+/// The leader id of [`TypeConfig`]: `(term, node id)`.
+pub type LeaderId = openraft::impls::leader_id_adv::LeaderId<u64, u64>;
+/// Snapshot metadata of [`TypeConfig`].
+pub type Meta = openraft::SnapshotMeta<LeaderId, u64, openraft::BasicNode>;

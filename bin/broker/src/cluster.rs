@@ -4,14 +4,18 @@
 //! Ingress cores never touch openraft: they read the [`Replication`] view (thread-safe) and
 //! send [`RaftReq`]s over a bounded channel; the Raft core answers over oneshots.
 //!
+//! Jobs: this file runs the node (start, the request loop, leadership tracking, topology
+//! publication); `ids` decides who may assign event ids (a pure state machine);
+//! `membership` joins this node through seeds and runs the leader's membership changes.
+//! Writes a follower takes are forwarded to the leader by `futureq_raft::node`.
+//!
 //! # Invariants
-//! - Event ids are assigned here only, by a leader that has applied its log up to its own
-//!   first entry of the term (so the store's high-water mark covers every earlier leader's
-//!   ids), starting above that mark: ids never regress across failovers and restarts.
+//! - Event ids are assigned here only (see `ids`): ids never regress across failovers and
+//!   restarts.
 //! - Clients are served only while this node leads with a fresh quorum; when it stops, the
 //!   [`crate::replication::View::lost`] signal of that leadership fires and every consumer stream of it ends.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -29,9 +33,16 @@ use futureq_raft::node::{
 use futureq_storage::Store;
 use futures_lite::future;
 
+mod ids;
+mod membership;
+
+pub use membership::{secret_header, JoinError, SECRET_HEADER};
+
+use self::ids::Ids;
+use self::membership::{join, META_DEADLINE};
 use crate::config::ClusterSettings;
 use crate::metrics::Metrics;
-use crate::replication::{MembershipError, MembershipOp, RaftReq, Replication};
+use crate::replication::{RaftReq, Replication};
 
 /// Requests the Raft core serves at once (each waits for its proposal or membership change).
 const RAFT_REQUESTS_MAX: u64 = 4096;
@@ -40,18 +51,6 @@ const RAFT_REQUESTS_MAX: u64 = 4096;
 const WATCH_INTERVAL: Duration = Duration::from_millis(20);
 /// Pause between attempts to register this node's client address.
 const REGISTER_RETRY: Duration = Duration::from_secs(2);
-/// Deadline of one metadata proposal.
-const META_DEADLINE: Duration = Duration::from_secs(5);
-/// How long a joining node may take to catch up before it is promoted.
-const CATCH_UP_DEADLINE: Duration = Duration::from_secs(30);
-/// How long one JoinCluster call may take (the leader waits for the catch-up).
-const JOIN_TIMEOUT: Duration = Duration::from_secs(60);
-/// Catch-up polling interval.
-const CATCH_UP_POLL: Duration = Duration::from_millis(500);
-/// Attempts to finish an unfinished join after a restart.
-const REJOIN_ATTEMPTS: u32 = 30;
-/// Pause between them.
-const REJOIN_PAUSE: Duration = Duration::from_secs(2);
 
 /// The Raft core's state besides the node.
 struct Core {
@@ -60,11 +59,8 @@ struct Core {
     grpc_advertise: String,
     cluster: Arc<Replication>,
     store: Store,
-    /// Next event id to assign (only meaningful while `ready_term` is the current term).
-    next_id: Cell<u64>,
-    /// The term in which this node confirmed its leadership (0 = none).
-    ready_term: Cell<u64>,
-    confirming: Cell<bool>,
+    /// Who may assign event ids, and the next one.
+    ids: RefCell<Ids>,
     publishing_topology: Cell<bool>,
     metrics: Arc<Metrics>,
 }
@@ -93,14 +89,6 @@ pub enum StartError {
         /// `cluster.raft.dataDir`.
         data_dir: std::path::PathBuf,
     },
-}
-
-/// No seed added this node to the cluster.
-#[derive(Debug, thiserror::Error)]
-#[error("failed to join cluster: all seeds exhausted (last: {last})")]
-pub struct JoinError {
-    /// The last seed's answer.
-    last: String,
 }
 
 /// Starts the node: opens the logs, starts both groups and the peer listener, bootstraps
@@ -161,86 +149,10 @@ pub async fn start(
         node.standing(cfg.node_id),
         (Standing::Learner, _) | (_, Standing::Learner)
     ) {
-        // A join that did not finish (its reply was lost, or this node stopped mid-join):
-        // ask again in the background; the leader does only the missing steps. (A node
-        // that is in neither group left the cluster: it does not rejoin by itself.)
-        let (cfg, advertise, node2) = (cfg.clone(), grpc_advertise.to_owned(), node.clone());
-        glommio::spawn_local(async move {
-            for attempt in 1..=REJOIN_ATTEMPTS {
-                if node2.standing(cfg.node_id) == (Standing::Voter, Standing::Voter) {
-                    return;
-                }
-                match join(&cfg, &advertise).await {
-                    Ok(()) => return,
-                    Err(e) => tracing::warn!(target: "raft", attempt, error = %e, "finishing the join failed; retrying"),
-                }
-                glommio::timer::sleep(REJOIN_PAUSE).await;
-            }
-        })
-        .detach();
+        // A join that did not finish (its reply was lost, or this node stopped mid-join).
+        membership::finish_join(cfg, grpc_advertise, &node);
     }
     Ok(node)
-}
-
-/// gRPC header carrying the cluster secret on membership RPCs.
-pub const SECRET_HEADER: &str = "futureq-cluster-secret";
-
-/// The request headers that carry `secret` (none when there is no secret).
-#[must_use]
-pub fn secret_header(secret: &futureq_net::peer_link::PeerSecret) -> Vec<(&'static str, &str)> {
-    if secret.is_open() {
-        Vec::new()
-    } else {
-        vec![(
-            SECRET_HEADER,
-            std::str::from_utf8(secret.bytes()).unwrap_or_default(),
-        )]
-    }
-}
-
-/// Asks the seeds, in order, to add this node (JoinCluster); a refusal that names the leader
-/// is retried there once. The leader adds it as a learner, waits for it to catch up (this
-/// node's groups already run and receive the log or a snapshot), then promotes it.
-async fn join(cfg: &ClusterSettings, grpc_advertise: &str) -> Result<(), JoinError> {
-    use futureq_net::pb::{JoinRequest, JoinResponse};
-    let req = JoinRequest {
-        node_id: cfg.node_id,
-        raft_address: cfg.raft_advertise.clone(),
-        grpc_address: grpc_advertise.to_owned(),
-    };
-    let mut seeds: Vec<String> = cfg.join_seeds.clone();
-    let mut last = String::new();
-    let mut i = 0;
-    while i < seeds.len() {
-        let seed = seeds[i].clone();
-        i += 1;
-        tracing::info!(target: "raft", %seed, "asking to join the cluster");
-        match futureq_net::grpc::client::unary_answer::<_, JoinResponse>(
-            &seed,
-            "/futureq.FutureQCluster/JoinCluster",
-            &req,
-            &secret_header(&cfg.secret),
-            JOIN_TIMEOUT,
-        )
-        .await
-        {
-            Ok(r) if r.message.success => {
-                tracing::info!(target: "raft", %seed, "joined the cluster");
-                return Ok(());
-            }
-            Ok(r) => {
-                if let Some(leader) = r.leader.filter(|l| !l.is_empty()) {
-                    if !seeds.contains(&leader) {
-                        seeds.insert(i, leader);
-                    }
-                }
-                last = format!("{seed}: {}", r.message.error_message);
-            }
-            Err(s) => last = format!("{seed}: {}", s.message),
-        }
-        tracing::warn!(target: "raft", error = %last, "join attempt failed");
-    }
-    Err(JoinError { last })
 }
 
 /// Drives the node until shutdown: leadership tracking, id assignment, the metadata
@@ -264,9 +176,7 @@ pub async fn serve(
         grpc_advertise,
         cluster,
         store,
-        next_id: Cell::new(1),
-        ready_term: Cell::new(0),
-        confirming: Cell::new(false),
+        ids: RefCell::new(Ids::default()),
         publishing_topology: Cell::new(false),
         metrics,
     });
@@ -344,7 +254,7 @@ async fn watch_stalls(shutdown: Shutdown) {
 impl Core {
     fn leading_now(&self) -> Result<Leadership, WriteError> {
         let l = self.node.leadership();
-        if l.leading && self.ready_term.get() == l.term {
+        if self.ids.borrow().ready(l.leading, l.term) {
             Ok(l)
         } else {
             Err(WriteError::NotLeader { leader: l.leader })
@@ -372,9 +282,12 @@ impl Core {
                     // a proposal that waited, or is retried, gets fresh ids of the current
                     // term, so ids follow log order.
                     move || {
-                        core.leading_now()?;
-                        let start = core.next_id.get();
-                        core.next_id.set(start + batch.items.len() as u64);
+                        let l = core.node.leadership();
+                        let start = core
+                            .ids
+                            .borrow_mut()
+                            .assign(l.leading, l.term, batch.items.len() as u64)
+                            .ok_or(WriteError::NotLeader { leader: l.leader })?;
                         for (i, it) in batch.items.iter_mut().enumerate() {
                             it.event_id = start + i as u64;
                         }
@@ -453,98 +366,6 @@ impl Core {
         self.node.write_event(make, Ack::Quorum, deadline).await
     }
 
-    fn not_leader(&self) -> MembershipError {
-        MembershipError::NotLeader {
-            leader_addr: self.cluster.leader_addr(),
-        }
-    }
-
-    async fn membership(&self, op: &MembershipOp) -> Result<(), MembershipError> {
-        let deadline = || Instant::now() + META_DEADLINE;
-        let fmt = |step: &'static str, source: WriteError| MembershipError::Step { step, source };
-        match op {
-            MembershipOp::Join { node_id, raft_addr } => {
-                // Idempotent: a retried join (its reply was lost, or the node restarted
-                // mid-join) does only the steps still missing.
-                if self.leading_now().is_err() {
-                    return Err(self.not_leader());
-                }
-                let (event, meta) = self.node.standing(*node_id);
-                let learner = Forward::AddLearner(*node_id, raft_addr.clone());
-                if meta == Standing::Absent {
-                    self.node
-                        .meta_request(learner.clone(), deadline())
-                        .await
-                        .map_err(|e| fmt("adding it to the metadata group", e))?;
-                }
-                if event == Standing::Absent {
-                    self.node
-                        .event_request(learner, deadline())
-                        .await
-                        .map_err(|e| fmt("adding it to the event shard", e))?;
-                }
-                if event != Standing::Voter {
-                    self.wait_caught_up(*node_id).await?;
-                }
-                if meta != Standing::Voter {
-                    self.node
-                        .meta_request(Forward::AddVoter(*node_id), deadline())
-                        .await
-                        .map_err(|e| fmt("promoting it in the metadata group", e))?;
-                }
-                if event != Standing::Voter {
-                    self.node
-                        .event_request(Forward::AddVoter(*node_id), deadline())
-                        .await
-                        .map_err(|e| fmt("promoting it in the event shard", e))?;
-                }
-                Ok(())
-            }
-            MembershipOp::Leave { node_id } => {
-                if self.leading_now().is_err() {
-                    return Err(self.not_leader());
-                }
-                self.node
-                    .event_request(Forward::Remove(*node_id), deadline())
-                    .await
-                    .map_err(|e| fmt("removing it from the event shard", e))?;
-                self.node
-                    .meta_request(Forward::Remove(*node_id), deadline())
-                    .await
-                    .map_err(|e| fmt("removing it from the metadata group", e))
-            }
-            MembershipOp::JoinMeta { node_id, raft_addr } => self
-                .node
-                .meta_request(Forward::AddLearner(*node_id, raft_addr.clone()), deadline())
-                .await
-                .map_err(|e| fmt("adding it to the metadata group", e)),
-            MembershipOp::LeaveMeta { node_id } => self
-                .node
-                .meta_request(Forward::Remove(*node_id), deadline())
-                .await
-                .map_err(|e| fmt("removing it from the metadata group", e)),
-        }
-    }
-
-    /// Polls until the learner's replicated index reaches the leader's last index as of the
-    /// start of the wait.
-    async fn wait_caught_up(&self, node_id: u64) -> Result<(), MembershipError> {
-        let until = Instant::now() + CATCH_UP_DEADLINE;
-        let target = self.node.event_last_log_index();
-        loop {
-            if self.node.matched_index(node_id) >= target {
-                return Ok(());
-            }
-            if Instant::now() >= until {
-                return Err(MembershipError::CatchUp {
-                    node_id,
-                    within: CATCH_UP_DEADLINE,
-                });
-            }
-            glommio::timer::sleep(CATCH_UP_POLL).await;
-        }
-    }
-
     /// Brings this node's leadership in line with Raft: confirms a new term (then ids may be
     /// assigned), publishes the view, ends a lost leadership, and keeps the topology in the
     /// metadata group current.
@@ -557,12 +378,11 @@ impl Core {
             std::process::exit(EXIT_RAFT_FAILED);
         }
         let l = self.node.leadership();
-        if l.leading && self.ready_term.get() != l.term && !self.confirming.get() {
-            self.confirming.set(true);
+        if self.ids.borrow_mut().start_confirming(l.leading, l.term) {
             let core = Rc::clone(self);
             glommio::spawn_local(async move { core.confirm().await }).detach();
         }
-        let leading = l.leading && self.ready_term.get() == l.term;
+        let leading = self.ids.borrow().ready(l.leading, l.term);
         let meta = self.node.meta_sm.state();
         let leader_addr = l
             .leader
@@ -645,26 +465,30 @@ impl Core {
     /// Confirms a fresh leadership: waits until everything up to this term's first entry is
     /// applied, then raises the id counter above the store's high-water mark.
     async fn confirm(self: Rc<Self>) {
-        match self.node.confirm_leadership().await {
+        let outcome = match self.node.confirm_leadership().await {
             Ok(term) => {
                 let store = self.store.clone();
                 match glommio::executor()
                     .spawn_blocking(move || store.last_id())
                     .await
                 {
-                    Ok(last) => {
-                        self.next_id.set(self.next_id.get().max(last + 1));
-                        self.ready_term.set(term);
-                        tracing::info!(target: "raft", term, next_id = self.next_id.get(), "leadership confirmed; taking writes");
-                    }
+                    Ok(last) => Some((term, last)),
                     Err(e) => {
                         tracing::error!(target: "raft", error = %e, "cannot read the id high-water mark; not taking writes");
+                        None
                     }
                 }
             }
-            Err(e) => tracing::debug!(target: "raft", error = %e, "leadership not confirmed"),
+            Err(e) => {
+                tracing::debug!(target: "raft", error = %e, "leadership not confirmed");
+                None
+            }
+        };
+        let mut ids = self.ids.borrow_mut();
+        ids.confirmed(outcome);
+        if let Some((term, _)) = outcome {
+            tracing::info!(target: "raft", term, next_id = ids.next(), "leadership confirmed; taking writes");
         }
-        self.confirming.set(false);
     }
 }
 
