@@ -20,8 +20,8 @@ pub const READ_QUEUE_MAX: usize = 1024;
 type Reply<T> = oneshot::Sender<Result<T, Arc<StoreError>>>;
 
 struct ReadOp {
-    req: ScanRequest,
-    reply: Reply<ScanResult>,
+    reqs: Vec<ScanRequest>,
+    reply: Reply<Vec<Result<ScanResult, StoreError>>>,
 }
 
 /// Handle to the store and its reader thread. Clone it freely; the thread stops when every
@@ -78,9 +78,25 @@ impl StoreService {
     /// # Errors
     /// A storage error or the store is closed.
     pub async fn scan(&self, req: ScanRequest) -> Result<ScanResult, Arc<StoreError>> {
+        self.scan_all(vec![req])
+            .await?
+            .pop()
+            .unwrap_or(Err(StoreError::Closed))
+            .map_err(Arc::new)
+    }
+
+    /// Reads the due ranges of several topics in one round trip to the reader thread and one
+    /// read transaction: one result per request, in order.
+    ///
+    /// # Errors
+    /// The reader stopped or the transaction could not start.
+    pub async fn scan_all(
+        &self,
+        reqs: Vec<ScanRequest>,
+    ) -> Result<Vec<Result<ScanResult, StoreError>>, Arc<StoreError>> {
         let (reply, rx) = oneshot::channel();
         self.read_tx
-            .send_async(ReadOp { req, reply })
+            .send_async(ReadOp { reqs, reply })
             .await
             .map_err(|_| Arc::new(StoreError::Closed))?;
         rx.await.map_err(|_| Arc::new(StoreError::Closed))?
@@ -89,6 +105,6 @@ impl StoreService {
 
 fn reader(store: &Store, rx: &flume::Receiver<ReadOp>) {
     while let Ok(op) = rx.recv() {
-        let _ = op.reply.send(store.scan(&op.req).map_err(Arc::new));
+        let _ = op.reply.send(store.scan_all(&op.reqs).map_err(Arc::new));
     }
 }

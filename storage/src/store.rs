@@ -629,6 +629,30 @@ impl Store {
     pub fn scan(&self, req: &ScanRequest) -> Result<ScanResult, StoreError> {
         let txn = self.db.begin_read()?;
         let messages = txn.open_table(MESSAGES)?;
+        scan_table(&messages, req)
+    }
+
+    /// Reads the due ranges of several topics from one read transaction (one snapshot):
+    /// one result per request, in order.
+    ///
+    /// # Errors
+    /// The transaction could not start; a failed range is its own result's error.
+    pub fn scan_all(
+        &self,
+        reqs: &[ScanRequest],
+    ) -> Result<Vec<Result<ScanResult, StoreError>>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let messages = txn.open_table(MESSAGES)?;
+        Ok(reqs.iter().map(|r| scan_table(&messages, r)).collect())
+    }
+}
+
+/// [`Store::scan`] within an open table.
+fn scan_table(
+    messages: &redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+    req: &ScanRequest,
+) -> Result<ScanResult, StoreError> {
+    {
         let mut res = ScanResult::default();
         let mut seen = 0usize;
         let mut bytes = 0usize;
@@ -667,7 +691,9 @@ impl Store {
         }
         Ok(res)
     }
+}
 
+impl Store {
     /// Reads one message (tests and tools).
     ///
     /// # Errors

@@ -64,16 +64,19 @@ fn memory() -> Store {
     Store::open(&StoreMode::Memory).unwrap()
 }
 
-fn scan_all(s: &Store, topic: &str, now: i64) -> futureq_core::hub::ScanResult {
+fn due(topic: &str, now: i64) -> ScanRequest {
     let h = topic_hash(topic);
-    s.scan(&ScanRequest {
+    ScanRequest {
         topic_hash: h,
         from: EventKey::topic_start(h),
         upper: EventKey::bucket_start(h, bucket_of(now, 1) + 1),
         limit: 100,
         catch_up: None,
-    })
-    .unwrap()
+    }
+}
+
+fn scan_all(s: &Store, topic: &str, now: i64) -> futureq_core::hub::ScanResult {
+    s.scan(&due(topic, now)).unwrap()
 }
 
 #[test]
@@ -119,6 +122,17 @@ fn scan_reads_only_the_due_range_and_reports_the_next_key() {
     let r = scan_all(&s, "a", 1500);
     assert_eq!(r.items.len(), 2);
     assert_eq!(r.next_key, None, "topic b is not part of topic a's range");
+    // Several topics in one read: one result per request, in order, each as its own scan.
+    let reqs = [due("b", 1500), due("a", 1200), due("none", 1500)];
+    let all = s.scan_all(&reqs).unwrap();
+    assert_eq!(all.len(), 3);
+    for (req, res) in reqs.iter().zip(all) {
+        let (one, res) = (s.scan(req).unwrap(), res.unwrap());
+        let keys =
+            |r: &futureq_core::hub::ScanResult| r.items.iter().map(|(k, _)| *k).collect::<Vec<_>>();
+        assert_eq!(keys(&res), keys(&one));
+        assert_eq!((res.exhausted, res.next_key), (one.exhausted, one.next_key));
+    }
 }
 
 #[test]

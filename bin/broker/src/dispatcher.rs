@@ -259,16 +259,29 @@ impl Dispatcher {
         self.hub.expire_in_flight(now);
         self.hub.drain_waiting(now);
         self.hub.deliver_read_ahead(now);
-        for req in self.hub.scans_due(now) {
-            match self.store.scan(req.clone()).await {
-                Ok(res) => self.hub.apply_scan(&req, res, now_ms()),
+        let reqs = self.hub.scans_due(now);
+        if reqs.is_empty() {
+            return true;
+        }
+        // Every topic's due range in one round trip to the reader thread.
+        let results = match self.store.scan_all(reqs.clone()).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(target: "dispatcher", error = %e, "scan failed; retrying");
+                return false;
+            }
+        };
+        let mut ok = true;
+        for (req, res) in reqs.iter().zip(results) {
+            match res {
+                Ok(res) => self.hub.apply_scan(req, res, now_ms()),
                 Err(e) => {
-                    tracing::error!(target: "dispatcher", error = %e, "scan failed; retrying");
-                    return false;
+                    tracing::error!(target: "dispatcher", topic_hash = req.topic_hash, error = %e, "scan failed; retrying");
+                    ok = false;
                 }
             }
         }
-        true
+        ok
     }
 }
 
@@ -289,7 +302,6 @@ async fn delete_logged(
     .await
 }
 
-/// Runs the dispatcher until shutdown, then flushes the pending deletes.
 /// What an apply tells the dispatcher (on every replica, and standalone): the smallest new
 /// key per topic (a scan cursor that passed it moves back) and the deleted keys (never
 /// delivered again).
@@ -315,7 +327,7 @@ fn send_to_hub(hub: &flume::Sender<HubCmd>, cmd: HubCmd) {
     }
 }
 
-/// Runs the dispatcher. Start it once the write path replayed what it holds (see
+/// Runs the dispatcher until shutdown, then flushes the pending deletes. Start it once the write path replayed what it holds (see
 /// `core_main`): a delete still in the journal would otherwise let it deliver an
 /// acknowledged message again.
 pub async fn run(
