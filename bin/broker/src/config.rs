@@ -34,6 +34,7 @@ pub struct Config {
     pub delivery: Delivery,
     pub observability: Observability,
     pub runtime: Runtime,
+    pub compat: Compat,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -105,17 +106,70 @@ pub struct Publish {
 pub struct Delivery {
     pub consumer_queue_size: u32,
     pub time_bucket: String,
-    pub dispatch_poll_interval: String,
     pub in_flight_timeout: String,
     pub delete_batch_interval: String,
     pub ttl_sweep_interval: String,
     pub read_ahead: String,
+    pub scan_max_keys: u32,
+}
+
+/// Delivery keys of the original broker, accepted (and validated with its bounds) so that its
+/// settings carry over, unused here: the dispatcher is timer-driven and delivers from the
+/// leader only. The one place such keys live; [`Compat::validate`] is their one validator.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct Compat {
+    pub dispatch_poll_interval: String,
     pub prepare_batch_size: u32,
     pub prepare_batch_bytes: String,
-    pub scan_max_keys: u32,
     pub scan_work_budget: String,
     pub prepare_timeout: String,
     pub prepare_workers: u32,
+}
+
+impl Compat {
+    /// Keys moved here from `delivery` (an older configuration file names them there).
+    const MOVED_FROM_DELIVERY: [&'static str; 6] = [
+        "dispatchPollInterval",
+        "prepareBatchSize",
+        "prepareBatchBytes",
+        "scanWorkBudget",
+        "prepareTimeout",
+        "prepareWorkers",
+    ];
+
+    /// Checks the original's bounds (`scan_max_keys`: `delivery.scanMaxKeys`, which must be
+    /// at least `compat.prepareBatchSize`, as the original required).
+    fn validate(&self, scan_max_keys: u32) -> Result<(), ConfigError> {
+        dur("compat.dispatchPollInterval", &self.dispatch_poll_interval)?;
+        if !(1..=64).contains(&self.prepare_batch_size) {
+            return err(
+                "compat.prepareBatchSize",
+                format!("{} must be 1..64", self.prepare_batch_size),
+            );
+        }
+        let pbb = size("compat.prepareBatchBytes", &self.prepare_batch_bytes)?;
+        if pbb > 256 << 10 {
+            return err("compat.prepareBatchBytes", "must be at most 256KiB");
+        }
+        if scan_max_keys < self.prepare_batch_size {
+            return err(
+                "delivery.scanMaxKeys",
+                "must be at least compat.prepareBatchSize",
+            );
+        }
+        if dur("compat.scanWorkBudget", &self.scan_work_budget)? > Duration::from_millis(100) {
+            return err("compat.scanWorkBudget", "must be at most 100ms");
+        }
+        if dur("compat.prepareTimeout", &self.prepare_timeout)? > Duration::from_secs(1) {
+            return err("compat.prepareTimeout", "must be at most 1s");
+        }
+        if self.prepare_workers == 0 {
+            return err("compat.prepareWorkers", "must be at least 1");
+        }
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -192,17 +246,11 @@ impl Default for Config {
             delivery: Delivery {
                 consumer_queue_size: 1024,
                 time_bucket: "1ms".into(),
-                dispatch_poll_interval: "5ms".into(),
                 in_flight_timeout: "5s".into(),
                 delete_batch_interval: "500ms".into(),
                 ttl_sweep_interval: "1m".into(),
                 read_ahead: "0ms".into(),
-                prepare_batch_size: 64,
-                prepare_batch_bytes: "256KiB".into(),
                 scan_max_keys: 256,
-                scan_work_budget: "5ms".into(),
-                prepare_timeout: "250ms".into(),
-                prepare_workers: 2,
             },
             observability: Observability {
                 logging: Logging {
@@ -215,6 +263,14 @@ impl Default for Config {
             runtime: Runtime {
                 cores: 0,
                 raft_core: 0,
+            },
+            compat: Compat {
+                dispatch_poll_interval: "5ms".into(),
+                prepare_batch_size: 64,
+                prepare_batch_bytes: "256KiB".into(),
+                scan_work_budget: "5ms".into(),
+                prepare_timeout: "250ms".into(),
+                prepare_workers: 2,
             },
         }
     }
@@ -520,7 +576,6 @@ impl Config {
         if !tb.is_zero() && tb < Duration::from_millis(1) {
             return err("delivery.timeBucket", "must be 0 or at least 1ms");
         }
-        dur("delivery.dispatchPollInterval", &d.dispatch_poll_interval)?;
         let in_flight_timeout = dur("delivery.inFlightTimeout", &d.in_flight_timeout)?;
         let delete_batch_interval = dur("delivery.deleteBatchInterval", &d.delete_batch_interval)?;
         let ttl_sweep_interval = dur("delivery.ttlSweepInterval", &d.ttl_sweep_interval)?;
@@ -528,31 +583,10 @@ impl Config {
         if read_ahead > Duration::from_secs(10) {
             return err("delivery.readAhead", "must be at most 10s");
         }
-        if !(1..=64).contains(&d.prepare_batch_size) {
-            return err(
-                "delivery.prepareBatchSize",
-                format!("{} must be 1..64", d.prepare_batch_size),
-            );
+        if d.scan_max_keys < 2 {
+            return err("delivery.scanMaxKeys", "must be at least 2");
         }
-        let pbb = size("delivery.prepareBatchBytes", &d.prepare_batch_bytes)?;
-        if pbb > 256 << 10 {
-            return err("delivery.prepareBatchBytes", "must be at most 256KiB");
-        }
-        if d.scan_max_keys < d.prepare_batch_size || d.scan_max_keys < 2 {
-            return err(
-                "delivery.scanMaxKeys",
-                "must be at least 2 and at least delivery.prepareBatchSize",
-            );
-        }
-        if dur("delivery.scanWorkBudget", &d.scan_work_budget)? > Duration::from_millis(100) {
-            return err("delivery.scanWorkBudget", "must be at most 100ms");
-        }
-        if dur("delivery.prepareTimeout", &d.prepare_timeout)? > Duration::from_secs(1) {
-            return err("delivery.prepareTimeout", "must be at most 1s");
-        }
-        if d.prepare_workers == 0 {
-            return err("delivery.prepareWorkers", "must be at least 1");
-        }
+        self.compat.validate(d.scan_max_keys)?;
         let level = self.observability.logging.level.as_str();
         if !["trace", "debug", "info", "warn", "error"].contains(&level) {
             return err(
@@ -830,6 +864,15 @@ pub fn load(
         let mut unknown = Vec::new();
         unknown_keys(&defaults, &file, "", &mut unknown);
         if let Some(k) = unknown.first() {
+            if let Some(moved) = k
+                .strip_prefix("delivery.")
+                .filter(|name| Compat::MOVED_FROM_DELIVERY.contains(name))
+            {
+                return err(
+                    k,
+                    format!("moved to compat.{moved} (accepted for compatibility, unused)"),
+                );
+            }
             return err(k, "unknown configuration key");
         }
         if file.get("configVersion").is_none() {
@@ -955,7 +998,10 @@ mod tests {
             ("configVersion: 1\ndelivery:\n  consumerQueueSize: 0\n", "consumerQueueSize"),
             ("configVersion: 1\ndelivery:\n  consumerQueueSize: many\n", "consumerQueueSize"),
             ("configVersion: 1\ndelivery:\n  inFlightTimeout: 0s\n", "delivery.inFlightTimeout"),
-            ("configVersion: 1\ndelivery:\n  prepareBatchSize: 65\n", "prepareBatchSize"),
+            ("configVersion: 1\ncompat:\n  prepareBatchSize: 65\n", "compat.prepareBatchSize"),
+            ("configVersion: 1\ncompat:\n  prepareWorkers: 0\n", "compat.prepareWorkers"),
+            ("configVersion: 1\ndelivery:\n  scanMaxKeys: 32\n", "at least compat.prepareBatchSize"),
+            ("configVersion: 1\ndelivery:\n  prepareBatchSize: 64\n", "delivery.prepareBatchSize: moved to compat.prepareBatchSize"),
             ("configVersion: 1\nstorage:\n  mode: tape\n", "storage.mode"),
             ("configVersion: 1\npublish:\n  minAckLevel: maybe\n", "publish.minAckLevel"),
             ("configVersion: 1\npublish:\n  maxDelay: 5 parsecs\n", "publish.maxDelay"),
