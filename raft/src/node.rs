@@ -24,6 +24,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use futureq_core::metadata::Member;
 use futureq_net::peer_link::serve_peers;
 use futureq_net::Shutdown;
 use futureq_storage::log::tracker::PersistTracker;
@@ -170,8 +171,8 @@ pub struct Leadership {
     /// This node leads, and a quorum acknowledged it within the election timeout
     /// (the CheckQuorum equivalent: a leader cut off from its quorum stops serving).
     pub leading: bool,
-    /// Members: (node id, raft address, voter).
-    pub members: Vec<(u64, String, bool)>,
+    /// Members of the event shard.
+    pub members: Vec<Member>,
     /// Last applied log index (0 = none).
     pub applied: u64,
     /// Last log index (0 = none).
@@ -468,7 +469,11 @@ impl Node {
         let voters: BTreeSet<u64> = membership.voter_ids().collect();
         let members = membership
             .nodes()
-            .map(|(id, n)| (*id, n.addr.clone(), voters.contains(id)))
+            .map(|(id, n)| Member {
+                node_id: *id,
+                raft_addr: n.addr.clone(),
+                voter: voters.contains(id),
+            })
             .collect();
         let alive = m.heartbeat.as_ref().map(|beats| {
             use openraft_rt::Instant as _;

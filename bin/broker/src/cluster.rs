@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use futureq_core::command::{
     encode_delete, encode_register_group, encode_store, DeleteBatch, RegisterGroup, StoreBatch,
 };
-use futureq_core::metadata::{Member, MetaCommand, NodeAddr, ShardTopology};
+use futureq_core::metadata::{MetaCommand, NodeAddr, ShardTopology};
 use futureq_core::AckLevel;
 use futureq_net::Shutdown;
 use futureq_raft::node::{
@@ -387,10 +387,12 @@ impl Core {
         let leader_addr = l
             .leader
             .and_then(|id| {
-                meta.grpc_addrs
-                    .get(&id)
-                    .cloned()
-                    .or_else(|| l.members.iter().find(|m| m.0 == id).map(|m| m.1.clone()))
+                meta.grpc_addrs.get(&id).cloned().or_else(|| {
+                    l.members
+                        .iter()
+                        .find(|m| m.node_id == id)
+                        .map(|m| m.raft_addr.clone())
+                })
             })
             .unwrap_or_default();
         let info = meta.cluster_view(self.cfg.shard_id);
@@ -421,15 +423,7 @@ impl Core {
             v.alive = if leading { l.alive.clone() } else { None };
         });
         if leading && !self.publishing_topology.get() {
-            let members: Vec<Member> = l
-                .members
-                .iter()
-                .map(|(id, addr, voter)| Member {
-                    node_id: *id,
-                    raft_addr: addr.clone(),
-                    voter: *voter,
-                })
-                .collect();
+            let members = l.members.clone();
             let stored = meta.shards.get(&self.cfg.shard_id);
             let current = stored.is_some_and(|t| {
                 t.leader_id == self.node.id && t.term == l.term && t.members == members
