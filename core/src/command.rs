@@ -20,7 +20,7 @@ use rkyv::{Archive, Deserialize, Serialize};
 
 use crate::envelope::frame;
 
-use crate::key::{EventKey, KEY_LEN};
+use crate::key::{Bucket, EventId, EventKey, TopicHash, KEY_LEN};
 
 /// Largest command a write may append (bytes). A log record must fit in one segment
 /// (64 MiB); a batch whose encoding could pass this is refused at the API edge, before any id
@@ -86,9 +86,9 @@ impl ArchivedStoreItem {
     #[must_use]
     pub fn key(&self) -> EventKey {
         EventKey::new(
-            self.topic_hash.to_native(),
-            self.bucket.to_native(),
-            self.event_id.to_native(),
+            TopicHash(self.topic_hash.to_native()),
+            Bucket(self.bucket.to_native()),
+            EventId(self.event_id.to_native()),
         )
     }
 }
@@ -234,7 +234,10 @@ mod tests {
             let back: StoreBatch = rkyv::deserialize::<StoreBatch, RkyvError>(a).unwrap();
             prop_assert_eq!(&back, &b);
             for (x, y) in a.items.iter().zip(&b.items) {
-                prop_assert_eq!(x.key(), EventKey::new(y.topic_hash, y.bucket, y.event_id));
+                prop_assert_eq!(
+                    x.key(),
+                    EventKey::new(TopicHash(y.topic_hash), Bucket(y.bucket), EventId(y.event_id))
+                );
             }
         }
 

@@ -113,9 +113,10 @@ impl DeleteQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::{Bucket, EventId, TopicHash};
 
     fn k(i: u64) -> EventKey {
-        EventKey::new(1, 1, i)
+        EventKey::new(TopicHash(1), Bucket(1), EventId(i))
     }
 
     #[test]

@@ -42,7 +42,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use crate::deleter::DeleteQueue;
-use crate::key::{bucket_of, bucket_start_ms, topic_hash, EventKey};
+use crate::key::{bucket_of, bucket_start_ms, topic_hash, EventKey, TopicHash};
 use crate::message::StoredMessage;
 
 /// Identifies one subscription (one Subscribe stream).
@@ -118,7 +118,7 @@ pub struct Subscription {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScanRequest {
     /// Topic hash.
-    pub topic_hash: u64,
+    pub topic_hash: TopicHash,
     /// First key to examine (inclusive).
     pub from: EventKey,
     /// End of the range (exclusive): for the head scan the start of the bucket after
@@ -235,7 +235,7 @@ struct Topic {
 }
 
 impl Topic {
-    fn new(h: u64, now_ms: i64) -> Topic {
+    fn new(h: TopicHash, now_ms: i64) -> Topic {
         Topic {
             groups: BTreeMap::new(),
             universal: Vec::new(),
@@ -288,7 +288,7 @@ enum Dispatch {
 }
 
 struct Consumer<S> {
-    topic_hash: u64,
+    topic_hash: TopicHash,
     group: String,
     max_in_flight: u32,
     in_flight: HashSet<EventKey>,
@@ -311,7 +311,7 @@ impl<S: Sink> Consumer<S> {
 /// The hub. `S` is the per-consumer delivery sink.
 pub struct Hub<S> {
     cfg: HubConfig,
-    topics: HashMap<u64, Topic>,
+    topics: HashMap<TopicHash, Topic>,
     consumers: HashMap<ConsumerId, Consumer<S>>,
     entries: HashMap<EventKey, Entry>,
     timeouts: BTreeSet<(i64, EventKey, ConsumerId)>,
@@ -372,7 +372,7 @@ impl<S: Sink> Hub<S> {
     fn join_entries(
         entries: &mut HashMap<EventKey, Entry>,
         t: &mut Topic,
-        h: u64,
+        h: TopicHash,
         rid: &RecipientId,
     ) {
         for (k, e) in entries.iter_mut() {
@@ -571,7 +571,7 @@ impl<S: Sink> Hub<S> {
     }
 
     /// Deletes the parked messages of topic `h` that no recipient still needs.
-    fn settle_parked(&mut self, h: u64) {
+    fn settle_parked(&mut self, h: TopicHash) {
         let Some(t) = self.topics.get(&h) else {
             return;
         };
@@ -776,7 +776,7 @@ impl<S: Sink> Hub<S> {
             // Nothing can be parked: the entry cap holds such topics back (documented limit).
             return;
         }
-        let pressed: HashSet<u64> = self
+        let pressed: HashSet<TopicHash> = self
             .topics
             .iter()
             .filter(|(_, t)| t.entries > 0 && self.cap_room(t) == 0 && self.best_free(t) > 0)
@@ -838,9 +838,9 @@ impl<S: Sink> Hub<S> {
     /// Picks the consumer for a recipient: a universal consumer itself, or the next group
     /// member (round-robin) with room.
     fn pick(
-        topics: &mut HashMap<u64, Topic>,
+        topics: &mut HashMap<TopicHash, Topic>,
         consumers: &HashMap<ConsumerId, Consumer<S>>,
-        h: u64,
+        h: TopicHash,
         rid: &RecipientId,
     ) -> Option<ConsumerId> {
         match rid {
@@ -900,7 +900,7 @@ impl<S: Sink> Hub<S> {
 
     /// Retries every waiting recipient that can be served now; expired messages are deleted.
     pub fn drain_waiting(&mut self, now_ms: i64) {
-        let hashes: Vec<u64> = self
+        let hashes: Vec<TopicHash> = self
             .topics
             .iter()
             .filter(|(_, t)| !t.waiting.is_empty())
@@ -1008,7 +1008,7 @@ impl<S: Sink> Hub<S> {
             t.lag.retain(|_, from| *from < head);
         }
         let horizon = now_ms.saturating_add(self.cfg.lookahead_ms);
-        let upper_bucket = bucket_of(horizon, self.cfg.bucket_ms).saturating_add(1);
+        let upper_bucket = bucket_of(horizon, self.cfg.bucket_ms).next();
         let limit = |room: usize| room.max(self.cfg.scan_limit).clamp(1, SCAN_BATCH_MAX);
         let mut scans = Vec::new();
         for (h, t) in &self.topics {
@@ -1105,7 +1105,13 @@ impl<S: Sink> Hub<S> {
 
     /// Whether a scanned message needs nothing from the scan: it is in memory, being deleted or
     /// read ahead, or it expired (then its delete is queued).
-    fn handled_already(&mut self, h: u64, key: EventKey, msg: &StoredMessage, now_ms: i64) -> bool {
+    fn handled_already(
+        &mut self,
+        h: TopicHash,
+        key: EventKey,
+        msg: &StoredMessage,
+        now_ms: i64,
+    ) -> bool {
         if self.entries.contains_key(&key)
             || self.deletes.contains(&key)
             || self.topics[&h].ahead.contains_key(&(msg.due_at_ms(), key))
@@ -1196,7 +1202,7 @@ impl<S: Sink> Hub<S> {
     /// from their catch-up cursors.
     fn dispatch_new(
         &mut self,
-        h: u64,
+        h: TopicHash,
         key: EventKey,
         msg: Arc<StoredMessage>,
         now_ms: i64,
@@ -1304,7 +1310,7 @@ impl<S: Sink> Hub<S> {
 
     /// Sends the read-ahead messages whose instant has come (expired ones are deleted).
     pub fn deliver_read_ahead(&mut self, now_ms: i64) {
-        let hashes: Vec<u64> = self
+        let hashes: Vec<TopicHash> = self
             .topics
             .iter()
             .filter(|(_, t)| {

@@ -8,28 +8,74 @@ use std::fmt;
 /// Length of an event key in bytes.
 pub const KEY_LEN: usize = 24;
 
+/// A topic's hash: the first part of every key of the topic ([`topic_hash`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct TopicHash(pub u64);
+
+/// A time bucket: the second part of a key ([`bucket_of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Bucket(pub u64);
+
+/// An event id: the last part of a key, assigned by the write core in log order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct EventId(pub u64);
+
+impl fmt::Display for TopicHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+impl fmt::Display for Bucket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl fmt::Display for EventId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl Bucket {
+    /// The next bucket (the last one stays last).
+    #[must_use]
+    pub fn next(self) -> Bucket {
+        Bucket(self.0.saturating_add(1))
+    }
+}
+
+impl TopicHash {
+    /// The next topic's hash in key order (`None` after the last).
+    #[must_use]
+    pub fn next(self) -> Option<TopicHash> {
+        self.0.checked_add(1).map(TopicHash)
+    }
+}
+
 /// xxHash64 (seed 0) of the topic's UTF-8 bytes.
 #[must_use]
-pub fn topic_hash(topic: &str) -> u64 {
-    xxhash_rust::xxh64::xxh64(topic.as_bytes(), 0)
+pub fn topic_hash(topic: &str) -> TopicHash {
+    TopicHash(xxhash_rust::xxh64::xxh64(topic.as_bytes(), 0))
 }
 
 /// The time bucket of an instant: `fire_at_ms / bucket_ms`; non-positive instants map to 0
 /// and a bucket size of 0 means raw milliseconds.
 #[must_use]
-pub fn bucket_of(fire_at_ms: i64, bucket_ms: u64) -> u64 {
+pub fn bucket_of(fire_at_ms: i64, bucket_ms: u64) -> Bucket {
     if fire_at_ms <= 0 {
-        return 0;
+        return Bucket(0);
     }
     // fire_at_ms > 0 here, so the cast is lossless.
     let t = fire_at_ms as u64;
-    t.checked_div(bucket_ms).unwrap_or(t)
+    Bucket(t.checked_div(bucket_ms).unwrap_or(t))
 }
 
 /// The first instant (Unix ms) that falls in `bucket`.
 #[must_use]
-pub fn bucket_start_ms(bucket: u64, bucket_ms: u64) -> i64 {
-    let ms = bucket.saturating_mul(bucket_ms.max(1));
+pub fn bucket_start_ms(bucket: Bucket, bucket_ms: u64) -> i64 {
+    let ms = bucket.0.saturating_mul(bucket_ms.max(1));
     i64::try_from(ms).unwrap_or(i64::MAX)
 }
 
@@ -45,11 +91,11 @@ pub struct BadKeyLength(pub usize);
 impl EventKey {
     /// Builds a key from its three parts.
     #[must_use]
-    pub fn new(topic_hash: u64, bucket: u64, event_id: u64) -> Self {
+    pub fn new(topic_hash: TopicHash, bucket: Bucket, event_id: EventId) -> Self {
         let mut k = [0u8; KEY_LEN];
-        k[0..8].copy_from_slice(&topic_hash.to_be_bytes());
-        k[8..16].copy_from_slice(&bucket.to_be_bytes());
-        k[16..24].copy_from_slice(&event_id.to_be_bytes());
+        k[0..8].copy_from_slice(&topic_hash.0.to_be_bytes());
+        k[8..16].copy_from_slice(&bucket.0.to_be_bytes());
+        k[16..24].copy_from_slice(&event_id.0.to_be_bytes());
         EventKey(k)
     }
 
@@ -70,33 +116,33 @@ impl EventKey {
 
     /// The topic hash part.
     #[must_use]
-    pub fn topic_hash(&self) -> u64 {
-        self.part(0)
+    pub fn topic_hash(&self) -> TopicHash {
+        TopicHash(self.part(0))
     }
 
     /// The bucket part.
     #[must_use]
-    pub fn bucket(&self) -> u64 {
-        self.part(1)
+    pub fn bucket(&self) -> Bucket {
+        Bucket(self.part(1))
     }
 
     /// The event id part.
     #[must_use]
-    pub fn event_id(&self) -> u64 {
-        self.part(2)
+    pub fn event_id(&self) -> EventId {
+        EventId(self.part(2))
     }
 
     /// The smallest key of a topic.
     #[must_use]
-    pub fn topic_start(topic_hash: u64) -> Self {
-        EventKey::new(topic_hash, 0, 0)
+    pub fn topic_start(topic_hash: TopicHash) -> Self {
+        EventKey::new(topic_hash, Bucket(0), EventId(0))
     }
 
     /// The smallest key of `topic_hash` whose bucket is `bucket`: every key below it (and at
     /// or above [`EventKey::topic_start`]) has a bucket `< bucket`.
     #[must_use]
-    pub fn bucket_start(topic_hash: u64, bucket: u64) -> Self {
-        EventKey::new(topic_hash, bucket, 0)
+    pub fn bucket_start(topic_hash: TopicHash, bucket: Bucket) -> Self {
+        EventKey::new(topic_hash, bucket, EventId(0))
     }
 
     /// The key immediately after this one in byte order, or `None` at the very end.
@@ -119,7 +165,7 @@ impl fmt::Debug for EventKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "EventKey({:016x}/{}/{})",
+            "EventKey({}/{}/{})",
             self.topic_hash(),
             self.bucket(),
             self.event_id()
@@ -134,18 +180,18 @@ mod tests {
 
     #[test]
     fn bucket_rules() {
-        assert_eq!(bucket_of(-5, 10), 0);
-        assert_eq!(bucket_of(0, 10), 0);
-        assert_eq!(bucket_of(1234, 0), 1234);
-        assert_eq!(bucket_of(1234, 1), 1234);
-        assert_eq!(bucket_of(1234, 100), 12);
-        assert_eq!(bucket_start_ms(12, 100), 1200);
+        assert_eq!(bucket_of(-5, 10), Bucket(0));
+        assert_eq!(bucket_of(0, 10), Bucket(0));
+        assert_eq!(bucket_of(1234, 0), Bucket(1234));
+        assert_eq!(bucket_of(1234, 1), Bucket(1234));
+        assert_eq!(bucket_of(1234, 100), Bucket(12));
+        assert_eq!(bucket_start_ms(Bucket(12), 100), 1200);
     }
 
     #[test]
     fn topic_hash_is_xxh64_seed0() {
         // Reference value of XXH64("", 0).
-        assert_eq!(topic_hash(""), 0xef46_db37_51d8_e999);
+        assert_eq!(topic_hash(""), TopicHash(0xef46_db37_51d8_e999));
     }
 
     #[test]
@@ -157,33 +203,36 @@ mod tests {
 
     #[test]
     fn successor_carries() {
-        let k = EventKey::new(1, 2, u64::MAX);
-        assert_eq!(k.successor(), Some(EventKey::new(1, 3, 0)));
+        let k = EventKey::new(TopicHash(1), Bucket(2), EventId(u64::MAX));
+        assert_eq!(
+            k.successor(),
+            Some(EventKey::new(TopicHash(1), Bucket(3), EventId(0)))
+        );
         assert_eq!(EventKey([0xff; 24]).successor(), None);
     }
 
     proptest! {
         #[test]
         fn parts_round_trip(h: u64, b: u64, id: u64) {
-            let k = EventKey::new(h, b, id);
-            prop_assert_eq!((k.topic_hash(), k.bucket(), k.event_id()), (h, b, id));
+            let k = EventKey::new(TopicHash(h), Bucket(b), EventId(id));
+            prop_assert_eq!((k.topic_hash().0, k.bucket().0, k.event_id().0), (h, b, id));
             prop_assert_eq!(EventKey::from_slice(&k.0).unwrap(), k);
         }
 
         #[test]
         fn order_is_topic_bucket_id(a: (u64, u64, u64), b: (u64, u64, u64)) {
-            let ka = EventKey::new(a.0, a.1, a.2);
-            let kb = EventKey::new(b.0, b.1, b.2);
+            let ka = EventKey::new(TopicHash(a.0), Bucket(a.1), EventId(a.2));
+            let kb = EventKey::new(TopicHash(b.0), Bucket(b.1), EventId(b.2));
             prop_assert_eq!(ka.cmp(&kb), a.cmp(&b));
         }
 
         #[test]
         fn due_range_holds_exactly_due_buckets(h: u64, b in 0u64..u64::MAX - 1, x: u64, id: u64) {
             // A key of topic h is below bucket_start(h, b + 1) iff its bucket is <= b.
-            let k = EventKey::new(h, x, id);
-            let upper = EventKey::bucket_start(h, b + 1);
+            let k = EventKey::new(TopicHash(h), Bucket(x), EventId(id));
+            let upper = EventKey::bucket_start(TopicHash(h), Bucket(b + 1));
             prop_assert_eq!(k < upper, x <= b);
-            prop_assert!(k >= EventKey::topic_start(h));
+            prop_assert!(k >= EventKey::topic_start(TopicHash(h)));
         }
 
         #[test]

@@ -28,6 +28,6 @@ pub mod metadata;
 pub mod publish;
 
 pub use envelope::EnvelopeError;
-pub use key::{bucket_of, topic_hash, EventKey, KEY_LEN};
+pub use key::{bucket_of, topic_hash, Bucket, EventId, EventKey, TopicHash, KEY_LEN};
 pub use message::{DecodeError, IndexValue, StoredMessage};
 pub use publish::{AckLevel, ValidationError};

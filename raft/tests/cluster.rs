@@ -288,7 +288,11 @@ fn three_nodes_elect_replicate_and_fail_over() {
         // A batch carrying ids from an earlier term (a stale proposal committed late):
         // committed, refused by every replica's state machine, the client told so, and the
         // messages stored under those ids untouched.
-        let before = stores[&new_leader].get(&futureq_core::EventKey::new(7, 1000, 1005));
+        let before = stores[&new_leader].get(&futureq_core::EventKey::new(
+            futureq_core::TopicHash(7),
+            futureq_core::Bucket(1000),
+            futureq_core::EventId(1005),
+        ));
         let stale = encode_store(&StoreBatch {
             items: (1005..=1006).map(|i| StoreItem { message: b"stale".to_vec(), ..item(i) }).collect(),
         });
@@ -301,7 +305,11 @@ fn three_nodes_elect_replicate_and_fail_over() {
         assert_replicated(&rest, &stores, Some(resp.log_id.index), 111).await;
         for (id, _) in &rest {
             assert_eq!(
-                stores[id].get(&futureq_core::EventKey::new(7, 1000, 1005)).unwrap(),
+                stores[id].get(&futureq_core::EventKey::new(
+            futureq_core::TopicHash(7),
+            futureq_core::Bucket(1000),
+            futureq_core::EventId(1005),
+        )).unwrap(),
                 before.as_ref().unwrap().clone(),
                 "node {id}"
             );

@@ -36,7 +36,7 @@ use futureq_core::command::{
     encode_delete, encode_register_group, encode_store, DeleteBatch, RegisterGroup, StoreBatch,
     StoreItem,
 };
-use futureq_core::EventKey;
+use futureq_core::{EventKey, TopicHash};
 use futures::channel::oneshot;
 
 use crate::log::io::LogIo;
@@ -328,8 +328,15 @@ impl<I: LogIo + 'static> Journal<I> {
     ///
     /// # Errors
     /// See [`JournalError`].
-    pub async fn register_group(&self, topic_hash: u64, group: String) -> Result<(), JournalError> {
-        let cmd = encode_register_group(&RegisterGroup { topic_hash, group });
+    pub async fn register_group(
+        &self,
+        topic_hash: TopicHash,
+        group: String,
+    ) -> Result<(), JournalError> {
+        let cmd = encode_register_group(&RegisterGroup {
+            topic_hash: topic_hash.0,
+            group,
+        });
         self.submit(|_| cmd, Wait::Applied).await
     }
 

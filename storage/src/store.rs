@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futureq_core::hub::{ScanRequest, ScanResult};
-use futureq_core::{EventKey, StoredMessage, KEY_LEN};
+use futureq_core::{EventKey, StoredMessage, TopicHash, KEY_LEN};
 use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
 };
@@ -114,9 +114,9 @@ fn expiry_entry_key(k: &[u8]) -> EventKey {
     EventKey(e)
 }
 
-fn group_key(topic_hash: u64, group: &str) -> Vec<u8> {
+fn group_key(topic_hash: TopicHash, group: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(8 + group.len());
-    k.extend_from_slice(&topic_hash.to_be_bytes());
+    k.extend_from_slice(&topic_hash.0.to_be_bytes());
     k.extend_from_slice(group.as_bytes());
     k
 }
@@ -268,10 +268,10 @@ impl Store {
     ///
     /// # Errors
     /// A storage error.
-    pub fn groups_of(&self, topic_hash: u64) -> Result<Vec<String>, StoreError> {
+    pub fn groups_of(&self, topic_hash: TopicHash) -> Result<Vec<String>, StoreError> {
         let txn = self.db.begin_read()?;
         let t = txn.open_table(GROUPS)?;
-        let start = topic_hash.to_be_bytes();
+        let start = topic_hash.0.to_be_bytes();
         let mut out = Vec::new();
         for r in t.range(start.as_slice()..)? {
             let (k, _) = r?;
@@ -288,7 +288,7 @@ impl Store {
     ///
     /// # Errors
     /// A storage error.
-    pub fn has_group(&self, topic_hash: u64, group: &str) -> Result<bool, StoreError> {
+    pub fn has_group(&self, topic_hash: TopicHash, group: &str) -> Result<bool, StoreError> {
         let txn = self.db.begin_read()?;
         let t = txn.open_table(GROUPS)?;
         Ok(t.get(group_key(topic_hash, group).as_slice())?.is_some())
@@ -375,7 +375,7 @@ impl Store {
                         for item in b.items.iter() {
                             let key = item.key();
                             stored.push(key);
-                            out.max_event_id = out.max_event_id.max(key.event_id());
+                            out.max_event_id = out.max_event_id.max(key.event_id().0);
                             let exp = item.expires_at_ms.to_native();
                             t.insert(
                                 &key,
@@ -394,7 +394,10 @@ impl Store {
                         }
                     }
                     CommandRef::RegisterGroup(r) => {
-                        t.add_group(&group_key(r.topic_hash.to_native(), r.group.as_str()))?;
+                        t.add_group(&group_key(
+                            TopicHash(r.topic_hash.to_native()),
+                            r.group.as_str(),
+                        ))?;
                     }
                 }
             }
@@ -678,7 +681,7 @@ fn scan_table(
         res.exhausted = seen <= req.limit;
         if res.exhausted {
             let h = req.topic_hash;
-            let next = match h.checked_add(1) {
+            let next = match h.next() {
                 Some(n) => messages
                     .range(req.upper.0.as_slice()..EventKey::topic_start(n).0.as_slice())?
                     .next(),
@@ -831,7 +834,7 @@ fn ids_above(b: &futureq_core::command::ArchivedStoreBatch, max: u64) -> Result<
 
 /// The smallest key per topic of `keys`.
 fn min_key_per_topic(keys: impl IntoIterator<Item = EventKey>) -> Vec<EventKey> {
-    let mut m: HashMap<u64, EventKey> = HashMap::new();
+    let mut m: HashMap<futureq_core::TopicHash, EventKey> = HashMap::new();
     for k in keys {
         m.entry(k.topic_hash())
             .and_modify(|v| *v = (*v).min(k))

@@ -20,8 +20,8 @@ fn item(id: u64, ttl_ms: i64) -> StoreItem {
     };
     StoreItem {
         event_id: id,
-        bucket: bucket_of(m.due_at_ms(), 1),
-        topic_hash: topic_hash("t"),
+        bucket: bucket_of(m.due_at_ms(), 1).0,
+        topic_hash: topic_hash("t").0,
         expires_at_ms: m.expires_at_ms().unwrap_or(0),
         index_keys: m.indexes.iter().map(IndexValue::index_key).collect(),
         message: m.encode().to_vec(),
@@ -29,7 +29,11 @@ fn item(id: u64, ttl_ms: i64) -> StoreItem {
 }
 
 fn key(id: u64) -> EventKey {
-    EventKey::new(topic_hash("t"), 1005, id)
+    EventKey::new(
+        topic_hash("t"),
+        futureq_core::Bucket(1005),
+        futureq_core::EventId(id),
+    )
 }
 
 #[test]
@@ -250,12 +254,12 @@ fn group_registrations_apply_and_travel_with_snapshots() {
     let src = Store::open(&StoreMode::Memory).unwrap();
     let reg = |g: &str| {
         encode_register_group(&RegisterGroup {
-            topic_hash: topic_hash("t"),
+            topic_hash: topic_hash("t").0,
             group: g.into(),
         })
     };
     let other = encode_register_group(&RegisterGroup {
-        topic_hash: topic_hash("u"),
+        topic_hash: topic_hash("u").0,
         group: "z".into(),
     });
     src.apply_entries(
@@ -276,7 +280,7 @@ fn group_registrations_apply_and_travel_with_snapshots() {
     src.write_snapshot(&mut snap).unwrap();
     let dst = Store::open(&StoreMode::Memory).unwrap();
     let stale = encode_register_group(&RegisterGroup {
-        topic_hash: topic_hash("t"),
+        topic_hash: topic_hash("t").0,
         group: "stale".into(),
     });
     dst.apply_entries(&[(1, 1, &stale), (2, 1, &stale)], &[], false)
@@ -312,7 +316,7 @@ proptest::proptest! {
                 }
                 2 => encode_delete(&DeleteBatch { keys: vec![key(a + 1).0, key(a + 2).0] }),
                 _ => encode_register_group(&RegisterGroup {
-                    topic_hash: topic_hash("t"),
+                    topic_hash: topic_hash("t").0,
                     group: format!("g{}", a % 4),
                 }),
             });

@@ -8,7 +8,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use futureq_core::command::StoreItem;
-use futureq_core::EventKey;
+use futureq_core::{EventKey, TopicHash};
 use futureq_storage::journal::{Journal, JournalConfig, JournalError, OpenError, Wait};
 use futureq_storage::log::io::MemLogIo;
 use futureq_storage::log::LogConfig;
@@ -100,21 +100,21 @@ fn writes_are_applied_and_a_crash_replays_what_was_acknowledged() {
         // Acknowledged once durable: the apply follows, in log order.
         let b = j.publish(vec![item(2, 3)], Wait::Durable).await.unwrap();
         assert_eq!((a, b), (1, 3), "ids are consecutive in log order");
-        j.delete(&[EventKey::new(1, 7, 2)]).await.unwrap();
+        j.delete(&[key(1, 7, 2)]).await.unwrap();
         for (t, id) in [(1, 1), (2, 3)] {
-            assert!(store.get(&EventKey::new(t, 7, id)).unwrap().is_some());
+            assert!(store.get(&key(t, 7, id)).unwrap().is_some());
         }
         let mut published = seen.borrow().0.clone();
         published.sort();
         assert_eq!(
             published,
-            vec![EventKey::new(1, 7, 1), EventKey::new(2, 7, 3)],
+            vec![key(1, 7, 1), key(2, 7, 3)],
             "the dispatcher hears of each apply's smallest key per topic"
         );
-        assert!(store.get(&EventKey::new(1, 7, 2)).unwrap().is_none());
-        assert_eq!(seen.borrow().1, vec![EventKey::new(1, 7, 2)]);
-        j.register_group(1, "g".into()).await.unwrap();
-        assert_eq!(store.groups_of(1).unwrap(), vec!["g".to_owned()]);
+        assert!(store.get(&key(1, 7, 2)).unwrap().is_none());
+        assert_eq!(seen.borrow().1, vec![key(1, 7, 2)]);
+        j.register_group(TopicHash(1), "g".into()).await.unwrap();
+        assert_eq!(store.groups_of(TopicHash(1)).unwrap(), vec!["g".to_owned()]);
         assert!(j.applies() >= 1);
 
         // Power loss: only what was fsynced survives, and the store lost everything it did
@@ -126,7 +126,10 @@ fn writes_are_applied_and_a_crash_replays_what_was_acknowledged() {
             store.computed_digest().unwrap()
         );
         assert_eq!(replica.last_id().unwrap(), 3);
-        assert_eq!(replica.groups_of(1).unwrap(), vec!["g".to_owned()]);
+        assert_eq!(
+            replica.groups_of(TopicHash(1)).unwrap(),
+            vec!["g".to_owned()]
+        );
         let (_stop2, _task2) = serve(&j2);
         let c = j2.publish(vec![item(1, 4)], Wait::Applied).await.unwrap();
         assert_eq!(c, 4, "ids never regress across a restart");
@@ -153,10 +156,7 @@ fn a_failed_fsync_fails_the_write_and_every_later_one() {
             .unwrap_err();
         assert!(matches!(e, JournalError::Failed { .. }), "{e}");
         assert!(j.failed().is_some());
-        assert!(
-            store.get(&EventKey::new(1, 7, 2)).unwrap().is_none(),
-            "never applied"
-        );
+        assert!(store.get(&key(1, 7, 2)).unwrap().is_none(), "never applied");
         let e = j
             .publish(vec![item(1, 4)], Wait::Appended)
             .await
@@ -252,7 +252,7 @@ fn a_log_that_starts_after_the_store_is_refused() {
         store.apply_entries(&[(4, 1, &[][..])], &[], true).unwrap();
         let (_j, _) = open(&io.crash(), KEEP, &store).await;
         assert_eq!(store.applied().unwrap(), Some((6, 1)));
-        assert_eq!(store.groups_of(5).unwrap(), vec!["g".to_owned()]);
+        assert_eq!(store.groups_of(TopicHash(5)).unwrap(), vec!["g".to_owned()]);
     });
 }
 
@@ -399,4 +399,13 @@ fn a_store_ahead_of_the_journal_empties_it() {
         assert_eq!(first, 4);
         assert_eq!(store.applied().unwrap(), Some((11, 1)));
     });
+}
+
+/// A key from its three parts.
+fn key(topic: u64, bucket: u64, id: u64) -> EventKey {
+    EventKey::new(
+        futureq_core::TopicHash(topic),
+        futureq_core::Bucket(bucket),
+        futureq_core::EventId(id),
+    )
 }

@@ -9,7 +9,9 @@ use futureq_core::command::{
     StoreItem,
 };
 use futureq_core::hub::ScanRequest;
-use futureq_core::{bucket_of, topic_hash, EventKey, IndexValue, StoredMessage};
+use futureq_core::{
+    bucket_of, topic_hash, Bucket, EventId, EventKey, IndexValue, StoredMessage, TopicHash,
+};
 use futureq_storage::{ApplyOutcome, Store, StoreMode};
 
 fn new_message(topic: &str, enq: i64, delay: i64, ttl: i64, indexes: Vec<IndexValue>) -> StoreItem {
@@ -25,8 +27,8 @@ fn new_message(topic: &str, enq: i64, delay: i64, ttl: i64, indexes: Vec<IndexVa
     };
     StoreItem {
         event_id: id,
-        bucket: bucket_of(m.due_at_ms(), 1),
-        topic_hash: topic_hash(topic),
+        bucket: bucket_of(m.due_at_ms(), 1).0,
+        topic_hash: topic_hash(topic).0,
         expires_at_ms: m.expires_at_ms().unwrap_or(0),
         index_keys: m.indexes.iter().map(IndexValue::index_key).collect(),
         message: m.encode().to_vec(),
@@ -34,7 +36,11 @@ fn new_message(topic: &str, enq: i64, delay: i64, ttl: i64, indexes: Vec<IndexVa
 }
 
 fn key_of(it: &StoreItem) -> EventKey {
-    EventKey::new(it.topic_hash, it.bucket, it.event_id)
+    EventKey::new(
+        TopicHash(it.topic_hash),
+        Bucket(it.bucket),
+        EventId(it.event_id),
+    )
 }
 
 /// Applies one command as the next log entry, durably.
@@ -69,7 +75,7 @@ fn due(topic: &str, now: i64) -> ScanRequest {
     ScanRequest {
         topic_hash: h,
         from: EventKey::topic_start(h),
-        upper: EventKey::bucket_start(h, bucket_of(now, 1) + 1),
+        upper: EventKey::bucket_start(h, bucket_of(now, 1).next()),
         limit: 100,
         catch_up: None,
     }
@@ -93,7 +99,7 @@ fn ids_are_monotonic_and_never_regress_across_restarts() {
         );
         let batch: Vec<_> = (0..3).map(|_| new_message("t", 1, 0, 0, vec![])).collect();
         let keys = publish(&s, batch);
-        last = keys.iter().map(EventKey::event_id).max().unwrap();
+        last = keys.iter().map(|k| k.event_id().0).max().unwrap();
         assert_eq!(s.last_id().unwrap(), last);
         // An older id applied later is refused and never lowers the mark.
         let mut old = new_message("t", 1, 0, 0, vec![]);
@@ -118,7 +124,7 @@ fn scan_reads_only_the_due_range_and_reports_the_next_key() {
     let r = scan_all(&s, "a", 1200);
     assert_eq!(r.items.len(), 1);
     assert!(r.exhausted);
-    assert_eq!(r.next_key.map(|k| k.bucket()), Some(1500));
+    assert_eq!(r.next_key.map(|k| k.bucket()), Some(Bucket(1500)));
     let r = scan_all(&s, "a", 1500);
     assert_eq!(r.items.len(), 2);
     assert_eq!(r.next_key, None, "topic b is not part of topic a's range");
@@ -165,7 +171,7 @@ fn delete_and_sweep_remove_index_and_expiry_entries() {
     assert_ne!(s.digest(), 0);
     assert_eq!(s.digest(), s.computed_digest().unwrap());
     let register = encode_register_group(&RegisterGroup {
-        topic_hash: topic_hash("t"),
+        topic_hash: topic_hash("t").0,
         group: "g".into(),
     });
     apply(&s, &register);

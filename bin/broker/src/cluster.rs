@@ -25,7 +25,7 @@ use futureq_core::command::{
     encode_delete, encode_register_group, encode_store, DeleteBatch, RegisterGroup, StoreBatch,
 };
 use futureq_core::metadata::{MetaCommand, NodeAddr, ShardTopology};
-use futureq_core::AckLevel;
+use futureq_core::{AckLevel, TopicHash};
 use futureq_net::Shutdown;
 use futureq_raft::node::{
     Ack, Forward, Leadership, Node, NodeConfig, NodeError, Standing, WriteError,
@@ -344,7 +344,7 @@ impl Core {
 
     async fn register_group(
         self: &Rc<Self>,
-        topic_hash: u64,
+        topic_hash: TopicHash,
         group: String,
         deadline: Instant,
     ) -> Result<(), WriteError> {
@@ -357,7 +357,10 @@ impl Core {
         if known {
             return Ok(());
         }
-        let cmd = encode_register_group(&RegisterGroup { topic_hash, group });
+        let cmd = encode_register_group(&RegisterGroup {
+            topic_hash: topic_hash.0,
+            group,
+        });
         let core = Rc::clone(self);
         let make = move || {
             core.leading_now()?;

@@ -276,7 +276,7 @@ impl Dispatcher {
             match res {
                 Ok(res) => self.hub.apply_scan(req, res, now_ms()),
                 Err(e) => {
-                    tracing::error!(target: "dispatcher", topic_hash = req.topic_hash, error = %e, "scan failed; retrying");
+                    tracing::error!(target: "dispatcher", topic_hash = %req.topic_hash, error = %e, "scan failed; retrying");
                     ok = false;
                 }
             }

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use futureq_core::command::StoreItem;
 use futureq_core::metadata::{ClusterView, NodeView};
-use futureq_core::{AckLevel, EventKey};
+use futureq_core::{AckLevel, EventKey, TopicHash};
 use futureq_net::Shutdown;
 use futureq_raft::node::WriteError;
 use futures::channel::oneshot;
@@ -43,7 +43,7 @@ pub enum RaftReq {
     /// Add a consumer group to the durable registry (a no-op when it is there).
     RegisterGroup {
         /// Topic hash.
-        topic_hash: u64,
+        topic_hash: TopicHash,
         /// The group.
         group: String,
         /// When to give up.

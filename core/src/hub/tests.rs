@@ -5,6 +5,7 @@ use bytes::Bytes;
 use proptest::prelude::*;
 
 use super::*;
+use crate::key::{Bucket, EventId};
 
 /// A sink that records deliveries; `open = false` simulates a gone consumer.
 #[derive(Clone, Default)]
@@ -60,7 +61,7 @@ fn msg(topic: &str, enq: i64, delay: i64, ttl: i64) -> Arc<StoredMessage> {
 }
 
 fn key(topic: &str, due: i64, id: u64) -> EventKey {
-    EventKey::new(topic_hash(topic), bucket_of(due, 1), id)
+    EventKey::new(topic_hash(topic), bucket_of(due, 1), EventId(id))
 }
 
 fn sub(topic: &str, group: &str, max: u32) -> Subscription {
@@ -90,11 +91,10 @@ impl Store {
             .collect();
         let exhausted = items.len() <= r.limit;
         items.truncate(r.limit);
-        let end = EventKey::topic_start(r.topic_hash.wrapping_add(1));
-        let next_key =
-            self.0.range(r.upper..).next().map(|(k, _)| *k).filter(|k| {
-                k.topic_hash() == r.topic_hash && (r.topic_hash == u64::MAX || *k < end)
-            });
+        let end = EventKey::topic_start(TopicHash(r.topic_hash.0.wrapping_add(1)));
+        let next_key = self.0.range(r.upper..).next().map(|(k, _)| *k).filter(|k| {
+            k.topic_hash() == r.topic_hash && (r.topic_hash == TopicHash(u64::MAX) || *k < end)
+        });
         ScanResult {
             items,
             exhausted,
@@ -154,7 +154,9 @@ fn coarse_bucket_never_delivers_early() {
     let s = MemSink::new();
     hub.register(&sub("t", "", 10), s.clone(), 0);
     let m = msg("t", 1000, 700, 0);
-    store.0.insert(EventKey::new(topic_hash("t"), 1, 1), m);
+    store
+        .0
+        .insert(EventKey::new(topic_hash("t"), Bucket(1), EventId(1)), m);
     pass(&mut hub, &mut store, 1200);
     assert!(
         s.take().is_empty(),
@@ -734,7 +736,7 @@ proptest! {
                 for d in s.take() {
                     prop_assert!(d.message.due_at_ms() <= now, "early delivery");
                     prop_assert!(!d.message.is_expired(now), "expired delivery");
-                    if (d.key.event_id() + u64::from(d.attempt)) % 3 != 0 {
+                    if (d.key.event_id().0 + u64::from(d.attempt)) % 3 != 0 {
                         hub.ack(*c, d.key, true, now);
                     } else {
                         hub.ack(*c, d.key, false, now);

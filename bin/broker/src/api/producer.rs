@@ -14,7 +14,8 @@ use bytes::Bytes;
 use futureq_core::command::StoreItem;
 use futureq_core::publish::{validate_batch, validate_message, PublishLimits};
 use futureq_core::{
-    bucket_of, topic_hash, AckLevel, EventKey, IndexValue, StoredMessage, ValidationError,
+    bucket_of, topic_hash, AckLevel, Bucket, EventId, EventKey, IndexValue, StoredMessage,
+    TopicHash, ValidationError,
 };
 use futureq_net::grpc::{Call, Code, Outbound, Status};
 use futureq_net::pb::{self, index, PublishBatchAck};
@@ -112,8 +113,8 @@ fn prepare(
         }
         items.push(StoreItem {
             event_id: 0,
-            bucket: bucket_of(stored.due_at_ms(), s.time_bucket_ms),
-            topic_hash: topic_hash(&stored.topic),
+            bucket: bucket_of(stored.due_at_ms(), s.time_bucket_ms).0,
+            topic_hash: topic_hash(&stored.topic).0,
             expires_at_ms: stored.expires_at_ms().unwrap_or(0),
             index_keys: stored.indexes.iter().map(IndexValue::index_key).collect(),
             message: Vec::from(stored.encode()),
@@ -257,7 +258,14 @@ fn process(ctx: &Rc<Ctx>, batch: pb::PublishBatch, received: Instant) -> (AckLev
                         .iter()
                         .enumerate()
                         .map(|(i, (t, b))| {
-                            Bytes::copy_from_slice(&EventKey::new(*t, *b, first_id + i as u64).0)
+                            Bytes::copy_from_slice(
+                                &EventKey::new(
+                                    TopicHash(*t),
+                                    Bucket(*b),
+                                    EventId(first_id + i as u64),
+                                )
+                                .0,
+                            )
                         })
                         .collect(),
                     leader_address: String::new(),
