@@ -185,7 +185,8 @@ pub struct Log<I: LogIo> {
     io: I,
     cfg: LogConfig,
     st: RefCell<State>,
-    on_persisted: PersistHook,
+    /// `None`: nobody listens (the journal), so flushed records are not decoded for it.
+    on_persisted: Option<PersistHook>,
     /// Notified by every append (wakes the flusher).
     appended: event_listener::Event,
     /// A flush is writing: another one waits for it (one writer per segment tail at a time).
@@ -222,6 +223,22 @@ impl<I: LogIo> Log<I> {
     /// # Errors
     /// I/O failure or [`LogError::Corrupt`].
     pub async fn open(io: I, cfg: LogConfig, on_persisted: PersistHook) -> Result<Self, LogError> {
+        Self::open_with(io, cfg, Some(on_persisted)).await
+    }
+
+    /// [`Log::open`] without a persist hook.
+    ///
+    /// # Errors
+    /// As [`Log::open`].
+    pub async fn open_unhooked(io: I, cfg: LogConfig) -> Result<Self, LogError> {
+        Self::open_with(io, cfg, None).await
+    }
+
+    async fn open_with(
+        io: I,
+        cfg: LogConfig,
+        on_persisted: Option<PersistHook>,
+    ) -> Result<Self, LogError> {
         assert!(
             cfg.segment_bytes.is_multiple_of(BLOCK) && cfg.segment_bytes >= 2 * BLOCK,
             "segment size"
@@ -571,20 +588,27 @@ impl<I: LogIo> Log<I> {
             (pending_count, callbacks, plan)
         };
         let mut result = Ok(());
-        for (name, create, start, buf, _) in &plan {
-            if *create {
-                if let Err(e) = self.io.open(name, self.cfg.segment_bytes).await {
+        // Per written segment: (name, new flushed end, its last partial block).
+        let mut written: Vec<(String, u64, Vec<u8>)> = Vec::with_capacity(plan.len());
+        for (name, create, start, buf, new_end) in plan {
+            if create {
+                if let Err(e) = self.io.open(&name, self.cfg.segment_bytes).await {
                     result = Err(e);
                     break;
                 }
             }
-            if let Err(e) = self.io.write_at(name, *start, buf.clone()).await {
+            // The buffer goes to the write; only its last partial block stays (the next
+            // flush rewrites that block).
+            let from = usize::try_from(floor(new_end) - start).unwrap_or(0);
+            let tail = buf[from..usize::try_from(new_end - start).unwrap_or(0)].to_vec();
+            if let Err(e) = self.io.write_at(&name, start, buf).await {
                 result = Err(e);
                 break;
             }
+            written.push((name, new_end, tail));
         }
         if result.is_ok() {
-            for (name, ..) in &plan {
+            for (name, ..) in &written {
                 if let Err(e) = self.io.sync(name).await {
                     result = Err(e);
                     break;
@@ -602,12 +626,11 @@ impl<I: LogIo> Log<I> {
         }
         {
             let mut st = self.st.borrow_mut();
-            for (name, _, start, buf, new_end) in plan {
+            for (name, new_end, tail) in written {
                 if let Some(seg) = st.segments.iter_mut().find(|s| s.name == name) {
                     seg.created = true;
                     seg.flushed_end = new_end;
-                    let from = usize::try_from(floor(new_end) - start).unwrap_or(0);
-                    seg.tail = buf[from..usize::try_from(new_end - start).unwrap_or(0)].to_vec();
+                    seg.tail = tail;
                 }
             }
         }
@@ -617,9 +640,11 @@ impl<I: LogIo> Log<I> {
             .pending
             .drain(..pending_count)
             .collect();
-        for p in &flushed {
-            if let Decoded::Record(r, _) = decode(&p.bytes) {
-                (self.on_persisted)(&r.payload);
+        if let Some(hook) = &self.on_persisted {
+            for p in &flushed {
+                if let Decoded::Record(r, _) = decode(&p.bytes) {
+                    hook(&r.payload);
+                }
             }
         }
         if self.cfg.cache_bytes > 0 {
