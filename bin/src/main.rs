@@ -56,6 +56,9 @@ fn main() {
         }
     };
     init_tracing(&settings.log_level);
+    for d in &settings.deprecated {
+        tracing::warn!(target: "app", "configuration: {d}");
+    }
     let result = match cli.cmd {
         Command::Start { join } => {
             let mut settings = settings;

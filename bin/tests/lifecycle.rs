@@ -344,3 +344,17 @@ async fn standalone_writes_go_through_the_journal_and_an_old_wal_is_refused() {
         "{log}"
     );
 }
+
+/// `runtime.raftCore` names the write core in both modes: a standalone broker whose raftCore
+/// is not one of its executors would never open its journal (publishes hung while health said
+/// SERVING); it is refused at start, naming the key.
+#[tokio::test]
+async fn a_raft_core_outside_the_executors_is_refused_standalone() {
+    let mut b = Broker::prepare("runtime:\n  cores: 1\n  raftCore: 1\n");
+    b.launch();
+    let st = b
+        .wait_exit(Duration::from_secs(20))
+        .unwrap_or_else(|| panic!("started without a write core:\n{}", b.log()));
+    assert!(!st.success());
+    assert!(b.log().contains("runtime.raftCore 1"), "{}", b.log());
+}

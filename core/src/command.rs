@@ -132,7 +132,7 @@ pub enum CommandError {
     UnknownTag(u8),
     /// The envelope around the archive is damaged.
     #[error("invalid command envelope: {0}")]
-    Envelope(#[from] crate::envelope::EnvelopeError),
+    Envelope(crate::envelope::EnvelopeError),
     /// The archive failed validation.
     #[error("invalid command archive: {0}")]
     Invalid(String),
@@ -182,7 +182,7 @@ pub fn decode(bytes: &[u8]) -> Result<CommandRef<'_>, CommandError> {
     if bytes.is_empty() {
         return Err(CommandError::Empty);
     }
-    let (tag, archive) = crate::envelope::unframe(bytes)?;
+    let (tag, archive) = crate::envelope::unframe(bytes).map_err(CommandError::Envelope)?;
     match tag {
         TAG_STORE_V1 => rkyv::access::<ArchivedStoreBatch, RkyvError>(archive)
             .map(CommandRef::Store)

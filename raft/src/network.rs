@@ -159,10 +159,10 @@ impl PeerNetwork {
 
 /// A member's Raft address that is not an IP socket address.
 #[derive(Debug, thiserror::Error)]
-#[error("bad peer address {addr:?}: {source}")]
+#[error("bad peer address {addr:?}: {cause}")]
 pub struct BadPeerAddress {
     addr: String,
-    source: std::net::AddrParseError,
+    cause: std::net::AddrParseError,
 }
 
 /// The network to one peer.
@@ -180,9 +180,9 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
         let client = node
             .addr
             .parse::<SocketAddr>()
-            .map_err(|source| BadPeerAddress {
+            .map_err(|cause| BadPeerAddress {
                 addr: node.addr.clone(),
-                source,
+                cause,
             })
             .map(|addr| self.client(addr));
         PeerConn {

@@ -100,12 +100,12 @@ pub struct NodeConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
     /// The Raft data directory or a log could not be opened.
-    #[error("opening the Raft log in {path}: {source}")]
+    #[error("opening the Raft log in {path}: {cause}")]
     Log {
         /// The directory.
         path: String,
         /// The cause.
-        source: io::Error,
+        cause: io::Error,
     },
     /// `cluster.raft.listen` could not be bound.
     #[error("cannot listen on cluster.raft.listen {addr}: {reason}")]
@@ -289,11 +289,10 @@ impl Node {
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
         let meta_dir = cfg.data_dir.join("meta");
-        let meta_sm =
-            MetaStateMachine::open(meta_dir.clone()).map_err(|source| NodeError::Log {
-                path: meta_dir.display().to_string(),
-                source,
-            })?;
+        let meta_sm = MetaStateMachine::open(meta_dir.clone()).map_err(|cause| NodeError::Log {
+            path: meta_dir.display().to_string(),
+            cause,
+        })?;
         let meta = MetaRaft::new(
             cfg.node_id,
             meta_cfg,

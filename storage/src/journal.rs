@@ -92,6 +92,11 @@ pub enum JournalError {
     /// appended before the stop is flushed and applied by the stop).
     #[error("the journal is stopped")]
     Stopped,
+    /// The journal stopped after the write was appended and before its outcome was known (a
+    /// flush abandoned by a failure, a stop cut short): it may have been stored, and a
+    /// restart replays it if its fsync reached the disk.
+    #[error("the journal stopped before the write's outcome was known; it may have been stored")]
+    Abandoned,
 }
 
 /// Why the journal could not open.
@@ -210,7 +215,7 @@ impl<I: LogIo + 'static> Journal<I> {
         store: Store,
         on_applied: OnApplied,
     ) -> Result<Self, OpenError> {
-        let log = Log::open(io, cfg.log, Box::new(|_| {})).await?;
+        let log = Log::open_unhooked(io, cfg.log).await?;
         let s = store.clone();
         let applied = blocking(move || s.applied()).await?.map_or(0, |(i, _)| i);
         let mut replayed = 0u64;
@@ -446,7 +451,7 @@ impl<I: LogIo + 'static> Journal<I> {
             });
         }
         match rx {
-            Some(rx) => rx.await.unwrap_or(Err(JournalError::Stopped)),
+            Some(rx) => rx.await.unwrap_or(Err(JournalError::Abandoned)),
             None => Ok(()),
         }
     }
@@ -596,10 +601,11 @@ impl<I: LogIo + 'static> Journal<I> {
         }
     }
 
-    /// Fails every write still queued when the journal stops (none was applied).
+    /// Fails every write still queued when the journal stops (appended, not applied: the
+    /// outcome is unknown).
     fn fail_rest(&self) {
         self.0.st.borrow_mut().stopped = true;
-        self.drain(&JournalError::Stopped);
+        self.drain(&JournalError::Abandoned);
     }
 
     /// Applies every flushed entry (bounded per transaction) and answers their waiters.

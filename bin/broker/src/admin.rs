@@ -26,7 +26,7 @@ pub enum LeaveError {
     /// The call failed.
     #[error("LeaveCluster on {seed} failed: {code}: {message}")]
     Call {
-        /// The address called.
+        /// The address called last (the seed, or the leader it named).
         seed: String,
         /// The gRPC status code.
         code: String,
@@ -81,7 +81,7 @@ pub fn leave(settings: &Settings, seed: &str) -> Result<(), LeaveError> {
                     _ => false,
                 };
                 if !retry || std::time::Instant::now() >= until {
-                    return r;
+                    return (target, r);
                 }
                 glommio::timer::sleep(Duration::from_millis(200)).await;
             }
@@ -89,12 +89,13 @@ pub fn leave(settings: &Settings, seed: &str) -> Result<(), LeaveError> {
         .map_err(|e| LeaveError::Executor(e.to_string()))?
         .join()
         .map_err(|e| LeaveError::Executor(e.to_string()))?;
+    let (called, outcome) = outcome;
     match outcome.map(|a| a.message) {
         Ok(r) if r.success => Ok(()),
         Ok(r) => Err(LeaveError::Refused(r.error_message)),
         Err(s) => Err(LeaveError::Call {
-            seed: seed.to_owned(),
-            code: format!("{:?}", s.code),
+            seed: called,
+            code: s.code.to_string(),
             message: s.message,
         }),
     }

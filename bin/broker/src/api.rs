@@ -37,6 +37,8 @@ pub struct Ctx {
     /// cluster, to the local journal standalone; either assigns event ids at the moment the
     /// write enters its log, so ids follow log order) and who leads.
     pub repl: Arc<Replication>,
+    /// Fires when the write path is open (the journal replayed, the Raft groups started).
+    pub writes_open: Shutdown,
 }
 
 /// Builds the request router.

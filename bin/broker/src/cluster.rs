@@ -74,18 +74,17 @@ pub enum StartError {
     Node(#[from] NodeError),
     /// Initializing the groups failed.
     #[error("bootstrap failed: {0}")]
-    Bootstrap(#[source] NodeError),
+    Bootstrap(NodeError),
     /// Nothing says how to become a member.
     #[error(
         "a fresh cluster node needs cluster.raft.initialMembers or cluster.joinSeeds (or --join)"
     )]
     NoMembership,
     /// No seed added this node.
-    #[error("{source} (this node's Raft data in {} is kept: the next start asks again)", data_dir.display())]
+    #[error("{cause} (this node's Raft data in {} is kept: the next start asks again)", data_dir.display())]
     Join {
         /// Why.
-        #[source]
-        source: JoinError,
+        cause: JoinError,
         /// `cluster.raft.dataDir`.
         data_dir: std::path::PathBuf,
     },
@@ -138,10 +137,10 @@ pub async fn start(
             return Err(StartError::NoMembership);
         }
     } else if !restart {
-        if let Err(source) = join(cfg, grpc_advertise).await {
+        if let Err(cause) = join(cfg, grpc_advertise).await {
             node.shutdown().await;
             return Err(StartError::Join {
-                source,
+                cause,
                 data_dir: cfg.data_dir.clone(),
             });
         }

@@ -116,6 +116,7 @@ pub struct Delivery {
 /// Delivery keys of the original broker, accepted (and validated with its bounds) so that its
 /// settings carry over, unused here: the dispatcher is timer-driven and delivers from the
 /// leader only. The one place such keys live; [`Compat::validate`] is their one validator.
+/// Named under `delivery` (their old place) they are read here with a warning.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 #[allow(missing_docs)]
@@ -424,6 +425,8 @@ pub struct Settings {
     pub raft_core: u32,
     /// Present when `cluster.enabled`.
     pub cluster: Option<ClusterSettings>,
+    /// Keys given under an old name (logged as warnings at start).
+    pub deprecated: Vec<String>,
 }
 
 /// Validated `cluster.*` settings.
@@ -630,6 +633,7 @@ impl Config {
             cores: self.runtime.cores,
             raft_core: self.runtime.raft_core,
             cluster,
+            deprecated: Vec::new(),
         })
     }
 
@@ -845,6 +849,8 @@ pub fn load(
 ) -> Result<(Config, Settings), ConfigError> {
     let defaults = yaml_serde::to_value(Config::default()).expect("defaults serialize");
     let mut tree = defaults.clone();
+    let mut deprecated = Vec::new();
+    let env = &compat_env(env, &mut deprecated);
     if let Some(p) = path {
         let text = std::fs::read_to_string(p)
             .map_err(|e| ConfigError(format!("cannot read {}: {e}", p.display())))?;
@@ -861,18 +867,11 @@ pub fn load(
                 p.display()
             )));
         }
+        let mut file = file;
+        deprecated.extend(move_compat_keys(&mut file)?);
         let mut unknown = Vec::new();
         unknown_keys(&defaults, &file, "", &mut unknown);
         if let Some(k) = unknown.first() {
-            if let Some(moved) = k
-                .strip_prefix("delivery.")
-                .filter(|name| Compat::MOVED_FROM_DELIVERY.contains(name))
-            {
-                return err(
-                    k,
-                    format!("moved to compat.{moved} (accepted for compatibility, unused)"),
-                );
-            }
             return err(k, "unknown configuration key");
         }
         if file.get("configVersion").is_none() {
@@ -895,8 +894,74 @@ pub fn load(
     }
     let cfg: Config = serde_path_to_error::deserialize(tree)
         .map_err(|e| ConfigError(format!("{}: {}", e.path(), e.inner())))?;
-    let settings = cfg.validate()?;
+    let mut settings = cfg.validate()?;
+    settings.deprecated = deprecated;
     Ok((cfg, settings))
+}
+
+/// Moves the compatibility keys a file names under `delivery` (where the original broker and
+/// earlier versions had them) to `compat`; one warning per key.
+///
+/// # Errors
+/// A key set in both places.
+fn move_compat_keys(file: &mut Value) -> Result<Vec<String>, ConfigError> {
+    let mut moved = Vec::new();
+    let Some(Value::Mapping(delivery)) = file.get_mut("delivery") else {
+        return Ok(moved);
+    };
+    let mut taken = Vec::new();
+    for name in Compat::MOVED_FROM_DELIVERY {
+        if let Some(v) = delivery.remove(name) {
+            taken.push((name, v));
+        }
+    }
+    if taken.is_empty() {
+        return Ok(moved);
+    }
+    let Value::Mapping(top) = file else {
+        return Ok(moved);
+    };
+    let compat = top
+        .entry(Value::String("compat".into()))
+        .or_insert_with(|| Value::Mapping(yaml_serde::Mapping::new()));
+    let Value::Mapping(compat) = compat else {
+        return err("compat", "must be a mapping");
+    };
+    for (name, v) in taken {
+        if compat.contains_key(name) {
+            return err(
+                &format!("delivery.{name}"),
+                format!(
+                    "is set twice: here (its old place) and as compat.{name}; keep compat.{name}"
+                ),
+            );
+        }
+        compat.insert(Value::String(name.into()), v);
+        moved.push(format!(
+            "delivery.{name} is deprecated: it is read as compat.{name}"
+        ));
+    }
+    Ok(moved)
+}
+
+/// The environment with `FUTUREQ_DELIVERY_<KEY>` of a compatibility key renamed to
+/// `FUTUREQ_COMPAT_<KEY>` (one warning each; the new name wins when both are set).
+fn compat_env(
+    env: &BTreeMap<String, String>,
+    deprecated: &mut Vec<String>,
+) -> BTreeMap<String, String> {
+    let mut out = env.clone();
+    for name in Compat::MOVED_FROM_DELIVERY {
+        let old = format!("FUTUREQ_DELIVERY_{}", name.to_uppercase());
+        if let Some(v) = out.remove(&old) {
+            let new = format!("FUTUREQ_COMPAT_{}", name.to_uppercase());
+            deprecated.push(format!(
+                "environment variable {old} is deprecated: it is read as {new}"
+            ));
+            out.entry(new).or_insert(v);
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -914,10 +979,17 @@ mod tests {
     }
 
     fn load_str(yaml: &str, env: &BTreeMap<String, String>) -> Result<Settings, ConfigError> {
+        load_both(yaml, env).map(|(_, s)| s)
+    }
+
+    fn load_both(
+        yaml: &str,
+        env: &BTreeMap<String, String>,
+    ) -> Result<(Config, Settings), ConfigError> {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("c.yaml");
         std::fs::write(&p, yaml).unwrap();
-        load(Some(&p), env).map(|(_, s)| s)
+        load(Some(&p), env)
     }
 
     #[test]
@@ -1001,7 +1073,7 @@ mod tests {
             ("configVersion: 1\ncompat:\n  prepareBatchSize: 65\n", "compat.prepareBatchSize"),
             ("configVersion: 1\ncompat:\n  prepareWorkers: 0\n", "compat.prepareWorkers"),
             ("configVersion: 1\ndelivery:\n  scanMaxKeys: 32\n", "at least compat.prepareBatchSize"),
-            ("configVersion: 1\ndelivery:\n  prepareBatchSize: 64\n", "delivery.prepareBatchSize: moved to compat.prepareBatchSize"),
+            ("configVersion: 1\ndelivery:\n  prepareBatchSize: 8\ncompat:\n  prepareBatchSize: 8\n", "delivery.prepareBatchSize: is set twice"),
             ("configVersion: 1\nstorage:\n  mode: tape\n", "storage.mode"),
             ("configVersion: 1\npublish:\n  minAckLevel: maybe\n", "publish.minAckLevel"),
             ("configVersion: 1\npublish:\n  maxDelay: 5 parsecs\n", "publish.maxDelay"),
@@ -1016,6 +1088,28 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("nodeId"), "{e}");
+    }
+
+    /// Compatibility keys under their old place (`delivery`, in a file or the environment)
+    /// are read as `compat.*`, with a warning each.
+    #[test]
+    fn compat_keys_are_read_from_their_old_place() {
+        let (cfg, s) = load_both(
+            "configVersion: 1\ndelivery:\n  prepareBatchSize: 8\n  scanMaxKeys: 16\n",
+            &no_env(),
+        )
+        .unwrap();
+        assert_eq!(cfg.compat.prepare_batch_size, 8);
+        assert_eq!(s.deprecated.len(), 1, "{:?}", s.deprecated);
+        assert!(s.deprecated[0].contains("compat.prepareBatchSize"));
+        let env = env_of(&[("FUTUREQ_DELIVERY_PREPAREWORKERS", "3")]);
+        let (cfg, s) = load_both("configVersion: 1\n", &env).unwrap();
+        assert_eq!(cfg.compat.prepare_workers, 3);
+        assert!(s.deprecated[0].contains("FUTUREQ_COMPAT_PREPAREWORKERS"));
+        assert!(load_str("configVersion: 1\n", &no_env())
+            .unwrap()
+            .deprecated
+            .is_empty());
     }
 
     /// Issue 10.9: the cluster secret, inline or from a file, never both.

@@ -440,10 +440,22 @@ pub async fn run(
 enum SweepError {
     /// Reading the expiry index.
     #[error("reading expired keys: {0}")]
-    Store(#[from] futureq_storage::StoreError),
+    Store(futureq_storage::StoreError),
     /// Deleting them.
     #[error("deleting expired keys: {0}")]
-    Write(#[from] WriteError),
+    Write(WriteError),
+}
+
+impl From<futureq_storage::StoreError> for SweepError {
+    fn from(e: futureq_storage::StoreError) -> Self {
+        SweepError::Store(e)
+    }
+}
+
+impl From<WriteError> for SweepError {
+    fn from(e: WriteError) -> Self {
+        SweepError::Write(e)
+    }
 }
 
 /// One sweep step: the leader (or the standalone broker) reads expired keys from its store

@@ -214,6 +214,9 @@ fn write_error(e: JournalError) -> WriteError {
         JournalError::Stopped => WriteError::Failed(
             "the server is shutting down; the batch was not stored".into(),
         ),
+        JournalError::Abandoned => WriteError::Failed(
+            "the server stopped before the batch's outcome was known; it may have been stored (outcome unknown)".into(),
+        ),
         other => WriteError::Failed(other.to_string()),
     }
 }

@@ -120,13 +120,12 @@ pub enum MembershipError {
         leader_addr: String,
     },
     /// A step of the change failed (the steps before it stay done; a retry does the rest).
-    #[error("{step}: {source}")]
+    #[error("{step}: {cause}")]
     Step {
         /// What was being done.
         step: &'static str,
         /// Why it failed.
-        #[source]
-        source: WriteError,
+        cause: WriteError,
     },
     /// A joining node did not catch up in time (it stays a learner; a retry goes on).
     #[error("node {node_id} did not catch up within {within:?}")]

@@ -129,7 +129,8 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
     } else {
         settings.cores as usize
     };
-    if settings.cluster.is_some() && settings.raft_core as usize >= cores {
+    // The write core (the Raft groups, or the journal standalone) must be an executor.
+    if settings.raft_core as usize >= cores {
         return Err(ServerError::RaftCore {
             raft_core: settings.raft_core,
             cores,
@@ -423,10 +424,15 @@ async fn core_main(
             shutdown.clone(),
             settings.proposal_timeout,
         );
+        // A shutdown before the write path opened (a failed or slow replay) runs neither:
+        // the store may still hold what the replay deletes.
         let opened = either(writes_open.clone(), shutdown.clone());
+        let open = writes_open.clone();
         background.push(glommio::spawn_local(async move {
             opened.await;
-            sweep.await;
+            if open.is_triggered() {
+                sweep.await;
+            }
         }));
         let run = dispatcher::run(
             cfg,
@@ -437,10 +443,13 @@ async fn core_main(
             Arc::clone(&metrics),
             shutdown.clone(),
         );
-        let opened = either(writes_open, shutdown.clone());
+        let opened = either(writes_open.clone(), shutdown.clone());
+        let open = writes_open.clone();
         background.push(glommio::spawn_local(async move {
             opened.await;
-            run.await;
+            if open.is_triggered() {
+                run.await;
+            }
             dispatcher_done.trigger();
         }));
     }
@@ -457,6 +466,7 @@ async fn core_main(
         metrics,
         shutdown: shutdown.clone(),
         repl,
+        writes_open,
     });
     let _ = ready.send(Ok(()));
     tracing::debug!(target: "app", core, "executor serving");

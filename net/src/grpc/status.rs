@@ -26,8 +26,36 @@ pub enum Code {
     Unauthenticated = 16,
 }
 
-/// Trailer naming the leader's client address on a refusal by a follower (publish,
-/// subscribe, membership changes): clients reconnect there, never parsing messages.
+impl fmt::Display for Code {
+    /// The canonical name (`FAILED_PRECONDITION`).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use Code::*;
+        f.write_str(match self {
+            Ok => "OK",
+            Cancelled => "CANCELLED",
+            Unknown => "UNKNOWN",
+            InvalidArgument => "INVALID_ARGUMENT",
+            DeadlineExceeded => "DEADLINE_EXCEEDED",
+            NotFound => "NOT_FOUND",
+            AlreadyExists => "ALREADY_EXISTS",
+            PermissionDenied => "PERMISSION_DENIED",
+            ResourceExhausted => "RESOURCE_EXHAUSTED",
+            FailedPrecondition => "FAILED_PRECONDITION",
+            Aborted => "ABORTED",
+            OutOfRange => "OUT_OF_RANGE",
+            Unimplemented => "UNIMPLEMENTED",
+            Internal => "INTERNAL",
+            Unavailable => "UNAVAILABLE",
+            DataLoss => "DATA_LOSS",
+            Unauthenticated => "UNAUTHENTICATED",
+        })
+    }
+}
+
+/// Trailer naming the leader's client address on a refusal by a node that does not lead:
+/// subscribe refusals and membership changes carry it (a membership refusal carries it empty
+/// while no leader is known); publish acks name the leader in `leader_address`. Clients
+/// follow it, never parsing messages.
 pub const LEADER_ADDRESS: &str = "futureq-leader-address";
 
 /// A status: code, message, and extra trailer metadata.
@@ -86,7 +114,7 @@ impl Status {
 
 impl fmt::Display for Status {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?}: {}", self.code, self.message)
+        write!(f, "{}: {}", self.code, self.message)
     }
 }
 

@@ -77,9 +77,9 @@ pub(super) async fn open_log(
     dir: PathBuf,
     hook: futureq_storage::log::segmented::PersistHook,
 ) -> Result<LogStore<DiskIo>, NodeError> {
-    let err = |source| NodeError::Log {
+    let err = |cause| NodeError::Log {
         path: dir.display().to_string(),
-        source,
+        cause,
     };
     std::fs::create_dir_all(&dir).map_err(err)?;
     let d = dir.clone();
@@ -104,9 +104,9 @@ pub(super) async fn check_not_behind_purge(
     dir: &std::path::Path,
 ) -> Result<(), NodeError> {
     use openraft::storage::RaftLogStorage as _;
-    let err = |source| NodeError::Log {
+    let err = |cause| NodeError::Log {
         path: dir.display().to_string(),
-        source,
+        cause,
     };
     let purged = log
         .get_log_state()

@@ -108,7 +108,8 @@ pub async fn health_check(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Stat
         return Status::new(Code::NotFound, format!("unknown service {:?}", req.service));
     }
     let leader_known = ctx.repl.view().leader_id.is_some();
-    let status = if ctx.shutdown.is_triggered() || !leader_known {
+    let status = if ctx.shutdown.is_triggered() || !leader_known || !ctx.writes_open.is_triggered()
+    {
         ServingStatus::NotServing
     } else {
         ServingStatus::Serving

@@ -120,7 +120,7 @@ impl Core {
 
     pub(super) async fn membership(&self, op: &MembershipOp) -> Result<(), MembershipError> {
         let deadline = || Instant::now() + META_DEADLINE;
-        let fmt = |step: &'static str, source: WriteError| MembershipError::Step { step, source };
+        let fmt = |step: &'static str, cause: WriteError| MembershipError::Step { step, cause };
         match op {
             MembershipOp::Join { node_id, raft_addr } => {
                 // Idempotent: a retried join (its reply was lost, or the node restarted
