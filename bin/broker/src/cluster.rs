@@ -21,11 +21,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futureq_core::command::StoreItem;
 use futureq_core::command::{
     encode_delete, encode_register_group, encode_store, DeleteBatch, RegisterGroup, StoreBatch,
 };
 use futureq_core::metadata::{MetaCommand, NodeAddr, ShardTopology};
-use futureq_core::{AckLevel, TopicHash};
+use futureq_core::{AckLevel, EventKey, TopicHash};
 use futureq_net::Shutdown;
 use futureq_raft::node::{
     Ack, Forward, Leadership, Node, NodeConfig, NodeError, Standing, WriteError,
@@ -42,7 +43,9 @@ use self::ids::Ids;
 use self::membership::{join, META_DEADLINE};
 use crate::config::ClusterSettings;
 use crate::metrics::Metrics;
-use crate::replication::{RaftReq, Replication};
+use crate::replication::{
+    answer, serve_requests, MembershipError, MembershipOp, RaftReq, Replication, WriteCore,
+};
 
 /// Requests the Raft core serves at once (each waits for its proposal or membership change).
 const RAFT_REQUESTS_MAX: u64 = 4096;
@@ -183,22 +186,7 @@ pub async fn serve(
     let watcher = glommio::spawn_local(watch(Rc::clone(&core), shutdown.clone()));
     glommio::spawn_local(watch_stalls(shutdown.clone())).detach();
     glommio::spawn_local(register(Rc::clone(&core), shutdown.clone())).detach();
-    // At most RAFT_REQUESTS_MAX requests in service: beyond it the queue fills and the
-    // ingress cores wait (back-pressure), instead of tasks piling up on the Raft core.
-    let in_service = Rc::new(glommio::sync::Semaphore::new(RAFT_REQUESTS_MAX));
-    let requests = async {
-        while let Ok(req) = rx.recv_async().await {
-            let Ok(permit) = Rc::clone(&in_service).acquire_static_permit(1).await else {
-                break;
-            };
-            let core = Rc::clone(&core);
-            glommio::spawn_local(async move {
-                core.handle(req).await;
-                drop(permit);
-            })
-            .detach();
-        }
-    };
+    let requests = serve_requests(Rc::clone(&core), &rx, RAFT_REQUESTS_MAX);
     future::or(requests, shutdown.wait()).await;
     // Serve what is still queued (the dispatcher's final delete flush) for a while.
     let drain = async {
@@ -211,7 +199,7 @@ pub async fn serve(
             match req {
                 Some(req) => {
                     let core = Rc::clone(&core);
-                    glommio::spawn_local(async move { core.handle(req).await }).detach();
+                    glommio::spawn_local(async move { answer(&core, req).await }).detach();
                 }
                 None => break,
             }
@@ -257,87 +245,6 @@ impl Core {
             Ok(l)
         } else {
             Err(WriteError::NotLeader { leader: l.leader })
-        }
-    }
-
-    async fn handle(self: Rc<Self>, req: RaftReq) {
-        match req {
-            RaftReq::Publish {
-                items,
-                level,
-                deadline,
-                reply,
-            } => {
-                let ack = match level {
-                    AckLevel::Quorum => Ack::Quorum,
-                    AckLevel::Leader => Ack::Leader,
-                    AckLevel::NoAck => Ack::Submitted,
-                };
-                let first = Rc::new(Cell::new(0));
-                let make = {
-                    let (core, first) = (Rc::clone(&self), Rc::clone(&first));
-                    let mut batch = StoreBatch { items };
-                    // Ids are assigned here, at the moment of proposal (see `write_event`):
-                    // a proposal that waited, or is retried, gets fresh ids of the current
-                    // term, so ids follow log order.
-                    move || {
-                        let l = core.node.leadership();
-                        let start = core
-                            .ids
-                            .borrow_mut()
-                            .assign(l.leading, l.term, batch.items.len() as u64)
-                            .ok_or(WriteError::NotLeader { leader: l.leader })?;
-                        for (i, it) in batch.items.iter_mut().enumerate() {
-                            it.event_id = start + i as u64;
-                        }
-                        first.set(start);
-                        Ok(encode_store(&batch))
-                    }
-                };
-                let out = self.node.write_event(make, ack, deadline).await;
-                let _ = reply.send(out.map(|()| first.get()));
-            }
-            RaftReq::Delete {
-                keys,
-                deadline,
-                reply,
-            } => {
-                let cmd = encode_delete(&DeleteBatch {
-                    keys: keys.iter().map(|k| k.0).collect(),
-                });
-                let out = if self.leading_now().is_ok() {
-                    let core = Rc::clone(&self);
-                    let make = move || {
-                        core.leading_now()?;
-                        Ok(cmd.clone())
-                    };
-                    self.node.write_event(make, Ack::Quorum, deadline).await
-                } else {
-                    // ACKs this node took while it led: the leader deletes them now.
-                    let keys = keys.iter().map(|k| k.0).collect();
-                    self.node.forward_delete(keys, deadline).await
-                };
-                let _ = reply.send(out);
-            }
-            RaftReq::RegisterGroup {
-                topic_hash,
-                group,
-                deadline,
-                reply,
-            } => {
-                let out = self.register_group(topic_hash, group, deadline).await;
-                let _ = reply.send(out);
-            }
-            RaftReq::Membership { op, reply } => {
-                let out = self.membership(&op).await;
-                match &out {
-                    Ok(()) => tracing::info!(target: "raft", ?op, "membership changed"),
-                    Err(e) => {
-                        tracing::warn!(target: "raft", ?op, error = %e, "membership change failed")
-                    }
-                }
-                let _ = reply.send(out);
-            }
         }
     }
 
@@ -488,6 +395,78 @@ impl Core {
     }
 }
 
+/// The Raft core as the write core.
+impl WriteCore for Rc<Core> {
+    async fn publish(
+        &self,
+        items: Vec<StoreItem>,
+        level: AckLevel,
+        deadline: Instant,
+    ) -> Result<u64, WriteError> {
+        let ack = match level {
+            AckLevel::Quorum => Ack::Quorum,
+            AckLevel::Leader => Ack::Leader,
+            AckLevel::NoAck => Ack::Submitted,
+        };
+        let first = Rc::new(Cell::new(0));
+        let make = {
+            let (core, first) = (Rc::clone(self), Rc::clone(&first));
+            let mut batch = StoreBatch { items };
+            // Ids are assigned here, at the moment of proposal (see `write_event`): a
+            // proposal that waited, or is retried, gets fresh ids of the current term, so ids
+            // follow log order.
+            move || {
+                let l = core.node.leadership();
+                let start = core
+                    .ids
+                    .borrow_mut()
+                    .assign(l.leading, l.term, batch.items.len() as u64)
+                    .ok_or(WriteError::NotLeader { leader: l.leader })?;
+                for (i, it) in batch.items.iter_mut().enumerate() {
+                    it.event_id = start + i as u64;
+                }
+                first.set(start);
+                Ok(encode_store(&batch))
+            }
+        };
+        self.node.write_event(make, ack, deadline).await?;
+        Ok(first.get())
+    }
+
+    async fn delete(&self, keys: Vec<EventKey>, deadline: Instant) -> Result<(), WriteError> {
+        let keys: Vec<[u8; futureq_core::KEY_LEN]> = keys.iter().map(|k| k.0).collect();
+        if self.leading_now().is_err() {
+            // ACKs this node took while it led: the leader deletes them now.
+            return self.node.forward_delete(keys, deadline).await;
+        }
+        let cmd = encode_delete(&DeleteBatch { keys });
+        let core = Rc::clone(self);
+        let make = move || {
+            core.leading_now()?;
+            Ok(cmd.clone())
+        };
+        self.node.write_event(make, Ack::Quorum, deadline).await
+    }
+
+    async fn register_group(
+        &self,
+        topic_hash: TopicHash,
+        group: String,
+        deadline: Instant,
+    ) -> Result<(), WriteError> {
+        Core::register_group(self, topic_hash, group, deadline).await
+    }
+
+    async fn membership(&self, op: MembershipOp) -> Result<(), MembershipError> {
+        let out = Core::membership(self, &op).await;
+        match &out {
+            Ok(()) => tracing::info!(target: "raft", ?op, "membership changed"),
+            Err(e) => tracing::warn!(target: "raft", ?op, error = %e, "membership change failed"),
+        }
+        out
+    }
+}
+
 async fn watch(core: Rc<Core>, shutdown: Shutdown) {
     let mut events = core.node.watch_event();
     while !shutdown.is_triggered() {
@@ -521,18 +500,7 @@ async fn register(core: Rc<Core>, shutdown: Shutdown) {
                 tracing::debug!(target: "raft", error = %e, "address registration failed; retrying")
             }
         }
-        let stop = future::or(
-            async {
-                glommio::timer::sleep(REGISTER_RETRY).await;
-                false
-            },
-            async {
-                shutdown.wait().await;
-                true
-            },
-        )
-        .await;
-        if stop {
+        if crate::runtime::sleep_or_shutdown(REGISTER_RETRY, &shutdown).await {
             return;
         }
     }

@@ -491,18 +491,7 @@ pub async fn sweep_ttl(
     timeout: Duration,
 ) {
     loop {
-        let stop = future::or(
-            async {
-                glommio::timer::sleep(interval).await;
-                false
-            },
-            async {
-                shutdown.wait().await;
-                true
-            },
-        )
-        .await;
-        if stop {
+        if crate::runtime::sleep_or_shutdown(interval, &shutdown).await {
             return;
         }
         loop {

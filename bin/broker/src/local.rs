@@ -6,7 +6,8 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use futureq_core::AckLevel;
+use futureq_core::command::StoreItem;
+use futureq_core::{AckLevel, EventKey, TopicHash};
 use futureq_net::Shutdown;
 use futureq_raft::node::WriteError;
 use futureq_storage::journal::{
@@ -18,7 +19,7 @@ use futureq_storage::Store;
 use futures_lite::future;
 
 use crate::cluster::EXIT_RAFT_FAILED;
-use crate::replication::{MembershipError, RaftReq};
+use crate::replication::{serve_requests, MembershipError, MembershipOp, RaftReq, WriteCore};
 
 /// Directory of the journal's log under `storage.dataDir`.
 pub const JOURNAL_DIR: &str = "journal";
@@ -175,25 +176,11 @@ async fn run<I: LogIo + 'static>(
     };
     ready(Ok(()));
     let requests = {
-        let journal = journal.clone();
-        glommio::spawn_local(async move {
-            let in_service = std::rc::Rc::new(glommio::sync::Semaphore::new(REQUESTS_MAX));
-            while let Ok(req) = rx.recv_async().await {
-                let Ok(permit) = std::rc::Rc::clone(&in_service)
-                    .acquire_static_permit(1)
-                    .await
-                else {
-                    break;
-                };
-                let (journal, store) = (journal.clone(), store.clone());
-                glommio::spawn_local(async move {
-                    handle(journal, store, req).await;
-                    drop(permit);
-                })
-                .detach();
-            }
-        })
-        .detach()
+        let core = LocalCore {
+            journal: journal.clone(),
+            store,
+        };
+        glommio::spawn_local(async move { serve_requests(core, &rx, REQUESTS_MAX).await }).detach()
     };
     journal.run(stop).await;
     if let Some(e) = journal.failed() {
@@ -233,50 +220,59 @@ async fn until<T>(
     future::or(async { f.await.map_err(write_error) }, timeout).await
 }
 
-async fn handle<I: LogIo + 'static>(journal: Journal<I>, store: Store, req: RaftReq) {
-    match req {
-        RaftReq::Publish {
-            items,
-            level,
-            deadline,
-            reply,
-        } => {
-            // QUORUM and LEADER: durable in the journal (the one copy is the leader's); the
-            // apply follows, and a crash before it replays the entry.
-            let wait = match level {
-                AckLevel::NoAck => Wait::Appended,
-                AckLevel::Quorum | AckLevel::Leader => Wait::Durable,
-            };
-            let _ = reply.send(until(deadline, journal.publish(items, wait)).await);
+/// The journal as the write core.
+struct LocalCore<I: LogIo + 'static> {
+    journal: Journal<I>,
+    store: Store,
+}
+
+impl<I: LogIo + 'static> Clone for LocalCore<I> {
+    fn clone(&self) -> Self {
+        LocalCore {
+            journal: self.journal.clone(),
+            store: self.store.clone(),
         }
-        RaftReq::Delete {
-            keys,
-            deadline,
-            reply,
-        } => {
-            let _ = reply.send(until(deadline, journal.delete(&keys)).await);
+    }
+}
+
+impl<I: LogIo + 'static> WriteCore for LocalCore<I> {
+    async fn publish(
+        &self,
+        items: Vec<StoreItem>,
+        level: AckLevel,
+        deadline: Instant,
+    ) -> Result<u64, WriteError> {
+        // QUORUM and LEADER: durable in the journal (the one copy is the leader's); the
+        // apply follows, and a crash before it replays the entry.
+        let wait = match level {
+            AckLevel::NoAck => Wait::Appended,
+            AckLevel::Quorum | AckLevel::Leader => Wait::Durable,
+        };
+        until(deadline, self.journal.publish(items, wait)).await
+    }
+
+    async fn delete(&self, keys: Vec<EventKey>, deadline: Instant) -> Result<(), WriteError> {
+        until(deadline, self.journal.delete(&keys)).await
+    }
+
+    async fn register_group(
+        &self,
+        topic_hash: TopicHash,
+        group: String,
+        deadline: Instant,
+    ) -> Result<(), WriteError> {
+        let (store, g) = (self.store.clone(), group.clone());
+        let known = glommio::executor()
+            .spawn_blocking(move || store.has_group(topic_hash, &g))
+            .await
+            .map_err(|e| WriteError::Failed(e.to_string()))?;
+        if known {
+            return Ok(());
         }
-        RaftReq::RegisterGroup {
-            topic_hash,
-            group,
-            deadline,
-            reply,
-        } => {
-            let out = async {
-                let g = group.clone();
-                let known = glommio::executor()
-                    .spawn_blocking(move || store.has_group(topic_hash, &g))
-                    .await
-                    .map_err(|e| WriteError::Failed(e.to_string()))?;
-                if known {
-                    return Ok(());
-                }
-                until(deadline, journal.register_group(topic_hash, group)).await
-            };
-            let _ = reply.send(out.await);
-        }
-        RaftReq::Membership { reply, .. } => {
-            let _ = reply.send(Err(MembershipError::Standalone));
-        }
+        until(deadline, self.journal.register_group(topic_hash, group)).await
+    }
+
+    async fn membership(&self, _op: MembershipOp) -> Result<(), MembershipError> {
+        Err(MembershipError::Standalone)
     }
 }

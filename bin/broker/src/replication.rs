@@ -106,6 +106,86 @@ pub async fn request<T>(
     rx.await.unwrap_or_else(|_| Err(stopped()))
 }
 
+/// A server of the write requests: the local journal (standalone) or the Raft core
+/// (clustered). [`answer`] routes each request to it and sends the reply.
+pub(crate) trait WriteCore {
+    /// Stores a batch, assigning its ids at append (log order); the first id.
+    async fn publish(
+        &self,
+        items: Vec<StoreItem>,
+        level: AckLevel,
+        deadline: Instant,
+    ) -> Result<u64, WriteError>;
+    /// Deletes keys through the log.
+    async fn delete(&self, keys: Vec<EventKey>, deadline: Instant) -> Result<(), WriteError>;
+    /// Adds a consumer group to the durable registry (a no-op when it is there).
+    async fn register_group(
+        &self,
+        topic_hash: TopicHash,
+        group: String,
+        deadline: Instant,
+    ) -> Result<(), WriteError>;
+    /// Changes the membership.
+    async fn membership(&self, op: MembershipOp) -> Result<(), MembershipError>;
+}
+
+/// Serves one request with `core` and sends its reply.
+pub(crate) async fn answer(core: &impl WriteCore, req: RaftReq) {
+    match req {
+        RaftReq::Publish {
+            items,
+            level,
+            deadline,
+            reply,
+        } => {
+            let _ = reply.send(core.publish(items, level, deadline).await);
+        }
+        RaftReq::Delete {
+            keys,
+            deadline,
+            reply,
+        } => {
+            let _ = reply.send(core.delete(keys, deadline).await);
+        }
+        RaftReq::RegisterGroup {
+            topic_hash,
+            group,
+            deadline,
+            reply,
+        } => {
+            let _ = reply.send(core.register_group(topic_hash, group, deadline).await);
+        }
+        RaftReq::Membership { op, reply } => {
+            let _ = reply.send(core.membership(op).await);
+        }
+    }
+}
+
+/// Serves the requests of `rx` until it closes, each in its own task, at most `max` at once:
+/// beyond it the queue fills and the ingress cores wait (back-pressure) instead of tasks
+/// piling up on the write core.
+pub(crate) async fn serve_requests<C: WriteCore + Clone + 'static>(
+    core: C,
+    rx: &flume::Receiver<RaftReq>,
+    max: u64,
+) {
+    let in_service = std::rc::Rc::new(glommio::sync::Semaphore::new(max));
+    while let Ok(req) = rx.recv_async().await {
+        let Ok(permit) = std::rc::Rc::clone(&in_service)
+            .acquire_static_permit(1)
+            .await
+        else {
+            break;
+        };
+        let core = core.clone();
+        glommio::spawn_local(async move {
+            answer(&core, req).await;
+            drop(permit);
+        })
+        .detach();
+    }
+}
+
 /// Why a membership change did not happen.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]

@@ -109,6 +109,21 @@ pub fn keep_awake() -> glommio::Task<()> {
     })
 }
 
+/// Sleeps for `d` unless `shutdown` fires first: true when it did.
+pub async fn sleep_or_shutdown(d: std::time::Duration, shutdown: &futureq_net::Shutdown) -> bool {
+    futures_lite::future::or(
+        async {
+            glommio::timer::sleep(d).await;
+            false
+        },
+        async {
+            shutdown.wait().await;
+            true
+        },
+    )
+    .await
+}
+
 /// How long start-up waits for a listener that no process holds any more to close: the
 /// io_uring of a broker killed just before releases its files a little after its exit.
 const ORPHAN_LISTENER_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
