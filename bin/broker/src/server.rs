@@ -272,9 +272,10 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
     Ok(())
 }
 
-/// Resolves when `a` or `b` fired.
-async fn either(a: Shutdown, b: Shutdown) {
-    futures_lite::future::or(a.wait(), b.wait()).await;
+/// Waits until the write path opened (true) or shutdown came first (false).
+async fn opened(writes_open: Shutdown, shutdown: Shutdown) -> bool {
+    futures_lite::future::or(writes_open.wait(), shutdown.wait()).await;
+    writes_open.is_triggered()
 }
 
 /// What each executor starts with.
@@ -426,11 +427,9 @@ async fn core_main(
         );
         // A shutdown before the write path opened (a failed or slow replay) runs neither:
         // the store may still hold what the replay deletes.
-        let opened = either(writes_open.clone(), shutdown.clone());
-        let open = writes_open.clone();
+        let open = opened(writes_open.clone(), shutdown.clone());
         background.push(glommio::spawn_local(async move {
-            opened.await;
-            if open.is_triggered() {
+            if open.await {
                 sweep.await;
             }
         }));
@@ -443,11 +442,9 @@ async fn core_main(
             Arc::clone(&metrics),
             shutdown.clone(),
         );
-        let opened = either(writes_open.clone(), shutdown.clone());
-        let open = writes_open.clone();
+        let open = opened(writes_open.clone(), shutdown.clone());
         background.push(glommio::spawn_local(async move {
-            opened.await;
-            if open.is_triggered() {
+            if open.await {
                 run.await;
             }
             dispatcher_done.trigger();
