@@ -44,7 +44,8 @@ use self::membership::{join, META_DEADLINE};
 use crate::config::ClusterSettings;
 use crate::metrics::Metrics;
 use crate::replication::{
-    answer, serve_requests, MembershipError, MembershipOp, RaftReq, Replication, WriteCore,
+    answer, group_known, serve_requests, MembershipError, MembershipOp, RaftReq, Replication,
+    WriteCore,
 };
 
 /// Requests the Raft core serves at once (each waits for its proposal or membership change).
@@ -248,33 +249,6 @@ impl Core {
         }
     }
 
-    async fn register_group(
-        self: &Rc<Self>,
-        topic_hash: TopicHash,
-        group: String,
-        deadline: Instant,
-    ) -> Result<(), WriteError> {
-        self.leading_now()?;
-        let (store, g) = (self.store.clone(), group.clone());
-        let known = glommio::executor()
-            .spawn_blocking(move || store.has_group(topic_hash, &g))
-            .await
-            .map_err(|e| WriteError::Failed(e.to_string()))?;
-        if known {
-            return Ok(());
-        }
-        let cmd = encode_register_group(&RegisterGroup {
-            topic_hash: topic_hash.0,
-            group,
-        });
-        let core = Rc::clone(self);
-        let make = move || {
-            core.leading_now()?;
-            Ok(cmd.clone())
-        };
-        self.node.write_event(make, Ack::Quorum, deadline).await
-    }
-
     /// Brings this node's leadership in line with Raft: confirms a new term (then ids may be
     /// assigned), publishes the view, ends a lost leadership, and keeps the topology in the
     /// metadata group current.
@@ -454,7 +428,20 @@ impl WriteCore for Rc<Core> {
         group: String,
         deadline: Instant,
     ) -> Result<(), WriteError> {
-        Core::register_group(self, topic_hash, group, deadline).await
+        self.leading_now()?;
+        if group_known(&self.store, topic_hash, &group).await? {
+            return Ok(());
+        }
+        let cmd = encode_register_group(&RegisterGroup {
+            topic_hash: topic_hash.0,
+            group,
+        });
+        let core = Rc::clone(self);
+        let make = move || {
+            core.leading_now()?;
+            Ok(cmd.clone())
+        };
+        self.node.write_event(make, Ack::Quorum, deadline).await
     }
 
     async fn membership(&self, op: MembershipOp) -> Result<(), MembershipError> {

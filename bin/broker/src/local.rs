@@ -19,7 +19,9 @@ use futureq_storage::Store;
 use futures_lite::future;
 
 use crate::cluster::EXIT_RAFT_FAILED;
-use crate::replication::{serve_requests, MembershipError, MembershipOp, RaftReq, WriteCore};
+use crate::replication::{
+    group_known, serve_requests, MembershipError, MembershipOp, RaftReq, WriteCore,
+};
 
 /// Directory of the journal's log under `storage.dataDir`.
 pub const JOURNAL_DIR: &str = "journal";
@@ -261,12 +263,7 @@ impl<I: LogIo + 'static> WriteCore for LocalCore<I> {
         group: String,
         deadline: Instant,
     ) -> Result<(), WriteError> {
-        let (store, g) = (self.store.clone(), group.clone());
-        let known = glommio::executor()
-            .spawn_blocking(move || store.has_group(topic_hash, &g))
-            .await
-            .map_err(|e| WriteError::Failed(e.to_string()))?;
-        if known {
+        if group_known(&self.store, topic_hash, &group).await? {
             return Ok(());
         }
         until(deadline, self.journal.register_group(topic_hash, group)).await

@@ -129,6 +129,22 @@ pub(crate) trait WriteCore {
     async fn membership(&self, op: MembershipOp) -> Result<(), MembershipError>;
 }
 
+/// Whether `group` is in the durable registry already (a registration then writes nothing).
+///
+/// # Errors
+/// The store could not be read.
+pub(crate) async fn group_known(
+    store: &futureq_storage::Store,
+    topic_hash: TopicHash,
+    group: &str,
+) -> Result<bool, WriteError> {
+    let (store, group) = (store.clone(), group.to_owned());
+    glommio::executor()
+        .spawn_blocking(move || store.has_group(topic_hash, &group))
+        .await
+        .map_err(|e| WriteError::Failed(e.to_string()))
+}
+
 /// Serves one request with `core` and sends its reply.
 pub(crate) async fn answer(core: &impl WriteCore, req: RaftReq) {
     match req {
