@@ -48,8 +48,6 @@ use crate::replication::{
     WriteCore,
 };
 
-/// Requests the Raft core serves at once (each waits for its proposal or membership change).
-const RAFT_REQUESTS_MAX: u64 = 4096;
 /// How often leadership is re-checked when nothing changes (the quorum-freshness check
 /// needs a clock, not an event).
 const WATCH_INTERVAL: Duration = Duration::from_millis(20);
@@ -187,7 +185,7 @@ pub async fn serve(
     let watcher = glommio::spawn_local(watch(Rc::clone(&core), shutdown.clone()));
     glommio::spawn_local(watch_stalls(shutdown.clone())).detach();
     glommio::spawn_local(register(Rc::clone(&core), shutdown.clone())).detach();
-    let requests = serve_requests(Rc::clone(&core), &rx, RAFT_REQUESTS_MAX);
+    let requests = serve_requests(Rc::clone(&core), &rx);
     future::or(requests, shutdown.wait()).await;
     // Serve what is still queued (the dispatcher's final delete flush) for a while.
     let drain = async {

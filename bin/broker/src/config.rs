@@ -850,7 +850,7 @@ pub fn load(
     let defaults = yaml_serde::to_value(Config::default()).expect("defaults serialize");
     let mut tree = defaults.clone();
     let mut deprecated = Vec::new();
-    let env = &compat_env(env, &mut deprecated);
+    let env = &compat_env(env, &mut deprecated)?;
     if let Some(p) = path {
         let text = std::fs::read_to_string(p)
             .map_err(|e| ConfigError(format!("cannot read {}: {e}", p.display())))?;
@@ -945,23 +945,31 @@ fn move_compat_keys(file: &mut Value) -> Result<Vec<String>, ConfigError> {
 }
 
 /// The environment with `FUTUREQ_DELIVERY_<KEY>` of a compatibility key renamed to
-/// `FUTUREQ_COMPAT_<KEY>` (one warning each; the new name wins when both are set).
+/// `FUTUREQ_COMPAT_<KEY>` (one warning each).
+///
+/// # Errors
+/// Both names set.
 fn compat_env(
     env: &BTreeMap<String, String>,
     deprecated: &mut Vec<String>,
-) -> BTreeMap<String, String> {
+) -> Result<BTreeMap<String, String>, ConfigError> {
     let mut out = env.clone();
     for name in Compat::MOVED_FROM_DELIVERY {
         let old = format!("FUTUREQ_DELIVERY_{}", name.to_uppercase());
         if let Some(v) = out.remove(&old) {
             let new = format!("FUTUREQ_COMPAT_{}", name.to_uppercase());
+            if out.contains_key(&new) {
+                return Err(ConfigError(format!(
+                    "environment variables {old} and {new} are both set (the first is the old name of the second): keep {new}"
+                )));
+            }
             deprecated.push(format!(
                 "environment variable {old} is deprecated: it is read as {new}"
             ));
-            out.entry(new).or_insert(v);
+            out.insert(new, v);
         }
     }
-    out
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -1106,6 +1114,14 @@ mod tests {
         let (cfg, s) = load_both("configVersion: 1\n", &env).unwrap();
         assert_eq!(cfg.compat.prepare_workers, 3);
         assert!(s.deprecated[0].contains("FUTUREQ_COMPAT_PREPAREWORKERS"));
+        let both = env_of(&[
+            ("FUTUREQ_DELIVERY_PREPAREWORKERS", "3"),
+            ("FUTUREQ_COMPAT_PREPAREWORKERS", "4"),
+        ]);
+        let e = load_str("configVersion: 1\n", &both)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("both set"), "{e}");
         assert!(load_str("configVersion: 1\n", &no_env())
             .unwrap()
             .deprecated

@@ -33,9 +33,6 @@ const _: () = assert!(
     (futureq_core::command::ENTRY_BYTES_MAX + futureq_storage::log::format::HEADER_LEN) as u64
         <= SEGMENT_BYTES - futureq_storage::log::format::BLOCK
 );
-/// Requests served at once (each waits for its entry); beyond it the queue fills and the
-/// ingress cores wait, as on the Raft core.
-const REQUESTS_MAX: u64 = 4096;
 /// How long after shutdown the journal waits for the dispatcher's last deletes at most.
 const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -182,7 +179,7 @@ async fn run<I: LogIo + 'static>(
             journal: journal.clone(),
             store,
         };
-        glommio::spawn_local(async move { serve_requests(core, &rx, REQUESTS_MAX).await }).detach()
+        glommio::spawn_local(async move { serve_requests(core, &rx).await }).detach()
     };
     journal.run(stop).await;
     if let Some(e) = journal.failed() {

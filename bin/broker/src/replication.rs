@@ -177,15 +177,17 @@ pub(crate) async fn answer(core: &impl WriteCore, req: RaftReq) {
     }
 }
 
-/// Serves the requests of `rx` until it closes, each in its own task, at most `max` at once:
-/// beyond it the queue fills and the ingress cores wait (back-pressure) instead of tasks
-/// piling up on the write core.
+/// Write requests a write core serves at once (each waits for its entry).
+pub const REQUESTS_IN_SERVICE_MAX: u64 = 4096;
+
+/// Serves the requests of `rx` until it closes, each in its own task, at most
+/// [`REQUESTS_IN_SERVICE_MAX`] at once: beyond it the queue fills and the ingress cores wait
+/// (back-pressure) instead of tasks piling up on the write core.
 pub(crate) async fn serve_requests<C: WriteCore + Clone + 'static>(
     core: C,
     rx: &flume::Receiver<RaftReq>,
-    max: u64,
 ) {
-    let in_service = std::rc::Rc::new(glommio::sync::Semaphore::new(max));
+    let in_service = std::rc::Rc::new(glommio::sync::Semaphore::new(REQUESTS_IN_SERVICE_MAX));
     while let Ok(req) = rx.recv_async().await {
         let Ok(permit) = std::rc::Rc::clone(&in_service)
             .acquire_static_permit(1)

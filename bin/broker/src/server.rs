@@ -89,17 +89,27 @@ pub enum ServerError {
     Cluster(#[source] cluster::StartError),
 }
 
-fn metrics_handler(metrics: Arc<Metrics>, shutdown: Shutdown) -> futureq_net::http::HttpHandler {
+/// `/metrics`, and `/healthz`: 200 once the write path is open and until shutdown.
+fn metrics_handler(
+    metrics: Arc<Metrics>,
+    shutdown: Shutdown,
+    writes_open: Shutdown,
+) -> futureq_net::http::HttpHandler {
     Rc::new(move |path: &str| match path {
         "/metrics" => HttpResponse {
             status: 200,
             content_type: "text/plain; version=0.0.4",
             body: metrics.render(),
         },
-        "/healthz" if !shutdown.is_triggered() => HttpResponse {
+        "/healthz" if !shutdown.is_triggered() && writes_open.is_triggered() => HttpResponse {
             status: 200,
             content_type: "text/plain",
             body: "ok\n".into(),
+        },
+        "/healthz" if !shutdown.is_triggered() => HttpResponse {
+            status: 503,
+            content_type: "text/plain",
+            body: "starting: the write path is not open yet\n".into(),
         },
         "/healthz" => HttpResponse {
             status: 503,
@@ -386,7 +396,11 @@ async fn core_main(
         if let Some(addr) = settings.metrics_listen {
             match glommio::net::TcpListener::bind(addr) {
                 Ok(l) => {
-                    let h = metrics_handler(Arc::clone(&metrics), shutdown.clone());
+                    let h = metrics_handler(
+                        Arc::clone(&metrics),
+                        shutdown.clone(),
+                        writes_open.clone(),
+                    );
                     background.push(glommio::spawn_local(futureq_net::http::serve(
                         l,
                         h,
