@@ -76,10 +76,13 @@ fn main() {
         Command::Leave { seed } => leave(&settings, &seed),
     };
     if let Err(e) = result {
+        let status = e
+            .downcast_ref::<futureq_broker::ServerError>()
+            .map_or(1, futureq_broker::ServerError::exit_status);
         let e = report(&e);
         tracing::error!(target: "app", "{e}");
         eprintln!("futureq: {e}");
-        std::process::exit(1);
+        std::process::exit(status);
     }
 }
 

@@ -419,6 +419,57 @@ async fn an_ack_taken_just_before_losing_leadership_is_not_redelivered() {
     );
 }
 
+/// Sends `signal` (`-STOP`, `-CONT`) to a node.
+fn signal(b: &Broker, signal: &str) {
+    let pid = b.pid().to_string();
+    assert!(std::process::Command::new("kill")
+        .args([signal, &pid])
+        .status()
+        .unwrap()
+        .success());
+}
+
+/// A LEADER ack answers once the leader's own log fsynced the batch (the persist hook finds
+/// the waiter by the batch's term and first event id), not at commit: with both followers
+/// paused nothing can commit, and the ack still comes. (Had the hook never found the waiter,
+/// the ack would be DEADLINE_EXCEEDED after publish.proposalTimeout.) The batch is stored for
+/// good once the followers are back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_ack_answers_from_the_leaders_log_alone() {
+    let _serial = SERIAL.lock().await;
+    let c = Cluster::start(3, "").await;
+    for attempt in 1..=3u64 {
+        let leader = c.leader(Duration::from_secs(10)).await;
+        let mut p = Publisher::open(c.nodes[leader].channel().await).await;
+        let followers: Vec<&Broker> = (0..3)
+            .filter(|&i| i != leader)
+            .map(|i| &c.nodes[i])
+            .collect();
+        for f in &followers {
+            signal(f, "-STOP");
+        }
+        // Within the leader's lease (one election timeout) it still takes writes.
+        let ack = p
+            .publish(batch(attempt, 1, vec![msg("lead", "persisted", 0, 0)]))
+            .await;
+        for f in &followers {
+            signal(f, "-CONT");
+        }
+        if !ack.success && ack.error_code == tonic::Code::FailedPrecondition as u32 {
+            // The machine was too slow for the lease; pause again.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        }
+        assert!(ack.success, "LEADER ack with the followers paused: {ack:?}");
+        let leader = c.leader(Duration::from_secs(10)).await;
+        let mut s = Subscriber::open(c.nodes[leader].channel().await, "lead", "", 10).await;
+        let got = s.next(Duration::from_secs(10)).await.expect("delivered");
+        assert_eq!(got.payload, b"persisted");
+        return;
+    }
+    panic!("the leader lost its lease on every attempt");
+}
+
 /// Issue 10 (disk faults): a leader whose Raft log fails an fsync or a write (ENOSPC) stops
 /// (exit status 74) instead of serving on with a dead Raft core; one whose multi-block write
 /// is torn by a crash restarts (the torn tail is cut). Every QUORUM-acked message survives.

@@ -358,3 +358,50 @@ async fn a_raft_core_outside_the_executors_is_refused_standalone() {
     assert!(!st.success());
     assert!(b.log().contains("runtime.raftCore 1"), "{}", b.log());
 }
+
+/// A standalone broker whose journal fails an fsync or a write (ENOSPC) stops with exit status
+/// 74, as a cluster node with a failed Raft log does (the library reports the failure; the
+/// binary exits), and every acked message is there after the restart. The faults are injected
+/// through the log's I/O seam (`fault-injection` feature, on in tests) by the trigger file in
+/// `storage.dataDir`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_journal_stops_the_broker_and_loses_no_acked_message() {
+    let mut b = Broker::start("").await;
+    let mut acked = Vec::new();
+    for fault in ["fsync", "enospc"] {
+        let mut p = Publisher::open(b.channel().await).await;
+        let before = format!("{fault}-before");
+        let ack = p
+            .publish(batch(1, QUORUM, vec![msg("disk", &before, 0, 0)]))
+            .await;
+        assert!(ack.success, "{ack:?}");
+        acked.push(before);
+        std::fs::write(b.dir.path().join("data").join("inject-disk-fault"), fault).unwrap();
+        // The write that meets the fault is not acked as stored (its failure may not reach
+        // the client before the process exits).
+        p.send(batch(2, QUORUM, vec![msg("disk", "during", 0, 0)]));
+        let ack = tokio::time::timeout(Duration::from_secs(15), p.ack_raw())
+            .await
+            .expect("an answer or the end of the stream");
+        assert!(
+            ack.as_ref().is_none_or(|a| !a.success),
+            "{fault}: a write past a failed log was acked: {ack:?}"
+        );
+        let status = b
+            .wait_exit(Duration::from_secs(15))
+            .unwrap_or_else(|| panic!("{fault}: the broker kept running; log:\n{}", b.log()));
+        assert_eq!(status.code(), Some(74), "{fault}: {status}\n{}", b.log());
+        assert!(b.log().contains("the journal failed"), "{}", b.log());
+        b.spawn().await;
+    }
+    let mut s = Subscriber::open(b.channel().await, "disk", "", 100).await;
+    let got: Vec<String> = s
+        .drain(Duration::from_millis(500))
+        .await
+        .into_iter()
+        .map(|m| String::from_utf8(m.payload).unwrap())
+        .collect();
+    for a in &acked {
+        assert!(got.contains(a), "acked {a} lost; got {got:?}");
+    }
+}

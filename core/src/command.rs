@@ -11,8 +11,8 @@
 //! bytes are the same on every replica and readable in place from any buffer offset.
 //!
 //! # Invariants
-//! - Two store commands never encode to the same bytes: every item carries its own,
-//!   leader-assigned event id (the leader-persist tracker relies on it).
+//! - Every item carries its own, leader-assigned event id; a store command's first id is
+//!   readable in place ([`first_event_id`]), which the leader-persist tracker keys on.
 //! - A command that fails validation is rejected whole; nothing of it is applied.
 
 use rkyv::rancor::Error as RkyvError;
@@ -144,10 +144,7 @@ pub enum CommandError {
 /// Only if rkyv cannot serialize plain vectors (it always can).
 #[must_use]
 pub fn encode_store(b: &StoreBatch) -> Vec<u8> {
-    frame(
-        TAG_STORE_V1,
-        &rkyv::to_bytes::<RkyvError>(b).expect("serializing plain data"),
-    )
+    frame(TAG_STORE_V1, b, store_len_bound(&b.items))
 }
 
 /// Encodes a delete command.
@@ -156,10 +153,7 @@ pub fn encode_store(b: &StoreBatch) -> Vec<u8> {
 /// Only if rkyv cannot serialize plain vectors (it always can).
 #[must_use]
 pub fn encode_delete(b: &DeleteBatch) -> Vec<u8> {
-    frame(
-        TAG_DELETE_V1,
-        &rkyv::to_bytes::<RkyvError>(b).expect("serializing plain data"),
-    )
+    frame(TAG_DELETE_V1, b, 64 + b.keys.len() * KEY_LEN)
 }
 
 /// Encodes a group registration.
@@ -168,10 +162,33 @@ pub fn encode_delete(b: &DeleteBatch) -> Vec<u8> {
 /// Only if rkyv cannot serialize plain data (it always can).
 #[must_use]
 pub fn encode_register_group(r: &RegisterGroup) -> Vec<u8> {
-    frame(
-        TAG_REGISTER_GROUP_V1,
-        &rkyv::to_bytes::<RkyvError>(r).expect("serializing plain data"),
-    )
+    frame(TAG_REGISTER_GROUP_V1, r, 64 + r.group.len())
+}
+
+/// The first event id of a store command, read at fixed offsets without validating the
+/// archive (O(1), for the leader-persist tracker): `None` for other commands, an empty batch
+/// or bytes too short for the positions read.
+///
+/// The root of an archive is its last bytes; a [`StoreBatch`]'s root is the items vector (a
+/// 32-bit relative pointer and a 32-bit length), and the event id is the first field of an
+/// item. Every position read is bounds-checked, so damaged bytes give a wrong id or `None`,
+/// never a panic; only a [`decode`]d command is trusted.
+#[must_use]
+pub fn first_event_id(bytes: &[u8]) -> Option<u64> {
+    const ROOT: usize = std::mem::size_of::<ArchivedStoreBatch>();
+    const ID_AT: usize = std::mem::offset_of!(ArchivedStoreItem, event_id);
+    let (TAG_STORE_V1, archive) = crate::envelope::unframe(bytes).ok()? else {
+        return None;
+    };
+    let root = archive.len().checked_sub(ROOT)?;
+    let word = |at: usize| -> Option<[u8; 4]> { archive.get(at..at + 4)?.try_into().ok() };
+    let offset = i32::from_le_bytes(word(root)?);
+    if u32::from_le_bytes(word(root + 4)?) == 0 {
+        return None;
+    }
+    let item = root.checked_add_signed(isize::try_from(offset).ok()?)?;
+    let id = archive.get(item + ID_AT..item + ID_AT + 8)?;
+    Some(u64::from_le_bytes(id.try_into().ok()?))
 }
 
 /// Validates entry bytes and returns the command, borrowed in place.
@@ -242,6 +259,22 @@ mod tests {
         }
 
         #[test]
+        fn the_first_id_is_read_in_place(items in proptest::collection::vec(arb_item(), 0..8), pad in 0usize..16) {
+            let b = StoreBatch { items };
+            let mut buf = vec![0u8; pad];
+            buf.extend(encode_store(&b));
+            prop_assert_eq!(first_event_id(&buf[pad..]), b.items.first().map(|i| i.event_id));
+        }
+
+        #[test]
+        fn the_first_id_never_panics(b in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let _ = first_event_id(&b);
+            let mut tagged = vec![TAG_STORE_V1];
+            tagged.extend(&b);
+            let _ = first_event_id(&tagged);
+        }
+
+        #[test]
         fn the_length_bound_holds(items in proptest::collection::vec(arb_item(), 0..40)) {
             let b = StoreBatch { items };
             prop_assert!(encode_store(&b).len() <= store_len_bound(&b.items));
@@ -287,6 +320,18 @@ mod tests {
                 prop_assert!(decode(&enc[..cut]).is_err(), "cut at {}", cut);
             }
         }
+    }
+
+    #[test]
+    fn only_store_commands_have_a_first_id() {
+        let delete = encode_delete(&DeleteBatch {
+            keys: vec![[7; 24]],
+        });
+        assert_eq!(first_event_id(&delete), None);
+        assert_eq!(
+            first_event_id(&encode_store(&StoreBatch { items: vec![] })),
+            None
+        );
     }
 
     #[test]

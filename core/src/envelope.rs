@@ -2,19 +2,37 @@
 //! where the length must be exactly the rest of the bytes (a truncated or padded entry is
 //! refused before the archive is even looked at).
 
-/// Wraps an archive.
+/// Archives `value` behind its envelope header, in one buffer of at least `capacity` bytes
+/// (the archive is written in place after the header: no second copy).
 ///
 /// # Panics
-/// If the archive is 4 GiB or more (commands are bounded far below).
+/// If rkyv cannot serialize the value (plain data always serializes) or the archive is
+/// 4 GiB or more (commands are bounded far below).
 #[must_use]
-pub(crate) fn frame(tag: u8, archive: &[u8]) -> Vec<u8> {
-    let len = u32::try_from(archive.len()).expect("an archive is far below 4 GiB");
-    let mut out = Vec::with_capacity(5 + archive.len());
+pub(crate) fn frame<T>(tag: u8, value: &T, capacity: usize) -> Vec<u8>
+where
+    T: for<'a> rkyv::Serialize<
+        rkyv::api::high::HighSerializer<
+            Vec<u8>,
+            rkyv::ser::allocator::ArenaHandle<'a>,
+            rkyv::rancor::Error,
+        >,
+    >,
+{
+    let mut out = Vec::with_capacity(capacity.max(HEADER_LEN));
     out.push(tag);
-    out.extend_from_slice(&len.to_le_bytes());
-    out.extend_from_slice(archive);
+    out.extend_from_slice(&[0; 4]);
+    // Relative pointers and the unaligned format make the archive position-independent,
+    // so it may start after the header.
+    let mut out = rkyv::api::high::to_bytes_in::<_, rkyv::rancor::Error>(value, out)
+        .expect("serializing plain data");
+    let len = u32::try_from(out.len() - HEADER_LEN).expect("an archive is far below 4 GiB");
+    out[1..HEADER_LEN].copy_from_slice(&len.to_le_bytes());
     out
 }
+
+/// Bytes before the archive: the tag and the archive length.
+pub(crate) const HEADER_LEN: usize = 5;
 
 /// Bytes that are not an envelope.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -37,11 +55,11 @@ pub enum EnvelopeError {
 /// # Errors
 /// The header is missing or the length does not match.
 pub(crate) fn unframe(bytes: &[u8]) -> Result<(u8, &[u8]), EnvelopeError> {
-    if bytes.len() < 5 {
+    if bytes.len() < HEADER_LEN {
         return Err(EnvelopeError::Short(bytes.len()));
     }
     let len = u32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]) as usize;
-    let rest = &bytes[5..];
+    let rest = &bytes[HEADER_LEN..];
     if len != rest.len() {
         return Err(EnvelopeError::Length {
             declared: len,

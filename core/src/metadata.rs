@@ -135,14 +135,8 @@ impl MetaCommand {
     #[must_use]
     pub fn encode(&self) -> Vec<u8> {
         match self {
-            MetaCommand::UpdateTopology(t) => frame(
-                TAG_UPDATE_TOPOLOGY,
-                &rkyv::to_bytes::<RkyvError>(t).expect("plain data"),
-            ),
-            MetaCommand::RegisterNodeAddr(a) => frame(
-                TAG_REGISTER_NODE_ADDR,
-                &rkyv::to_bytes::<RkyvError>(a).expect("plain data"),
-            ),
+            MetaCommand::UpdateTopology(t) => frame(TAG_UPDATE_TOPOLOGY, t, 256),
+            MetaCommand::RegisterNodeAddr(a) => frame(TAG_REGISTER_NODE_ADDR, a, 64),
         }
     }
 
@@ -243,10 +237,7 @@ impl MetaState {
     /// Only if rkyv cannot serialize plain data (it always can).
     #[must_use]
     pub fn snapshot(&self) -> Vec<u8> {
-        frame(
-            TAG_SNAPSHOT,
-            &rkyv::to_bytes::<RkyvError>(self).expect("plain data"),
-        )
+        frame(TAG_SNAPSHOT, self, 1024)
     }
 
     /// Restores a state from a snapshot (replaces everything).

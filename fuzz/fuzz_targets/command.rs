@@ -1,13 +1,16 @@
 //! Replicated command validation (event shard and metadata group, and metadata snapshots)
-//! over arbitrary entry bytes: never panics; whatever validates can be read field by field.
+//! over arbitrary entry bytes: never panics; whatever validates can be read field by field,
+//! and a valid store command's first event id read in place is the validated one.
 #![no_main]
 
-use futureq_core::command::{decode, CommandRef};
+use futureq_core::command::{decode, first_event_id, CommandRef};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
+    let in_place = first_event_id(data);
     match decode(data) {
         Ok(CommandRef::Store(b)) => {
+            assert_eq!(in_place, b.items.first().map(|i| i.event_id.to_native()));
             for item in b.items.iter() {
                 let _ = item.key();
                 let _ = item.message.len() + item.index_keys.iter().map(|k| k.len()).sum::<usize>();

@@ -6,9 +6,11 @@ use futureq_raft::codec::{decode_entry, decode_vote, encode_entry, encode_vote};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    if let Ok(e) = decode_entry(data) {
-        assert_eq!(decode_entry(&encode_entry(&e)).ok(), Some(e));
+    let shared = bytes::Bytes::copy_from_slice(data);
+    if let Ok(e) = decode_entry(&shared) {
+        assert_eq!(decode_entry(&encode_entry(&e).into()).ok(), Some(e));
     }
+    let _ = futureq_raft::codec::normal_entry_command(data);
     if let Ok((meta, rest)) = futureq_raft::codec::decode_snapshot_meta(data) {
         let again = futureq_raft::codec::encode_snapshot_meta(&meta, rest);
         let (m2, r2) = futureq_raft::codec::decode_snapshot_meta(&again).expect("re-decodes");
@@ -21,10 +23,10 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(encode_vote(&v), data);
     }
     use futureq_raft::rpc::*;
-    if let Ok(r) = decode_append(data) {
+    if let Ok(r) = decode_append(&shared) {
         let once = encode_append(&r);
         assert_eq!(
-            encode_append(&decode_append(&once).expect("canonical bytes decode")),
+            encode_append(&decode_append(&once.clone().into()).expect("canonical bytes decode")),
             once
         );
     }

@@ -147,7 +147,9 @@ fn main() {
                         let mut id = first;
                         while start.elapsed() < Duration::from_secs(3) {
                             let t = Instant::now();
-                            r.client_write(Command(batch(id))).await.expect("write");
+                            r.client_write(Command(batch(id).into()))
+                                .await
+                                .expect("write");
                             lat.borrow_mut().push(t.elapsed());
                             id += 100;
                         }

@@ -9,7 +9,7 @@
 //!   log ids and memberships.
 //! - [`log_store`]: `RaftLogStorage` over `futureq-storage`'s segmented log (group commit via
 //!   its flusher, `IOFlushed` after fsync, vote and purge marker files). Its persist hook feeds
-//!   the leader-persist tracker behind the LEADER ack level.
+//!   [`persisted`], the leader-persist tracker behind the LEADER ack level.
 //! - [`state_machine`]: the event shard over the redb store (one transaction per apply with
 //!   the applied log id and membership; snapshots from one read transaction).
 //! - [`rpc`]: encodings of the Raft RPCs; [`network`]: openraft's network over
@@ -32,6 +32,7 @@ pub mod log_store;
 pub mod metadata_sm;
 pub mod network;
 pub mod node;
+pub mod persisted;
 pub mod rpc;
 pub mod rt;
 pub mod state_machine;

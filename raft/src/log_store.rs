@@ -129,7 +129,9 @@ impl<I: LogIo + 'static> LogStore<I> {
             .await
             .map_err(io_err)?
             .ok_or_else(|| io_err("last entry vanished"))?;
-        Ok(Some(decode_entry(&rec.payload).map_err(io_err)?.log_id))
+        Ok(Some(
+            decode_entry(&rec.payload.into()).map_err(io_err)?.log_id,
+        ))
     }
 }
 
@@ -162,7 +164,7 @@ impl<I: LogIo + 'static> RaftLogReader<TypeConfig> for LogStore<I> {
         let mut i = start;
         while i <= end {
             match self.shared.log.read(i).await.map_err(io_err)? {
-                Some(r) => out.push(decode_entry(&r.payload).map_err(io_err)?),
+                Some(r) => out.push(decode_entry(&r.payload.into()).map_err(io_err)?),
                 None => break,
             }
             i += 1;

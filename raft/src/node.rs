@@ -24,10 +24,10 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use crate::persisted::{PersistKey, PersistTracker};
 use futureq_core::metadata::Member;
 use futureq_net::peer_link::serve_peers;
 use futureq_net::Shutdown;
-use futureq_storage::log::tracker::PersistTracker;
 use futureq_storage::Store;
 use futures_lite::future;
 use openraft::error::{ClientWriteError, RaftError};
@@ -247,15 +247,10 @@ impl Node {
         store: Store,
         on_applied: OnApplied,
     ) -> Result<Node, NodeError> {
-        let tracker = PersistTracker::new();
+        let tracker = PersistTracker::default();
         let t = tracker.clone();
-        let hook: futureq_storage::log::segmented::PersistHook = Box::new(move |payload| {
-            if let Ok(e) = crate::codec::decode_entry(payload) {
-                if let openraft::EntryPayload::Normal(c) = &e.payload {
-                    t.notify(&c.0);
-                }
-            }
-        });
+        let hook: futureq_storage::log::segmented::PersistHook =
+            Box::new(move |entry| t.persisted(entry));
         let mut event_log = open_log(cfg.data_dir.join("event"), hook).await?;
         check_not_behind_purge(&mut event_log, &store, &cfg.data_dir).await?;
         let meta_log = open_log(cfg.data_dir.join("meta"), Box::new(|_| {})).await?;
@@ -364,7 +359,8 @@ impl Node {
     }
 
     /// Proposes an event-shard command on this node (the leader) and waits as `ack` says,
-    /// until `deadline`.
+    /// until `deadline`. A LEADER ack resolves when the leader's log fsynced the entry named
+    /// by the proposal's [`PersistKey`], or else at commit.
     ///
     /// `make` builds the command at the moment of proposal: it is called right before each
     /// attempt is handed to Raft, with no await in between, so whatever it assigns (event
@@ -382,7 +378,7 @@ impl Node {
     /// entry (nothing of it applied).
     pub async fn write_event(
         &self,
-        mut make: impl FnMut() -> Result<Vec<u8>, WriteError> + 'static,
+        mut make: impl FnMut() -> Result<Proposal, WriteError> + 'static,
         ack: Ack,
         deadline: Instant,
     ) -> Result<(), WriteError> {
@@ -412,13 +408,17 @@ impl Node {
                 if left.is_zero() {
                     break Err(WriteError::Timeout);
                 }
-                let cmd = match make() {
-                    Ok(c) => c,
+                let proposal = match make() {
+                    Ok(p) => p,
                     Err(e) => break Err(e),
                 };
-                // Registered before the proposal, so a fast fsync cannot be missed.
-                let persisted = (ack == Ack::Leader).then(|| tracker.register(&cmd));
-                let write = raft.client_write(Command(cmd));
+                // Registered before the proposal, so a fast fsync cannot be missed. Without a
+                // key a LEADER write answers at commit.
+                let persisted = proposal
+                    .persist
+                    .filter(|_| ack == Ack::Leader)
+                    .map(|k| tracker.register(k));
+                let write = raft.client_write(Command(proposal.command));
                 if ack == Ack::Submitted {
                     answer(Ok(()));
                 }
@@ -597,5 +597,25 @@ impl Node {
         self.stop.trigger();
         let _ = self.event.shutdown().await;
         let _ = self.meta.shutdown().await;
+    }
+}
+
+/// One attempt of an event-shard write, built by [`Node::write_event`]'s `make`.
+#[derive(Debug, Clone)]
+pub struct Proposal {
+    /// The command (`futureq_core::command`).
+    pub command: bytes::Bytes,
+    /// For a store command: the key its LEADER ack waits for (see [`crate::persisted`]).
+    pub persist: Option<PersistKey>,
+}
+
+impl Proposal {
+    /// A command no LEADER ack waits for by key.
+    #[must_use]
+    pub fn command(command: bytes::Bytes) -> Self {
+        Proposal {
+            command,
+            persist: None,
+        }
     }
 }

@@ -2,13 +2,14 @@
 //! the frame's `kind` byte is one of the `KIND_*` constants, its payload one of these
 //! encodings). Version 1, little-endian, decoded with bounds checked before any allocation.
 
+use bytes::Bytes;
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, VoteRequest, VoteResponse,
 };
 
 use crate::codec::{
-    decode_entry, encode_entry, finish, get_log_id, get_vote, put_log_id, put_vote, start,
-    CodecError, CODEC_VERSION,
+    decode_entry, finish, get_log_id, get_vote, put_entry, put_log_id, put_vote, start, CodecError,
+    CODEC_VERSION,
 };
 use crate::types::TypeConfig;
 
@@ -37,9 +38,12 @@ pub fn encode_append(req: &AppendEntriesRequest<TypeConfig>) -> Vec<u8> {
             .to_le_bytes(),
     );
     for e in &req.entries {
-        let b = encode_entry(e);
-        out.extend_from_slice(&u32::try_from(b.len()).unwrap_or(u32::MAX).to_le_bytes());
-        out.extend_from_slice(&b);
+        // Length-prefixed, encoded in place: the prefix is patched after the entry.
+        let at = out.len();
+        out.extend_from_slice(&[0; 4]);
+        put_entry(&mut out, e);
+        let len = u32::try_from(out.len() - at - 4).unwrap_or(u32::MAX);
+        out[at..at + 4].copy_from_slice(&len.to_le_bytes());
     }
     out
 }
@@ -48,7 +52,7 @@ pub fn encode_append(req: &AppendEntriesRequest<TypeConfig>) -> Vec<u8> {
 ///
 /// # Errors
 /// [`CodecError`] for anything but a well-formed request.
-pub fn decode_append(b: &[u8]) -> Result<AppendEntriesRequest<TypeConfig>, CodecError> {
+pub fn decode_append(b: &Bytes) -> Result<AppendEntriesRequest<TypeConfig>, CodecError> {
     let mut r = start("append request", b)?;
     let vote = get_vote(&mut r)?;
     let prev_log_id = get_log_id(&mut r)?;
@@ -57,7 +61,7 @@ pub fn decode_append(b: &[u8]) -> Result<AppendEntriesRequest<TypeConfig>, Codec
     let mut entries = Vec::with_capacity(n);
     for _ in 0..n {
         let len = r.u32()? as usize;
-        entries.push(decode_entry(r.take(len)?)?);
+        entries.push(decode_entry(&b.slice_ref(r.take(len)?))?);
     }
     finish(&r)?;
     Ok(AppendEntriesRequest {
@@ -273,7 +277,7 @@ mod tests {
                 payload: if i == 6 {
                     EntryPayload::Blank
                 } else {
-                    EntryPayload::Normal(Command(vec![i as u8; 9]))
+                    EntryPayload::Normal(Command(vec![i as u8; 9].into()))
                 },
             })
             .collect();
@@ -292,11 +296,14 @@ mod tests {
             },
         ] {
             let b = encode_append(&req);
-            let back = decode_append(&b).unwrap();
+            let back = decode_append(&Bytes::copy_from_slice(&b)).unwrap();
             assert_eq!(encode_append(&back), b);
             assert_eq!(back.entries, req.entries);
             for cut in 0..b.len() {
-                assert!(decode_append(&b[..cut]).is_err(), "cut {cut}");
+                assert!(
+                    decode_append(&Bytes::copy_from_slice(&b[..cut])).is_err(),
+                    "cut {cut}"
+                );
             }
         }
         for resp in [
@@ -349,7 +356,7 @@ mod tests {
         });
         let n = b.len();
         b[n - 4..].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(decode_append(&b).is_err());
+        assert!(decode_append(&Bytes::copy_from_slice(&b)).is_err());
         assert!(decode_vote_response(&[1, 0]).is_err());
         assert!(decode_append_response(&[1, 9]).is_err());
     }

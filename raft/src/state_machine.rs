@@ -174,7 +174,7 @@ impl RaftStateMachine<TypeConfig> for EventStateMachine {
     where
         Strm: futures::Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin,
     {
-        let mut batch: Vec<(u64, u64, Vec<u8>)> = Vec::new();
+        let mut batch: Vec<(u64, u64, Bytes)> = Vec::new();
         let mut responders: Vec<(u64, _)> = Vec::new();
         let mut last = None;
         let mut membership = None;
@@ -185,9 +185,9 @@ impl RaftStateMachine<TypeConfig> for EventStateMachine {
                 EntryPayload::Normal(c) => c.0,
                 EntryPayload::Membership(m) => {
                     membership = Some(StoredMembership::new(Some(id), m));
-                    Vec::new()
+                    Bytes::new()
                 }
-                EntryPayload::Blank => Vec::new(),
+                EntryPayload::Blank => Bytes::new(),
             };
             batch.push((id.index, id.leader_id.term, cmd));
             last = Some(id);
@@ -201,10 +201,8 @@ impl RaftStateMachine<TypeConfig> for EventStateMachine {
         let store = self.store.clone();
         let durable = self.last_durable.get().elapsed() >= DURABLE_APPLY_INTERVAL;
         let out = blocking(move || {
-            let refs: Vec<(u64, u64, &[u8])> = batch
-                .iter()
-                .map(|(i, t, c)| (*i, *t, c.as_slice()))
-                .collect();
+            let refs: Vec<(u64, u64, &[u8])> =
+                batch.iter().map(|(i, t, c)| (*i, *t, c.as_ref())).collect();
             let meta_refs: Vec<(&str, &[u8])> =
                 meta.iter().map(|(k, v)| (*k, v.as_slice())).collect();
             store.apply_entries(&refs, &meta_refs, durable)

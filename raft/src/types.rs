@@ -4,8 +4,9 @@ use std::fmt;
 
 /// A replicated command: the bytes of a `futureq_core::command` (event shard) or
 /// `futureq_core::metadata::MetaCommand` (metadata group) envelope.
+/// Shared bytes: a clone (a retried proposal, an entry sent to each follower) copies nothing.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Command(pub Vec<u8>);
+pub struct Command(pub bytes::Bytes);
 
 impl fmt::Debug for Command {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use futureq_core::command::{encode_store, StoreBatch, StoreItem};
 use futureq_raft::log_store::LogStore;
+use futureq_raft::persisted::{PersistKey, PersistTracker};
 use futureq_raft::rt::GlommioRuntime;
 use futureq_raft::state_machine::{EventSnapshot, EventStateMachine};
 use futureq_raft::types::{Command, SnapshotData, TypeConfig, Vote};
 use futureq_storage::log::io::MemLogIo;
-use futureq_storage::log::tracker::PersistTracker;
 use futureq_storage::log::LogConfig;
 use futureq_storage::{Store, StoreMode};
 use openraft::error::{RPCError, StreamingError, Unreachable};
@@ -135,9 +135,9 @@ async fn write(raft: &Raft, ids: std::ops::RangeInclusive<u64>) -> Option<u64> {
     let ids: Vec<u64> = ids.collect();
     let mut last = None;
     for chunk in ids.chunks(10) {
-        let cmd = encode_store(&StoreBatch {
+        let cmd = bytes::Bytes::from(encode_store(&StoreBatch {
             items: chunk.iter().copied().map(item).collect(),
-        });
+        }));
         let deadline = std::time::Instant::now() + Duration::from_secs(2);
         loop {
             match raft.client_write(Command(cmd.clone())).await {
@@ -210,17 +210,11 @@ fn three_nodes_elect_replicate_and_fail_over() {
         let mut trackers = BTreeMap::new();
         for id in 1..=3u64 {
             let io = MemLogIo::new();
-            // The leader-persist hook: every fsynced entry's command goes to this node's tracker.
-            let tracker = PersistTracker::new();
+            // The leader-persist hook: every fsynced entry goes to this node's tracker.
+            let tracker = PersistTracker::default();
             trackers.insert(id, tracker.clone());
             let hook: futureq_storage::log::segmented::PersistHook =
-                Box::new(move |payload: &[u8]| {
-                    if let Ok(e) = futureq_raft::codec::decode_entry(payload) {
-                        if let openraft::EntryPayload::Normal(c) = &e.payload {
-                            tracker.notify(&c.0);
-                        }
-                    }
-                });
+                Box::new(move |entry: &[u8]| tracker.persisted(entry));
             let log = LogStore::open(
                 move || io.clone(),
                 LogConfig {
@@ -259,9 +253,16 @@ fn three_nodes_elect_replicate_and_fail_over() {
         let probe = encode_store(&StoreBatch {
             items: vec![item(1000)],
         });
-        let persisted = trackers[&leader].register(&probe);
+        let term = {
+            use openraft_rt::watch::WatchReceiver as _;
+            lraft.metrics().borrow_watched().current_term
+        };
+        let persisted = trackers[&leader].register(PersistKey {
+            term,
+            first_id: 1000,
+        });
         lraft
-            .client_write_ff(Command(probe.clone()), None)
+            .client_write_ff(Command(probe.into()), None)
             .await
             .unwrap();
         GlommioRuntime::timeout(Duration::from_secs(5), persisted)
@@ -296,7 +297,7 @@ fn three_nodes_elect_replicate_and_fail_over() {
         let stale = encode_store(&StoreBatch {
             items: (1005..=1006).map(|i| StoreItem { message: b"stale".to_vec(), ..item(i) }).collect(),
         });
-        let resp = nraft.client_write(Command(stale)).await.unwrap();
+        let resp = nraft.client_write(Command(stale.into())).await.unwrap();
         assert!(
             matches!(&resp.data, futureq_raft::types::Applied::Refused(why) if why.contains("1005..=1006")),
             "{:?}",
@@ -486,12 +487,12 @@ fn a_follower_behind_on_large_entries_catches_up_in_bounded_frames() {
         // 60 entries of ~100 KB while node 3 does not exist yet: ~6 MB behind.
         let mut last = None;
         for i in 1..=60u64 {
-            let cmd = encode_store(&StoreBatch {
+            let cmd = bytes::Bytes::from(encode_store(&StoreBatch {
                 items: vec![StoreItem {
                     message: vec![7; 100_000],
                     ..item(i)
                 }],
-            });
+            }));
             let deadline = std::time::Instant::now() + Duration::from_secs(2);
             let index = loop {
                 match lraft.client_write(Command(cmd.clone())).await {

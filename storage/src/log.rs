@@ -1,5 +1,6 @@
-//! The Raft log (clustering milestone, in progress): record format, segmented log with
-//! group commit and recovery over the [`io::LogIo`] seam, and the leader-persist tracker.
+//! The log of both write paths (the Raft log and the standalone journal): record format,
+//! segmented log with group commit and recovery over the [`io::LogIo`] seam, and the vote
+//! file. Its persist hook is where the Raft crate's leader-persist tracker listens.
 //! [`uring::DmaLogIo`] implements the seam on io_uring (glommio `DmaFile`, feature `glommio`).
 //!
 //! # Invariants
@@ -11,7 +12,6 @@ pub mod faults;
 pub mod format;
 pub mod io;
 pub mod segmented;
-pub mod tracker;
 #[cfg(feature = "glommio")]
 pub mod uring;
 pub mod vote;

@@ -21,6 +21,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use futureq_core::command::StoreItem;
 use futureq_core::command::{
     encode_delete, encode_register_group, encode_store, DeleteBatch, RegisterGroup, StoreBatch,
@@ -29,8 +30,9 @@ use futureq_core::metadata::{MetaCommand, NodeAddr, ShardTopology};
 use futureq_core::{AckLevel, EventKey, TopicHash};
 use futureq_net::Shutdown;
 use futureq_raft::node::{
-    Ack, Forward, Leadership, Node, NodeConfig, NodeError, Standing, WriteError,
+    Ack, Forward, Leadership, Node, NodeConfig, NodeError, Proposal, Standing, WriteError,
 };
+use futureq_raft::persisted::PersistKey;
 use futureq_storage::Store;
 use futures_lite::future;
 
@@ -47,6 +49,7 @@ use crate::replication::{
     answer, group_known, serve_requests, MembershipError, MembershipOp, RaftReq, Replication,
     WriteCore,
 };
+use crate::server::FatalReporter;
 
 /// How often leadership is re-checked when nothing changes (the quorum-freshness check
 /// needs a clock, not an event).
@@ -65,6 +68,7 @@ struct Core {
     ids: RefCell<Ids>,
     publishing_topology: Cell<bool>,
     metrics: Arc<Metrics>,
+    fatal: FatalReporter,
 }
 
 /// Why a cluster node did not start.
@@ -170,6 +174,7 @@ pub async fn serve(
     shutdown: Shutdown,
     dispatcher_done: Shutdown,
     metrics: Arc<Metrics>,
+    fatal: FatalReporter,
 ) {
     let core = Rc::new(Core {
         node: node.clone(),
@@ -180,6 +185,7 @@ pub async fn serve(
         ids: RefCell::new(Ids::default()),
         publishing_topology: Cell::new(false),
         metrics,
+        fatal,
     });
     core.metrics.clustered.store(true, Ordering::Relaxed);
     let watcher = glommio::spawn_local(watch(Rc::clone(&core), shutdown.clone()));
@@ -214,8 +220,6 @@ pub async fn serve(
     tracing::info!(target: "raft", "raft groups stopped");
 }
 
-/// Exit status when a Raft group stopped for good (EX_IOERR).
-pub const EXIT_RAFT_FAILED: i32 = 74;
 /// Ticks checked for lateness by [`watch_stalls`].
 const STALL_TICK: Duration = Duration::from_millis(10);
 /// Lateness of a tick that is reported: the Raft core's reactor did not run for this long.
@@ -253,10 +257,10 @@ impl Core {
     async fn tick(self: &Rc<Self>) {
         if let Some(e) = self.node.fatal() {
             // A failed fsync leaves the page cache's state unknown (nothing may be assumed
-            // durable); serving on with a stopped Raft core would answer nothing. Exit like a
-            // crash: a restart recovers from what is durable.
-            tracing::error!(target: "raft", error = %e, "the Raft log failed: exiting (status {EXIT_RAFT_FAILED}) so that the node restarts from its durable state");
-            std::process::exit(EXIT_RAFT_FAILED);
+            // durable); serving on with a stopped Raft core would answer nothing. The broker
+            // stops: a restart recovers from what is durable.
+            self.fatal.fail("the Raft log", &e);
+            return;
         }
         let l = self.node.leadership();
         if self.ids.borrow_mut().start_confirming(l.leading, l.term) {
@@ -398,7 +402,13 @@ impl WriteCore for Rc<Core> {
                     it.event_id = start + i as u64;
                 }
                 first.set(start);
-                Ok(encode_store(&batch))
+                Ok(Proposal {
+                    command: encode_store(&batch).into(),
+                    persist: Some(PersistKey {
+                        term: l.term,
+                        first_id: start,
+                    }),
+                })
             }
         };
         self.node.write_event(make, ack, deadline).await?;
@@ -411,11 +421,11 @@ impl WriteCore for Rc<Core> {
             // ACKs this node took while it led: the leader deletes them now.
             return self.node.forward_delete(keys, deadline).await;
         }
-        let cmd = encode_delete(&DeleteBatch { keys });
+        let cmd = Bytes::from(encode_delete(&DeleteBatch { keys }));
         let core = Rc::clone(self);
         let make = move || {
             core.leading_now()?;
-            Ok(cmd.clone())
+            Ok(Proposal::command(cmd.clone()))
         };
         self.node.write_event(make, Ack::Quorum, deadline).await
     }
@@ -430,14 +440,14 @@ impl WriteCore for Rc<Core> {
         if group_known(&self.store, topic_hash, &group).await? {
             return Ok(());
         }
-        let cmd = encode_register_group(&RegisterGroup {
+        let cmd = Bytes::from(encode_register_group(&RegisterGroup {
             topic_hash: topic_hash.0,
             group,
-        });
+        }));
         let core = Rc::clone(self);
         let make = move || {
             core.leading_now()?;
-            Ok(cmd.clone())
+            Ok(Proposal::command(cmd.clone()))
         };
         self.node.write_event(make, Ack::Quorum, deadline).await
     }

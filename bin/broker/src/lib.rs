@@ -26,6 +26,5 @@ mod replication;
 pub mod runtime;
 pub mod server;
 
-pub use cluster::EXIT_RAFT_FAILED;
 pub use futureq_net::Shutdown;
-pub use server::{run, ServerError};
+pub use server::{run, ServerError, EXIT_WRITE_PATH_FAILED};

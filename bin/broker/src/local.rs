@@ -18,10 +18,10 @@ use futureq_storage::log::LogConfig;
 use futureq_storage::Store;
 use futures_lite::future;
 
-use crate::cluster::EXIT_RAFT_FAILED;
 use crate::replication::{
     group_known, serve_requests, MembershipError, MembershipOp, RaftReq, WriteCore,
 };
+use crate::server::FatalReporter;
 
 /// Directory of the journal's log under `storage.dataDir`.
 pub const JOURNAL_DIR: &str = "journal";
@@ -81,14 +81,15 @@ pub enum OpenError {
 /// Opens the journal beside the store (replaying what the store has not applied) and serves
 /// `rx` until `stop` fires (the dispatcher's last deletes are through); then the journal is
 /// applied, made durable and emptied. Reports the open's outcome on `ready` first. A failed
-/// journal (a log write or fsync, an apply) ends the process with [`EXIT_RAFT_FAILED`], as a
-/// failed Raft log does: a restart recovers from what is durable.
+/// journal (a log write or fsync, an apply) is reported to `fatal`, as a failed Raft log is:
+/// the broker stops, and a restart recovers from what is durable.
 pub async fn serve(
     data_dir: Option<PathBuf>,
     store: Store,
     on_applied: OnApplied,
     rx: flume::Receiver<RaftReq>,
     (stop, shutdown): (Shutdown, Shutdown),
+    fatal: FatalReporter,
     ready: impl FnOnce(Result<(), OpenError>),
 ) {
     // The journal stops after the dispatcher's last deletes; a dispatcher that never ran (a
@@ -126,34 +127,36 @@ pub async fn serve(
                 ready(Err(OpenError::CreateDir { dir, source: e }));
                 return;
             }
-            let io = futureq_storage::log::uring::DmaLogIo::in_dir(dir.clone());
-            run(
-                io,
-                &dir.display().to_string(),
-                store,
-                on_applied,
-                rx,
-                stop,
-                ready,
-            )
-            .await;
+            let io = disk_io(&dir);
+            let place = dir.display().to_string();
+            run(io, &place, store, on_applied, rx, stop, fatal, ready).await;
         }
         // storage.mode: memory keeps nothing across restarts: the log lives in memory too.
         None => {
-            run(
-                MemLogIo::new(),
-                "memory",
-                store,
-                on_applied,
-                rx,
-                stop,
-                ready,
-            )
-            .await
+            let io = MemLogIo::new();
+            run(io, "memory", store, on_applied, rx, stop, fatal, ready).await;
         }
     }
 }
 
+/// The journal's files: io_uring, with the disk-fault seam in fault-injection builds (the
+/// trigger file in `storage.dataDir`, beside the journal's directory).
+#[cfg(not(feature = "fault-injection"))]
+fn disk_io(dir: &std::path::Path) -> futureq_storage::log::uring::DmaLogIo {
+    futureq_storage::log::uring::DmaLogIo::in_dir(dir.to_path_buf())
+}
+
+#[cfg(feature = "fault-injection")]
+fn disk_io(
+    dir: &std::path::Path,
+) -> futureq_storage::log::faults::FaultyIo<futureq_storage::log::uring::DmaLogIo> {
+    use futureq_storage::log::faults::{FaultyIo, TRIGGER_FILE};
+    let trigger = dir.parent().unwrap_or(dir).join(TRIGGER_FILE);
+    let io = futureq_storage::log::uring::DmaLogIo::in_dir(dir.to_path_buf());
+    FaultyIo::new(io, trigger, || std::process::abort())
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn run<I: LogIo + 'static>(
     io: I,
     place: &str,
@@ -161,6 +164,7 @@ async fn run<I: LogIo + 'static>(
     on_applied: OnApplied,
     rx: flume::Receiver<RaftReq>,
     stop: impl std::future::Future<Output = ()>,
+    fatal: FatalReporter,
     ready: impl FnOnce(Result<(), OpenError>),
 ) {
     let journal = match Journal::open(io, CONFIG, store.clone(), on_applied).await {
@@ -183,8 +187,7 @@ async fn run<I: LogIo + 'static>(
     };
     journal.run(stop).await;
     if let Some(e) = journal.failed() {
-        tracing::error!(target: "storage", error = %e, "the journal failed: exiting (status {EXIT_RAFT_FAILED}) so that the broker restarts from its durable state");
-        std::process::exit(EXIT_RAFT_FAILED);
+        fatal.fail("the journal", &e);
     }
     drop(requests);
 }

@@ -87,6 +87,70 @@ pub enum ServerError {
     /// The Raft node did not start.
     #[error("cluster")]
     Cluster(#[source] cluster::StartError),
+    /// The write path's log failed a write or an fsync while serving: nothing since the last
+    /// good fsync may be assumed durable, and no write can be taken any more.
+    #[error("{what} failed ({reason}); the broker stopped so that a restart recovers from its durable state")]
+    WritePathFailed {
+        /// "the journal" or "the Raft log".
+        what: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Exit status of a broker whose write path failed ([`ServerError::WritePathFailed`]):
+/// EX_IOERR.
+pub const EXIT_WRITE_PATH_FAILED: i32 = 74;
+
+impl ServerError {
+    /// The process exit status this error calls for: [`EXIT_WRITE_PATH_FAILED`] for a
+    /// failed write path, 1 otherwise.
+    #[must_use]
+    pub fn exit_status(&self) -> i32 {
+        match self {
+            ServerError::WritePathFailed { .. } => EXIT_WRITE_PATH_FAILED,
+            _ => 1,
+        }
+    }
+}
+
+/// What an executor tells [`run`]'s thread.
+enum Exit {
+    /// The executor stopped.
+    Stopped,
+    /// The write path failed: [`run`] returns at once.
+    Failed(ServerError),
+}
+
+/// Reports a failed write path to [`run`]'s thread (once) and starts the shutdown.
+#[derive(Clone)]
+pub(crate) struct FatalReporter {
+    exits: std::sync::mpsc::Sender<Exit>,
+    shutdown: Shutdown,
+    sent: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl FatalReporter {
+    /// Reports the failure (only the first call does; [`run`]'s caller logs it).
+    pub(crate) fn fail(&self, what: &'static str, reason: &str) {
+        if self.sent.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let _ = self.exits.send(Exit::Failed(ServerError::WritePathFailed {
+            what,
+            reason: reason.to_owned(),
+        }));
+        self.shutdown.trigger();
+    }
+}
+
+/// Tells [`run`]'s thread that an executor stopped, also when it panicked.
+struct StoppedGuard(std::sync::mpsc::Sender<Exit>);
+
+impl Drop for StoppedGuard {
+    fn drop(&mut self) {
+        let _ = self.0.send(Exit::Stopped);
+    }
 }
 
 /// `/metrics`, and `/healthz`: 200 once the write path is open and until shutdown.
@@ -129,8 +193,10 @@ fn metrics_handler(
 /// and metrics; on `runtime.raftCore` the write path: the Raft groups or the journal).
 ///
 /// # Errors
-/// A start-up failure ([`ServerError`]); once serving, failures end the process (see
-/// [`crate::cluster::EXIT_RAFT_FAILED`]) or are logged.
+/// A start-up failure ([`ServerError`]). Once serving, a failed write path
+/// ([`ServerError::WritePathFailed`]) returns at once, with the shutdown started but the
+/// executors possibly still winding down: the caller should exit (a restart recovers from
+/// what is durable). Other failures are logged.
 pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
     let settings = Arc::new(settings);
     let cpus = runtime::allowed_cpus();
@@ -212,6 +278,12 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
     });
 
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), ServerError>>();
+    let (exits, exit_rx) = std::sync::mpsc::channel::<Exit>();
+    let fatal = FatalReporter {
+        exits: exits.clone(),
+        shutdown: shutdown.clone(),
+        sent: Arc::default(),
+    };
     let mut handles = Vec::new();
     let mut hub_rx = Some(hub_rx);
     for core in 0..cores {
@@ -230,6 +302,8 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
             },
             dispatcher_done: dispatcher_done.clone(),
             writes_open: writes_open.clone(),
+            fatal: fatal.clone(),
+            stopped: StoppedGuard(exits.clone()),
         };
         let hub_rx = if core == 0 { hub_rx.take() } else { None };
         let ready = ready_tx.clone();
@@ -249,6 +323,7 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
     }
     drop(ready_tx);
     drop(hub_tx);
+    drop((exits, fatal));
     for _ in 0..cores {
         match ready_rx.recv() {
             Ok(Ok(())) => {}
@@ -271,6 +346,14 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
         mode = if settings.cluster.is_some() { "clustered" } else { "standalone" },
         "futureq serving"
     );
+    let mut stopped = 0;
+    while stopped < cores {
+        match exit_rx.recv() {
+            Ok(Exit::Stopped) => stopped += 1,
+            Ok(Exit::Failed(e)) => return Err(e),
+            Err(_) => break,
+        }
+    }
     for h in handles {
         if let Err(e) = h.join() {
             tracing::error!(target: "app", error = %e, "executor failed");
@@ -303,6 +386,10 @@ struct CtxParts {
     /// Fires when the write path is open: the journal replayed (standalone), the Raft groups
     /// started (clustered).
     writes_open: Shutdown,
+    /// Where the write core reports a failed log.
+    fatal: FatalReporter,
+    /// Reports the executor's end to [`run`]'s thread when dropped.
+    stopped: StoppedGuard,
 }
 
 /// One executor: its gRPC listener; on core 0 the dispatcher, TTL sweeper and metrics; on the
@@ -324,6 +411,8 @@ async fn core_main(
         raft_rx,
         dispatcher_done,
         writes_open,
+        fatal,
+        stopped: _stopped,
     } = parts;
     let _awake = runtime::keep_awake();
     let listener = match glommio::net::TcpListener::bind(settings.grpc_listen) {
@@ -348,6 +437,7 @@ async fn core_main(
             Box::new(dispatcher::applied_to_hub(hub.clone())),
             rx.clone(),
             (dispatcher_done.clone(), shutdown.clone()),
+            fatal.clone(),
             move |r| {
                 let _ = opened.send(r);
             },
@@ -390,6 +480,7 @@ async fn core_main(
             shutdown.clone(),
             dispatcher_done.clone(),
             Arc::clone(&metrics),
+            fatal.clone(),
         )));
     }
     if let Some(rx) = hub_rx {

@@ -75,9 +75,12 @@ where
     SM: openraft::storage::RaftStateMachine<TypeConfig>,
 {
     match req {
-        Forward::Write(c) => with_retry(me, deadline, || raft.client_write(Command(c.clone())))
-            .await
-            .map(drop),
+        Forward::Write(c) => {
+            let c = bytes::Bytes::copy_from_slice(c);
+            with_retry(me, deadline, || raft.client_write(Command(c.clone())))
+                .await
+                .map(drop)
+        }
         Forward::Delete(_) => Err(WriteError::Failed(
             "event deletes go through Node::write_event".into(),
         )),

@@ -13,7 +13,7 @@ use futureq_net::peer::PeerFrame;
 use futureq_net::peer_link::PeerHandler;
 
 use super::changes::change;
-use super::{Ack, Node, WriteError, EVENT_GROUP, KIND_FORWARD, META_GROUP, RPC_TIMEOUT};
+use super::{Ack, Node, Proposal, WriteError, EVENT_GROUP, KIND_FORWARD, META_GROUP, RPC_TIMEOUT};
 use crate::network::raft_handler;
 use crate::rpc::KIND_RESPONSE;
 use openraft_rt::watch::WatchReceiver as _;
@@ -172,9 +172,13 @@ impl Node {
             )),
             (META_GROUP, _) => change(&self.meta, self.id, req, deadline).await,
             (EVENT_GROUP, Forward::Delete(keys)) => {
-                let cmd = encode_delete(&DeleteBatch { keys: keys.clone() });
-                self.write_event(move || Ok(cmd.clone()), Ack::Quorum, deadline)
-                    .await
+                let cmd = Bytes::from(encode_delete(&DeleteBatch { keys: keys.clone() }));
+                self.write_event(
+                    move || Ok(Proposal::command(cmd.clone())),
+                    Ack::Quorum,
+                    deadline,
+                )
+                .await
             }
             (EVENT_GROUP, _) => Err(WriteError::Failed(
                 "the event shard takes no forwarded writes or membership changes".into(),
