@@ -59,6 +59,27 @@ impl IndexValue {
     }
 }
 
+/// A message's requested delay in milliseconds (>= 0 once validated): it falls due this
+/// long after it was enqueued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct DelayMs(pub i64);
+
+/// A message's time to live in milliseconds (>= 0 once validated); [`TtlMs::NEVER`] (0):
+/// it never expires.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct TtlMs(pub i64);
+
+impl TtlMs {
+    /// No expiry.
+    pub const NEVER: TtlMs = TtlMs(0);
+
+    /// The expiry instant (Unix ms) of a message enqueued at `enqueued_at_ms`, if it has one.
+    #[must_use]
+    pub fn expiry(self, enqueued_at_ms: i64) -> Option<i64> {
+        (self.0 > 0).then(|| enqueued_at_ms.saturating_add(self.0))
+    }
+}
+
 /// A message as the broker stores it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredMessage {
@@ -68,10 +89,10 @@ pub struct StoredMessage {
     pub payload: Bytes,
     /// Broker wall clock (Unix ms) when the batch was received.
     pub enqueued_at_ms: i64,
-    /// Requested delay (ms, >= 0).
-    pub delay_ms: i64,
-    /// Time to live (ms, >= 0; 0 = never expires).
-    pub ttl_ms: i64,
+    /// Requested delay.
+    pub delay: DelayMs,
+    /// Time to live.
+    pub ttl: TtlMs,
     /// Secondary indexes.
     pub indexes: Vec<IndexValue>,
 }
@@ -101,13 +122,13 @@ impl StoredMessage {
     /// The instant (Unix ms) at which the message falls due.
     #[must_use]
     pub fn due_at_ms(&self) -> i64 {
-        self.enqueued_at_ms.saturating_add(self.delay_ms)
+        self.enqueued_at_ms.saturating_add(self.delay.0)
     }
 
     /// The instant (Unix ms) at which the message expires, if it has a TTL.
     #[must_use]
     pub fn expires_at_ms(&self) -> Option<i64> {
-        (self.ttl_ms > 0).then(|| self.enqueued_at_ms.saturating_add(self.ttl_ms))
+        self.ttl.expiry(self.enqueued_at_ms)
     }
 
     /// True when the TTL has passed at `now_ms`.
@@ -136,8 +157,8 @@ impl StoredMessage {
         );
         b.put_u8(FORMAT_VERSION);
         b.put_i64_le(self.enqueued_at_ms);
-        b.put_i64_le(self.delay_ms);
-        b.put_i64_le(self.ttl_ms);
+        b.put_i64_le(self.delay.0);
+        b.put_i64_le(self.ttl.0);
         let tl = u16::try_from(self.topic.len()).expect("topic length validated");
         b.put_u16_le(tl);
         b.put_slice(self.topic.as_bytes());
@@ -172,8 +193,8 @@ impl StoredMessage {
             return Err(DecodeError::UnknownVersion(version));
         }
         let enqueued_at_ms = r.i64("enqueued_at")?;
-        let delay_ms = r.i64("delay")?;
-        let ttl_ms = r.i64("ttl")?;
+        let delay = DelayMs(r.i64("delay")?);
+        let ttl = TtlMs(r.i64("ttl")?);
         let tl = usize::from(r.u16("topic length")?);
         let topic = r.string(tl, "topic")?;
         let n = usize::from(r.u16("index count")?);
@@ -198,8 +219,8 @@ impl StoredMessage {
             topic,
             payload,
             enqueued_at_ms,
-            delay_ms,
-            ttl_ms,
+            delay,
+            ttl,
             indexes,
         })
     }
@@ -285,8 +306,8 @@ mod tests {
                 topic,
                 payload: Bytes::from(payload),
                 enqueued_at_ms: e,
-                delay_ms: d,
-                ttl_ms: t,
+                delay: DelayMs(d),
+                ttl: TtlMs(t),
                 indexes,
             })
     }
@@ -325,8 +346,8 @@ mod tests {
             topic: "t".into(),
             payload: Bytes::from_static(b"p"),
             enqueued_at_ms: 1,
-            delay_ms: 2,
-            ttl_ms: 0,
+            delay: DelayMs(2),
+            ttl: TtlMs::NEVER,
             indexes: vec![],
         };
         let mut v = m.encode().to_vec();
@@ -348,15 +369,18 @@ mod tests {
             topic: "t".into(),
             payload: Bytes::new(),
             enqueued_at_ms: 1000,
-            delay_ms: 50,
-            ttl_ms: 100,
+            delay: DelayMs(50),
+            ttl: TtlMs(100),
             indexes: vec![],
         };
         assert_eq!(m.due_at_ms(), 1050);
         assert_eq!(m.expires_at_ms(), Some(1100));
         assert!(!m.is_expired(1099));
         assert!(m.is_expired(1100));
-        let forever = StoredMessage { ttl_ms: 0, ..m };
+        let forever = StoredMessage {
+            ttl: TtlMs::NEVER,
+            ..m
+        };
         assert!(!forever.is_expired(i64::MAX));
     }
 }

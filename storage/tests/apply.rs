@@ -14,8 +14,8 @@ fn item(id: u64, ttl_ms: i64) -> StoreItem {
         topic: "t".into(),
         payload: Bytes::from_static(b"p"),
         enqueued_at_ms: 1000,
-        delay_ms: 5,
-        ttl_ms,
+        delay: futureq_core::DelayMs(5),
+        ttl: futureq_core::TtlMs(ttl_ms),
         indexes: vec![IndexValue::Int64(id as i64)],
     };
     StoreItem {

@@ -21,8 +21,8 @@ fn new_message(topic: &str, enq: i64, delay: i64, ttl: i64, indexes: Vec<IndexVa
         topic: topic.into(),
         payload: Bytes::from_static(b"payload"),
         enqueued_at_ms: enq,
-        delay_ms: delay,
-        ttl_ms: ttl,
+        delay: futureq_core::DelayMs(delay),
+        ttl: futureq_core::TtlMs(ttl),
         indexes,
     };
     StoreItem {
@@ -208,8 +208,8 @@ fn scan_stops_at_the_byte_bound() {
                 topic: "big".into(),
                 payload: Bytes::from(vec![7u8; 1 << 20]),
                 enqueued_at_ms: 1000,
-                delay_ms: 0,
-                ttl_ms: 0,
+                delay: futureq_core::DelayMs(0),
+                ttl: futureq_core::TtlMs::NEVER,
                 indexes: vec![],
             };
             m.message = stored.encode().to_vec();

@@ -200,7 +200,9 @@ pub struct Metrics {
 #[allow(missing_docs)]
 pub struct Runtime {
     pub cores: u32,
-    pub raft_core: u32,
+    /// The write core; `None` (empty): the last executor, so that the write core and the
+    /// dispatcher's core 0 are apart whenever there are two executors or more.
+    pub raft_core: Option<u32>,
 }
 
 impl Default for Config {
@@ -263,7 +265,7 @@ impl Default for Config {
             },
             runtime: Runtime {
                 cores: 0,
-                raft_core: 0,
+                raft_core: None,
             },
             compat: Compat {
                 dispatch_poll_interval: "5ms".into(),
@@ -422,7 +424,8 @@ pub struct Settings {
     pub log_level: String,
     pub metrics_listen: Option<SocketAddr>,
     pub cores: u32,
-    pub raft_core: u32,
+    /// The write core (`None`: the last executor).
+    pub raft_core: Option<u32>,
     /// Present when `cluster.enabled`.
     pub cluster: Option<ClusterSettings>,
     /// Keys given under an old name (logged as warnings at start).
@@ -1046,6 +1049,18 @@ mod tests {
         assert_eq!(s.in_flight_timeout, Duration::from_secs(5));
         assert_eq!(s.max_delay, Duration::from_secs(365 * 86_400));
         assert!(!s.memory_storage);
+    }
+
+    #[test]
+    fn the_write_core_is_the_last_executor_unless_named() {
+        let (_, s) = load(None, &no_env()).unwrap();
+        assert_eq!(s.raft_core, None);
+        let s = load_str("configVersion: 1\nruntime:\n  raftCore: 0\n", &no_env()).unwrap();
+        assert_eq!(s.raft_core, Some(0));
+        let env = env_of(&[("FUTUREQ_RUNTIME_RAFTCORE", "1")]);
+        assert_eq!(load(None, &env).unwrap().1.raft_core, Some(1));
+        let err = load_str("configVersion: 1\nruntime:\n  raftCore: -1\n", &no_env());
+        assert!(err.unwrap_err().to_string().contains("runtime"));
     }
 
     #[test]

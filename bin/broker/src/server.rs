@@ -205,13 +205,14 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
     } else {
         settings.cores as usize
     };
-    // The write core (the Raft groups, or the journal standalone) must be an executor.
-    if settings.raft_core as usize >= cores {
-        return Err(ServerError::RaftCore {
-            raft_core: settings.raft_core,
-            cores,
-        });
-    }
+    // The write core (the Raft groups, or the journal standalone) must be an executor; by
+    // default the last one, apart from the dispatcher's core 0 (measured standalone at 1
+    // message/request on 2 executors: 5 of 6 alternating runs faster, median +8%).
+    let write_core = match settings.raft_core {
+        None => cores.saturating_sub(1),
+        Some(c) if (c as usize) < cores => c as usize,
+        Some(raft_core) => return Err(ServerError::RaftCore { raft_core, cores }),
+    };
     let memlock = runtime::raise_memlock(cores)?;
     tracing::debug!(target: "app", memlock, cores, "runtime limits");
     // The executors' listeners share their ports (SO_REUSEPORT), which would also let them
@@ -295,7 +296,7 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
             metrics: Arc::clone(&metrics),
             shutdown: shutdown.clone(),
             repl: Arc::clone(&repl),
-            raft_rx: if core == settings.raft_core as usize {
+            raft_rx: if core == write_core {
                 raft_rx.take()
             } else {
                 None

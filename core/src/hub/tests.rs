@@ -54,8 +54,8 @@ fn msg(topic: &str, enq: i64, delay: i64, ttl: i64) -> Arc<StoredMessage> {
         topic: topic.into(),
         payload: Bytes::from_static(b"x"),
         enqueued_at_ms: enq,
-        delay_ms: delay,
-        ttl_ms: ttl,
+        delay: crate::DelayMs(delay),
+        ttl: crate::TtlMs(ttl),
         indexes: vec![],
     })
 }

@@ -52,7 +52,7 @@ fn queue_message(d: &Delivery) -> QueueMessage {
         payload: d.message.payload.clone(),
         delivery_tag: Bytes::copy_from_slice(&d.key.0),
         enqueued_at_unix_ms: d.message.enqueued_at_ms,
-        delay_ms: d.message.delay_ms,
+        delay_ms: d.message.delay.0,
         attempt: d.attempt,
     }
 }

@@ -14,8 +14,8 @@ use bytes::Bytes;
 use futureq_core::command::StoreItem;
 use futureq_core::publish::{validate_batch, validate_message, PublishLimits};
 use futureq_core::{
-    bucket_of, topic_hash, AckLevel, Bucket, EventId, EventKey, IndexValue, StoredMessage,
-    TopicHash, ValidationError,
+    bucket_of, topic_hash, AckLevel, Bucket, DelayMs, EventId, EventKey, IndexValue, StoredMessage,
+    TopicHash, TtlMs, ValidationError,
 };
 use futureq_net::grpc::{Call, Code, Outbound, Status};
 use futureq_net::pb::{self, index, PublishBatchAck};
@@ -104,8 +104,8 @@ fn prepare(
             topic: m.topic,
             payload: m.payload,
             enqueued_at_ms,
-            delay_ms: m.delay_ms,
-            ttl_ms: m.ttl_ms,
+            delay: DelayMs(m.delay_ms),
+            ttl: TtlMs(m.ttl_ms),
             indexes,
         };
         if topics.len() < 8 && !topics.contains(&stored.topic) {
