@@ -26,7 +26,8 @@ fuzz_target!(|data: &[u8]| {
     };
     if let Ok(log) = futures::executor::block_on(Log::open(io, cfg, Box::new(|_| {}))) {
         if let Some((first, last)) = log.bounds() {
-            for i in first..=last {
+            for i in first.0..=last.0 {
+                let i = futureq_storage::log::LogIndex(i);
                 assert!(futures::executor::block_on(log.read(i)).is_ok());
             }
         }

@@ -15,7 +15,7 @@ use std::rc::Rc;
 
 use futureq_storage::log::io::LogIo;
 use futureq_storage::log::vote::VoteFile;
-use futureq_storage::log::{Log, LogConfig};
+use futureq_storage::log::{Log, LogConfig, LogIndex, Term};
 use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::OptionalSend;
 
@@ -140,7 +140,7 @@ impl<I: LogIo + 'static> RaftLogReader<TypeConfig> for LogStore<I> {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, io::Error> {
-        let Some((first, last)) = self.shared.log.bounds() else {
+        let Some((LogIndex(first), LogIndex(last))) = self.shared.log.bounds() else {
             return Ok(Vec::new());
         };
         let purged = self.shared.purged.borrow().map_or(0, |p| p.index + 1);
@@ -163,7 +163,7 @@ impl<I: LogIo + 'static> RaftLogReader<TypeConfig> for LogStore<I> {
         let mut out = Vec::new();
         let mut i = start;
         while i <= end {
-            match self.shared.log.read(i).await.map_err(io_err)? {
+            match self.shared.log.read(LogIndex(i)).await.map_err(io_err)? {
                 Some(r) => out.push(decode_entry(&r.payload.into()).map_err(io_err)?),
                 None => break,
             }
@@ -211,9 +211,12 @@ impl<I: LogIo + 'static> RaftLogStorage<TypeConfig> for LogStore<I> {
         It: IntoIterator<Item = Entry> + OptionalSend,
         It::IntoIter: OptionalSend,
     {
-        let records: Vec<(u64, u64, Vec<u8>)> = entries
+        let records: Vec<(Term, LogIndex, Vec<u8>)> = entries
             .into_iter()
-            .map(|e| (e.log_id.leader_id.term, e.log_id.index, encode_entry(&e)))
+            .map(|e| {
+                let (term, index) = (Term(e.log_id.leader_id.term), LogIndex(e.log_id.index));
+                (term, index, encode_entry(&e))
+            })
             .collect();
         tracing::trace!(target: "raft.log", first = ?records.first().map(|r| r.1), n = records.len(), bounds = ?self.shared.log.bounds(), "append");
         self.shared
@@ -228,7 +231,7 @@ impl<I: LogIo + 'static> RaftLogStorage<TypeConfig> for LogStore<I> {
     async fn truncate_after(&mut self, last_log_id: Option<RaftLogId>) -> Result<(), io::Error> {
         tracing::trace!(target: "raft.log", ?last_log_id, bounds = ?self.shared.log.bounds(), "truncate_after");
         let from = match last_log_id {
-            Some(id) => id.index + 1,
+            Some(id) => LogIndex(id.index + 1),
             None => match self.shared.log.bounds() {
                 Some((first, _)) => first,
                 None => return Ok(()),
@@ -249,6 +252,10 @@ impl<I: LogIo + 'static> RaftLogStorage<TypeConfig> for LogStore<I> {
         if self.shared.log.has_pending() {
             self.shared.log.flush().await.map_err(io_err)?;
         }
-        self.shared.log.purge(log_id.index).await.map_err(io_err)
+        self.shared
+            .log
+            .purge(LogIndex(log_id.index))
+            .await
+            .map_err(io_err)
     }
 }

@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use futureq_storage::log::uring::DmaLogIo;
-use futureq_storage::log::{Log, LogConfig};
+use futureq_storage::log::{Log, LogConfig, LogIndex, Term};
 use glommio::{LocalExecutorBuilder, Placement};
 
 fn main() {
@@ -39,7 +39,7 @@ fn main() {
                 while start.elapsed() < Duration::from_secs(3) {
                     for _ in 0..group {
                         log.append(
-                            vec![(1, index, vec![7u8; 200])],
+                            vec![(Term(1), LogIndex(index), vec![7u8; 200])],
                             Box::new(|r| r.expect("flushed")),
                         )
                         .expect("append");

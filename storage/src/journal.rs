@@ -40,12 +40,10 @@ use futureq_core::{EventKey, TopicHash};
 use futures::channel::oneshot;
 
 use crate::log::io::LogIo;
-use crate::log::{FlushError, Log, LogConfig, LogError};
+use crate::log::{FlushError, Log, LogConfig, LogError, LogIndex, Term};
 use crate::store::{Refusal, Store};
 use crate::StoreError;
 
-/// Term of every journal entry (a standalone broker has one writer, for ever).
-const TERM: u64 = 1;
 /// Longest run of non-durable applies (redb keeps their pages in memory until a durable
 /// commit; the log keeps their entries until then).
 pub const DURABLE_APPLY_INTERVAL: Duration = Duration::from_millis(50);
@@ -219,7 +217,7 @@ impl<I: LogIo + 'static> Journal<I> {
         let s = store.clone();
         let applied = blocking(move || s.applied()).await?.map_or(0, |(i, _)| i);
         let mut replayed = 0u64;
-        if let Some((first, last)) = log.bounds() {
+        if let Some((LogIndex(first), LogIndex(last))) = log.bounds() {
             if first > applied + 1 {
                 return Err(OpenError::Gap { first, applied });
             }
@@ -228,9 +226,12 @@ impl<I: LogIo + 'static> Journal<I> {
                 let mut chunk: Vec<(u64, u64, Vec<u8>)> = Vec::new();
                 let mut bytes = 0;
                 while index <= last && chunk.len() < APPLY_ENTRIES_MAX && bytes < APPLY_BYTES_MAX {
-                    let rec = log.read(index).await?.ok_or(OpenError::Missing { index })?;
+                    let rec = log
+                        .read(LogIndex(index))
+                        .await?
+                        .ok_or(OpenError::Missing { index })?;
                     bytes += rec.payload.len();
-                    chunk.push((rec.index, rec.term, rec.payload));
+                    chunk.push((rec.index.0, rec.term.0, rec.payload));
                     index += 1;
                 }
                 let n = chunk.len() as u64;
@@ -249,12 +250,12 @@ impl<I: LogIo + 'static> Journal<I> {
             Ok::<_, StoreError>((s.applied()?.map_or(0, |(i, _)| i), s.last_id()?))
         })
         .await?;
-        let log_last = log.bounds().map(|(_, l)| l);
+        let log_last = log.bounds().map(|(_, LogIndex(l))| l);
         let last = log_last.map_or(0, |l| l).max(applied);
         if log_last.is_some_and(|l| l < applied) {
             // The store applied past the log (its entries came from elsewhere, such as a
             // Raft log): the next entry follows the store, so nothing of the log may stay.
-            log.purge(last).await?;
+            log.purge(LogIndex(last)).await?;
         } else {
             purge_behind(&log, last).await?;
         }
@@ -415,11 +416,10 @@ impl<I: LogIo + 'static> Journal<I> {
             }
             inner.changed.notify(usize::MAX);
         });
-        if let Err(e) = self
-            .0
-            .log
-            .append(vec![(TERM, index, bytes.as_slice())], done)
-        {
+        if let Err(e) = self.0.log.append(
+            vec![(Term::JOURNAL, LogIndex(index), bytes.as_slice())],
+            done,
+        ) {
             return Err(match e {
                 LogError::Poisoned => {
                     self.fail(&e.to_string());
@@ -633,7 +633,7 @@ impl<I: LogIo + 'static> Journal<I> {
         let mut waiters = Vec::with_capacity(taken.len());
         for p in taken {
             waiters.push((p.index, p.waiter));
-            entries.push((p.index, TERM, p.bytes));
+            entries.push((p.index, Term::JOURNAL.0, p.bytes));
         }
         let last = entries.last().map_or(0, |e| e.0);
         let out = apply(&self.0.store, entries, durable).await;
@@ -718,7 +718,7 @@ impl<I: LogIo + 'static> Journal<I> {
 /// The entries left behind are at or below the store's applied index: a replay skips them.
 async fn purge_behind<I: LogIo>(log: &Log<I>, upto: u64) -> Result<(), LogError> {
     match log.bounds() {
-        Some((_, last)) => log.purge(upto.min(last.saturating_sub(1))).await,
+        Some((_, LogIndex(last))) => log.purge(LogIndex(upto.min(last.saturating_sub(1)))).await,
         None => Ok(()),
     }
 }

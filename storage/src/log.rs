@@ -16,4 +16,5 @@ pub mod segmented;
 pub mod uring;
 pub mod vote;
 
+pub use format::{LogIndex, Term};
 pub use segmented::{FlushError, Log, LogConfig, LogError};

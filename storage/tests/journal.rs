@@ -11,7 +11,7 @@ use futureq_core::command::StoreItem;
 use futureq_core::{EventKey, TopicHash};
 use futureq_storage::journal::{Journal, JournalConfig, JournalError, OpenError, Wait};
 use futureq_storage::log::io::MemLogIo;
-use futureq_storage::log::LogConfig;
+use futureq_storage::log::{LogConfig, LogIndex, Term};
 use futureq_storage::{Store, StoreMode};
 use glommio::{LocalExecutorBuilder, Placement};
 
@@ -234,7 +234,7 @@ fn a_log_that_starts_after_the_store_is_refused() {
                     group: "g".into(),
                 },
             );
-            log.append(vec![(1, i, cmd)], Box::new(|r| r.unwrap()))
+            log.append(vec![(Term(1), LogIndex(i), cmd)], Box::new(|r| r.unwrap()))
                 .unwrap();
         }
         log.flush().await.unwrap();

@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use futureq_storage::log::io::{LogIo, MemLogIo};
-use futureq_storage::log::{Log, LogConfig, LogError};
+use futureq_storage::log::{Log, LogConfig, LogError, LogIndex, Term};
 use futures::executor::block_on;
 
 const CFG: LogConfig = LogConfig {
@@ -23,18 +23,24 @@ fn open(io: &MemLogIo) -> Result<Log<MemLogIo>, LogError> {
 
 fn fill(log: &Log<MemLogIo>, range: std::ops::RangeInclusive<u64>) {
     for i in range {
-        log.append(vec![(1, i, payload(i))], Box::new(|r| r.unwrap()))
-            .unwrap();
+        log.append(
+            vec![(Term(1), LogIndex(i), payload(i))],
+            Box::new(|r| r.unwrap()),
+        )
+        .unwrap();
     }
     block_on(log.flush()).unwrap();
 }
 
 fn check_all(log: &Log<MemLogIo>, range: std::ops::RangeInclusive<u64>) {
     for i in range {
-        let r = block_on(log.read(i))
+        let r = block_on(log.read(LogIndex(i)))
             .unwrap()
             .unwrap_or_else(|| panic!("entry {i} missing"));
-        assert_eq!((r.index, r.term, &r.payload), (i, 1, &payload(i)));
+        assert_eq!(
+            (r.index, r.term, &r.payload),
+            (LogIndex(i), Term(1), &payload(i))
+        );
     }
 }
 
@@ -80,7 +86,7 @@ fn entries_round_trip_across_segments_and_restarts() {
     check_all(&log, 1..=400);
     drop(log);
     let log = open(&io.crash()).unwrap();
-    assert_eq!(log.bounds(), Some((1, 400)));
+    assert_eq!(log.bounds(), Some((LogIndex(1), LogIndex(400))));
     check_all(&log, 1..=400);
 }
 
@@ -98,7 +104,7 @@ fn group_commit_one_fsync_for_many_appends_and_callbacks_after_it() {
     for i in 1..=50 {
         let io2 = io.clone();
         log.append(
-            vec![(1, i, payload(i))],
+            vec![(Term(1), LogIndex(i), payload(i))],
             Box::new(move |r| {
                 r.unwrap();
                 io2.mark("callback");
@@ -106,7 +112,10 @@ fn group_commit_one_fsync_for_many_appends_and_callbacks_after_it() {
         )
         .unwrap();
         // Readable before the flush.
-        assert_eq!(block_on(log.read(i)).unwrap().unwrap().payload, payload(i));
+        assert_eq!(
+            block_on(log.read(LogIndex(i))).unwrap().unwrap().payload,
+            payload(i)
+        );
     }
     assert!(
         persisted.borrow().is_empty(),
@@ -159,12 +168,12 @@ fn torn_tail_at_every_byte_of_the_last_record_is_cut() {
             let damaged = MemLogIo::new();
             damaged.set_file(name, img);
             let log = open(&damaged).unwrap_or_else(|e| panic!("cut {cut}: {e}"));
-            assert_eq!(log.bounds(), Some((1, 8)), "cut {cut}");
+            assert_eq!(log.bounds(), Some((LogIndex(1), LogIndex(8))), "cut {cut}");
             check_all(&log, 1..=8);
             // The log goes on from the cut, and the repair was durable.
             fill(&log, 9..=10);
             let again = open(&damaged.crash()).unwrap();
-            assert_eq!(again.bounds(), Some((1, 10)));
+            assert_eq!(again.bounds(), Some((LogIndex(1), LogIndex(10))));
             check_all(&again, 1..=10);
         }
     }
@@ -217,7 +226,7 @@ fn failed_fsync_poisons_the_log() {
     let outcome = Rc::new(RefCell::new(None));
     let o = Rc::clone(&outcome);
     log.append(
-        vec![(1, 4, payload(4))],
+        vec![(Term(1), LogIndex(4), payload(4))],
         Box::new(move |r| *o.borrow_mut() = Some(r)),
     )
     .unwrap();
@@ -233,7 +242,7 @@ fn failed_fsync_poisons_the_log() {
     );
     io.fail_syncs(false);
     assert!(matches!(
-        log.append(vec![(1, 5, vec![])], Box::new(|_| {})),
+        log.append(vec![(Term(1), LogIndex(5), vec![])], Box::new(|_| {})),
         Err(LogError::Poisoned)
     ));
     assert!(matches!(block_on(log.flush()), Err(LogError::Poisoned)));
@@ -245,11 +254,17 @@ fn appends_must_be_contiguous() {
     let log = open(&io).unwrap();
     fill(&log, 1..=3);
     assert!(matches!(
-        log.append(vec![(1, 5, vec![])], Box::new(|_| {})),
-        Err(LogError::Gap { last: 3, got: 5 })
+        log.append(vec![(Term(1), LogIndex(5), vec![])], Box::new(|_| {})),
+        Err(LogError::Gap {
+            last: LogIndex(3),
+            got: LogIndex(5)
+        })
     ));
     assert!(matches!(
-        log.append(vec![(1, 4, vec![0; 20_000])], Box::new(|_| {})),
+        log.append(
+            vec![(Term(1), LogIndex(4), vec![0; 20_000])],
+            Box::new(|_| {})
+        ),
         Err(LogError::TooLarge(_))
     ));
 }
@@ -260,24 +275,27 @@ fn truncate_removes_the_suffix_durably() {
     let log = open(&io).unwrap();
     fill(&log, 1..=300);
     let segs_before = segments(&io).len();
-    block_on(log.truncate(120)).unwrap();
-    assert_eq!(log.bounds(), Some((1, 119)));
-    assert!(block_on(log.read(120)).unwrap().is_none());
+    block_on(log.truncate(LogIndex(120))).unwrap();
+    assert_eq!(log.bounds(), Some((LogIndex(1), LogIndex(119))));
+    assert!(block_on(log.read(LogIndex(120))).unwrap().is_none());
     assert!(
         segments(&io).len() < segs_before,
         "later segments are deleted"
     );
     // A new term rewrites the suffix.
     for i in 120..=130 {
-        log.append(vec![(2, i, vec![i as u8; 10])], Box::new(|r| r.unwrap()))
-            .unwrap();
+        log.append(
+            vec![(Term(2), LogIndex(i), vec![i as u8; 10])],
+            Box::new(|r| r.unwrap()),
+        )
+        .unwrap();
     }
     block_on(log.flush()).unwrap();
     let log = open(&io.crash()).unwrap();
-    assert_eq!(log.bounds(), Some((1, 130)));
+    assert_eq!(log.bounds(), Some((LogIndex(1), LogIndex(130))));
     check_all(&log, 1..=119);
-    let r = block_on(log.read(125)).unwrap().unwrap();
-    assert_eq!((r.term, r.payload), (2, vec![125u8; 10]));
+    let r = block_on(log.read(LogIndex(125))).unwrap().unwrap();
+    assert_eq!((r.term, r.payload), (Term(2), vec![125u8; 10]));
 }
 
 #[test]
@@ -286,14 +304,14 @@ fn purge_drops_whole_segments_before_the_index() {
     let log = open(&io).unwrap();
     fill(&log, 1..=300);
     let n = segments(&io).len();
-    block_on(log.purge(150)).unwrap();
-    let (first, last) = log.bounds().unwrap();
+    block_on(log.purge(LogIndex(150))).unwrap();
+    let (LogIndex(first), LogIndex(last)) = log.bounds().unwrap();
     assert!(first > 1 && first <= 151, "first kept index {first}");
     assert_eq!(last, 300);
     assert!(segments(&io).len() < n);
     check_all(&log, 151..=300);
     let log = open(&io.crash()).unwrap();
-    assert_eq!(log.bounds(), Some((first, 300)));
+    assert_eq!(log.bounds(), Some((LogIndex(first), LogIndex(300))));
 }
 
 #[test]
@@ -301,10 +319,10 @@ fn unflushed_entries_are_lost_in_a_crash_but_the_log_stays_consistent() {
     let io = MemLogIo::new();
     let log = open(&io).unwrap();
     fill(&log, 1..=10);
-    log.append(vec![(1, 11, payload(11))], Box::new(|_| {}))
+    log.append(vec![(Term(1), LogIndex(11), payload(11))], Box::new(|_| {}))
         .unwrap();
     let log = open(&io.crash()).unwrap();
-    assert_eq!(log.bounds(), Some((1, 10)));
+    assert_eq!(log.bounds(), Some((LogIndex(1), LogIndex(10))));
     fill(&log, 11..=12);
     check_all(&log, 1..=12);
 }
@@ -330,7 +348,7 @@ fn the_flusher_batches_whatever_was_appended() {
     for i in 1..=40 {
         let d = Rc::clone(&done);
         log.append(
-            vec![(1, i, payload(i))],
+            vec![(Term(1), LogIndex(i), payload(i))],
             Box::new(move |r| {
                 r.unwrap();
                 *d.borrow_mut() += 1;
@@ -354,13 +372,13 @@ fn purging_past_the_last_entry_empties_the_log() {
     let io = MemLogIo::new();
     let log = open(&io).unwrap();
     fill(&log, 1..=10);
-    block_on(log.purge(20)).unwrap();
+    block_on(log.purge(LogIndex(20))).unwrap();
     assert_eq!(log.bounds(), None);
     assert!(segments(&io).is_empty());
     fill(&log, 21..=22);
     check_all(&log, 21..=22);
     let log = open(&io.crash()).unwrap();
-    assert_eq!(log.bounds(), Some((21, 22)));
+    assert_eq!(log.bounds(), Some((LogIndex(21), LogIndex(22))));
 }
 
 #[test]
@@ -369,28 +387,43 @@ fn truncating_everything_then_appending_starts_over() {
     let log = open(&io).unwrap();
     // Flushed, and still pending: both are cut.
     for flush_first in [true, false] {
-        log.append(vec![(0, 0, b"mine".to_vec())], Box::new(|_| {}))
-            .unwrap();
+        log.append(
+            vec![(Term(0), LogIndex(0), b"mine".to_vec())],
+            Box::new(|_| {}),
+        )
+        .unwrap();
         if flush_first {
             block_on(log.flush()).unwrap();
         }
-        block_on(log.truncate(0)).unwrap();
+        block_on(log.truncate(LogIndex(0))).unwrap();
         assert_eq!(log.bounds(), None);
         log.append(
-            vec![(0, 0, b"leader".to_vec()), (1, 1, payload(1))],
+            vec![
+                (Term(0), LogIndex(0), b"leader".to_vec()),
+                (Term(1), LogIndex(1), payload(1)),
+            ],
             Box::new(|_| {}),
         )
         .unwrap();
         block_on(log.flush()).unwrap();
-        assert_eq!(block_on(log.read(0)).unwrap().unwrap().payload, b"leader");
-        assert_eq!(block_on(log.read(1)).unwrap().unwrap().payload, payload(1));
-        let reopened = open(&io).unwrap();
-        assert_eq!(reopened.bounds(), Some((0, 1)));
         assert_eq!(
-            block_on(reopened.read(1)).unwrap().unwrap().payload,
+            block_on(log.read(LogIndex(0))).unwrap().unwrap().payload,
+            b"leader"
+        );
+        assert_eq!(
+            block_on(log.read(LogIndex(1))).unwrap().unwrap().payload,
             payload(1)
         );
-        block_on(log.truncate(0)).unwrap();
+        let reopened = open(&io).unwrap();
+        assert_eq!(reopened.bounds(), Some((LogIndex(0), LogIndex(1))));
+        assert_eq!(
+            block_on(reopened.read(LogIndex(1)))
+                .unwrap()
+                .unwrap()
+                .payload,
+            payload(1)
+        );
+        block_on(log.truncate(LogIndex(0))).unwrap();
     }
 }
 
@@ -440,27 +473,42 @@ fn truncate_waits_for_a_flush_in_progress() {
         Box::new(|_| {}),
     ))
     .unwrap();
-    log.append(vec![(0, 0, b"mine".to_vec())], Box::new(|_| {}))
-        .unwrap();
+    log.append(
+        vec![(Term(0), LogIndex(0), b"mine".to_vec())],
+        Box::new(|_| {}),
+    )
+    .unwrap();
     block_on(async {
         let flush = log.flush();
         // Polled after the flush reached its (yielding) write.
-        let cut = log.truncate(0);
+        let cut = log.truncate(LogIndex(0));
         let (f, t) = futures::join!(flush, cut);
         f.unwrap();
         t.unwrap();
     });
     log.append(
-        vec![(0, 0, b"leader".to_vec()), (1, 1, payload(1))],
+        vec![
+            (Term(0), LogIndex(0), b"leader".to_vec()),
+            (Term(1), LogIndex(1), payload(1)),
+        ],
         Box::new(|_| {}),
     )
     .unwrap();
     block_on(log.flush()).unwrap();
-    assert_eq!(block_on(log.read(0)).unwrap().unwrap().payload, b"leader");
-    assert_eq!(block_on(log.read(1)).unwrap().unwrap().payload, payload(1));
+    assert_eq!(
+        block_on(log.read(LogIndex(0))).unwrap().unwrap().payload,
+        b"leader"
+    );
+    assert_eq!(
+        block_on(log.read(LogIndex(1))).unwrap().unwrap().payload,
+        payload(1)
+    );
     let reopened = open(&io).unwrap();
     assert_eq!(
-        block_on(reopened.read(1)).unwrap().unwrap().payload,
+        block_on(reopened.read(LogIndex(1)))
+            .unwrap()
+            .unwrap()
+            .payload,
         payload(1)
     );
 }
@@ -482,28 +530,34 @@ fn the_entry_cache_serves_recent_reads_and_forgets_what_truncate_and_purge_remov
     check_all(&log, 1..=10);
     assert_eq!(io.reads(), reads + 10);
     // A truncated suffix rewritten in a new term is never served stale from the cache.
-    block_on(log.truncate(295)).unwrap();
-    assert!(block_on(log.read(296)).unwrap().is_none());
+    block_on(log.truncate(LogIndex(295))).unwrap();
+    assert!(block_on(log.read(LogIndex(296))).unwrap().is_none());
     for i in 295..=297 {
-        log.append(vec![(2, i, vec![7; 5])], Box::new(|r| r.unwrap()))
-            .unwrap();
+        log.append(
+            vec![(Term(2), LogIndex(i), vec![7; 5])],
+            Box::new(|r| r.unwrap()),
+        )
+        .unwrap();
     }
     block_on(log.flush()).unwrap();
     check_all(&log, 290..=294);
     for i in 295..=297 {
-        let r = block_on(log.read(i)).unwrap().unwrap();
-        assert_eq!((r.term, r.payload), (2, vec![7; 5]));
+        let r = block_on(log.read(LogIndex(i))).unwrap().unwrap();
+        assert_eq!((r.term, r.payload), (Term(2), vec![7; 5]));
     }
     // Purging everything empties the cache too: a log restarted at another index serves
     // only the new entries.
-    block_on(log.purge(297)).unwrap();
+    block_on(log.purge(LogIndex(297))).unwrap();
     assert_eq!(log.bounds(), None);
-    log.append(vec![(3, 1000, vec![9; 3])], Box::new(|r| r.unwrap()))
-        .unwrap();
+    log.append(
+        vec![(Term(3), LogIndex(1000), vec![9; 3])],
+        Box::new(|r| r.unwrap()),
+    )
+    .unwrap();
     block_on(log.flush()).unwrap();
-    assert!(block_on(log.read(297)).unwrap().is_none());
+    assert!(block_on(log.read(LogIndex(297))).unwrap().is_none());
     assert_eq!(
-        block_on(log.read(1000)).unwrap().unwrap().payload,
+        block_on(log.read(LogIndex(1000))).unwrap().unwrap().payload,
         vec![9; 3]
     );
 }
@@ -523,7 +577,7 @@ fn a_later_block_persisted_before_an_earlier_one_is_a_torn_tail() {
     let log = open(&io).unwrap();
     fill(&log, 1..=5);
     block_on(log.save_mark()).unwrap();
-    assert_eq!(log.durable_mark(), Some(5));
+    assert_eq!(log.durable_mark(), Some(LogIndex(5)));
     let mark_before = io.file(futureq_storage::log::segmented::MARK_FILE).unwrap();
     let name = segments(&io)[0].clone();
     let old = io.file(&name).unwrap();
@@ -544,7 +598,7 @@ fn a_later_block_persisted_before_an_earlier_one_is_a_torn_tail() {
     let crashed = damaged(&io, &name, img);
     crashed.set_file(futureq_storage::log::segmented::MARK_FILE, mark_before);
     let log = open(&crashed).unwrap_or_else(|e| panic!("a torn flush must not stop the node: {e}"));
-    let (first, last) = log.bounds().unwrap();
+    let (LogIndex(first), LogIndex(last)) = log.bounds().unwrap();
     assert_eq!(first, 1);
     assert!(
         last >= 5 && record_offset(last + 1) <= 4096,
@@ -554,10 +608,10 @@ fn a_later_block_persisted_before_an_earlier_one_is_a_torn_tail() {
     // The cut is durable: the stale records after the hole never come back.
     let reopened = crashed.crash();
     let again = open(&reopened).unwrap();
-    assert_eq!(again.bounds(), Some((1, last)));
+    assert_eq!(again.bounds(), Some((LogIndex(1), LogIndex(last))));
     fill(&again, last + 1..=last + 3);
     let again = open(&reopened.crash()).unwrap();
-    assert_eq!(again.bounds(), Some((1, last + 3)));
+    assert_eq!(again.bounds(), Some((LogIndex(1), LogIndex(last + 3))));
     check_all(&again, 1..=last + 3);
 }
 
@@ -606,8 +660,12 @@ fn a_crash_inside_a_truncate_leaves_a_log_that_opens() {
         .iter()
         .map(|n| (n.clone(), io.file(n).unwrap()))
         .collect();
-    block_on(log.truncate(20)).unwrap();
-    assert_eq!(log.durable_mark(), Some(19), "lowered before the cut");
+    block_on(log.truncate(LogIndex(20))).unwrap();
+    assert_eq!(
+        log.durable_mark(),
+        Some(LogIndex(19)),
+        "lowered before the cut"
+    );
     assert_eq!(segments(&io), names[..1].to_vec());
     // The cut happened but the later segments are still there.
     let stale = io.crash();
@@ -615,7 +673,7 @@ fn a_crash_inside_a_truncate_leaves_a_log_that_opens() {
         stale.set_file(n, img.clone());
     }
     let log = open(&stale).unwrap_or_else(|e| panic!("must open: {e}"));
-    assert_eq!(log.bounds(), Some((1, 19)));
+    assert_eq!(log.bounds(), Some((LogIndex(1), LogIndex(19))));
     assert_eq!(
         segments(&stale),
         names[..1].to_vec(),
@@ -625,8 +683,8 @@ fn a_crash_inside_a_truncate_leaves_a_log_that_opens() {
     let uncut = io.crash();
     uncut.set_file(&before[0].0, before[0].1.clone());
     let log = open(&uncut).unwrap();
-    assert_eq!(log.bounds().map(|b| b.0), Some(1));
-    assert!(log.bounds().unwrap().1 >= 19);
+    assert_eq!(log.bounds().map(|b| b.0), Some(LogIndex(1)));
+    assert!(log.bounds().unwrap().1 >= LogIndex(19));
 }
 
 /// The durable mark lags after a second flush inside MARK_INTERVAL; `mark_lags` tells the
@@ -636,18 +694,22 @@ fn a_lagging_mark_is_reported_and_saved() {
     let io = MemLogIo::new();
     let log = open(&io).unwrap();
     fill(&log, 1..=3);
-    assert_eq!(log.durable_mark(), Some(3), "the first flush saves it");
+    assert_eq!(
+        log.durable_mark(),
+        Some(LogIndex(3)),
+        "the first flush saves it"
+    );
     fill(&log, 4..=6);
     // A flush within MARK_INTERVAL of the last save leaves it behind (a slow machine may
     // have saved it already).
-    assert_eq!(log.mark_lags(), log.durable_mark() == Some(3));
+    assert_eq!(log.mark_lags(), log.durable_mark() == Some(LogIndex(3)));
     block_on(log.save_mark()).unwrap();
     assert!(!log.mark_lags());
-    assert_eq!(log.durable_mark(), Some(6));
+    assert_eq!(log.durable_mark(), Some(LogIndex(6)));
     // It survives a crash with the data it names.
     let again = open(&io.crash()).unwrap();
-    assert_eq!(again.durable_mark(), Some(6));
-    assert_eq!(again.bounds(), Some((1, 6)));
+    assert_eq!(again.durable_mark(), Some(LogIndex(6)));
+    assert_eq!(again.bounds(), Some((LogIndex(1), LogIndex(6))));
 }
 
 /// Disk faults through the I/O seam ([`FaultyIo`]): a write torn by a crash — one-block (new
@@ -670,14 +732,17 @@ fn a_torn_write_after_durable_records_reopens_without_it() {
             ))
             .unwrap();
             for i in 1..=durable {
-                log.append(vec![(1, i, payload(i))], Box::new(|r| r.unwrap()))
-                    .unwrap();
+                log.append(
+                    vec![(Term(1), LogIndex(i), payload(i))],
+                    Box::new(|r| r.unwrap()),
+                )
+                .unwrap();
             }
             block_on(log.flush()).unwrap();
             block_on(log.save_mark()).unwrap();
             std::fs::write(&trigger, "torn").unwrap();
             log.append(
-                vec![(1, durable + 1, vec![0xAB; torn_len])],
+                vec![(Term(1), LogIndex(durable + 1), vec![0xAB; torn_len])],
                 Box::new(|_| {}),
             )
             .unwrap();
@@ -686,7 +751,7 @@ fn a_torn_write_after_durable_records_reopens_without_it() {
                 .unwrap_or_else(|e| panic!("{durable} durable, {torn_len} B torn: {e}"));
             check_all(&reopened, 1..=durable);
             // The torn record is gone, or whole if the part that persisted held all of it.
-            match block_on(reopened.read(durable + 1)).unwrap() {
+            match block_on(reopened.read(LogIndex(durable + 1))).unwrap() {
                 Some(r) => assert_eq!(r.payload, vec![0xAB; torn_len]),
                 None => cut += 1,
             }

@@ -4,7 +4,7 @@
 use std::io::{Seek, SeekFrom, Write};
 
 use futureq_storage::log::uring::DmaLogIo;
-use futureq_storage::log::{Log, LogConfig};
+use futureq_storage::log::{Log, LogConfig, LogIndex, Term};
 use glommio::{LocalExecutorBuilder, Placement};
 
 const CFG: LogConfig = LogConfig {
@@ -42,8 +42,11 @@ fn entries_survive_reopen_on_real_files() {
             .await
             .unwrap();
         for i in 1..=400u64 {
-            log.append(vec![(1, i, payload(i))], Box::new(|r| r.unwrap()))
-                .unwrap();
+            log.append(
+                vec![(Term(1), LogIndex(i), payload(i))],
+                Box::new(|r| r.unwrap()),
+            )
+            .unwrap();
             if i % 37 == 0 {
                 log.flush().await.unwrap();
             }
@@ -51,28 +54,37 @@ fn entries_survive_reopen_on_real_files() {
         log.flush().await.unwrap();
         // Read back in the executor that wrote (a direct-I/O read here once failed).
         for i in [1u64, 37, 400] {
-            assert_eq!(log.read(i).await.unwrap().unwrap().payload, payload(i));
+            assert_eq!(
+                log.read(LogIndex(i)).await.unwrap().unwrap().payload,
+                payload(i)
+            );
         }
         // Entries being flushed stay readable while the write is in flight.
-        log.append(vec![(1, 401, payload(401))], Box::new(|r| r.unwrap()))
-            .unwrap();
-        let (flushed, read) = futures::join!(log.flush(), log.read(401));
+        log.append(
+            vec![(Term(1), LogIndex(401), payload(401))],
+            Box::new(|r| r.unwrap()),
+        )
+        .unwrap();
+        let (flushed, read) = futures::join!(log.flush(), log.read(LogIndex(401)));
         flushed.unwrap();
         assert_eq!(read.unwrap().unwrap().payload, payload(401));
-        log.truncate(401).await.unwrap();
+        log.truncate(LogIndex(401)).await.unwrap();
     });
     let path = dir.path().to_path_buf();
     run(move || async move {
         let log = Log::open(DmaLogIo::new(&path).unwrap(), CFG, Box::new(|_| {}))
             .await
             .unwrap();
-        assert_eq!(log.bounds(), Some((1, 400)));
+        assert_eq!(log.bounds(), Some((LogIndex(1), LogIndex(400))));
         for i in 1..=400u64 {
-            assert_eq!(log.read(i).await.unwrap().unwrap().payload, payload(i));
+            assert_eq!(
+                log.read(LogIndex(i)).await.unwrap().unwrap().payload,
+                payload(i)
+            );
         }
-        log.truncate(350).await.unwrap();
-        log.purge(200).await.unwrap();
-        let (first, last) = log.bounds().unwrap();
+        log.truncate(LogIndex(350)).await.unwrap();
+        log.purge(LogIndex(200)).await.unwrap();
+        let (LogIndex(first), LogIndex(last)) = log.bounds().unwrap();
         assert!(first > 1 && first <= 201 && last == 349, "{first}..{last}");
     });
     assert!(
@@ -92,8 +104,11 @@ fn a_torn_tail_on_disk_is_cut_at_reopen() {
             .await
             .unwrap();
         for i in 1..=5u64 {
-            log.append(vec![(1, i, payload(i))], Box::new(|r| r.unwrap()))
-                .unwrap();
+            log.append(
+                vec![(Term(1), LogIndex(i), payload(i))],
+                Box::new(|r| r.unwrap()),
+            )
+            .unwrap();
         }
         log.flush().await.unwrap();
     });
@@ -112,11 +127,17 @@ fn a_torn_tail_on_disk_is_cut_at_reopen() {
         let log = Log::open(DmaLogIo::new(&path).unwrap(), CFG, Box::new(|_| {}))
             .await
             .unwrap();
-        assert_eq!(log.bounds(), Some((1, 4)));
-        log.append(vec![(2, 5, b"again".to_vec())], Box::new(|r| r.unwrap()))
-            .unwrap();
+        assert_eq!(log.bounds(), Some((LogIndex(1), LogIndex(4))));
+        log.append(
+            vec![(Term(2), LogIndex(5), b"again".to_vec())],
+            Box::new(|r| r.unwrap()),
+        )
+        .unwrap();
         log.flush().await.unwrap();
-        assert_eq!(log.read(5).await.unwrap().unwrap().payload, b"again");
+        assert_eq!(
+            log.read(LogIndex(5)).await.unwrap().unwrap().payload,
+            b"again"
+        );
     });
 }
 
@@ -138,8 +159,11 @@ fn rolls_take_the_prepared_segment_and_the_spare_is_never_a_segment() {
             .unwrap();
         let mut spares = std::collections::HashSet::new();
         for i in 1..=40u64 {
-            log.append(vec![(1, i, entry(i))], Box::new(|r| r.unwrap()))
-                .unwrap();
+            log.append(
+                vec![(Term(1), LogIndex(i), entry(i))],
+                Box::new(|r| r.unwrap()),
+            )
+            .unwrap();
             log.flush().await.unwrap();
             // Let the background preparation run between rolls.
             glommio::timer::sleep(std::time::Duration::from_millis(5)).await;
@@ -174,9 +198,12 @@ fn rolls_take_the_prepared_segment_and_the_spare_is_never_a_segment() {
         let log = Log::open(DmaLogIo::new(&path).unwrap(), BIG, Box::new(|_| {}))
             .await
             .unwrap();
-        assert_eq!(log.bounds(), Some((1, 40)));
+        assert_eq!(log.bounds(), Some((LogIndex(1), LogIndex(40))));
         for i in 1..=40u64 {
-            assert_eq!(log.read(i).await.unwrap().unwrap().payload, entry(i));
+            assert_eq!(
+                log.read(LogIndex(i)).await.unwrap().unwrap().payload,
+                entry(i)
+            );
         }
     });
 }

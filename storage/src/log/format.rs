@@ -19,19 +19,38 @@ pub const BLOCK: u64 = 4096;
 /// Largest payload one record may carry (bounds reads of untrusted lengths).
 pub const PAYLOAD_MAX: usize = 64 << 20;
 
+/// A Raft term (the journal writes [`Term::JOURNAL`] for ever).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Term(pub u64);
+
+impl Term {
+    /// The term of every journal entry: a standalone broker has one writer.
+    pub const JOURNAL: Term = Term(1);
+}
+
+/// The index of an entry in the log: contiguous from the first kept entry to the last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct LogIndex(pub u64);
+
+impl std::fmt::Display for LogIndex {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 /// A record read back from a segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Record {
     /// Raft term.
-    pub term: u64,
+    pub term: Term,
     /// Raft index.
-    pub index: u64,
+    pub index: LogIndex,
     /// Entry bytes.
     pub payload: Vec<u8>,
 }
 
 /// Appends the encoding of one record to `out`.
-pub fn encode(out: &mut Vec<u8>, term: u64, index: u64, payload: &[u8]) {
+pub fn encode(out: &mut Vec<u8>, Term(term): Term, LogIndex(index): LogIndex, payload: &[u8]) {
     let len = u32::try_from(payload.len()).expect("payload bounded by PAYLOAD_MAX");
     let start = out.len();
     out.extend_from_slice(&len.to_le_bytes());
@@ -89,8 +108,8 @@ pub fn decode(b: &[u8]) -> Decoded {
     }
     Decoded::Record(
         Record {
-            term: u64_at(b, 8),
-            index: u64_at(b, 16),
+            term: Term(u64_at(b, 8)),
+            index: LogIndex(u64_at(b, 16)),
             payload: b[HEADER_LEN..HEADER_LEN + len].to_vec(),
         },
         HEADER_LEN + len,
@@ -106,6 +125,7 @@ mod tests {
         #[test]
         fn round_trip(term: u64, index: u64, payload in proptest::collection::vec(any::<u8>(), 0..300)) {
             let mut b = Vec::new();
+            let (term, index) = (Term(term), LogIndex(index));
             encode(&mut b, term, index, &payload);
             prop_assert_eq!(decode(&b), Decoded::Record(Record { term, index, payload: payload.clone() }, b.len()));
         }
@@ -113,10 +133,10 @@ mod tests {
         #[test]
         fn any_flipped_bit_is_detected(payload in proptest::collection::vec(any::<u8>(), 1..64), bit in 0usize..8) {
             let mut b = Vec::new();
-            encode(&mut b, 3, 9, &payload);
+            encode(&mut b, Term(3), LogIndex(9), &payload);
             let at = 4 + (bit * 7919) % (b.len() - 4);
             b[at] ^= 1 << bit;
-            prop_assert!(!matches!(decode(&b), Decoded::Record(r, _) if r.payload == payload && r.index == 9 && r.term == 3));
+            prop_assert!(!matches!(decode(&b), Decoded::Record(r, _) if r.payload == payload && r.index == LogIndex(9) && r.term == Term(3)));
         }
 
         #[test]

@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 
-use super::format::{decode, encode, Decoded, Record, BLOCK, HEADER_LEN};
+use super::format::{decode, encode, Decoded, LogIndex, Record, Term, BLOCK, HEADER_LEN};
 use super::io::LogIo;
 use super::vote::{newest_slot, slot_image};
 
@@ -32,9 +32,9 @@ pub enum LogError {
     #[error("append of index {got} does not follow the last index {last}")]
     Gap {
         /// Last index in the log.
-        last: u64,
+        last: LogIndex,
         /// Index offered.
-        got: u64,
+        got: LogIndex,
     },
     /// A record larger than a segment.
     #[error("entry of {0} bytes does not fit in a segment")]
@@ -291,8 +291,8 @@ impl<I: LogIo> Log<I> {
             }
             while problem.is_none() {
                 match decode(&img[offset..]) {
-                    Decoded::Record(r, n) if r.index == next => {
-                        st.locs.insert(r.index, (*first, offset as u64, n));
+                    Decoded::Record(r, n) if r.index.0 == next => {
+                        st.locs.insert(r.index.0, (*first, offset as u64, n));
                         next += 1;
                         offset += n;
                     }
@@ -372,8 +372,8 @@ impl<I: LogIo> Log<I> {
 
     /// The durable mark as saved (see [`MARK_FILE`]).
     #[must_use]
-    pub fn durable_mark(&self) -> Option<u64> {
-        self.mark.get()
+    pub fn durable_mark(&self) -> Option<LogIndex> {
+        self.mark.get().map(LogIndex)
     }
 
     /// Whether entries were flushed beyond the saved durable mark (then [`Log::save_mark`]
@@ -423,9 +423,12 @@ impl<I: LogIo> Log<I> {
 
     /// First and last index in the log, if any.
     #[must_use]
-    pub fn bounds(&self) -> Option<(u64, u64)> {
+    pub fn bounds(&self) -> Option<(LogIndex, LogIndex)> {
         let st = self.st.borrow();
-        Some((*st.locs.keys().next()?, *st.locs.keys().next_back()?))
+        Some((
+            LogIndex(*st.locs.keys().next()?),
+            LogIndex(*st.locs.keys().next_back()?),
+        ))
     }
 
     /// Appends entries `(term, index, payload)` and returns at once; `done` runs after the
@@ -436,7 +439,7 @@ impl<I: LogIo> Log<I> {
     /// appended then.
     pub fn append<P: AsRef<[u8]>>(
         &self,
-        entries: Vec<(u64, u64, P)>,
+        entries: Vec<(Term, LogIndex, P)>,
         done: Flushed,
     ) -> Result<(), LogError> {
         let mut st = self.st.borrow_mut();
@@ -444,12 +447,12 @@ impl<I: LogIo> Log<I> {
             return Err(LogError::Poisoned);
         }
         let mut last = st.locs.keys().next_back().copied();
-        for (_, index, payload) in &entries {
+        for (_, LogIndex(index), payload) in &entries {
             if let Some(l) = last {
                 if *index != l + 1 {
                     return Err(LogError::Gap {
-                        last: l,
-                        got: *index,
+                        last: LogIndex(l),
+                        got: LogIndex(*index),
                     });
                 }
             }
@@ -459,10 +462,11 @@ impl<I: LogIo> Log<I> {
             }
             last = Some(*index);
         }
-        for (term, index, payload) in entries {
+        for (term, log_index, payload) in entries {
             let payload = payload.as_ref();
             let mut bytes = Vec::with_capacity(HEADER_LEN + payload.len());
-            encode(&mut bytes, term, index, payload);
+            encode(&mut bytes, term, log_index, payload);
+            let LogIndex(index) = log_index;
             let n = bytes.len() as u64;
             let roll = st
                 .segments
@@ -663,7 +667,7 @@ impl<I: LogIo> Log<I> {
     ///
     /// # Errors
     /// I/O failure, or [`LogError::Corrupt`] if the bytes on disk do not decode.
-    pub async fn read(&self, index: u64) -> Result<Option<Record>, LogError> {
+    pub async fn read(&self, LogIndex(index): LogIndex) -> Result<Option<Record>, LogError> {
         let (name, offset, len, unflushed) = {
             let st = self.st.borrow();
             let Some(&(first, offset, len)) = st.locs.get(&index) else {
@@ -682,7 +686,7 @@ impl<I: LogIo> Log<I> {
             None => self.io.read_at(&name, offset, len).await?,
         };
         match decode(&bytes) {
-            Decoded::Record(r, _) if r.index == index => Ok(Some(r)),
+            Decoded::Record(r, _) if r.index.0 == index => Ok(Some(r)),
             _ => Err(LogError::Corrupt {
                 segment: name,
                 offset,
@@ -696,7 +700,7 @@ impl<I: LogIo> Log<I> {
     ///
     /// # Errors
     /// I/O failure; the log is poisoned if the zeroing cannot be made durable.
-    pub async fn truncate(&self, from: u64) -> Result<(), LogError> {
+    pub async fn truncate(&self, LogIndex(from): LogIndex) -> Result<(), LogError> {
         let _io = self.exclusive().await;
         self.flush_once().await?;
         if !self.st.borrow().locs.contains_key(&from) {
@@ -790,7 +794,7 @@ impl<I: LogIo> Log<I> {
     ///
     /// # Errors
     /// I/O failure deleting a file.
-    pub async fn purge(&self, upto: u64) -> Result<(), LogError> {
+    pub async fn purge(&self, LogIndex(upto): LogIndex) -> Result<(), LogError> {
         let _io = self.exclusive().await;
         let empties = {
             let st = self.st.borrow();
