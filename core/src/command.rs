@@ -177,6 +177,9 @@ pub fn encode_register_group(r: &RegisterGroup) -> Vec<u8> {
 pub fn first_event_id(bytes: &[u8]) -> Option<u64> {
     const ROOT: usize = std::mem::size_of::<ArchivedStoreBatch>();
     const ID_AT: usize = std::mem::offset_of!(ArchivedStoreItem, event_id);
+    // The layout read here: the root is the items vector alone, a 32-bit relative pointer
+    // then a 32-bit length (the pinned rkyv format: pointer_width_32, unaligned).
+    const _: () = assert!(ROOT == 8 && std::mem::offset_of!(ArchivedStoreBatch, items) == 0);
     let (TAG_STORE_V1, archive) = crate::envelope::unframe(bytes).ok()? else {
         return None;
     };
@@ -269,9 +272,19 @@ mod tests {
         #[test]
         fn the_first_id_never_panics(b in proptest::collection::vec(any::<u8>(), 0..64)) {
             let _ = first_event_id(&b);
-            let mut tagged = vec![TAG_STORE_V1];
-            tagged.extend(&b);
-            let _ = first_event_id(&tagged);
+            // A well-formed envelope around arbitrary bytes reaches the reads in the archive.
+            let mut framed = vec![TAG_STORE_V1];
+            framed.extend(u32::try_from(b.len()).unwrap().to_le_bytes());
+            framed.extend(&b);
+            let _ = first_event_id(&framed);
+        }
+
+        #[test]
+        fn a_damaged_archive_never_panics(items in proptest::collection::vec(arb_item(), 1..4), at: usize, bits: u8) {
+            let mut enc = encode_store(&StoreBatch { items });
+            let at = 5 + at % (enc.len() - 5);
+            enc[at] ^= bits | 1;
+            let _ = first_event_id(&enc);
         }
 
         #[test]

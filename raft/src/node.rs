@@ -437,8 +437,10 @@ impl Node {
                         Applied::Done => break Ok(()),
                         Applied::Refused(why) => break Err(WriteError::Refused(why)),
                     },
+                    // A NO_ACK write was answered with the ids of this attempt: a retry would
+                    // store other ids, so it is not retried (NO_ACK writes may be lost).
                     Some(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))))
-                        if settling(&f, me) =>
+                        if settling(&f, me) && ack != Ack::Submitted =>
                     {
                         tracing::debug!(target: "raft", reason = ?f.reason, leader = ?f.leader_id, "write refused while leadership settles; retrying");
                         glommio::timer::sleep(RETRY_PAUSE).await;
@@ -603,19 +605,28 @@ impl Node {
 /// One attempt of an event-shard write, built by [`Node::write_event`]'s `make`.
 #[derive(Debug, Clone)]
 pub struct Proposal {
-    /// The command (`futureq_core::command`).
-    pub command: bytes::Bytes,
-    /// For a store command: the key its LEADER ack waits for (see [`crate::persisted`]).
-    pub persist: Option<PersistKey>,
+    command: bytes::Bytes,
+    persist: Option<PersistKey>,
 }
 
 impl Proposal {
-    /// A command no LEADER ack waits for by key.
+    /// A command no LEADER ack waits for by key (it answers at commit).
     #[must_use]
     pub fn command(command: bytes::Bytes) -> Self {
         Proposal {
             command,
             persist: None,
         }
+    }
+
+    /// A store command proposed by this node as the leader of `term` (the caller checked
+    /// that it leads `term`, in the same read of the leadership it assigned the ids in): its
+    /// LEADER ack waits for the entry of `term` whose first event id the command carries,
+    /// read from the bytes themselves. A batch without items has no key.
+    #[must_use]
+    pub fn store(command: bytes::Bytes, term: u64) -> Self {
+        let persist = futureq_core::command::first_event_id(&command)
+            .map(|first_id| PersistKey { term, first_id });
+        Proposal { command, persist }
     }
 }

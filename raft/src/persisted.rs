@@ -211,10 +211,18 @@ mod tests {
         assert!((&mut mine).now_or_never().is_some());
         assert!((&mut same_id_older_term).now_or_never().is_none());
         assert!((&mut later_batch).now_or_never().is_none());
-        // Damaged bytes wake nobody and do not panic.
-        let e = entry(4, store(102));
+        // Damaged bytes (cut, or a bit flipped anywhere) do not panic, and an entry nobody
+        // waits for wakes nobody.
+        let e = entry(4, store(200));
         for cut in 0..e.len() {
             t.persisted(&e[..cut]);
+        }
+        for at in 0..e.len() {
+            for bit in 0..8 {
+                let mut d = e.clone();
+                d[at] ^= 1 << bit;
+                t.persisted(&d);
+            }
         }
         assert_eq!(t.waiting(), 2);
     }

@@ -4,7 +4,9 @@ use std::fmt;
 
 /// A replicated command: the bytes of a `futureq_core::command` (event shard) or
 /// `futureq_core::metadata::MetaCommand` (metadata group) envelope.
-/// Shared bytes: a clone (a retried proposal, an entry sent to each follower) copies nothing.
+/// Shared bytes: a clone (a retried proposal) copies nothing, and an AppendEntries entry
+/// decodes as a slice of the received frame. (Entries the leader replicates are read back
+/// from its log, which copies them.)
 #[derive(Clone, PartialEq, Eq)]
 pub struct Command(pub bytes::Bytes);
 

@@ -5,8 +5,8 @@
 //!   group registrations), expiry lookups, due-range scans, snapshots.
 //! - [`service`]: the store's reader thread with an async, channel-based API, so that no
 //!   redb read ever runs on an executor's reactor.
-//! - [`log`]: the segmented log on io_uring (record format, group commit, recovery) and the
-//!   leader-persist tracker: the Raft log, and the journal's.
+//! - [`log`]: the segmented log on io_uring (record format, group commit, recovery, the
+//!   persist hook): the Raft log, and the journal's.
 //! - [`journal`]: the standalone write path: commands appended to the log, applied into the
 //!   store with the replicas' apply.
 //! - `error`: the crate error type, `StoreError`.

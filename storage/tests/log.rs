@@ -397,32 +397,7 @@ fn truncating_everything_then_appending_starts_over() {
         }
         block_on(log.truncate(LogIndex(0))).unwrap();
         assert_eq!(log.bounds(), None);
-        log.append(
-            vec![
-                (Term(0), LogIndex(0), b"leader".to_vec()),
-                (Term(1), LogIndex(1), payload(1)),
-            ],
-            Box::new(|_| {}),
-        )
-        .unwrap();
-        block_on(log.flush()).unwrap();
-        assert_eq!(
-            block_on(log.read(LogIndex(0))).unwrap().unwrap().payload,
-            b"leader"
-        );
-        assert_eq!(
-            block_on(log.read(LogIndex(1))).unwrap().unwrap().payload,
-            payload(1)
-        );
-        let reopened = open(&io).unwrap();
-        assert_eq!(reopened.bounds(), Some((LogIndex(0), LogIndex(1))));
-        assert_eq!(
-            block_on(reopened.read(LogIndex(1)))
-                .unwrap()
-                .unwrap()
-                .payload,
-            payload(1)
-        );
+        append_the_leaders_entries(&log, &io);
         block_on(log.truncate(LogIndex(0))).unwrap();
     }
 }
@@ -486,6 +461,12 @@ fn truncate_waits_for_a_flush_in_progress() {
         f.unwrap();
         t.unwrap();
     });
+    append_the_leaders_entries(&log, &io);
+}
+
+/// After the entry at index 0 was cut: the new leader's entries 0 and 1 are appended,
+/// flushed, read back, and found again by a reopen of `io`.
+fn append_the_leaders_entries<I: LogIo>(log: &Log<I>, io: &MemLogIo) {
     log.append(
         vec![
             (Term(0), LogIndex(0), b"leader".to_vec()),
@@ -503,7 +484,8 @@ fn truncate_waits_for_a_flush_in_progress() {
         block_on(log.read(LogIndex(1))).unwrap().unwrap().payload,
         payload(1)
     );
-    let reopened = open(&io).unwrap();
+    let reopened = open(io).unwrap();
+    assert_eq!(reopened.bounds(), Some((LogIndex(0), LogIndex(1))));
     assert_eq!(
         block_on(reopened.read(LogIndex(1)))
             .unwrap()

@@ -32,7 +32,6 @@ use futureq_net::Shutdown;
 use futureq_raft::node::{
     Ack, Forward, Leadership, Node, NodeConfig, NodeError, Proposal, Standing, WriteError,
 };
-use futureq_raft::persisted::PersistKey;
 use futureq_storage::Store;
 use futures_lite::future;
 
@@ -217,6 +216,10 @@ pub async fn serve(
         v.lost.trigger();
     });
     node.shutdown().await;
+    // A log that failed once the shutdown had begun (the watcher no longer looks).
+    if let Some(e) = node.fatal() {
+        core.fatal.fail("the Raft log", &e);
+    }
     tracing::info!(target: "raft", "raft groups stopped");
 }
 
@@ -242,6 +245,22 @@ async fn watch_stalls(shutdown: Shutdown) {
 }
 
 impl Core {
+    /// Proposes a command built once (a delete, a group registration) at QUORUM, each attempt
+    /// only while this node takes writes.
+    async fn propose_while_leading(
+        self: &Rc<Self>,
+        cmd: Vec<u8>,
+        deadline: Instant,
+    ) -> Result<(), WriteError> {
+        let cmd = Bytes::from(cmd);
+        let core = Rc::clone(self);
+        let make = move || {
+            core.leading_now()?;
+            Ok(Proposal::command(cmd.clone()))
+        };
+        self.node.write_event(make, Ack::Quorum, deadline).await
+    }
+
     fn leading_now(&self) -> Result<Leadership, WriteError> {
         let l = self.node.leadership();
         if self.ids.borrow().ready(l.leading, l.term) {
@@ -402,13 +421,7 @@ impl WriteCore for Rc<Core> {
                     it.event_id = start + i as u64;
                 }
                 first.set(start);
-                Ok(Proposal {
-                    command: encode_store(&batch).into(),
-                    persist: Some(PersistKey {
-                        term: l.term,
-                        first_id: start,
-                    }),
-                })
+                Ok(Proposal::store(encode_store(&batch).into(), l.term))
             }
         };
         self.node.write_event(make, ack, deadline).await?;
@@ -421,13 +434,7 @@ impl WriteCore for Rc<Core> {
             // ACKs this node took while it led: the leader deletes them now.
             return self.node.forward_delete(keys, deadline).await;
         }
-        let cmd = Bytes::from(encode_delete(&DeleteBatch { keys }));
-        let core = Rc::clone(self);
-        let make = move || {
-            core.leading_now()?;
-            Ok(Proposal::command(cmd.clone()))
-        };
-        self.node.write_event(make, Ack::Quorum, deadline).await
+        Core::propose_while_leading(self, encode_delete(&DeleteBatch { keys }), deadline).await
     }
 
     async fn register_group(
@@ -440,16 +447,11 @@ impl WriteCore for Rc<Core> {
         if group_known(&self.store, topic_hash, &group).await? {
             return Ok(());
         }
-        let cmd = Bytes::from(encode_register_group(&RegisterGroup {
+        let cmd = encode_register_group(&RegisterGroup {
             topic_hash: topic_hash.0,
             group,
-        }));
-        let core = Rc::clone(self);
-        let make = move || {
-            core.leading_now()?;
-            Ok(Proposal::command(cmd.clone()))
-        };
-        self.node.write_event(make, Ack::Quorum, deadline).await
+        });
+        Core::propose_while_leading(self, cmd, deadline).await
     }
 
     async fn membership(&self, op: MembershipOp) -> Result<(), MembershipError> {

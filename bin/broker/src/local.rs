@@ -150,10 +150,7 @@ fn disk_io(dir: &std::path::Path) -> futureq_storage::log::uring::DmaLogIo {
 fn disk_io(
     dir: &std::path::Path,
 ) -> futureq_storage::log::faults::FaultyIo<futureq_storage::log::uring::DmaLogIo> {
-    use futureq_storage::log::faults::{FaultyIo, TRIGGER_FILE};
-    let trigger = dir.parent().unwrap_or(dir).join(TRIGGER_FILE);
-    let io = futureq_storage::log::uring::DmaLogIo::in_dir(dir.to_path_buf());
-    FaultyIo::new(io, trigger, || std::process::abort())
+    futureq_storage::log::faults::dma_in_dir(dir)
 }
 
 #[allow(clippy::too_many_arguments)]

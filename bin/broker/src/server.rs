@@ -114,12 +114,24 @@ impl ServerError {
     }
 }
 
-/// What an executor tells [`run`]'s thread.
+/// What an executor tells [`run`]'s thread: whether it started, that the write path failed,
+/// that it stopped.
 enum Exit {
-    /// The executor stopped.
-    Stopped,
+    /// The executor's start-up finished (serving) or failed.
+    Ready(Result<(), ServerError>),
     /// The write path failed: [`run`] returns at once.
     Failed(ServerError),
+    /// The executor stopped (also after a panic).
+    Stopped,
+}
+
+/// Reports an executor's start-up outcome to [`run`]'s thread.
+struct Ready(std::sync::mpsc::Sender<Exit>);
+
+impl Ready {
+    fn send(&self, outcome: Result<(), ServerError>) {
+        let _ = self.0.send(Exit::Ready(outcome));
+    }
 }
 
 /// Reports a failed write path to [`run`]'s thread (once) and starts the shutdown.
@@ -278,7 +290,6 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
         ..Metrics::default()
     });
 
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), ServerError>>();
     let (exits, exit_rx) = std::sync::mpsc::channel::<Exit>();
     let fatal = FatalReporter {
         exits: exits.clone(),
@@ -307,35 +318,42 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
             stopped: StoppedGuard(exits.clone()),
         };
         let hub_rx = if core == 0 { hub_rx.take() } else { None };
-        let ready = ready_tx.clone();
-        let h = LocalExecutorBuilder::new(Placement::Fixed(cpu))
+        let ready = Ready(exits.clone());
+        let spawned = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("futureq-core{core}"))
             .io_memory(runtime::IO_MEMORY_PER_EXECUTOR)
             // Work handed off the reactor (Raft apply, snapshot builds, sweeps) must not queue
             // behind one long job: a snapshot build stalled every apply for seconds.
             .blocking_thread_pool_placement(PoolPlacement::Unbound(runtime::BLOCKING_THREADS))
-            .spawn(move || async move { core_main(core, ctx_parts, hub_rx, ready).await })
-            .map_err(|e| ServerError::Executor {
-                core,
-                cpu,
-                reason: e.to_string(),
-            })?;
-        handles.push(h);
+            .spawn(move || async move { core_main(core, ctx_parts, hub_rx, ready).await });
+        match spawned {
+            Ok(h) => handles.push(h),
+            Err(e) => {
+                return Err(stop_all(
+                    &shutdown,
+                    handles,
+                    ServerError::Executor {
+                        core,
+                        cpu,
+                        reason: e.to_string(),
+                    },
+                ))
+            }
+        }
     }
-    drop(ready_tx);
     drop(hub_tx);
     drop((exits, fatal));
-    for _ in 0..cores {
-        match ready_rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                shutdown.trigger();
-                for h in handles {
-                    let _ = h.join();
-                }
-                return Err(e);
+    let mut started = 0;
+    while started < cores {
+        match exit_rx.recv() {
+            Ok(Exit::Ready(Ok(()))) => started += 1,
+            Ok(Exit::Ready(Err(e))) => return Err(stop_all(&shutdown, handles, e)),
+            // The reporter started the shutdown; the caller exits.
+            Ok(Exit::Failed(e)) => return Err(e),
+            // An executor ended (a panic) before it reported.
+            Ok(Exit::Stopped) | Err(_) => {
+                return Err(stop_all(&shutdown, handles, ServerError::ExecutorLost))
             }
-            Err(_) => return Err(ServerError::ExecutorLost),
         }
     }
     tracing::info!(
@@ -352,6 +370,7 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
         match exit_rx.recv() {
             Ok(Exit::Stopped) => stopped += 1,
             Ok(Exit::Failed(e)) => return Err(e),
+            Ok(Exit::Ready(_)) => {}
             Err(_) => break,
         }
     }
@@ -364,6 +383,19 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
     store_threads.join();
     tracing::info!(target: "app", "stopped");
     Ok(())
+}
+
+/// A failed start: stops the executors started so far and waits for them; `e` is the error.
+fn stop_all(
+    shutdown: &Shutdown,
+    handles: Vec<glommio::ExecutorJoinHandle<()>>,
+    e: ServerError,
+) -> ServerError {
+    shutdown.trigger();
+    for h in handles {
+        let _ = h.join();
+    }
+    e
 }
 
 /// Waits until the write path opened (true) or shutdown came first (false).
@@ -400,7 +432,7 @@ async fn core_main(
     core: usize,
     parts: CtxParts,
     hub_rx: Option<flume::Receiver<HubCmd>>,
-    ready: std::sync::mpsc::Sender<Result<(), ServerError>>,
+    ready: Ready,
 ) {
     let CtxParts {
         settings,
@@ -419,7 +451,7 @@ async fn core_main(
     let listener = match glommio::net::TcpListener::bind(settings.grpc_listen) {
         Ok(l) => l,
         Err(e) => {
-            let _ = ready.send(Err(ServerError::Listen {
+            ready.send(Err(ServerError::Listen {
                 key: "api.grpc.listen",
                 addr: settings.grpc_listen,
                 reason: e.to_string(),
@@ -446,11 +478,11 @@ async fn core_main(
         match open_rx.await {
             Ok(Ok(())) => writes_open.trigger(),
             Ok(Err(e)) => {
-                let _ = ready.send(Err(ServerError::Journal(e)));
+                ready.send(Err(ServerError::Journal(e)));
                 return;
             }
             Err(_) => {
-                let _ = ready.send(Err(ServerError::Journal(local::OpenError::Stopped)));
+                ready.send(Err(ServerError::Journal(local::OpenError::Stopped)));
                 return;
             }
         }
@@ -466,7 +498,7 @@ async fn core_main(
         {
             Ok(n) => n,
             Err(e) => {
-                let _ = ready.send(Err(ServerError::Cluster(e)));
+                ready.send(Err(ServerError::Cluster(e)));
                 return;
             }
         };
@@ -500,7 +532,7 @@ async fn core_main(
                     )));
                 }
                 Err(e) => {
-                    let _ = ready.send(Err(ServerError::Listen {
+                    ready.send(Err(ServerError::Listen {
                         key: "observability.metrics.listen",
                         addr,
                         reason: e.to_string(),
@@ -571,7 +603,7 @@ async fn core_main(
         repl,
         writes_open,
     });
-    let _ = ready.send(Ok(()));
+    ready.send(Ok(()));
     tracing::debug!(target: "app", core, "executor serving");
     futureq_net::grpc::serve(
         listener,

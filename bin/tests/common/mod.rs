@@ -301,6 +301,16 @@ impl Drop for Broker {
     }
 }
 
+/// Sends `signal` (`-STOP`, `-CONT`) to a broker's process.
+pub fn signal(b: &Broker, signal: &str) {
+    let pid = b.pid().to_string();
+    assert!(Command::new("kill")
+        .args([signal, &pid])
+        .status()
+        .unwrap()
+        .success());
+}
+
 pub fn msg(topic: &str, payload: &str, delay_ms: i64, ttl_ms: i64) -> PublishMessage {
     PublishMessage {
         topic: topic.into(),

@@ -56,18 +56,10 @@ pub(super) type DiskIo = DmaLogIo;
 pub(super) type DiskIo = futureq_storage::log::faults::FaultyIo<DmaLogIo>;
 
 fn disk_io(dir: &std::path::Path) -> DiskIo {
+    // The trigger is in the Raft data directory (the parent of both log directories).
     #[cfg(feature = "fault-injection")]
     {
-        // The Raft data directory (the parent of the event and metadata log directories).
-        let trigger = dir
-            .parent()
-            .unwrap_or(dir)
-            .join(futureq_storage::log::faults::TRIGGER_FILE);
-        futureq_storage::log::faults::FaultyIo::new(
-            DmaLogIo::in_dir(dir.to_path_buf()),
-            trigger,
-            || std::process::abort(),
-        )
+        futureq_storage::log::faults::dma_in_dir(dir)
     }
     #[cfg(not(feature = "fault-injection"))]
     DmaLogIo::in_dir(dir.to_path_buf())

@@ -48,8 +48,19 @@ impl DiskFault {
     }
 }
 
-/// Name of the trigger file in the Raft data directory.
+/// Name of the trigger file: in the Raft data directory (both Raft logs), in
+/// `storage.dataDir` (the standalone journal).
 pub const TRIGGER_FILE: &str = "inject-disk-fault";
+
+/// The io_uring files of the log in `dir` under the fault seam, armed by [`TRIGGER_FILE`] in
+/// the parent directory of `dir`; a torn write aborts the process (a crash).
+#[cfg(feature = "glommio")]
+#[must_use]
+pub fn dma_in_dir(dir: &std::path::Path) -> FaultyIo<super::uring::DmaLogIo> {
+    let trigger = dir.parent().unwrap_or(dir).join(TRIGGER_FILE);
+    let io = super::uring::DmaLogIo::in_dir(dir.to_path_buf());
+    FaultyIo::new(io, trigger, || std::process::abort())
+}
 
 /// A [`LogIo`] that injects the fault named in its trigger file (see the module docs).
 pub struct FaultyIo<I> {
