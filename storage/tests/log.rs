@@ -744,3 +744,90 @@ fn a_torn_write_after_durable_records_reopens_without_it() {
         "the multi-block torn writes were cut ({cut} cut)"
     );
 }
+
+/// [`MemLogIo`] whose fsync of the durable mark waits until `open` is set (a slow mark
+/// fsync), yielding meanwhile.
+struct SlowMarkIo(MemLogIo, Rc<std::cell::Cell<bool>>);
+
+impl LogIo for SlowMarkIo {
+    async fn list(&self) -> std::io::Result<Vec<String>> {
+        self.0.list().await
+    }
+    async fn open(&self, name: &str, len: u64) -> std::io::Result<()> {
+        self.0.open(name, len).await
+    }
+    async fn remove(&self, name: &str) -> std::io::Result<()> {
+        self.0.remove(name).await
+    }
+    async fn read_at(&self, name: &str, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
+        self.0.read_at(name, offset, len).await
+    }
+    async fn write_at(&self, name: &str, offset: u64, data: Vec<u8>) -> std::io::Result<()> {
+        self.0.write_at(name, offset, data).await
+    }
+    async fn sync(&self, name: &str) -> std::io::Result<()> {
+        while name == futureq_storage::log::segmented::MARK_FILE && !self.1.get() {
+            futures_lite::future::yield_now().await;
+        }
+        self.0.sync(name).await
+    }
+    async fn len(&self, name: &str) -> std::io::Result<u64> {
+        self.0.len(name).await
+    }
+}
+
+/// Under load the durable mark is saved beside a group's write, not before the next group:
+/// a group's callbacks run while the mark's fsync is still out, and the mark then names the
+/// entries flushed before that group.
+#[test]
+fn a_due_mark_is_saved_while_the_next_group_is_written() {
+    let gate = Rc::new(std::cell::Cell::new(true));
+    let log = block_on(Log::open(
+        SlowMarkIo(MemLogIo::new(), Rc::clone(&gate)),
+        CFG,
+        Box::new(|_| {}),
+    ))
+    .unwrap();
+    let append = |i: u64, done: Rc<std::cell::Cell<bool>>| {
+        log.append(
+            vec![(Term(1), LogIndex(i), payload(i))],
+            Box::new(move |r| {
+                r.unwrap();
+                done.set(true);
+            }),
+        )
+        .unwrap();
+    };
+    append(1, Rc::default());
+    block_on(log.flush()).unwrap();
+    assert_eq!(
+        log.durable_mark(),
+        Some(LogIndex(1)),
+        "the first flush saves it"
+    );
+    append(2, Rc::default());
+    block_on(log.flush()).unwrap();
+    // Past MARK_INTERVAL the next flush saves the mark, with its fsync held back.
+    std::thread::sleep(futureq_storage::log::segmented::MARK_INTERVAL);
+    gate.set(false);
+    let done = Rc::new(std::cell::Cell::new(false));
+    append(3, Rc::clone(&done));
+    block_on(async {
+        let flush = std::pin::pin!(log.flush());
+        let watch = async {
+            while !done.get() {
+                futures_lite::future::yield_now().await;
+            }
+            // Entry 3 is acknowledged while the mark's fsync still waits.
+            assert_eq!(log.durable_mark(), Some(LogIndex(1)));
+            gate.set(true);
+        };
+        let (flushed, ()) = futures::join!(flush, watch);
+        flushed.unwrap();
+    });
+    assert_eq!(
+        log.durable_mark(),
+        Some(LogIndex(2)),
+        "saved up to the earlier groups"
+    );
+}
