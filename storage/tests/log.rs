@@ -402,37 +402,55 @@ fn truncating_everything_then_appending_starts_over() {
     }
 }
 
-/// [`MemLogIo`] whose writes yield to the executor first, so other log calls can run while a
-/// flush is in the middle of writing; the first write is the slowest (it finishes after a
-/// later one).
-struct YieldingIo(MemLogIo, std::cell::Cell<u32>);
+/// [`MemLogIo`] that is slow where a test says:
+/// - `writes` counts writes; each yields to the executor first (the first one the longest, so
+///   it finishes after a later one), letting other log calls run while a flush is writing;
+/// - `mark_open`, while false, holds back the fsync of the durable mark.
+struct SlowIo {
+    io: MemLogIo,
+    writes: std::cell::Cell<u32>,
+    mark_open: Rc<std::cell::Cell<bool>>,
+}
 
-impl LogIo for YieldingIo {
+impl SlowIo {
+    fn new(io: MemLogIo) -> Self {
+        SlowIo {
+            io,
+            writes: std::cell::Cell::new(0),
+            mark_open: Rc::new(std::cell::Cell::new(true)),
+        }
+    }
+}
+
+impl LogIo for SlowIo {
     async fn list(&self) -> std::io::Result<Vec<String>> {
-        self.0.list().await
+        self.io.list().await
     }
     async fn open(&self, name: &str, len: u64) -> std::io::Result<()> {
-        self.0.open(name, len).await
+        self.io.open(name, len).await
     }
     async fn remove(&self, name: &str) -> std::io::Result<()> {
-        self.0.remove(name).await
+        self.io.remove(name).await
     }
     async fn read_at(&self, name: &str, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
-        self.0.read_at(name, offset, len).await
+        self.io.read_at(name, offset, len).await
     }
     async fn write_at(&self, name: &str, offset: u64, data: Vec<u8>) -> std::io::Result<()> {
-        let n = self.1.get();
-        self.1.set(n + 1);
+        let n = self.writes.get();
+        self.writes.set(n + 1);
         for _ in 0..if n == 0 { 4 } else { 1 } {
             futures_lite::future::yield_now().await;
         }
-        self.0.write_at(name, offset, data).await
+        self.io.write_at(name, offset, data).await
     }
     async fn sync(&self, name: &str) -> std::io::Result<()> {
-        self.0.sync(name).await
+        while name == futureq_storage::log::segmented::MARK_FILE && !self.mark_open.get() {
+            futures_lite::future::yield_now().await;
+        }
+        self.io.sync(name).await
     }
     async fn len(&self, name: &str) -> std::io::Result<u64> {
-        self.0.len(name).await
+        self.io.len(name).await
     }
 }
 
@@ -442,12 +460,7 @@ impl LogIo for YieldingIo {
 #[test]
 fn truncate_waits_for_a_flush_in_progress() {
     let io = MemLogIo::new();
-    let log = block_on(Log::open(
-        YieldingIo(io.clone(), std::cell::Cell::new(0)),
-        CFG,
-        Box::new(|_| {}),
-    ))
-    .unwrap();
+    let log = block_on(Log::open(SlowIo::new(io.clone()), CFG, Box::new(|_| {}))).unwrap();
     log.append(
         vec![(Term(0), LogIndex(0), b"mine".to_vec())],
         Box::new(|_| {}),
@@ -745,49 +758,14 @@ fn a_torn_write_after_durable_records_reopens_without_it() {
     );
 }
 
-/// [`MemLogIo`] whose fsync of the durable mark waits until `open` is set (a slow mark
-/// fsync), yielding meanwhile.
-struct SlowMarkIo(MemLogIo, Rc<std::cell::Cell<bool>>);
-
-impl LogIo for SlowMarkIo {
-    async fn list(&self) -> std::io::Result<Vec<String>> {
-        self.0.list().await
-    }
-    async fn open(&self, name: &str, len: u64) -> std::io::Result<()> {
-        self.0.open(name, len).await
-    }
-    async fn remove(&self, name: &str) -> std::io::Result<()> {
-        self.0.remove(name).await
-    }
-    async fn read_at(&self, name: &str, offset: u64, len: usize) -> std::io::Result<Vec<u8>> {
-        self.0.read_at(name, offset, len).await
-    }
-    async fn write_at(&self, name: &str, offset: u64, data: Vec<u8>) -> std::io::Result<()> {
-        self.0.write_at(name, offset, data).await
-    }
-    async fn sync(&self, name: &str) -> std::io::Result<()> {
-        while name == futureq_storage::log::segmented::MARK_FILE && !self.1.get() {
-            futures_lite::future::yield_now().await;
-        }
-        self.0.sync(name).await
-    }
-    async fn len(&self, name: &str) -> std::io::Result<u64> {
-        self.0.len(name).await
-    }
-}
-
 /// Under load the durable mark is saved beside a group's write, not before the next group:
 /// a group's callbacks run while the mark's fsync is still out, and the mark then names the
 /// entries flushed before that group.
 #[test]
 fn a_due_mark_is_saved_while_the_next_group_is_written() {
-    let gate = Rc::new(std::cell::Cell::new(true));
-    let log = block_on(Log::open(
-        SlowMarkIo(MemLogIo::new(), Rc::clone(&gate)),
-        CFG,
-        Box::new(|_| {}),
-    ))
-    .unwrap();
+    let io = SlowIo::new(MemLogIo::new());
+    let gate = Rc::clone(&io.mark_open);
+    let log = block_on(Log::open(io, CFG, Box::new(|_| {}))).unwrap();
     let append = |i: u64, done: Rc<std::cell::Cell<bool>>| {
         log.append(
             vec![(Term(1), LogIndex(i), payload(i))],
