@@ -68,8 +68,8 @@ pub enum ServerError {
         /// Why.
         reason: String,
     },
-    /// An executor ended before it reported.
-    #[error("an executor stopped during start-up")]
+    /// An executor ended before it reported, or before the shutdown (a panic).
+    #[error("an executor stopped unexpectedly (during start-up, or a panic while serving)")]
     ExecutorLost,
     /// A listener could not be opened.
     #[error("cannot listen on {key} {addr}: {reason}")]
@@ -134,20 +134,17 @@ impl Ready {
     }
 }
 
-/// Reports a failed write path to [`run`]'s thread (once) and starts the shutdown.
+/// Reports a failed write path to [`run`]'s thread and starts the shutdown. [`run`] returns
+/// on the first report; later ones go nowhere.
 #[derive(Clone)]
 pub(crate) struct FatalReporter {
     exits: std::sync::mpsc::Sender<Exit>,
     shutdown: Shutdown,
-    sent: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl FatalReporter {
-    /// Reports the failure (only the first call does; [`run`]'s caller logs it).
+    /// Reports the failure ([`run`]'s caller logs it).
     pub(crate) fn fail(&self, what: &'static str, reason: &str) {
-        if self.sent.swap(true, std::sync::atomic::Ordering::Relaxed) {
-            return;
-        }
         let _ = self.exits.send(Exit::Failed(ServerError::WritePathFailed {
             what,
             reason: reason.to_owned(),
@@ -294,7 +291,6 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
     let fatal = FatalReporter {
         exits: exits.clone(),
         shutdown: shutdown.clone(),
-        sent: Arc::default(),
     };
     let mut handles = Vec::new();
     let mut hub_rx = Some(hub_rx);
@@ -365,10 +361,20 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
         mode = if settings.cluster.is_some() { "clustered" } else { "standalone" },
         "futureq serving"
     );
+    // An executor only stops once the shutdown began; one that stops before (a panic) takes
+    // the others down rather than leave a broker that serves half.
     let mut stopped = 0;
+    let mut lost = false;
     while stopped < cores {
         match exit_rx.recv() {
-            Ok(Exit::Stopped) => stopped += 1,
+            Ok(Exit::Stopped) => {
+                stopped += 1;
+                if !shutdown.is_triggered() {
+                    tracing::error!(target: "app", "an executor stopped unexpectedly: shutting down");
+                    lost = true;
+                    shutdown.trigger();
+                }
+            }
             Ok(Exit::Failed(e)) => return Err(e),
             Ok(Exit::Ready(_)) => {}
             Err(_) => break,
@@ -382,6 +388,9 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
     drop(store);
     store_threads.join();
     tracing::info!(target: "app", "stopped");
+    if lost {
+        return Err(ServerError::ExecutorLost);
+    }
     Ok(())
 }
 

@@ -158,10 +158,11 @@ fn ceil(x: u64) -> u64 {
 }
 
 /// The durable-mark file: two 4 KiB slots (see [`super::vote`]) holding the last index
-/// known fsynced, + 1 (0 = none), as u64 LE. Saved after a flush at most every
-/// [`MARK_INTERVAL`] (so it lags the log a little: damage after it is taken for a torn
-/// write), lowered before a truncate removes entries below it, cleared before a purge
-/// empties the log.
+/// known fsynced, + 1 (0 = none), as u64 LE. Saved at most every [`MARK_INTERVAL`] by a
+/// flush (under load beside the next group's write, naming the groups before it) or by an
+/// idle saver, so it lags the log a little: damage after it is taken for a torn write, which
+/// may cut acknowledged entries of the last interval. Lowered before a truncate removes
+/// entries below it, cleared before a purge empties the log.
 pub const MARK_FILE: &str = "durable.mark";
 /// Least time between two saves of the durable mark after flushes.
 pub const MARK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
@@ -196,6 +197,8 @@ pub struct Log<I: LogIo> {
     mark: std::cell::Cell<Option<u64>>,
     mark_seq: std::cell::Cell<u64>,
     mark_saved_at: std::cell::Cell<Option<std::time::Instant>>,
+    /// A flush of this process succeeded (its segments were fsynced by it).
+    flushed_here: std::cell::Cell<bool>,
 }
 
 /// Holds the log's write side (see [`Log::exclusive`]); releases it on drop, also when the
@@ -367,6 +370,7 @@ impl<I: LogIo> Log<I> {
             mark: std::cell::Cell::new(mark),
             mark_seq: std::cell::Cell::new(mark_seq),
             mark_saved_at: std::cell::Cell::new(None),
+            flushed_here: std::cell::Cell::new(false),
         })
     }
 
@@ -376,12 +380,13 @@ impl<I: LogIo> Log<I> {
         self.mark.get().map(LogIndex)
     }
 
-    /// Whether entries were flushed beyond the saved durable mark (then [`Log::save_mark`]
-    /// is due once [`MARK_INTERVAL`] passed: after a burst the flusher goes idle and saves
-    /// nothing more).
+    /// Whether the log is idle (nothing waits for a flush) with entries flushed beyond the
+    /// saved durable mark: then [`Log::save_mark`] is due once [`MARK_INTERVAL`] passed (after
+    /// a burst the flusher goes idle and saves nothing more). While entries wait, the flusher
+    /// saves the mark itself; a save from outside would hold the next group behind its fsync.
     #[must_use]
     pub fn mark_lags(&self) -> bool {
-        self.last_flushed() > self.mark.get()
+        !self.has_pending() && self.last_flushed() > self.mark.get()
     }
 
     /// Saves the durable mark now: the last flushed index.
@@ -547,7 +552,9 @@ impl<I: LogIo> Log<I> {
             return self.flush_once().await;
         }
         let earlier = self.last_flushed();
-        let saved = if earlier > self.mark.get() {
+        // Only entries this process fsynced may be named beside a write: records found at
+        // open may never have been fsynced (a crash), and this flush's sync covers them.
+        let saved = if self.flushed_here.get() && earlier > self.mark.get() {
             let (flushed, saved) =
                 futures::future::join(self.flush_once(), self.write_mark(earlier)).await;
             flushed?;
@@ -659,12 +666,12 @@ impl<I: LogIo> Log<I> {
             .drain(..pending_count)
             .collect();
         if let Some(hook) = &self.on_persisted {
+            // The records were encoded by this process: the payload follows the header.
             for p in &flushed {
-                if let Decoded::Record(r, _) = decode(&p.bytes) {
-                    hook(&r.payload);
-                }
+                hook(&p.bytes[HEADER_LEN..]);
             }
         }
+        self.flushed_here.set(true);
         if self.cfg.cache_bytes > 0 {
             let mut st = self.st.borrow_mut();
             for p in flushed {
