@@ -456,7 +456,13 @@ async fn core_main(
         fatal,
         stopped: _stopped,
     } = parts;
-    let _awake = runtime::keep_awake();
+    let _awake = match runtime::keep_awake() {
+        Ok(a) => a,
+        Err(e) => {
+            ready.send(Err(e.into()));
+            return;
+        }
+    };
     let listener = match glommio::net::TcpListener::bind(settings.grpc_listen) {
         Ok(l) => l,
         Err(e) => {
