@@ -11,9 +11,9 @@
 use std::cell::RefCell;
 use std::io::{self, Cursor};
 use std::rc::Rc;
-use std::time::{Duration, Instant};
 
 use futureq_core::EventKey;
+use futureq_storage::durability::{DurableApplies, DURABLE_APPLY_INTERVAL};
 use futureq_storage::Store;
 use futures::StreamExt;
 use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine, Snapshot};
@@ -67,10 +67,6 @@ impl CurrentSnapshot {
 /// state for deleted ones.
 pub type OnApplied = Rc<dyn Fn(&[EventKey], &[EventKey])>;
 
-/// Longest time applied state may stay volatile (redb commits without fsync keep their pages
-/// in memory until a durable one; the Raft log replays what a crash loses).
-pub const DURABLE_APPLY_INTERVAL: Duration = Duration::from_millis(50);
-
 fn io_err(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
 }
@@ -85,7 +81,8 @@ pub struct EventStateMachine {
     store: Store,
     current: CurrentSnapshot,
     on_applied: OnApplied,
-    last_durable: Rc<std::cell::Cell<Instant>>,
+    /// When an apply commits durably (the Raft log replays what a crash loses).
+    applies: Rc<std::cell::Cell<DurableApplies>>,
     /// Entries refused since start (undecodable or stale ids), for the metrics.
     refused: Rc<std::cell::Cell<u64>>,
 }
@@ -98,7 +95,9 @@ impl EventStateMachine {
             store,
             current: CurrentSnapshot::default(),
             on_applied,
-            last_durable: Rc::new(std::cell::Cell::new(Instant::now())),
+            applies: Rc::new(std::cell::Cell::new(DurableApplies::new(
+                DURABLE_APPLY_INTERVAL,
+            ))),
             refused: Rc::default(),
         }
     }
@@ -199,7 +198,8 @@ impl RaftStateMachine<TypeConfig> for EventStateMachine {
             meta.push((MEMBERSHIP, encode_membership(m)));
         }
         let store = self.store.clone();
-        let durable = self.last_durable.get().elapsed() >= DURABLE_APPLY_INTERVAL;
+        let durable = self.applies.get().due();
+        let bytes: usize = batch.iter().map(|(_, _, c)| c.len()).sum();
         let out = blocking(move || {
             let refs: Vec<(u64, u64, &[u8])> =
                 batch.iter().map(|(i, t, c)| (*i, *t, c.as_ref())).collect();
@@ -209,9 +209,9 @@ impl RaftStateMachine<TypeConfig> for EventStateMachine {
         })
         .await
         .map_err(io_err)?;
-        if durable {
-            self.last_durable.set(Instant::now());
-        }
+        let mut applies = self.applies.get();
+        applies.applied(bytes, durable);
+        self.applies.set(applies);
         if !out.deleted.is_empty() || !out.published.is_empty() {
             (self.on_applied)(&out.published, &out.deleted);
         }

@@ -13,9 +13,10 @@
 //! - **Ids in log order.** Event ids are assigned when the entry is appended, on the journal's
 //!   executor: ids ascend with log indexes, as the apply requires.
 //! - **Durability.** An entry is durable when its fsync returns. Applies commit redb without
-//!   fsync, except one every [`DURABLE_APPLY_INTERVAL`] (and after an idle interval); the log
-//!   is purged only up to the last durably applied index (whole segments, never the newest), so a crash replays the entries the
-//!   store may have lost (the apply skips entries at or below its applied index).
+//!   fsync, except when [`DurableApplies`] says one is due (and after an idle interval); the
+//!   log is purged only up to the last durably applied index (whole segments, never the
+//!   newest), so a crash replays the entries the store may have lost (the apply skips
+//!   entries at or below its applied index).
 //! - **Failure.** A failed log write or fsync poisons the log, a failed apply the journal:
 //!   every waiting and later write fails, and [`Journal::failed`] says why (the broker exits,
 //!   as a Raft node does, and restarts from what is durable).
@@ -30,7 +31,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futureq_core::command::{
     encode_delete, encode_register_group, encode_store, DeleteBatch, RegisterGroup, StoreBatch,
@@ -39,14 +40,12 @@ use futureq_core::command::{
 use futureq_core::{EventKey, TopicHash};
 use futures::channel::oneshot;
 
+use crate::durability::DurableApplies;
 use crate::log::io::LogIo;
 use crate::log::{FlushError, Log, LogConfig, LogError, LogIndex, Term};
 use crate::store::{Refusal, Store};
 use crate::StoreError;
 
-/// Longest run of non-durable applies (redb keeps their pages in memory until a durable
-/// commit; the log keeps their entries until then).
-pub const DURABLE_APPLY_INTERVAL: Duration = Duration::from_millis(50);
 /// Most entries appended and not yet applied; a writer waits beyond it (NO_ACK writes would
 /// otherwise outrun the disk without bound).
 pub const UNAPPLIED_MAX: usize = 4096;
@@ -61,7 +60,8 @@ const APPLY_BYTES_MAX: usize = 64 << 20;
 pub struct JournalConfig {
     /// The log's segments and read cache.
     pub log: LogConfig,
-    /// Longest run of non-durable applies ([`DURABLE_APPLY_INTERVAL`]).
+    /// Longest run of non-durable applies
+    /// ([`crate::durability::DURABLE_APPLY_INTERVAL`]).
     pub durable_interval: Duration,
 }
 
@@ -536,8 +536,7 @@ impl<I: LogIo + 'static> Journal<I> {
     /// `durable_interval`, and once after an idle interval) until `stop` resolved and
     /// the queue is empty, or the journal failed.
     async fn apply_until(&self, stop: impl std::future::Future<Output = ()>) {
-        let mut last_durable = Instant::now();
-        let mut volatile = false;
+        let mut applies = DurableApplies::new(self.0.durable_interval);
         let mut stop = std::pin::pin!(futures::FutureExt::fuse(stop));
         loop {
             let listener = self.0.changed.listen();
@@ -555,14 +554,11 @@ impl<I: LogIo + 'static> Journal<I> {
                 return;
             }
             if ready {
-                let durable = last_durable.elapsed() >= self.0.durable_interval;
-                if !self.apply_flushed(durable).await {
+                let durable = applies.due();
+                let Some(bytes) = self.apply_flushed(durable).await else {
                     return;
-                }
-                if durable {
-                    last_durable = Instant::now();
-                }
-                volatile = !durable;
+                };
+                applies.applied(bytes, durable);
                 continue;
             }
             if stopped {
@@ -573,13 +569,8 @@ impl<I: LogIo + 'static> Journal<I> {
                 continue;
             }
             let idle = async {
-                if volatile {
-                    glommio::timer::sleep(
-                        self.0
-                            .durable_interval
-                            .saturating_sub(last_durable.elapsed()),
-                    )
-                    .await;
+                if applies.volatile() {
+                    glommio::timer::sleep(applies.until_due()).await;
                 } else {
                     futures::future::pending::<()>().await;
                 }
@@ -588,8 +579,7 @@ impl<I: LogIo + 'static> Journal<I> {
                 () = futures::FutureExt::fuse(listener) => {}
                 () = futures::FutureExt::fuse(idle) => {
                     if self.make_durable().await {
-                        last_durable = Instant::now();
-                        volatile = false;
+                        applies.made_durable();
                     }
                 }
                 () = stop => {
@@ -609,8 +599,9 @@ impl<I: LogIo + 'static> Journal<I> {
     }
 
     /// Applies every flushed entry (bounded per transaction) and answers their waiters.
-    /// False when the apply failed (the journal is failed then).
-    async fn apply_flushed(&self, durable: bool) -> bool {
+    /// The bytes of entries applied; `None` when the apply failed (the journal is failed
+    /// then).
+    async fn apply_flushed(&self, durable: bool) -> Option<usize> {
         let (taken, bytes): (Vec<Pending>, usize) = {
             let mut st = self.0.st.borrow_mut();
             let mut taken = Vec::new();
@@ -627,7 +618,7 @@ impl<I: LogIo + 'static> Journal<I> {
             (taken, bytes)
         };
         if taken.is_empty() {
-            return true;
+            return Some(0);
         }
         let mut entries = Vec::with_capacity(taken.len());
         let mut waiters = Vec::with_capacity(taken.len());
@@ -655,7 +646,7 @@ impl<I: LogIo + 'static> Journal<I> {
                         let _ = w.send(Err(err.clone()));
                     }
                 }
-                return false;
+                return None;
             }
         };
         if !out.published.is_empty() || !out.deleted.is_empty() {
@@ -677,7 +668,7 @@ impl<I: LogIo + 'static> Journal<I> {
         if durable {
             self.purge(last).await;
         }
-        true
+        Some(bytes)
     }
 
     /// One durable commit (everything applied so far survives a crash), then the log is

@@ -7,6 +7,8 @@
 //!   redb read ever runs on an executor's reactor.
 //! - [`log`]: the segmented log on io_uring (record format, group commit, recovery, the
 //!   persist hook): the Raft log, and the journal's.
+//! - [`durability`]: when an apply commits the store durably (shared by the journal and the
+//!   Raft state machine).
 //! - [`journal`]: the standalone write path: commands appended to the log, applied into the
 //!   store with the replicas' apply.
 //! - `error`: the crate error type, `StoreError`.
@@ -23,6 +25,7 @@
 //!   purged past the store's durable applied index.
 //! - Index and expiry entries exist exactly as long as their message.
 
+pub mod durability;
 pub mod error;
 #[cfg(feature = "glommio")]
 pub mod journal;

@@ -10,9 +10,7 @@ use futureq_core::command::StoreItem;
 use futureq_core::{AckLevel, EventKey, TopicHash};
 use futureq_net::Shutdown;
 use futureq_raft::node::WriteError;
-use futureq_storage::journal::{
-    Journal, JournalConfig, JournalError, OnApplied, Wait, DURABLE_APPLY_INTERVAL,
-};
+use futureq_storage::journal::{Journal, JournalConfig, JournalError, OnApplied, Wait};
 use futureq_storage::log::io::{LogIo, MemLogIo};
 use futureq_storage::log::LogConfig;
 use futureq_storage::Store;
@@ -42,7 +40,7 @@ const CONFIG: JournalConfig = JournalConfig {
         // The journal holds each entry until its apply; only a replay reads the log.
         cache_bytes: 0,
     },
-    durable_interval: DURABLE_APPLY_INTERVAL,
+    durable_interval: futureq_storage::durability::DURABLE_APPLY_INTERVAL,
 };
 
 /// Why the standalone write path did not open.

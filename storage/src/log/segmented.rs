@@ -197,8 +197,6 @@ pub struct Log<I: LogIo> {
     mark: std::cell::Cell<Option<u64>>,
     mark_seq: std::cell::Cell<u64>,
     mark_saved_at: std::cell::Cell<Option<std::time::Instant>>,
-    /// A flush of this process succeeded (its segments were fsynced by it).
-    flushed_here: std::cell::Cell<bool>,
 }
 
 /// Holds the log's write side (see [`Log::exclusive`]); releases it on drop, also when the
@@ -359,6 +357,20 @@ impl<I: LogIo> Log<I> {
             let s = st.segments.pop().expect("checked");
             io.remove(&s.name).await?;
         }
+        // Records beyond the durable mark may have been written by a process that died
+        // before their fsync: they are made durable before the log reports them (Raft counts
+        // what a log holds as persisted, and a later flush's durable write covers only its
+        // own bytes).
+        let last = st.locs.keys().next_back().copied();
+        for (i, seg) in st.segments.iter().enumerate() {
+            let seg_last = st
+                .segments
+                .get(i + 1)
+                .map_or(last, |next| next.first.checked_sub(1));
+            if seg.end > 0 && seg_last.is_some_and(|l| mark.is_none_or(|m| l > m)) {
+                io.sync(&seg.name).await?;
+            }
+        }
         Ok(Log {
             io,
             cfg,
@@ -370,7 +382,6 @@ impl<I: LogIo> Log<I> {
             mark: std::cell::Cell::new(mark),
             mark_seq: std::cell::Cell::new(mark_seq),
             mark_saved_at: std::cell::Cell::new(None),
-            flushed_here: std::cell::Cell::new(false),
         })
     }
 
@@ -552,9 +563,8 @@ impl<I: LogIo> Log<I> {
             return self.flush_once().await;
         }
         let earlier = self.last_flushed();
-        // Only entries this process fsynced may be named beside a write: records found at
-        // open may never have been fsynced (a crash), and this flush's sync covers them.
-        let saved = if self.flushed_here.get() && earlier > self.mark.get() {
+        // Every flushed entry is durable (records found at open were synced by `open`).
+        let saved = if earlier > self.mark.get() {
             let (flushed, saved) =
                 futures::future::join(self.flush_once(), self.write_mark(earlier)).await;
             flushed?;
@@ -626,19 +636,11 @@ impl<I: LogIo> Log<I> {
             // flush rewrites that block).
             let from = usize::try_from(floor(new_end) - start).unwrap_or(0);
             let tail = buf[from..usize::try_from(new_end - start).unwrap_or(0)].to_vec();
-            if let Err(e) = self.io.write_at(&name, start, buf).await {
+            if let Err(e) = self.io.write_durable(&name, start, buf).await {
                 result = Err(e);
                 break;
             }
             written.push((name, new_end, tail));
-        }
-        if result.is_ok() {
-            for (name, ..) in &written {
-                if let Err(e) = self.io.sync(name).await {
-                    result = Err(e);
-                    break;
-                }
-            }
         }
         if let Err(e) = result {
             self.st.borrow_mut().poisoned = true;
@@ -671,7 +673,6 @@ impl<I: LogIo> Log<I> {
                 hook(&p.bytes[HEADER_LEN..]);
             }
         }
-        self.flushed_here.set(true);
         if self.cfg.cache_bytes > 0 {
             let mut st = self.st.borrow_mut();
             for p in flushed {
@@ -787,12 +788,7 @@ impl<I: LogIo> Log<I> {
                 0,
             );
             let tail: Vec<u8> = buf[..usize::try_from(offset - start).unwrap_or(0)].to_vec();
-            let res = async {
-                self.io.write_at(&name, start, buf).await?;
-                self.io.sync(&name).await
-            }
-            .await;
-            if let Err(e) = res {
+            if let Err(e) = self.io.write_durable(&name, start, buf).await {
                 self.st.borrow_mut().poisoned = true;
                 return Err(LogError::Io(e));
             }

@@ -1,0 +1,104 @@
+//! When an apply commits the store durably.
+//!
+//! Applies commit redb without fsync; redb keeps those transactions' pages in memory, and the
+//! log keeps their entries (a crash replays them), until a durable commit writes the pages
+//! and fsyncs. That commit's writes and fsync share the disk with the log's group commits:
+//! the log flushes that meet it wait behind it. Frequent durable commits put many short waits
+//! into the 99th percentile of acknowledgement latency, rare ones put fewer, longer waits
+//! further out (measured standalone, QUORUM at 1 message/request, 8 streams × 4, 5 s runs:
+//! every 50 ms p99 2.06–2.20 ms and p99.9 3.5–3.9 ms; every 1 s p99 1.45–1.78 ms and p99.9
+//! 5.5–11 ms; the write-ahead-log build before the one write path, which checkpointed every
+//! 250 ms: p99 1.47–1.93 ms, p99.9 7.8–8.7 ms). The byte bound keeps redb's memory and the
+//! replay after a crash bounded under heavy load.
+
+use std::time::{Duration, Instant};
+
+/// Longest time applied state stays volatile.
+pub const DURABLE_APPLY_INTERVAL: Duration = Duration::from_secs(1);
+/// Most bytes of log entries applied without a durable commit: the next apply is durable.
+pub const DURABLE_APPLY_BYTES: usize = 32 << 20;
+
+/// Tracks the applies since the last durable commit.
+///
+/// An apply is durable when `interval` has passed since the last durable commit, or when
+/// [`DURABLE_APPLY_BYTES`] of entries were applied since (the overshoot is at most one apply
+/// transaction).
+#[derive(Debug, Clone, Copy)]
+pub struct DurableApplies {
+    interval: Duration,
+    last: Instant,
+    volatile_bytes: usize,
+    volatile: bool,
+}
+
+impl DurableApplies {
+    /// Nothing volatile yet; the first durable commit is due `interval` from now.
+    #[must_use]
+    pub fn new(interval: Duration) -> Self {
+        DurableApplies {
+            interval,
+            last: Instant::now(),
+            volatile_bytes: 0,
+            volatile: false,
+        }
+    }
+
+    /// Whether the next apply commits durably.
+    #[must_use]
+    pub fn due(&self) -> bool {
+        self.last.elapsed() >= self.interval || self.volatile_bytes >= DURABLE_APPLY_BYTES
+    }
+
+    /// Whether something was applied since the last durable commit.
+    #[must_use]
+    pub fn volatile(&self) -> bool {
+        self.volatile
+    }
+
+    /// Time until the interval runs out (zero when it has).
+    #[must_use]
+    pub fn until_due(&self) -> Duration {
+        self.interval.saturating_sub(self.last.elapsed())
+    }
+
+    /// An apply of `bytes` of entries committed, durably or not.
+    pub fn applied(&mut self, bytes: usize, durable: bool) {
+        if durable {
+            self.made_durable();
+        } else {
+            self.volatile_bytes = self.volatile_bytes.saturating_add(bytes);
+            self.volatile = true;
+        }
+    }
+
+    /// A durable commit made everything applied so far durable.
+    pub fn made_durable(&mut self) {
+        self.last = Instant::now();
+        self.volatile_bytes = 0;
+        self.volatile = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durable_after_the_interval_or_the_byte_bound() {
+        let mut d = DurableApplies::new(Duration::from_secs(3600));
+        assert!(!d.due() && !d.volatile());
+        d.applied(DURABLE_APPLY_BYTES - 1, false);
+        assert!(!d.due() && d.volatile());
+        d.applied(1, false);
+        assert!(d.due(), "the byte bound");
+        d.applied(10, true);
+        assert!(!d.due() && !d.volatile());
+
+        let mut d = DurableApplies::new(Duration::ZERO);
+        assert!(d.due(), "the interval");
+        assert_eq!(d.until_due(), Duration::ZERO);
+        d.applied(1, false);
+        d.made_durable();
+        assert!(!d.volatile());
+    }
+}
