@@ -25,9 +25,11 @@ const SECRET: &str = "test-cluster-secret";
 const RTT_MS: u64 = 50;
 /// A new leader must serve within the leader lease plus two election rounds (plus slack for a
 /// loaded machine). openraft starts an election one election timeout after the lease
-/// (`election_timeout_max`, 15 rtt) of the last heartbeat ran out: 1250–1500 ms here; when
-/// both followers time out within a vote's round trip (a split vote), neither wins and each
-/// tries again one timeout later (seen: 2.09 s on a loaded CI machine, new leader in term 3).
+/// (`election_timeout_max`, 15 rtt) of the last heartbeat ran out: 1250–1500 ms here. A
+/// first campaign can fail and cost one more timeout: by the follower with the shorter log
+/// (refused, and having voted for itself it then refuses the other's vote in that term), or
+/// when both time out within a vote's round trip (seen: 2.09 s on a loaded CI machine, new
+/// leader in term 3).
 const FAILOVER_MAX: Duration = Duration::from_millis(3 * 15 * RTT_MS + 500);
 
 struct Cluster {
@@ -732,8 +734,8 @@ fn snapshot_bytes(log: &str) -> usize {
 async fn a_data_directory_is_not_switched_between_modes() {
     let mut c = Cluster::start(1, "").await;
     let mut b = c.nodes.remove(0);
-    // An apply more than 50 ms after the bootstrap is a durable one: the membership is in the
-    // store for good.
+    // The membership reaches the store durably at the node's clean stop below (or an apply
+    // past the durable-apply interval).
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut p = Publisher::open(b.channel().await).await;
     // The new leader takes writes once it confirmed its term.

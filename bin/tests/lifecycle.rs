@@ -2,6 +2,7 @@
 
 mod common;
 
+use futureq_storage::durability::DURABLE_APPLY_INTERVAL;
 use std::collections::HashSet;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -102,7 +103,7 @@ async fn acked_deletes_survive_a_graceful_restart() {
 }
 
 /// Acks are deletes made durable by the journal (standalone): a kill -9 right after they are
-/// (within the journal's 50 ms durable-apply interval: the deletes are durable in the journal
+/// (within the journal's durable-apply interval: the deletes are durable in the journal
 /// only) must not bring the acked messages back. The journal runs on core 1: the dispatcher
 /// on core 0 reads the store only once the journal replayed the deletes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -125,11 +126,13 @@ async fn acked_deletes_survive_kill9() {
     let mut sub = Subscriber::open(b.channel().await, "k9", "", 0).await;
     let got = sub.drain(Duration::from_millis(400)).await;
     assert_eq!(got.len(), 20);
-    // The stored messages are durable in the store (the journal's idle durable apply)...
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // The stored messages are durable in the store (the journal's idle durable apply, one
+    // interval after its start) and another interval passed since...
+    tokio::time::sleep(2 * DURABLE_APPLY_INTERVAL + Duration::from_millis(200)).await;
     let before = b.metric("futureq_deletes_committed_total").await;
-    // ... and a write makes the next apply a durable one, so the acks' deletes right after
-    // are applied volatile: durable in the journal only until the next durable apply, 50 ms on.
+    // ... so this write's apply is a durable one, and the acks' deletes right after are
+    // applied volatile: durable in the journal only until the next durable apply, one interval
+    // on.
     let t = std::time::Instant::now();
     assert!(
         p.publish(batch(2, QUORUM, vec![msg("other", "x", 60_000, 0)]))
@@ -148,7 +151,7 @@ async fn acked_deletes_survive_kill9() {
     }
     b.kill9();
     assert!(
-        t.elapsed() < Duration::from_millis(50),
+        t.elapsed() < DURABLE_APPLY_INTERVAL,
         "too slow to kill before the deletes' durable apply ({:?}): the test would prove nothing",
         t.elapsed()
     );

@@ -532,9 +532,10 @@ impl<I: LogIo + 'static> Journal<I> {
         self.fail_rest();
     }
 
-    /// The applier: applies flushed entries as they come (durably every
-    /// `durable_interval`, and once after an idle interval) until `stop` resolved and
-    /// the queue is empty, or the journal failed.
+    /// The applier: applies flushed entries as they come (durably as [`DurableApplies`] says:
+    /// every `durable_interval` or [`crate::durability::DURABLE_APPLY_BYTES`]; and once when
+    /// idle with volatile applies, the interval run out) until `stop` resolved and the queue
+    /// is empty, or the journal failed.
     async fn apply_until(&self, stop: impl std::future::Future<Output = ()>) {
         let mut applies = DurableApplies::new(self.0.durable_interval);
         let mut stop = std::pin::pin!(futures::FutureExt::fuse(stop));

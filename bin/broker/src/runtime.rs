@@ -157,7 +157,14 @@ fn tick() {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .as_ref()
             {
-                w.wake_by_ref();
+                // A wake that panics (glommio asserts on a waker's reference count, which
+                // queued cross-thread wakes of an executor that no longer drains them raise)
+                // must not end the ticker for every other executor.
+                let woke =
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.wake_by_ref()));
+                if woke.is_err() {
+                    tracing::error!(target: "app", "waking an executor from the keep-awake ticker panicked");
+                }
             }
             true
         });

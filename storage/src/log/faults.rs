@@ -4,9 +4,8 @@
 //! `enospc` or `torn`) arms that fault once, for the log's segment files (`*.log`; not the
 //! durable mark or the vote files): the next `sync` fails, the next write fails with ENOSPC,
 //! or the next write persists only its later blocks (an O_DIRECT multi-block write torn by a
-//! power loss) and the process then dies at once (the crash hook). A `write_durable` takes
-//! any of the three (`fsync`: the data is written, then the sync fails). The broker uses it
-//! only when built with the `fault-injection` feature.
+//! power loss) and the process then dies at once (the crash hook). The broker uses it only
+//! when built with the `fault-injection` feature.
 
 use std::io;
 use std::path::PathBuf;
@@ -92,39 +91,6 @@ impl<I: LogIo> FaultyIo<I> {
         tracing::error!(target: "storage.log", fault = fault.name(), "injecting a disk fault");
         Some(fault)
     }
-
-    /// The write of `data` at `offset` under `fault`: ENOSPC; a failed fsync (the data was
-    /// written, but is not known durable); or half of it on disk, then the crash.
-    async fn inject(
-        &self,
-        fault: DiskFault,
-        name: &str,
-        offset: u64,
-        mut data: Vec<u8>,
-    ) -> io::Result<()> {
-        match fault {
-            DiskFault::NoSpace => Err(io::Error::from_raw_os_error(28)),
-            DiskFault::FailSync => {
-                self.inner.write_at(name, offset, data).await?;
-                Err(io::Error::other("injected fsync failure"))
-            }
-            DiskFault::TornWrite => {
-                let block = usize::try_from(BLOCK).unwrap_or(usize::MAX);
-                if data.len() > block {
-                    let later = data.split_off(block);
-                    self.inner.write_at(name, offset + BLOCK, later).await?;
-                } else {
-                    let mut old = self.inner.read_at(name, offset, block).await?;
-                    old.resize(block, 0);
-                    data[block / 2..].copy_from_slice(&old[block / 2..]);
-                    self.inner.write_at(name, offset, data).await?;
-                }
-                self.inner.sync(name).await?;
-                (self.crash)();
-                Err(io::Error::other("crashed after a torn write"))
-            }
-        }
-    }
 }
 
 impl<I: LogIo> LogIo for FaultyIo<I> {
@@ -144,10 +110,25 @@ impl<I: LogIo> LogIo for FaultyIo<I> {
         self.inner.read_at(name, offset, len).await
     }
 
-    async fn write_at(&self, name: &str, offset: u64, data: Vec<u8>) -> io::Result<()> {
+    async fn write_at(&self, name: &str, offset: u64, mut data: Vec<u8>) -> io::Result<()> {
         match self.take(name, &[DiskFault::NoSpace, DiskFault::TornWrite]) {
             None => self.inner.write_at(name, offset, data).await,
-            Some(fault) => self.inject(fault, name, offset, data).await,
+            Some(DiskFault::NoSpace) => Err(io::Error::from_raw_os_error(28)),
+            Some(_) => {
+                let block = usize::try_from(BLOCK).unwrap_or(usize::MAX);
+                if data.len() > block {
+                    let later = data.split_off(block);
+                    self.inner.write_at(name, offset + BLOCK, later).await?;
+                } else {
+                    let mut old = self.inner.read_at(name, offset, block).await?;
+                    old.resize(block, 0);
+                    data[block / 2..].copy_from_slice(&old[block / 2..]);
+                    self.inner.write_at(name, offset, data).await?;
+                }
+                self.inner.sync(name).await?;
+                (self.crash)();
+                Err(io::Error::other("crashed after a torn write"))
+            }
         }
     }
 
@@ -156,18 +137,6 @@ impl<I: LogIo> LogIo for FaultyIo<I> {
             return Err(io::Error::other("injected fsync failure"));
         }
         self.inner.sync(name).await
-    }
-
-    async fn write_durable(&self, name: &str, offset: u64, data: Vec<u8>) -> io::Result<()> {
-        let all = [
-            DiskFault::NoSpace,
-            DiskFault::TornWrite,
-            DiskFault::FailSync,
-        ];
-        match self.take(name, &all) {
-            None => self.inner.write_durable(name, offset, data).await,
-            Some(fault) => self.inject(fault, name, offset, data).await,
-        }
     }
 
     async fn len(&self, name: &str) -> io::Result<u64> {

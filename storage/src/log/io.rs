@@ -3,8 +3,7 @@
 //! # Correctness
 //! - `write_at` offsets and lengths are multiples of [`BLOCK`] (O_DIRECT); implementations
 //!   must reject anything else.
-//! - Data written is readable at once, but durable only after `sync` returns `Ok`, or when
-//!   `write_durable` wrote it and returned `Ok`.
+//! - Data written is readable at once, but durable only after `sync` returns `Ok`.
 //! - `open` preallocates with zeros: unwritten space reads as zeros.
 
 use std::cell::RefCell;
@@ -40,22 +39,6 @@ pub trait LogIo {
     ) -> impl Future<Output = io::Result<()>>;
     /// Makes everything written to `name` durable.
     fn sync(&self, name: &str) -> impl Future<Output = io::Result<()>>;
-    /// Writes `data` at `offset` (aligned as for `write_at`) and makes it durable: `write_at`
-    /// then `sync`, unless the implementation has one operation for both (the io_uring one
-    /// writes through an `O_DSYNC` handle: one request through the ring instead of two in a
-    /// row). Earlier writes to `name` are covered only by the default (a device with FUA
-    /// writes persists just this one): callers sync every write before the next.
-    fn write_durable(
-        &self,
-        name: &str,
-        offset: u64,
-        data: Vec<u8>,
-    ) -> impl Future<Output = io::Result<()>> {
-        async move {
-            self.write_at(name, offset, data).await?;
-            self.sync(name).await
-        }
-    }
     /// Size of `name` in bytes.
     fn len(&self, name: &str) -> impl Future<Output = io::Result<u64>>;
 }

@@ -359,8 +359,8 @@ impl<I: LogIo> Log<I> {
         }
         // Records beyond the durable mark may have been written by a process that died
         // before their fsync: they are made durable before the log reports them (Raft counts
-        // what a log holds as persisted, and a later flush's durable write covers only its
-        // own bytes).
+        // what a log holds as persisted, and the durable mark may name them from the first
+        // flush on).
         let last = st.locs.keys().next_back().copied();
         for (i, seg) in st.segments.iter().enumerate() {
             let seg_last = st
@@ -636,11 +636,19 @@ impl<I: LogIo> Log<I> {
             // flush rewrites that block).
             let from = usize::try_from(floor(new_end) - start).unwrap_or(0);
             let tail = buf[from..usize::try_from(new_end - start).unwrap_or(0)].to_vec();
-            if let Err(e) = self.io.write_durable(&name, start, buf).await {
+            if let Err(e) = self.io.write_at(&name, start, buf).await {
                 result = Err(e);
                 break;
             }
             written.push((name, new_end, tail));
+        }
+        if result.is_ok() {
+            for (name, ..) in &written {
+                if let Err(e) = self.io.sync(name).await {
+                    result = Err(e);
+                    break;
+                }
+            }
         }
         if let Err(e) = result {
             self.st.borrow_mut().poisoned = true;
@@ -788,7 +796,12 @@ impl<I: LogIo> Log<I> {
                 0,
             );
             let tail: Vec<u8> = buf[..usize::try_from(offset - start).unwrap_or(0)].to_vec();
-            if let Err(e) = self.io.write_durable(&name, start, buf).await {
+            let res = async {
+                self.io.write_at(&name, start, buf).await?;
+                self.io.sync(&name).await
+            }
+            .await;
+            if let Err(e) = res {
                 self.st.borrow_mut().poisoned = true;
                 return Err(LogError::Io(e));
             }

@@ -18,8 +18,6 @@ use super::io::LogIo;
 pub struct DmaLogIo {
     dir: PathBuf,
     files: RefCell<HashMap<String, Rc<DmaFile>>>,
-    /// The same files opened `O_DSYNC`, for [`LogIo::write_durable`].
-    dsync_files: RefCell<HashMap<String, Rc<DmaFile>>>,
     probed: std::cell::Cell<bool>,
     /// The next segment, prepared (preallocated, zero-filled, fsynced) off the append path.
     spare: Rc<std::cell::Cell<Spare>>,
@@ -69,7 +67,6 @@ impl DmaLogIo {
         DmaLogIo {
             dir: dir.into(),
             files: RefCell::default(),
-            dsync_files: RefCell::default(),
             probed: std::cell::Cell::new(false),
             spare: Rc::new(std::cell::Cell::new(Spare::None)),
             spare_name: {
@@ -103,17 +100,7 @@ impl DmaLogIo {
     }
 
     async fn file(&self, name: &str) -> io::Result<Rc<DmaFile>> {
-        self.handle(&self.files, name, 0).await
-    }
-
-    /// `name` opened read-write with `flags` besides O_DIRECT, kept open in `open`.
-    async fn handle(
-        &self,
-        open: &RefCell<HashMap<String, Rc<DmaFile>>>,
-        name: &str,
-        flags: i32,
-    ) -> io::Result<Rc<DmaFile>> {
-        if let Some(f) = open.borrow().get(name) {
+        if let Some(f) = self.files.borrow().get(name) {
             return Ok(Rc::clone(f));
         }
         self.probe_device().await?;
@@ -121,12 +108,13 @@ impl DmaLogIo {
             OpenOptions::new()
                 .read(true)
                 .write(true)
-                .custom_flags(flags)
                 .dma_open(self.dir.join(name))
                 .await
                 .map_err(to_io)?,
         );
-        open.borrow_mut().insert(name.to_owned(), Rc::clone(&f));
+        self.files
+            .borrow_mut()
+            .insert(name.to_owned(), Rc::clone(&f));
         Ok(f)
     }
 
@@ -231,7 +219,6 @@ impl LogIo for DmaLogIo {
 
     async fn remove(&self, name: &str) -> io::Result<()> {
         self.files.borrow_mut().remove(name);
-        self.dsync_files.borrow_mut().remove(name);
         let path = self.dir.join(name);
         glommio::executor()
             .spawn_blocking(move || std::fs::remove_file(path))
@@ -257,16 +244,17 @@ impl LogIo for DmaLogIo {
     }
 
     async fn write_at(&self, name: &str, offset: u64, data: Vec<u8>) -> io::Result<()> {
-        write_all(&*self.file(name).await?, offset, &data).await
-    }
-
-    /// One write through the file's `O_DSYNC` handle: complete once the data is durable (a
-    /// FUA write, or the write and a cache flush, done by the kernel). Measured against a
-    /// write then an fdatasync, each a trip through the executor's ring: standalone publish
-    /// at 1 message/request (docs/design.md).
-    async fn write_durable(&self, name: &str, offset: u64, data: Vec<u8>) -> io::Result<()> {
-        let f = self.handle(&self.dsync_files, name, libc::O_DSYNC).await?;
-        write_all(&f, offset, &data).await
+        let f = self.file(name).await?;
+        let mut buf = f.alloc_dma_buffer(data.len());
+        buf.as_bytes_mut().copy_from_slice(&data);
+        let n = f.write_at(buf, offset).await.map_err(to_io)?;
+        if n != data.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::WriteZero,
+                format!("short write: {n} of {}", data.len()),
+            ));
+        }
+        Ok(())
     }
 
     async fn sync(&self, name: &str) -> io::Result<()> {
@@ -276,20 +264,6 @@ impl LogIo for DmaLogIo {
     async fn len(&self, name: &str) -> io::Result<u64> {
         self.file(name).await?.file_size().await.map_err(to_io)
     }
-}
-
-/// Writes `data` at `offset` of `f` in one direct write.
-async fn write_all(f: &DmaFile, offset: u64, data: &[u8]) -> io::Result<()> {
-    let mut buf = f.alloc_dma_buffer(data.len());
-    buf.as_bytes_mut().copy_from_slice(data);
-    let n = f.write_at(buf, offset).await.map_err(to_io)?;
-    if n != data.len() {
-        return Err(io::Error::new(
-            io::ErrorKind::WriteZero,
-            format!("short write: {n} of {}", data.len()),
-        ));
-    }
-    Ok(())
 }
 
 /// Removes the spare files in `dir`, but `keep`.
