@@ -14,9 +14,9 @@
 
 use std::time::{Duration, Instant};
 
-/// Longest time between durable commits while applies come (the journal also commits once
-/// when it goes idle with volatile applies; the Raft state machine leaves that to the next
-/// apply, snapshot or clean stop).
+/// Longest time between the journal's durable commits while applies come (it also commits
+/// once when it goes idle with volatile applies). The Raft state machine uses its own, shorter
+/// interval with the same [`DurableApplies`].
 pub const DURABLE_APPLY_INTERVAL: Duration = Duration::from_secs(1);
 /// Most bytes of log entries applied without a durable commit: the next apply is durable.
 pub const DURABLE_APPLY_BYTES: usize = 32 << 20;
