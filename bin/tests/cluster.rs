@@ -734,8 +734,8 @@ fn snapshot_bytes(log: &str) -> usize {
 async fn a_data_directory_is_not_switched_between_modes() {
     let mut c = Cluster::start(1, "").await;
     let mut b = c.nodes.remove(0);
-    // The membership reaches the store durably at the node's clean stop below (or an apply
-    // past the durable-apply interval).
+    // An apply more than 50 ms after the bootstrap is a durable one (the Raft state machine's
+    // durable-apply interval): the membership is in the store for good.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let mut p = Publisher::open(b.channel().await).await;
     // The new leader takes writes once it confirmed its term.

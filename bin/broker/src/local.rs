@@ -100,9 +100,9 @@ pub async fn serve(
         future::or(stop.wait(), grace).await;
     };
     // A cluster node's store (its entries came from a Raft log) is not a standalone one. Its
-    // membership is durable in the store from the node's first durable apply on (within
-    // `storage::durability::DURABLE_APPLY_INTERVAL` of applies, or at a clean stop); a node
-    // killed sooner is not recognised (its Raft log holds its state). Checked before the
+    // membership is durable in the store from the node's first durable apply on (50 ms:
+    // `futureq_raft::state_machine::DURABLE_APPLY_INTERVAL`); a node killed sooner is not
+    // recognised (its Raft log holds its state). Checked before the
     // journal's directory is made: a refused start leaves the directory as it was.
     let s = store.clone();
     let clustered = glommio::executor()
