@@ -135,11 +135,10 @@ static TICKER: std::sync::Mutex<Ticker> = std::sync::Mutex::new(Ticker {
     slots: Vec::new(),
 });
 
-fn ticker() -> std::sync::MutexGuard<'static, Ticker> {
-    // The lock guards plain data; a panic while holding it leaves it consistent.
-    TICKER
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+/// Locks `m`; the ticker's locks guard plain data, which a panic while holding one leaves
+/// consistent.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Wakes every registered slot each period; ends when none is left (the next
@@ -147,16 +146,12 @@ fn ticker() -> std::sync::MutexGuard<'static, Ticker> {
 fn tick() {
     loop {
         std::thread::sleep(KEEP_AWAKE_PERIOD);
-        let mut t = ticker();
+        let mut t = lock(&TICKER);
         t.slots.retain(|slot| {
             let Some(slot) = slot.upgrade() else {
                 return false;
             };
-            if let Some(w) = slot
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .as_ref()
-            {
+            if let Some(w) = lock(&slot).as_ref() {
                 // A wake that panics (glommio asserts on a waker's reference count, which
                 // queued cross-thread wakes of an executor that no longer drains them raise)
                 // must not end the ticker for every other executor.
@@ -183,9 +178,10 @@ fn tick() {
 pub fn keep_awake() -> Result<KeepAwake, RuntimeError> {
     let slot = ticked_slot()?;
     let task = glommio::spawn_local(std::future::poll_fn(move |cx| {
-        *slot
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(cx.waker().clone());
+        let mut w = lock(&slot);
+        if !w.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            *w = Some(cx.waker().clone());
+        }
         std::task::Poll::<()>::Pending
     }));
     Ok(KeepAwake { _task: task })
@@ -195,7 +191,7 @@ pub fn keep_awake() -> Result<KeepAwake, RuntimeError> {
 /// whether or not the woken task ever runs.
 fn ticked_slot() -> Result<std::sync::Arc<WakerSlot>, RuntimeError> {
     let slot: std::sync::Arc<WakerSlot> = std::sync::Arc::default();
-    let mut t = ticker();
+    let mut t = lock(&TICKER);
     if !t.running {
         std::thread::Builder::new()
             .name("futureq-keepawake".into())
