@@ -2,7 +2,7 @@
 
 mod common;
 
-use futureq_storage::durability::DURABLE_APPLY_INTERVAL;
+use futureq_storage::durability::JOURNAL_DURABLE_APPLY_INTERVAL;
 use std::collections::HashSet;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -128,7 +128,7 @@ async fn acked_deletes_survive_kill9() {
     assert_eq!(got.len(), 20);
     // The stored messages are durable in the store (the journal's idle durable apply, one
     // interval after its start) and another interval passed since...
-    tokio::time::sleep(2 * DURABLE_APPLY_INTERVAL + Duration::from_millis(200)).await;
+    tokio::time::sleep(2 * JOURNAL_DURABLE_APPLY_INTERVAL + Duration::from_millis(200)).await;
     let before = b.metric("futureq_deletes_committed_total").await;
     // ... so this write's apply is a durable one, and the acks' deletes right after are
     // applied volatile: durable in the journal only until the next durable apply, one interval
@@ -151,7 +151,7 @@ async fn acked_deletes_survive_kill9() {
     }
     b.kill9();
     assert!(
-        t.elapsed() < DURABLE_APPLY_INTERVAL,
+        t.elapsed() < JOURNAL_DURABLE_APPLY_INTERVAL,
         "too slow to kill before the deletes' durable apply ({:?}): the test would prove nothing",
         t.elapsed()
     );

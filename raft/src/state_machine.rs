@@ -63,12 +63,12 @@ impl CurrentSnapshot {
 }
 
 /// Longest time between durable commits while applies come. Shorter than standalone's
-/// (`storage::durability::DURABLE_APPLY_INTERVAL`): three nodes on one disk each hold their
+/// (`storage::durability::JOURNAL_DURABLE_APPLY_INTERVAL`): three nodes on one disk each hold their
 /// Raft log's flushes behind their own durable commit, and a commit waits for two of them.
 /// Measured 3 nodes, QUORUM 100/request, 3 alternating rounds against the WAL build: with
 /// 1 s / 32 MiB the p99 went 47–52 → 107–137 ms (0.93×); with 50 ms (3392bab, same
 /// comparison) 0.99×, p99 51.4 → 48.9 ms.
-pub const DURABLE_APPLY_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
+pub const RAFT_DURABLE_APPLY_INTERVAL: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Called after every apply with the smallest stored key per topic and the deleted keys
 /// (ACKs, TTL), so the dispatcher sees new messages and every replica clears its in-flight
@@ -104,7 +104,7 @@ impl EventStateMachine {
             current: CurrentSnapshot::default(),
             on_applied,
             applies: Rc::new(std::cell::Cell::new(DurableApplies::new(
-                DURABLE_APPLY_INTERVAL,
+                RAFT_DURABLE_APPLY_INTERVAL,
             ))),
             refused: Rc::default(),
         }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 /// Longest time between the journal's durable commits while applies come (it also commits
 /// once when it goes idle with volatile applies). The Raft state machine uses its own, shorter
 /// interval with the same [`DurableApplies`].
-pub const DURABLE_APPLY_INTERVAL: Duration = Duration::from_secs(1);
+pub const JOURNAL_DURABLE_APPLY_INTERVAL: Duration = Duration::from_secs(1);
 /// Most bytes of log entries applied without a durable commit: the next apply is durable.
 pub const DURABLE_APPLY_BYTES: usize = 32 << 20;
 
@@ -31,7 +31,6 @@ pub struct DurableApplies {
     interval: Duration,
     last: Instant,
     volatile_bytes: usize,
-    volatile: bool,
 }
 
 impl DurableApplies {
@@ -42,7 +41,6 @@ impl DurableApplies {
             interval,
             last: Instant::now(),
             volatile_bytes: 0,
-            volatile: false,
         }
     }
 
@@ -55,7 +53,7 @@ impl DurableApplies {
     /// Whether something was applied since the last durable commit.
     #[must_use]
     pub fn volatile(&self) -> bool {
-        self.volatile
+        self.volatile_bytes > 0
     }
 
     /// Time until the interval runs out (zero when it has).
@@ -70,7 +68,6 @@ impl DurableApplies {
             self.made_durable();
         } else {
             self.volatile_bytes = self.volatile_bytes.saturating_add(bytes);
-            self.volatile = true;
         }
     }
 
@@ -78,7 +75,6 @@ impl DurableApplies {
     pub fn made_durable(&mut self) {
         self.last = Instant::now();
         self.volatile_bytes = 0;
-        self.volatile = false;
     }
 }
 

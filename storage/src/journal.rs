@@ -61,7 +61,7 @@ pub struct JournalConfig {
     /// The log's segments and read cache.
     pub log: LogConfig,
     /// Longest run of non-durable applies
-    /// ([`crate::durability::DURABLE_APPLY_INTERVAL`]).
+    /// ([`crate::durability::JOURNAL_DURABLE_APPLY_INTERVAL`]).
     pub durable_interval: Duration,
 }
 

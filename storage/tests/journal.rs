@@ -320,7 +320,7 @@ fn the_journal_on_disk_survives_restarts() {
     let path = dir.path().to_path_buf();
     run(move || async move {
         let cfg = JournalConfig {
-            durable_interval: futureq_storage::durability::DURABLE_APPLY_INTERVAL,
+            durable_interval: futureq_storage::durability::JOURNAL_DURABLE_APPLY_INTERVAL,
             log: LogConfig {
                 segment_bytes: 1 << 20,
                 cache_bytes: 0,

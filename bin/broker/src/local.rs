@@ -40,7 +40,7 @@ const CONFIG: JournalConfig = JournalConfig {
         // The journal holds each entry until its apply; only a replay reads the log.
         cache_bytes: 0,
     },
-    durable_interval: futureq_storage::durability::DURABLE_APPLY_INTERVAL,
+    durable_interval: futureq_storage::durability::JOURNAL_DURABLE_APPLY_INTERVAL,
 };
 
 /// Why the standalone write path did not open.
@@ -100,9 +100,10 @@ pub async fn serve(
         future::or(stop.wait(), grace).await;
     };
     // A cluster node's store (its entries came from a Raft log) is not a standalone one. Its
-    // membership is durable in the store from the node's first durable apply on (50 ms:
-    // `futureq_raft::state_machine::DURABLE_APPLY_INTERVAL`); a node killed sooner is not
-    // recognised (its Raft log holds its state). Checked before the
+    // membership is durable in the store from the node's first durable apply on: the first
+    // apply at least `futureq_raft::state_machine::RAFT_DURABLE_APPLY_INTERVAL` (50 ms) after
+    // its start, a snapshot or a clean stop; a node killed sooner is not recognised (its Raft
+    // log holds its state). Checked before the
     // journal's directory is made: a refused start leaves the directory as it was.
     let s = store.clone();
     let clustered = glommio::executor()

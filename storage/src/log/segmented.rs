@@ -186,7 +186,7 @@ pub struct Log<I: LogIo> {
     io: I,
     cfg: LogConfig,
     st: RefCell<State>,
-    /// `None`: nobody listens (the journal), so flushed records are not decoded for it.
+    /// `None`: nobody listens (the journal).
     on_persisted: Option<PersistHook>,
     /// Notified by every append (wakes the flusher).
     appended: event_listener::Event,
@@ -197,6 +197,8 @@ pub struct Log<I: LogIo> {
     mark: std::cell::Cell<Option<u64>>,
     mark_seq: std::cell::Cell<u64>,
     mark_saved_at: std::cell::Cell<Option<std::time::Instant>>,
+    /// When the last flush ended (the idle mark saver waits for a quiet log).
+    flushed_at: std::cell::Cell<Option<std::time::Instant>>,
 }
 
 /// Holds the log's write side (see [`Log::exclusive`]); releases it on drop, also when the
@@ -382,6 +384,7 @@ impl<I: LogIo> Log<I> {
             mark: std::cell::Cell::new(mark),
             mark_seq: std::cell::Cell::new(mark_seq),
             mark_saved_at: std::cell::Cell::new(None),
+            flushed_at: std::cell::Cell::new(None),
         })
     }
 
@@ -391,13 +394,20 @@ impl<I: LogIo> Log<I> {
         self.mark.get().map(LogIndex)
     }
 
-    /// Whether the log is idle (nothing waits for a flush) with entries flushed beyond the
-    /// saved durable mark: then [`Log::save_mark`] is due once [`MARK_INTERVAL`] passed (after
-    /// a burst the flusher goes idle and saves nothing more). While entries wait, the flusher
-    /// saves the mark itself; a save from outside would hold the next group behind its fsync.
+    /// Whether the log is quiet (nothing waits for a flush, none is running, and none ended
+    /// within [`MARK_INTERVAL`]) with entries flushed beyond the saved durable mark: then
+    /// [`Log::save_mark`] is due (after a burst the flusher goes idle and saves nothing
+    /// more). Under load the flusher saves the mark itself; a save from outside would hold
+    /// the next group behind its fsync.
     #[must_use]
     pub fn mark_lags(&self) -> bool {
-        !self.has_pending() && self.last_flushed() > self.mark.get()
+        !self.has_pending()
+            && !self.flushing.get()
+            && self
+                .flushed_at
+                .get()
+                .is_none_or(|t| t.elapsed() >= MARK_INTERVAL)
+            && self.last_flushed() > self.mark.get()
     }
 
     /// Saves the durable mark now: the last flushed index.
@@ -681,6 +691,7 @@ impl<I: LogIo> Log<I> {
                 hook(&p.bytes[HEADER_LEN..]);
             }
         }
+        self.flushed_at.set(Some(std::time::Instant::now()));
         if self.cfg.cache_bytes > 0 {
             let mut st = self.st.borrow_mut();
             for p in flushed {
