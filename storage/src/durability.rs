@@ -5,10 +5,11 @@
 //! entries (a crash replays them) until that commit has written the pages and fsynced. That commit's writes and fsync share the disk with the log's group commits:
 //! the log flushes that meet it wait behind it. Frequent durable commits put many short waits
 //! into the 99th percentile of acknowledgement latency, rare ones put fewer, longer waits
-//! further out (measured standalone, QUORUM at 1 message/request, 8 streams × 4, 5 s runs:
-//! every 50 ms p99 2.06–2.20 ms and p99.9 3.5–3.9 ms; every 1 s p99 1.45–1.78 ms and p99.9
-//! 5.5–11 ms; the write-ahead-log build before the one write path, which checkpointed every
-//! 250 ms: p99 1.47–1.93 ms, p99.9 7.8–8.7 ms). The byte bound keeps the replay after a crash,
+//! further out. Measured at 68f5810, standalone, QUORUM at 1 message/request, 8 streams × 4,
+//! 5 s runs, 4 alternating rounds (`futureq-bench publish --batch 1 --streams 8 --window 4`):
+//! every 1 s p99 1.69–2.51 ms, p99.9 5.8–10.0 ms; every 50 ms p99 2.26–2.95 ms, p99.9
+//! 3.5–13.9 ms; the write-ahead-log build before the one write path (2681a0d, checkpoints
+//! every 250 ms) p99 1.57–3.05 ms, p99.9 7.7–9.5 ms. The byte bound keeps the replay after a crash,
 //! the file's growth (pages freed since the last durable commit are not reused before the
 //! next) and the size of one durable commit bounded under heavy load.
 
