@@ -3,6 +3,9 @@
 //! after then before, …), each run gets a fresh deployment and data directory, and the report
 //! gives each series' median and range per binary and the ratio of the medians.
 
+/// `cluster.raft.rtt` of the clusters `ab` starts.
+const AB_RTT: &str = "20ms";
+
 use std::path::Path;
 
 use anyhow::Context;
@@ -137,9 +140,14 @@ async fn measure(
         for (binary, bin) in order {
             let work = tempfile::tempdir()?;
             let started = if cluster {
-                Cluster::start(bin, work.path())
-                    .await
-                    .map(Deployment::Three)
+                // The same timers for both builds, whatever their defaults.
+                Cluster::start_with(
+                    bin,
+                    work.path(),
+                    vec![("CLUSTER_RAFT_RTT".into(), AB_RTT.into())],
+                )
+                .await
+                .map(Deployment::Three)
             } else {
                 standalone(bin, work.path()).await.map(Deployment::One)
             };

@@ -11,14 +11,17 @@
 //! of 1 — the peers publish one message per ack) and open-loop at fixed offered rates
 //! (coordinated-omission corrected, see [`crate::openloop`]); `lateness` (receive − due) at a
 //! steady due rate and for a burst; `pending` (publish rate, latency and RSS with a backlog of
-//! far-future messages; restart time to serving with it).
+//! far-future messages; restart time to serving with it); `failover` (3 nodes: kill -9 of the
+//! loaded leader → the first QUORUM ack from the new leader, repeated; see
+//! [`crate::failover`]).
 //!
 //! `results.json` schema (stable, other tools read it): `{"machine": {...}, "runs": [{"system",
 //! "mode", "ack_level", "scenario", "msg_bytes", "msgs_per_s", "p50_us", "p99_us", "p999_us",
 //! "rss_mb", …}]}` plus, per run: `batch` (messages per request; 0 outside publish), `load`
 //! (`closed` or `open`), `offered_msgs_per_s` (open loop), `mb_per_s`, `p90_us`, `max_us`,
 //! `pending_msgs`, `fill_msgs_per_s` and `restart_ms` (pending), `early` (lateness: messages
-//! delivered before their due time, not in the percentiles). For `lateness` runs
+//! delivered before their due time, not in the percentiles), `repetitions` (failover: the
+//! failovers timed; the percentiles are over them, µs). For `lateness` runs
 //! `msgs_per_s` is the due rate (0 for a burst) and the percentiles are lateness.
 
 use std::future::Future;
@@ -72,6 +75,8 @@ pub(crate) struct Run {
     restart_ms: Option<f64>,
     /// Lateness runs: messages delivered before their due time (not in the percentiles).
     early: Option<u64>,
+    /// Failover runs: how many failovers the percentiles are over.
+    repetitions: Option<usize>,
     /// The latency (or lateness) histogram, µs: for the plots.
     #[serde(skip)]
     pub(crate) hist: Histogram<u64>,
@@ -119,6 +124,7 @@ impl Run {
             fill_msgs_per_s: None,
             restart_ms: None,
             early: None,
+            repetitions: None,
             hist: h,
         }
     }
@@ -169,6 +175,8 @@ pub(crate) struct Plan {
     msg_bytes: usize,
     /// Messages per request of the batched closed-loop series (every system also runs 1).
     batch: usize,
+    /// Leader kills in the failover scenario.
+    failovers: usize,
 }
 
 impl Plan {
@@ -183,6 +191,7 @@ impl Plan {
                 pending: 1_000_000,
                 msg_bytes,
                 batch,
+                failovers: 2,
             }
         } else {
             Plan {
@@ -194,6 +203,7 @@ impl Plan {
                 pending: 10_000_000,
                 msg_bytes,
                 batch,
+                failovers: 10,
             }
         }
     }
@@ -236,7 +246,7 @@ impl Plan {
     /// Progress steps of a run with every peer installed.
     fn steps(&self) -> usize {
         let (open, late) = (self.open_rates.len(), self.lateness.len());
-        let futureq = 6 + open + late + 1 + 1 + 6 + open;
+        let futureq = 6 + open + late + 1 + 1 + 6 + open + self.failovers;
         let redis = 2 * (2 + late) + open + 1;
         let nats = 2 * (1 + open);
         futureq + redis + nats
@@ -391,8 +401,14 @@ impl Compare {
 
     async fn futureq_cluster(&mut self, bin: &Path, dir: &Path) -> anyhow::Result<()> {
         self.step("futureq cluster3: starting 3 nodes on 127.0.0.1-3".into());
-        let cluster = Cluster::start(bin, dir).await?;
+        let mut cluster = Cluster::start(bin, dir).await?;
         self.futureq_publish(&Target::Three(&cluster)).await?;
+        let reps = self.plan.failovers;
+        let h = crate::failover::run(&mut cluster, reps, |s| self.step(s)).await?;
+        let key = ("futureq", "cluster3", "quorum", "failover", 1);
+        let mut run = Run::new(key, 0.0, h, cluster.rss_mb());
+        run.repetitions = Some(reps);
+        self.runs.push(run);
         cluster.stop()
     }
 
@@ -547,13 +563,20 @@ fn table(runs: &[Run]) -> String {
         let load = match r.offered_msgs_per_s {
             Some(rate) => format!("open {rate:.0}/s"),
             None if r.scenario == "lateness" => "-".into(),
+            None if r.scenario == "failover" => "4×1, kill -9 leader".into(),
             None => "closed 8×4".into(),
         };
         let notes = match (r.pending_msgs, r.fill_msgs_per_s, r.restart_ms) {
             (Some(n), Some(fill), Some(restart)) => {
                 format!("{n} waiting (filled at {fill:.0}/s); restart to serving {restart:.0} ms")
             }
-            _ => String::new(),
+            _ => match r.repetitions {
+                Some(n) => format!(
+                    "kill -9 → first QUORUM ack from the new leader: median of {n} (p50), max {:.0} ms",
+                    r.max_us / 1000.0
+                ),
+                None => String::new(),
+            },
         };
         t.push_str(&format!(
             "| {} | {} | {} | {} | {load} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {} | {notes} |\n",

@@ -16,6 +16,7 @@
 
 mod ab;
 mod compare;
+mod failover;
 mod nats_peer;
 mod nemesis;
 mod openloop;
@@ -135,6 +136,19 @@ enum Cmd {
         /// Directory for ab.json.
         #[arg(long, default_value = "ab")]
         out: std::path::PathBuf,
+    },
+    /// Failover of a 3-node cluster it starts: kill -9 of the loaded leader → the first
+    /// QUORUM ack from the new leader, repeated (each from three healthy nodes).
+    Failover {
+        /// Failovers to time.
+        #[arg(long, default_value_t = 10)]
+        reps: usize,
+        /// `cluster.raft.rtt` of the nodes (default: the broker's default).
+        #[arg(long)]
+        rtt: Option<String>,
+        /// The futureq binary (default: next to this one, built with cargo if missing).
+        #[arg(long)]
+        futureq: Option<std::path::PathBuf>,
     },
     /// Seeded fault run against a 3-node cluster it starts; checks the history.
     Nemesis {
@@ -642,6 +656,24 @@ async fn main() -> anyhow::Result<()> {
                 _ = tokio::signal::ctrl_c() => bail!("interrupted; every node this run started is stopped"),
                 _ = term.recv() => bail!("terminated; every node this run started is stopped"),
             }
+        }
+        Cmd::Failover { reps, rtt, futureq } => {
+            let bin = compare::futureq_binary(futureq)?;
+            let dir = tempfile::tempdir()?;
+            let extra = rtt
+                .map(|r| ("CLUSTER_RAFT_RTT".to_owned(), r.into()))
+                .into_iter()
+                .collect();
+            let mut c = procs::Cluster::start_with(&bin, dir.path(), extra).await?;
+            let h = failover::run(&mut c, reps, |s| eprintln!("{s}")).await?;
+            println!(
+                "{HEADER}\n{}",
+                row(
+                    &format!("failover ({reps}×), kill -9 → first QUORUM ack"),
+                    &h
+                )
+            );
+            c.stop()
         }
         Cmd::Ab {
             before,

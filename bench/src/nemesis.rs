@@ -836,8 +836,8 @@ pub(crate) async fn run(
     let mut c = Cluster::start_with(
         &bin,
         dir.path(),
-        "20ms",
         vec![
+            ("CLUSTER_RAFT_RTT".into(), "20ms".into()),
             ("DELIVERY_INFLIGHTTIMEOUT".into(), "2s".into()),
             ("OBSERVABILITY_LOGGING_LEVEL".into(), "info".into()),
         ],

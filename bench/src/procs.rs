@@ -248,8 +248,8 @@ pub(crate) async fn standalone(bin: &Path, dir: &Path) -> anyhow::Result<Broker>
     .await
 }
 
-/// Three futureq nodes on 127.0.0.1–3 (one executor each, `cluster.raft.rtt` 50 ms: the
-/// three nodes and the load generator share this machine's CPUs).
+/// Three futureq nodes on 127.0.0.1–3 (one executor each; the three nodes and the load
+/// generator share this machine's CPUs).
 pub(crate) struct Cluster {
     pub(crate) nodes: Vec<Broker>,
     /// The Raft port every node listens on (at 127.0.0.1, .2, .3).
@@ -257,15 +257,15 @@ pub(crate) struct Cluster {
 }
 
 impl Cluster {
+    /// A cluster with the default settings (`cluster.raft.rtt` among them).
     pub(crate) async fn start(bin: &Path, dir: &Path) -> anyhow::Result<Cluster> {
-        Cluster::start_with(bin, dir, "50ms", vec![]).await
+        Cluster::start_with(bin, dir, vec![]).await
     }
 
-    /// A cluster with `cluster.raft.rtt` = `rtt` and `extra` settings on every node.
+    /// A cluster with `extra` settings on every node.
     pub(crate) async fn start_with(
         bin: &Path,
         dir: &Path,
-        rtt: &str,
         extra: Vec<(String, OsString)>,
     ) -> anyhow::Result<Cluster> {
         let (port, raft) = (free_port()?, free_port()?);
@@ -281,7 +281,6 @@ impl Cluster {
                 ("CLUSTER_RAFT_LISTEN", format!("127.0.0.{i}:{raft}")),
                 ("CLUSTER_RAFT_ADVERTISE", format!("127.0.0.{i}:{raft}")),
                 ("CLUSTER_RAFT_INITIALMEMBERS", members.clone()),
-                ("CLUSTER_RAFT_RTT", rtt.to_owned()),
                 ("RUNTIME_CORES", "1".into()),
             ]
             .into_iter()
@@ -299,9 +298,9 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// Waits until one node has led for 1.5 s (twice the election timeout): a node that
+    /// Waits until one node has led for 1.5 s (longer than a failover): a node that
     /// bootstraps just after the others elected a leader forces one more election.
-    async fn settle(&self) -> anyhow::Result<()> {
+    pub(crate) async fn settle(&self) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
         let mut since: Option<(String, Instant)> = None;
         loop {
@@ -323,17 +322,46 @@ impl Cluster {
 
     /// The node that reports itself Raft leader (waits up to 30 s for an election).
     pub(crate) async fn leader(&self) -> anyhow::Result<&Broker> {
+        Ok(&self.nodes[self.leader_index().await?])
+    }
+
+    /// The index in `nodes` of the node that reports itself Raft leader (waits up to 30 s).
+    pub(crate) async fn leader_index(&self) -> anyhow::Result<usize> {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            for n in &self.nodes {
+            for (i, n) in self.nodes.iter().enumerate() {
                 if let Ok(page) = n.metrics().await {
                     if page.lines().any(|l| l == "futureq_raft_is_leader 1") {
-                        return Ok(n);
+                        return Ok(i);
                     }
                 }
             }
             if Instant::now() > deadline {
                 bail!("no futureq node became leader within 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits up to 60 s until node `i` applied what the leader had applied when it was asked.
+    pub(crate) async fn caught_up(&self, i: usize) -> anyhow::Result<()> {
+        let applied = |page: &str| {
+            page.lines()
+                .find_map(|l| l.strip_prefix("futureq_raft_applied_index "))
+                .and_then(|v| v.parse::<f64>().ok())
+        };
+        let target = applied(&self.leader().await?.metrics().await?).unwrap_or(0.0);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let page = self.nodes[i].metrics().await.unwrap_or_default();
+            if applied(&page).is_some_and(|a| a >= target) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "node {} did not catch up with the leader within 60 s",
+                    i + 1
+                );
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }

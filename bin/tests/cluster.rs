@@ -550,6 +550,64 @@ async fn disk_faults_stop_the_node_and_lose_no_acked_message() {
     }
 }
 
+/// Issue 12: the leader does not keep its log for a follower that is down (killed, or paused
+/// with its connections open): it purges behind its snapshots as usual, and the follower,
+/// back, catches up from a snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_down_followers_log_is_not_kept_and_it_catches_up_from_a_snapshot() {
+    let _serial = SERIAL.lock().await;
+    let raft = "    snapshotEntries: 20\n    compactionOverhead: 5\n";
+    let mut c = Cluster::start(3, raft).await;
+    let mut n = 0u64;
+    for paused in [false, true] {
+        let leader = c.leader(Duration::from_secs(10)).await;
+        let down = (leader + 1) % 3;
+        if paused {
+            common::signal(&c.nodes[down], "-STOP");
+        } else {
+            c.nodes[down].kill9();
+        }
+        let mut p = Publisher::open(c.nodes[leader].channel().await).await;
+        for _ in 0..200 {
+            let ack = p
+                .publish(batch(n, 0, vec![msg("down", &format!("m{n}"), 60_000, 0)]))
+                .await;
+            assert!(ack.success, "{ack:?}");
+            n += 1;
+        }
+        let applied = c.nodes[leader].metric("futureq_raft_applied_index").await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let purged = c.nodes[leader].metric("futureq_raft_purged_index").await;
+            if purged >= applied - 30.0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "paused {paused}: the leader kept its log for the down follower: purged {purged}, applied {applied}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let installs = c.nodes[down]
+            .log()
+            .matches("installed a snapshot of the event shard")
+            .count();
+        if paused {
+            common::signal(&c.nodes[down], "-CONT");
+        } else {
+            c.nodes[down].spawn().await;
+        }
+        c.wait_applied(down, applied, Duration::from_secs(20)).await;
+        let log = c.nodes[down].log();
+        assert!(
+            log.matches("installed a snapshot of the event shard")
+                .count()
+                > installs,
+            "paused {paused}: the follower caught up from a snapshot; log:\n{log}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_node_joins_from_a_snapshot_and_leaves_again() {
     let _serial = SERIAL.lock().await;

@@ -105,9 +105,15 @@ fn main() {
             .await
             .expect("raft");
             let stop = Shutdown::new();
+            let receiving = futureq_raft::snapshot::Receiving::new(
+                &base.join(format!("n{id}")),
+                1,
+                futureq_raft::network::SNAPSHOT_BYTES_MAX,
+            )
+            .expect("spool dir");
             glommio::spawn_local(serve_peers(
                 listener,
-                raft_handler(1, raft.clone()),
+                raft_handler(1, raft.clone(), receiving),
                 PEER_FRAME_MAX,
                 Default::default(),
                 stop.clone(),

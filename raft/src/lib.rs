@@ -11,7 +11,9 @@
 //!   its flusher, `IOFlushed` after fsync, vote and purge marker files). Its persist hook feeds
 //!   [`persisted`], the leader-persist tracker behind the LEADER ack level.
 //! - [`state_machine`]: the event shard over the redb store (one transaction per apply with
-//!   the applied log id and membership; snapshots from one read transaction).
+//!   the applied log id and membership; snapshots streamed from one read transaction).
+//! - [`snapshot`]: snapshot data as a stream, and the spool file a receiver writes a
+//!   transfer into (no snapshot is ever whole in memory).
 //! - [`rpc`]: encodings of the Raft RPCs; [`network`]: openraft's network over
 //!   `futureq_net::peer_link` (TCP, multiplexed by group).
 //! - [`metadata_sm`]: the metadata group (in-memory topology and address registry, durable
@@ -35,5 +37,6 @@ pub mod node;
 pub mod persisted;
 pub mod rpc;
 pub mod rt;
+pub mod snapshot;
 pub mod state_machine;
 pub mod types;

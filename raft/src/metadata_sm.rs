@@ -19,8 +19,37 @@ use std::path::{Path, PathBuf};
 use bytes::Bytes;
 
 use crate::codec::{decode_snapshot_meta, encode_snapshot_meta, RaftLogId, RaftMembership};
-use crate::state_machine::{CurrentSnapshot, EventSnapshot, Meta};
+use crate::state_machine::{EventSnapshot, Meta};
 use crate::types::{Applied, SnapshotData, TypeConfig};
+
+/// Largest metadata snapshot installed (the state is a few KB; a larger one is refused).
+const META_SNAPSHOT_MAX: u64 = 64 << 20;
+
+/// The last snapshot the state machine built or installed, kept for `get_current_snapshot`.
+#[derive(Clone, Default)]
+struct CurrentSnapshot(Rc<RefCell<Option<(Meta, Bytes)>>>);
+
+impl CurrentSnapshot {
+    /// Remembers a snapshot and returns it.
+    fn set(&self, meta: Meta, data: Bytes) -> EventSnapshot {
+        *self.0.borrow_mut() = Some((meta.clone(), data.clone()));
+        openraft::storage::Snapshot {
+            meta,
+            snapshot: SnapshotData::from_bytes(data),
+        }
+    }
+
+    /// The remembered snapshot.
+    fn get(&self) -> Option<EventSnapshot> {
+        self.0
+            .borrow()
+            .clone()
+            .map(|(meta, data)| openraft::storage::Snapshot {
+                meta,
+                snapshot: SnapshotData::from_bytes(data),
+            })
+    }
+}
 
 fn io_err(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
@@ -170,7 +199,7 @@ impl RaftStateMachine<TypeConfig> for MetaStateMachine {
         meta: &Meta,
         snapshot: Self::SnapshotData,
     ) -> Result<(), io::Error> {
-        let data = snapshot.into_inner();
+        let data = snapshot.read_all(META_SNAPSHOT_MAX).await?;
         // Validate before anything changes, persist, then switch.
         MetaState::restore(&data).map_err(io_err)?;
         self.persist(meta, &data).await?;

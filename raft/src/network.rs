@@ -2,14 +2,14 @@
 //! multiplexed by Raft group, RPCs encoded by [`crate::rpc`].
 //!
 //! A snapshot travels as [`KIND_SNAPSHOT_CHUNK`] frames of at most
-//! [`SNAPSHOT_CHUNK_BYTES`], each acknowledged before the next is sent, then one
-//! [`KIND_SNAPSHOT`] frame with the vote and metadata that installs what the receiver
-//! assembled. The receiver keeps one transfer per group: a chunk at offset 0 starts a new one,
-//! any other must continue the current one exactly, or the transfer is refused.
+//! [`SNAPSHOT_CHUNK_BYTES`], read from the sender's stream as they go and each acknowledged
+//! before the next is sent, then one [`KIND_SNAPSHOT`] frame with the vote, the metadata and
+//! the length, which installs what the receiver spooled. The receiver keeps one transfer per
+//! group ([`crate::snapshot::Receiving`]): a chunk at offset 0 starts a new one, any other
+//! must continue the current one exactly, or the transfer is refused.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::io::Cursor;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::Duration;
@@ -35,6 +35,7 @@ use crate::rpc::{
 use crate::rpc::{
     decode_snapshot_chunk, encode_snapshot_chunk, SnapshotChunk, KIND_SNAPSHOT_CHUNK,
 };
+use crate::snapshot::Receiving;
 use crate::state_machine::{EventSnapshot, Meta};
 use crate::types::{SnapshotData, TypeConfig, Vote};
 
@@ -47,7 +48,7 @@ pub const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
 /// Most entry bytes one AppendEntries frame carries (openraft bounds a request by entries
 /// only: 300 entries of 4 MiB batches would be a 1.2 GB frame, refused by the peer).
 pub const APPEND_BYTES_MAX: usize = 32 << 20;
-/// Largest snapshot a receiver assembles.
+/// Largest snapshot a receiver spools.
 pub const SNAPSHOT_BYTES_MAX: u64 = 16 << 30;
 /// Answer to a chunk that was taken.
 const CHUNK_TAKEN: u8 = 0;
@@ -213,19 +214,22 @@ impl PeerConn {
     }
 }
 
-/// A snapshot transfer: the vote (length-prefixed), then the snapshot's metadata and data.
-fn encode_snapshot(vote: &Vote, meta: &Meta, data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(32 + data.len());
+/// The end of a snapshot transfer: the vote (length-prefixed), the snapshot's metadata, then
+/// the data's length (u64 LE).
+fn encode_snapshot(vote: &Vote, meta: &Meta, total: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
     put_part(&mut out, &crate::codec::encode_vote(vote));
-    out.extend_from_slice(&encode_snapshot_meta(meta, data));
+    out.extend_from_slice(&encode_snapshot_meta(meta, &total.to_le_bytes()));
     out
 }
 
-fn decode_snapshot(b: &[u8]) -> Result<(Vote, Meta, Vec<u8>), CodecError> {
+fn decode_snapshot(b: &[u8]) -> Result<(Vote, Meta, u64), CodecError> {
     let mut rest = b;
     let vote = crate::codec::decode_vote(take_part(&mut rest, "snapshot transfer")?)?;
-    let (meta, data) = decode_snapshot_meta(rest)?;
-    Ok((vote, meta, data.to_vec()))
+    let (meta, total) = decode_snapshot_meta(rest)?;
+    let total =
+        <[u8; 8]>::try_from(total).map_err(|_| CodecError::truncated("snapshot transfer"))?;
+    Ok((vote, meta, u64::from_le_bytes(total)))
 }
 
 impl RaftNetworkV2<TypeConfig> for PeerConn {
@@ -270,21 +274,28 @@ impl RaftNetworkV2<TypeConfig> for PeerConn {
     async fn full_snapshot(
         &mut self,
         vote: Vote,
-        snapshot: EventSnapshot,
+        mut snapshot: EventSnapshot,
         _cancel: impl std::future::Future<Output = ReplicationClosed> + 'static,
         _option: RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
-        let data = snapshot.snapshot.get_ref();
         let id = &transfer_id(&snapshot.meta);
-        let mut offset = 0;
+        let mut offset = 0u64;
         // At least one chunk, so that an empty snapshot also starts a transfer.
         loop {
-            let end = (offset + SNAPSHOT_CHUNK_BYTES).min(data.len());
+            let piece = snapshot
+                .snapshot
+                .next_chunk(SNAPSHOT_CHUNK_BYTES)
+                .await
+                .map_err(|e| {
+                    StreamingError::Unreachable(unreachable(format!("reading the snapshot: {e}")))
+                })?;
+            if piece.is_empty() && offset > 0 {
+                break;
+            }
             let chunk = encode_snapshot_chunk(&SnapshotChunk {
                 snapshot_id: id,
-                offset: offset as u64,
-                total: data.len() as u64,
-                data: &data[offset..end],
+                offset,
+                data: &piece,
             });
             let answer = self
                 .call(KIND_SNAPSHOT_CHUNK, chunk)
@@ -295,13 +306,16 @@ impl RaftNetworkV2<TypeConfig> for PeerConn {
                     "peer refused snapshot chunk at byte {offset}"
                 ))));
             }
-            offset = end;
-            if offset == data.len() {
+            offset += piece.len() as u64;
+            if piece.len() < SNAPSHOT_CHUNK_BYTES {
                 break;
             }
         }
         let b = self
-            .call(KIND_SNAPSHOT, encode_snapshot(&vote, &snapshot.meta, &[]))
+            .call(
+                KIND_SNAPSHOT,
+                encode_snapshot(&vote, &snapshot.meta, offset),
+            )
             .await
             .map_err(StreamingError::Unreachable)?;
         decode_snapshot_response(&b).map_err(|e| StreamingError::Unreachable(unreachable(e)))
@@ -313,49 +327,18 @@ fn transfer_id(meta: &Meta) -> Vec<u8> {
     encode_snapshot_meta(meta, &[])
 }
 
-/// A snapshot being received.
-struct Transfer {
-    id: Vec<u8>,
-    total: u64,
-    data: Vec<u8>,
-}
-
-/// Adds `c` to the transfer in progress (offset 0 starts a new one). False when it does not
-/// continue it exactly or the snapshot is larger than [`SNAPSHOT_BYTES_MAX`].
-fn take_chunk(t: &mut Option<Transfer>, c: &SnapshotChunk<'_>) -> bool {
-    if c.total > SNAPSHOT_BYTES_MAX {
-        return false;
-    }
-    if c.offset == 0 {
-        *t = Some(Transfer {
-            id: c.snapshot_id.to_vec(),
-            total: c.total,
-            data: Vec::new(),
-        });
-    }
-    match t {
-        Some(cur)
-            if cur.id == c.snapshot_id
-                && cur.total == c.total
-                && cur.data.len() as u64 == c.offset =>
-        {
-            cur.data.extend_from_slice(c.data);
-            true
-        }
-        _ => {
-            *t = None;
-            false
-        }
-    }
-}
-
-/// The server side of one Raft group: answers the peer frames addressed to group `group`.
-/// A node with several groups routes frames by group id to one of these each.
-pub fn raft_handler<SM>(group: u8, raft: openraft::Raft<TypeConfig, SM>) -> PeerHandler
+/// The server side of one Raft group: answers the peer frames addressed to group `group`,
+/// spooling snapshot transfers with `receiving`. A node with several groups routes frames by
+/// group id to one of these each.
+pub fn raft_handler<SM>(
+    group: u8,
+    raft: openraft::Raft<TypeConfig, SM>,
+    receiving: Receiving,
+) -> PeerHandler
 where
     SM: RaftStateMachine<TypeConfig, SnapshotData = SnapshotData>,
 {
-    let transfer: Rc<RefCell<Option<Transfer>>> = Rc::default();
+    let transfer = Rc::new(RefCell::new(receiving));
     Rc::new(move |f: PeerFrame| {
         let raft = raft.clone();
         let transfer = Rc::clone(&transfer);
@@ -377,20 +360,23 @@ where
                         .ok()?,
                 ),
                 KIND_SNAPSHOT_CHUNK => {
-                    let taken = decode_snapshot_chunk(&f.payload)
-                        .is_ok_and(|c| take_chunk(&mut transfer.borrow_mut(), &c));
+                    let taken = match decode_snapshot_chunk(&f.payload) {
+                        Ok(c) => {
+                            let data = f.payload.slice_ref(c.data);
+                            crate::snapshot::take_piece(&transfer, c.snapshot_id, c.offset, data)
+                                .await
+                        }
+                        Err(_) => false,
+                    };
                     vec![if taken { CHUNK_TAKEN } else { CHUNK_REFUSED }]
                 }
                 KIND_SNAPSHOT => {
-                    let (vote, meta, _) = decode_snapshot(&f.payload).ok()?;
-                    let t = transfer.borrow_mut().take()?;
-                    if t.id != transfer_id(&meta) || t.data.len() as u64 != t.total {
-                        tracing::warn!(target: "raft", last_log_id = ?meta.last_log_id, "snapshot transfer incomplete; refusing to install it");
-                        return None;
-                    }
+                    let (vote, meta, total) = decode_snapshot(&f.payload).ok()?;
+                    let data =
+                        crate::snapshot::finish(&transfer, &transfer_id(&meta), total).await?;
                     let snap = Snapshot {
                         meta,
-                        snapshot: Cursor::new(Bytes::from(t.data)),
+                        snapshot: data,
                     };
                     encode_snapshot_response(&raft.install_full_snapshot(vote, snap).await.ok()?)
                 }

@@ -42,7 +42,8 @@ pub use forward::Forward;
 use self::changes::{settling, write_error};
 use self::open::{check_not_behind_purge, open_log, raft_config};
 use crate::metadata_sm::MetaStateMachine;
-use crate::network::{PeerNetwork, PEER_FRAME_MAX};
+use crate::network::{PeerNetwork, PEER_FRAME_MAX, SNAPSHOT_BYTES_MAX};
+use crate::snapshot::Receiving;
 use crate::state_machine::{EventStateMachine, OnApplied};
 use crate::types::{Applied, Command, TypeConfig};
 
@@ -314,9 +315,20 @@ impl Node {
             proposals: Rc::new(glommio::sync::Semaphore::new(PROPOSALS_MAX)),
             event_sm,
         };
+        // Snapshot transfers are spooled beside each group's log.
+        let receiving = |dir: PathBuf, group| {
+            Receiving::new(&dir, group, SNAPSHOT_BYTES_MAX).map_err(|cause| NodeError::Log {
+                path: dir.display().to_string(),
+                cause,
+            })
+        };
+        let handler = node.peer_handler(
+            receiving(cfg.data_dir.join("event"), EVENT_GROUP)?,
+            receiving(meta_dir, META_GROUP)?,
+        );
         glommio::spawn_local(serve_peers(
             listener,
-            node.peer_handler(),
+            handler,
             PEER_FRAME_MAX,
             cfg.secret.clone(),
             node.stop.clone(),

@@ -17,8 +17,8 @@ use crate::types::TypeConfig;
 pub const KIND_APPEND: u8 = 1;
 /// Vote request.
 pub const KIND_VOTE: u8 = 2;
-/// End of a snapshot transfer: the vote and the snapshot's metadata; the data came before
-/// in [`KIND_SNAPSHOT_CHUNK`] frames.
+/// End of a snapshot transfer: the vote, the snapshot's metadata and the data's length; the
+/// data came before in [`KIND_SNAPSHOT_CHUNK`] frames.
 pub const KIND_SNAPSHOT: u8 = 3;
 /// One piece of a snapshot's data.
 pub const KIND_SNAPSHOT_CHUNK: u8 = 5;
@@ -189,15 +189,14 @@ pub fn decode_snapshot_response(b: &[u8]) -> Result<SnapshotResponse<TypeConfig>
     Ok(SnapshotResponse::new(vote))
 }
 
-/// A piece of a snapshot's data: bytes `[offset, offset + data.len())` of `total`.
+/// A piece of a snapshot's data: bytes `[offset, offset + data.len())` (the sender streams
+/// the data and learns its length at the end: the transfer's last frame carries it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SnapshotChunk<'a> {
     /// Names the snapshot (the sender's choice; the receiver checks the pieces match).
     pub snapshot_id: &'a [u8],
     /// Where the piece starts in the data.
     pub offset: u64,
-    /// Length of the whole data.
-    pub total: u64,
     /// The piece.
     pub data: &'a [u8],
 }
@@ -208,7 +207,6 @@ pub fn encode_snapshot_chunk(c: &SnapshotChunk<'_>) -> Vec<u8> {
     let mut out = Vec::with_capacity(32 + c.snapshot_id.len() + c.data.len());
     out.push(CODEC_VERSION);
     out.extend_from_slice(&c.offset.to_le_bytes());
-    out.extend_from_slice(&c.total.to_le_bytes());
     crate::codec::put_part(&mut out, c.snapshot_id);
     crate::codec::put_part(&mut out, c.data);
     out
@@ -217,26 +215,21 @@ pub fn encode_snapshot_chunk(c: &SnapshotChunk<'_>) -> Vec<u8> {
 /// Decodes a snapshot chunk (borrowing from `b`).
 ///
 /// # Errors
-/// [`CodecError`] for anything but a well-formed chunk that lies within its `total`.
+/// [`CodecError`] for anything but a well-formed chunk whose end fits in a u64.
 pub fn decode_snapshot_chunk(b: &[u8]) -> Result<SnapshotChunk<'_>, CodecError> {
     let mut r = start("snapshot chunk", b)?;
     let offset = r.u64()?;
-    let total = r.u64()?;
     let id_len = r.u32()? as usize;
     let snapshot_id = r.take(id_len)?;
     let data_len = r.u32()? as usize;
     let data = r.take(data_len)?;
     finish(&r)?;
-    if offset
-        .checked_add(data.len() as u64)
-        .is_none_or(|end| end > total)
-    {
-        return Err(r.err("chunk beyond the snapshot's length"));
+    if offset.checked_add(data.len() as u64).is_none() {
+        return Err(r.err("chunk beyond the largest offset"));
     }
     Ok(SnapshotChunk {
         snapshot_id,
         offset,
-        total,
         data,
     })
 }
@@ -362,21 +355,15 @@ mod tests {
     }
 
     #[test]
-    fn snapshot_chunks_round_trip_and_stay_within_their_total() {
+    fn snapshot_chunks_round_trip_and_end_within_a_u64() {
         let c = SnapshotChunk {
             snapshot_id: b"1-2-3",
             offset: 10,
-            total: 14,
             data: b"abcd",
         };
         let b = encode_snapshot_chunk(&c);
         assert_eq!(decode_snapshot_chunk(&b).unwrap(), c);
         assert!(decode_snapshot_chunk(&b[..b.len() - 1]).is_err());
-        let beyond = encode_snapshot_chunk(&SnapshotChunk {
-            total: 13,
-            ..c.clone()
-        });
-        assert!(decode_snapshot_chunk(&beyond).is_err());
         let overflow = encode_snapshot_chunk(&SnapshotChunk {
             offset: u64::MAX,
             ..c

@@ -5,21 +5,22 @@
 //! - One `apply` call = one redb transaction: the commands, the applied log id and the last
 //!   membership commit together, without fsync (the Raft log holds the entries: those after
 //!   the last durable apply are replayed from it after a crash).
-//! - Snapshots stream the whole store from one read transaction; installing one replaces the
-//!   store durably and all-or-nothing, after checking its applied log id.
+//! - A snapshot is the store as of one read transaction, read piece by piece only when it
+//!   is sent: building one makes the applied state durable (the log is purged behind it) and
+//!   copies nothing. Installing one streams the received spool file into the store in one
+//!   durable transaction (all-or-nothing), after checking its applied log id; redb spills the
+//!   transaction's pages beyond half its cache to the file, so memory stays bounded.
 
-use std::cell::RefCell;
-use std::io::{self, Cursor};
+use std::io;
 use std::rc::Rc;
 
+use bytes::Bytes;
 use futureq_core::EventKey;
 use futureq_storage::durability::DurableApplies;
 use futureq_storage::Store;
 use futures::StreamExt;
 use openraft::storage::{EntryResponder, RaftSnapshotBuilder, RaftStateMachine, Snapshot};
 use openraft::{BasicNode, EntryPayload, StoredMembership};
-
-use bytes::Bytes;
 
 use crate::codec::{
     decode_log_id, decode_membership, encode_log_id, encode_membership, RaftLogId, RaftMembership,
@@ -35,32 +36,6 @@ use crate::types::LeaderId;
 pub use crate::types::Meta;
 /// A snapshot of [`TypeConfig`] with in-memory data.
 pub type EventSnapshot = Snapshot<LeaderId, u64, BasicNode, SnapshotData>;
-
-/// The last snapshot a state machine built or installed, kept for `get_current_snapshot`.
-#[derive(Clone, Default)]
-pub(crate) struct CurrentSnapshot(Rc<RefCell<Option<SnapshotBytes>>>);
-
-/// A snapshot's metadata and data.
-type SnapshotBytes = (Meta, Bytes);
-
-impl CurrentSnapshot {
-    /// Remembers a snapshot and returns it.
-    pub(crate) fn set(&self, meta: Meta, data: Bytes) -> EventSnapshot {
-        *self.0.borrow_mut() = Some((meta.clone(), data.clone()));
-        Snapshot {
-            meta,
-            snapshot: Cursor::new(data),
-        }
-    }
-
-    /// The remembered snapshot.
-    pub(crate) fn get(&self) -> Option<EventSnapshot> {
-        self.0.borrow().clone().map(|(meta, data)| Snapshot {
-            meta,
-            snapshot: Cursor::new(data),
-        })
-    }
-}
 
 /// Longest time between durable commits while applies come. Shorter than standalone's
 /// (`storage::durability::JOURNAL_DURABLE_APPLY_INTERVAL`): three nodes on one disk each hold their
@@ -87,7 +62,6 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 #[derive(Clone)]
 pub struct EventStateMachine {
     store: Store,
-    current: CurrentSnapshot,
     on_applied: OnApplied,
     /// When an apply commits durably (the Raft log replays what a crash loses).
     applies: Rc<std::cell::Cell<DurableApplies>>,
@@ -101,7 +75,6 @@ impl EventStateMachine {
     pub fn new(store: Store, on_applied: OnApplied) -> Self {
         EventStateMachine {
             store,
-            current: CurrentSnapshot::default(),
             on_applied,
             applies: Rc::new(std::cell::Cell::new(DurableApplies::new(
                 RAFT_DURABLE_APPLY_INTERVAL,
@@ -137,27 +110,42 @@ fn decode_state(
 impl RaftSnapshotBuilder<TypeConfig> for EventStateMachine {
     type SnapshotData = SnapshotData;
 
+    /// Makes the applied state durable (openraft purges the log behind the snapshot) and
+    /// returns a view of it; openraft keeps only the metadata.
     async fn build_snapshot(&mut self) -> Result<EventSnapshot, io::Error> {
         let store = self.store.clone();
-        // The log is purged behind a snapshot: everything it covers must be durable first.
-        let (data, info) = blocking(move || {
-            let mut data = Vec::new();
-            store
-                .write_durable_snapshot(&mut data)
-                .map(|info| (data, info))
-        })
-        .await
-        .map_err(io_err)?;
-        let (last_log_id, last_membership) = decode_state(
-            info.raft_meta.get(APPLIED).map(Vec::as_slice),
-            info.raft_meta.get(MEMBERSHIP).map(Vec::as_slice),
-        )?;
-        let meta = Meta {
+        let reader = blocking(move || store.durable_snapshot())
+            .await
+            .map_err(io_err)?;
+        snapshot_of(reader)
+    }
+}
+
+/// A reader that counts the bytes read through it.
+struct Counted<R>(R, u64);
+
+impl<R: io::Read> io::Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.0.read(buf)?;
+        self.1 += n as u64;
+        Ok(n)
+    }
+}
+
+/// A snapshot streamed from `reader`, with the metadata read in its transaction.
+fn snapshot_of(reader: futureq_storage::SnapshotReader) -> io::Result<EventSnapshot> {
+    let info = reader.info();
+    let (last_log_id, last_membership) = decode_state(
+        info.raft_meta.get(APPLIED).map(Vec::as_slice),
+        info.raft_meta.get(MEMBERSHIP).map(Vec::as_slice),
+    )?;
+    Ok(Snapshot {
+        meta: Meta {
             last_log_id,
             last_membership,
-        };
-        Ok(self.current.set(meta, Bytes::from(data)))
-    }
+        },
+        snapshot: SnapshotData::from_reader(reader),
+    })
 }
 
 impl RaftStateMachine<TypeConfig> for EventStateMachine {
@@ -247,28 +235,23 @@ impl RaftStateMachine<TypeConfig> for EventStateMachine {
         snapshot: Self::SnapshotData,
     ) -> Result<(), io::Error> {
         let expect = meta.last_log_id.map(|id| (id.index, id.leader_id.term));
-        let data = snapshot.into_inner();
         let store = self.store.clone();
-        let bytes = data.clone();
-        blocking(move || store.install_snapshot(&mut &bytes[..], expect))
+        let mut data = Counted(snapshot, 0);
+        let bytes = blocking(move || store.install_snapshot(&mut data, expect).map(|()| data.1))
             .await
             .map_err(io_err)?;
-        tracing::info!(target: "raft", last_log_id = ?meta.last_log_id, bytes = data.len(), "installed a snapshot of the event shard");
-        self.current.set(meta.clone(), data);
+        tracing::info!(target: "raft", last_log_id = ?meta.last_log_id, bytes, "installed a snapshot of the event shard");
         Ok(())
     }
 
-    /// The last snapshot built or installed; after a restart (snapshots live in memory) one
-    /// is built from the store, whose durable state covers everything the log purged.
+    /// The store as it is now: a snapshot is never kept, it is read from the store when a
+    /// follower needs one (its log id is the applied one, at or after the last built).
     async fn get_current_snapshot(&mut self) -> Result<Option<EventSnapshot>, io::Error> {
-        if let Some(s) = self.current.get() {
-            return Ok(Some(s));
-        }
         let store = self.store.clone();
-        let applied = blocking(move || store.applied()).await.map_err(io_err)?;
-        if applied.is_none() {
+        let reader = blocking(move || store.snapshot()).await.map_err(io_err)?;
+        if reader.info().applied.is_none() {
             return Ok(None);
         }
-        self.build_snapshot().await.map(Some)
+        snapshot_of(reader).map(Some)
     }
 }

@@ -42,9 +42,7 @@ pub enum Applied {
     Refused(String),
 }
 
-/// Snapshot data of both groups: the bytes in memory, shared (a clone copies nothing: event
-/// snapshots can be hundreds of MiB and must not be copied on the Raft core).
-pub type SnapshotData = std::io::Cursor<bytes::Bytes>;
+pub use crate::snapshot::SnapshotData;
 
 /// A log entry of [`TypeConfig`].
 pub type Entry = <TypeConfig as openraft::RaftTypeConfig>::Entry;

@@ -12,6 +12,7 @@ use futureq_core::command::{encode_store, StoreBatch, StoreItem};
 use futureq_raft::log_store::LogStore;
 use futureq_raft::persisted::{PersistKey, PersistTracker};
 use futureq_raft::rt::GlommioRuntime;
+use futureq_raft::snapshot::Receiving;
 use futureq_raft::state_machine::{EventSnapshot, EventStateMachine};
 use futureq_raft::types::{Command, SnapshotData, TypeConfig, Vote};
 use futureq_storage::log::io::MemLogIo;
@@ -336,6 +337,7 @@ fn three_nodes_over_tcp_elect_replicate_and_fail_over() {
         let mut servers = BTreeMap::new();
         let mut members = BTreeMap::new();
         let mut listeners = Vec::new();
+        let spool = tempfile::tempdir().unwrap();
         for id in 1..=3u64 {
             let l = glommio::net::TcpListener::bind("127.0.0.1:0").unwrap();
             members.insert(
@@ -371,9 +373,10 @@ fn three_nodes_over_tcp_elect_replicate_and_fail_over() {
             .await
             .unwrap();
             let stop = Shutdown::new();
+            let receiving = Receiving::new(&spool.path().join(id.to_string()), 1, 1 << 30).unwrap();
             let task = glommio::spawn_local(serve_peers(
                 listener,
-                raft_handler(1, raft.clone()),
+                raft_handler(1, raft.clone(), receiving),
                 PEER_FRAME_MAX,
                 Default::default(),
                 stop.clone(),
@@ -442,9 +445,11 @@ fn a_follower_behind_on_large_entries_catches_up_in_bounded_frames() {
             .collect();
         let mut stores = BTreeMap::new();
         let mut servers = Vec::new();
+        let spool = tempfile::tempdir().unwrap();
         let start = |id: u64| {
             let config = Arc::clone(&config);
             let port = ports[id as usize - 1];
+            let spool = spool.path().join(id.to_string());
             async move {
                 let io = MemLogIo::new();
                 let log = LogStore::open(
@@ -464,9 +469,10 @@ fn a_follower_behind_on_large_entries_catches_up_in_bounded_frames() {
                 let raft = Raft::new(id, config, net, log, sm).await.unwrap();
                 let listener = glommio::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
                 let stop = Shutdown::new();
+                let receiving = Receiving::new(&spool, 1, 1 << 30).unwrap();
                 let task = glommio::spawn_local(serve_peers(
                     listener,
-                    raft_handler(1, raft.clone()),
+                    raft_handler(1, raft.clone(), receiving),
                     FRAME_MAX,
                     Default::default(),
                     stop.clone(),

@@ -3,6 +3,7 @@
 //! Layout:
 //! - [`store`]: the synchronous store: schema, the apply of log entries (publishes, deletes,
 //!   group registrations), expiry lookups, due-range scans, snapshots.
+//! - [`snapshot`]: the snapshot stream, read piece by piece from one read transaction.
 //! - [`service`]: the store's reader thread with an async, channel-based API, so that no
 //!   redb read ever runs on an executor's reactor.
 //! - [`log`]: the segmented log on io_uring (record format, group commit, recovery, the
@@ -31,8 +32,10 @@ pub mod error;
 pub mod journal;
 pub mod log;
 pub mod service;
+pub mod snapshot;
 pub mod store;
 
 pub use error::StoreError;
 pub use service::StoreService;
+pub use snapshot::SnapshotReader;
 pub use store::{ApplyOutcome, ApplyStats, Refusal, SnapshotInfo, Store, StoreMode};

@@ -30,20 +30,23 @@ use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition,
 };
 
+use crate::snapshot::{
+    SnapshotReader, SNAPSHOT_MAGIC, TAG_EXPIRY, TAG_GROUP, TAG_INDEX, TAG_MESSAGE, TAG_RAFT_META,
+};
 use crate::StoreError;
 
-const MESSAGES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("messages");
-const INDEXES: TableDefinition<&[u8], ()> = TableDefinition::new("indexes");
-const EXPIRY: TableDefinition<&[u8], ()> = TableDefinition::new("expiry");
-const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+pub(crate) const MESSAGES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("messages");
+pub(crate) const INDEXES: TableDefinition<&[u8], ()> = TableDefinition::new("indexes");
+pub(crate) const EXPIRY: TableDefinition<&[u8], ()> = TableDefinition::new("expiry");
+pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// The durable group registry: topic hash (u64 BE) · group name → ().
-const GROUPS: TableDefinition<&[u8], ()> = TableDefinition::new("groups");
+pub(crate) const GROUPS: TableDefinition<&[u8], ()> = TableDefinition::new("groups");
 /// Opaque state of the replication layer (applied log id, membership), written with the
 /// data it describes.
-const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft-meta");
-const LAST_ID: &str = "last-id";
-const APPLIED_INDEX: &str = "applied-index";
-const APPLIED_TERM: &str = "applied-term";
+pub(crate) const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft-meta");
+pub(crate) const LAST_ID: &str = "last-id";
+pub(crate) const APPLIED_INDEX: &str = "applied-index";
+pub(crate) const APPLIED_TERM: &str = "applied-term";
 /// The digest of the data tables (see the module docs).
 const DIGEST: &str = "digest";
 /// Raft-meta key written by [`Store::sync`] so that its transaction has a change to commit.
@@ -466,7 +469,7 @@ impl Store {
     }
 
     /// A snapshot for the replication layer, which purges its log behind it: everything the
-    /// snapshot contains is durable when this returns (see [`Store::write_snapshot`]).
+    /// snapshot contains is durable when this returns (see [`Store::snapshot`]).
     ///
     /// # Invariants
     /// The snapshot's read transaction begins *before* the durable commit: a commit made
@@ -474,70 +477,30 @@ impl Store {
     /// crash would leave the store behind the log's purge point.
     ///
     /// # Errors
-    /// Storage or write failure.
-    pub fn write_durable_snapshot(
-        &self,
-        w: &mut impl std::io::Write,
-    ) -> Result<SnapshotInfo, StoreError> {
+    /// A storage error.
+    pub fn durable_snapshot(&self) -> Result<SnapshotReader, StoreError> {
         let txn = self.db.begin_read()?;
         self.sync()?;
-        Self::snapshot_from(&txn, w)
+        SnapshotReader::new(txn)
     }
 
-    /// Writes a snapshot of the whole store (one read transaction, so it is consistent and
-    /// never blocks writers) and returns the applied log id it contains.
+    /// A snapshot of the whole store as a stream read piece by piece (one read transaction,
+    /// so it is consistent and never blocks writers; format in [`crate::snapshot`]).
     ///
-    /// Stream: magic `FQSNAP1\0`, applied index + 1 (0 = none), applied term, last-id (u64 LE
-    /// each), then
-    /// records `table (u8: 1 messages, 2 indexes, 3 expiry, 4 raft meta, 5 groups) · key length
-    /// (u32 LE) · key · value length (u32 LE) · value`, then a 0 byte.
+    /// # Errors
+    /// A storage error.
+    pub fn snapshot(&self) -> Result<SnapshotReader, StoreError> {
+        SnapshotReader::new(self.db.begin_read()?)
+    }
+
+    /// Writes a whole snapshot (see [`Store::snapshot`]) and returns what it holds.
     ///
     /// # Errors
     /// Storage or write failure.
     pub fn write_snapshot(&self, w: &mut impl std::io::Write) -> Result<SnapshotInfo, StoreError> {
-        Self::snapshot_from(&self.db.begin_read()?, w)
-    }
-
-    fn snapshot_from(
-        txn: &redb::ReadTransaction,
-        w: &mut impl std::io::Write,
-    ) -> Result<SnapshotInfo, StoreError> {
-        let meta = txn.open_table(META)?;
-        let get =
-            |k: &str| -> Result<u64, StoreError> { Ok(meta.get(k)?.map_or(0, |v| v.value())) };
-        let applied = meta.get(APPLIED_INDEX)?.map(|v| v.value());
-        let (term, last) = (get(APPLIED_TERM)?, get(LAST_ID)?);
-        w.write_all(SNAPSHOT_MAGIC)?;
-        // The applied index is written + 1 so that 0 means "nothing applied".
-        for v in [applied.map_or(0, |i| i + 1), term, last] {
-            w.write_all(&v.to_le_bytes())?;
-        }
-        let messages = txn.open_table(MESSAGES)?;
-        for r in messages.range::<&[u8]>(..)? {
-            let (k, v) = r?;
-            write_record(w, 1, k.value(), v.value())?;
-        }
-        for (id, def) in [(2u8, INDEXES), (3, EXPIRY)] {
-            for r in txn.open_table(def)?.range::<&[u8]>(..)? {
-                let (k, _) = r?;
-                write_record(w, id, k.value(), &[])?;
-            }
-        }
-        for r in txn.open_table(GROUPS)?.range::<&[u8]>(..)? {
-            let (k, _) = r?;
-            write_record(w, 5, k.value(), &[])?;
-        }
-        let mut raft_meta = BTreeMap::new();
-        for r in txn.open_table(RAFT_META)?.range::<&str>(..)? {
-            let (k, v) = r?;
-            write_record(w, 4, k.value().as_bytes(), v.value())?;
-            raft_meta.insert(k.value().to_owned(), v.value().to_vec());
-        }
-        w.write_all(&[0])?;
-        Ok(SnapshotInfo {
-            applied: applied.map(|i| (i, term)),
-            raft_meta,
-        })
+        let mut r = self.snapshot()?;
+        std::io::copy(&mut r, w)?;
+        Ok(r.info().clone())
     }
 
     /// Replaces the whole store with a snapshot, durably, in one transaction. The snapshot's
@@ -593,13 +556,13 @@ impl Store {
                 let value = read_chunk(r, SNAPSHOT_VALUE_MAX)
                     .ok_or_else(|| bad("truncated or oversized value"))?;
                 match id[0] {
-                    1 if key.len() == KEY_LEN => t.put_message(&key, &value)?,
-                    2 => t.put_row(KeyTable::Index, &key)?,
-                    3 => t.put_row(KeyTable::Expiry, &key)?,
-                    5 if key.len() >= 8 => {
+                    TAG_MESSAGE if key.len() == KEY_LEN => t.put_message(&key, &value)?,
+                    TAG_INDEX => t.put_row(KeyTable::Index, &key)?,
+                    TAG_EXPIRY => t.put_row(KeyTable::Expiry, &key)?,
+                    TAG_GROUP if key.len() >= 8 => {
                         t.add_group(&key)?;
                     }
-                    4 => {
+                    TAG_RAFT_META => {
                         let k = std::str::from_utf8(&key)
                             .map_err(|_| bad("raft meta key is not UTF-8"))?;
                         rm.insert(k, value.as_slice()).map(|_| ())?;
@@ -723,26 +686,10 @@ impl Store {
     }
 }
 
-const SNAPSHOT_MAGIC: &[u8; 8] = b"FQSNAP1\0";
 /// Largest key in a snapshot record (index keys are bounded by the message size).
 const SNAPSHOT_KEY_MAX: usize = 64 << 20;
 /// Largest value in a snapshot record.
 const SNAPSHOT_VALUE_MAX: usize = 256 << 20;
-
-fn write_record(
-    w: &mut impl std::io::Write,
-    table: u8,
-    key: &[u8],
-    value: &[u8],
-) -> std::io::Result<()> {
-    w.write_all(&[table])?;
-    for part in [key, value] {
-        let n = u32::try_from(part.len()).map_err(|_| std::io::Error::other("record too large"))?;
-        w.write_all(&n.to_le_bytes())?;
-        w.write_all(part)?;
-    }
-    Ok(())
-}
 
 fn read_u64(r: &mut impl std::io::Read) -> std::io::Result<u64> {
     let mut b = [0u8; 8];

@@ -248,6 +248,84 @@ fn bad_snapshots_change_nothing() {
     assert_eq!((dst.counts().unwrap(), dst.applied().unwrap()), before);
 }
 
+/// Issue 12: a snapshot is a stream read from one read transaction, one bounded piece at a
+/// time (never the whole store in memory), and later commits do not change it.
+#[test]
+fn a_snapshot_streams_in_bounded_pieces_from_one_version() {
+    use futureq_storage::snapshot::SNAPSHOT_PIECE_BYTES;
+    use std::io::Read as _;
+    let src = Store::open(&StoreMode::Memory).unwrap();
+    let big = |id: u64| {
+        let mut it = item(id, 0);
+        let mut m = StoredMessage::decode(&Bytes::from(it.message.clone())).unwrap();
+        m.payload = Bytes::from(vec![b'x'; 2000]);
+        it.message = m.encode().to_vec();
+        it
+    };
+    // ~6 MiB: several pieces.
+    for chunk in 0..30u64 {
+        let cmd = encode_store(&StoreBatch {
+            items: (1..=100).map(|i| big(chunk * 100 + i)).collect(),
+        });
+        src.apply_entries(&[(chunk + 1, 1, &cmd)], &[("membership", b"m")], false)
+            .unwrap();
+    }
+    let mut before = Vec::new();
+    src.write_snapshot(&mut before).unwrap();
+    assert!(before.len() > 4 * SNAPSHOT_PIECE_BYTES, "{}", before.len());
+
+    let mut reader = src.snapshot().unwrap();
+    assert_eq!(reader.info().applied, Some((30, 1)));
+    // Commits after the reader began are not in its stream.
+    let later = encode_store(&StoreBatch {
+        items: vec![big(5000)],
+    });
+    let del = encode_delete(&DeleteBatch {
+        keys: vec![key(1).0, key(2).0],
+    });
+    src.apply_entries(&[(31, 1, &later), (32, 1, &del)], &[], false)
+        .unwrap();
+
+    let mut streamed = Vec::new();
+    let mut buf = vec![0u8; 4 * SNAPSHOT_PIECE_BYTES];
+    loop {
+        let n = reader.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        // One read hands out at most one piece: a piece is the size asked for plus at most
+        // one record.
+        assert!(n <= SNAPSHOT_PIECE_BYTES + 4096, "a read of {n} bytes");
+        streamed.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(
+        streamed, before,
+        "the stream is the store as of the reader's start"
+    );
+    let mut after = Vec::new();
+    src.write_snapshot(&mut after).unwrap();
+    assert_ne!(after, before);
+
+    // Installing straight from a reader (a stream, not a buffer) gives the same store.
+    let dst = Store::open(&StoreMode::Memory).unwrap();
+    dst.install_snapshot(&mut src.snapshot().unwrap(), Some((32, 1)))
+        .unwrap();
+    assert_eq!(dst.counts().unwrap(), src.counts().unwrap());
+    assert_eq!(dst.digest(), src.digest());
+    // Small reads see the same bytes.
+    let mut small = Vec::new();
+    let mut r = src.snapshot().unwrap();
+    let mut b = [0u8; 7];
+    loop {
+        let n = r.read(&mut b).unwrap();
+        if n == 0 {
+            break;
+        }
+        small.extend_from_slice(&b[..n]);
+    }
+    assert_eq!(small, after);
+}
+
 /// The group registry is replicated (a command) and travels with snapshots.
 #[test]
 fn group_registrations_apply_and_travel_with_snapshots() {

@@ -231,7 +231,7 @@ impl Default for Config {
                     advertise: String::new(),
                     data_dir: "./raft-data".into(),
                     initial_members: BTreeMap::new(),
-                    rtt: "200ms".into(),
+                    rtt: "20ms".into(),
                     snapshot_entries: 10_000,
                     compaction_overhead: 5_000,
                 },
@@ -1024,7 +1024,7 @@ mod tests {
         let c = ok.cluster.unwrap();
         assert_eq!(c.node_id, 2);
         assert_eq!(c.initial_members.len(), 2);
-        assert_eq!(c.rtt, Duration::from_millis(200));
+        assert_eq!(c.rtt, Duration::from_millis(20));
         for (yaml, fragment) in [
             ("configVersion: 1\ncluster:\n  enabled: true\n  raft:\n    advertise: 127.0.0.2:1\n", "api.grpc.advertise"),
             (&format!("{base}    initialMembers: {{1: \"127.0.0.1:50005\"}}\n"), "must map this node"),

@@ -2,6 +2,7 @@
 //! metadata proposals and membership changes (forwarded to the metadata leader), and the
 //! deletes of a node that stopped leading the event shard.
 
+use crate::snapshot::Receiving;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -141,9 +142,9 @@ fn decode_outcome(b: &[u8]) -> Result<(), WriteError> {
 
 impl Node {
     /// Routes peer frames: Raft RPCs to their group, forwarded requests to [`Node::forwarded`].
-    pub(super) fn peer_handler(&self) -> PeerHandler {
-        let event = raft_handler(EVENT_GROUP, self.event.clone());
-        let meta = raft_handler(META_GROUP, self.meta.clone());
+    pub(super) fn peer_handler(&self, event: Receiving, meta: Receiving) -> PeerHandler {
+        let event = raft_handler(EVENT_GROUP, self.event.clone(), event);
+        let meta = raft_handler(META_GROUP, self.meta.clone(), meta);
         let node = self.clone();
         Rc::new(move |f: PeerFrame| {
             if f.kind == KIND_FORWARD {
