@@ -550,6 +550,76 @@ async fn disk_faults_stop_the_node_and_lose_no_acked_message() {
     }
 }
 
+/// Issue 12: publish batches that arrive while entries are in flight are proposed as one Raft
+/// entry: each batch keeps contiguous ids in its order, every ack level is answered, no id is
+/// given twice, and every message is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_publishes_are_coalesced_into_fewer_entries() {
+    let _serial = SERIAL.lock().await;
+    let c = Cluster::start(3, "").await;
+    let leader = c.leader(Duration::from_secs(10)).await;
+    let l = &c.nodes[leader];
+    let (entries0, batches0) = (
+        l.metric("futureq_raft_entry_batches_count").await,
+        l.metric("futureq_raft_entry_batches_sum").await,
+    );
+    // 8 connections × 25 batches of 3, every ack level, all sent before any ack is read.
+    let mut pubs = Vec::new();
+    for s in 0..8u64 {
+        let p = Publisher::open(l.channel().await).await;
+        for n in 0..25u64 {
+            let msgs = (0..3)
+                .map(|i| msg("coalesce", &format!("s{s}-b{n}-m{i}"), 0, 0))
+                .collect();
+            p.send(batch(s * 100 + n, (n % 3) as i32, msgs));
+        }
+        pubs.push(p);
+    }
+    let mut ids = BTreeSet::new();
+    for p in &mut pubs {
+        for _ in 0..25 {
+            let ack = p.ack().await;
+            assert!(ack.success, "{ack:?}");
+            let got: Vec<u64> = ack.delivery_tags.iter().map(|t| id_of(t)).collect();
+            assert_eq!(got.len(), 3, "{ack:?}");
+            assert!(
+                got.windows(2).all(|w| w[1] == w[0] + 1),
+                "a batch's ids are contiguous, in order: {got:?}"
+            );
+            for id in got {
+                assert!(ids.insert(id), "id {id} given twice");
+            }
+        }
+    }
+    // The NO_ACK batches are answered before their commit: wait for every entry.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (entries, batches) = loop {
+        let b = l.metric("futureq_raft_entry_batches_sum").await - batches0;
+        if b >= 200.0 || Instant::now() > deadline {
+            break (
+                l.metric("futureq_raft_entry_batches_count").await - entries0,
+                b,
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(batches, 200.0);
+    assert!(
+        entries < 200.0,
+        "200 batches sent at once went into {entries} entries"
+    );
+    let mut s = Subscriber::open(l.channel().await, "coalesce", "", 1000).await;
+    let mut got: Vec<String> = s
+        .drain(Duration::from_secs(2))
+        .await
+        .into_iter()
+        .map(|m| String::from_utf8(m.payload).unwrap())
+        .collect();
+    got.sort();
+    got.dedup();
+    assert_eq!(got.len(), 600, "every message delivered once");
+}
+
 /// Issue 12: the leader does not keep its log for a follower that is down (killed, or paused
 /// with its connections open): it purges behind its snapshots as usual, and the follower,
 /// back, catches up from a snapshot.

@@ -371,19 +371,9 @@ impl Node {
     }
 
     /// Proposes an event-shard command on this node (the leader) and waits as `ack` says,
-    /// until `deadline`. A LEADER ack resolves when the leader's log fsynced the entry named
-    /// by the proposal's [`PersistKey`], or else at commit.
-    ///
-    /// `make` builds the command at the moment of proposal: it is called right before each
-    /// attempt is handed to Raft, with no await in between, so whatever it assigns (event
-    /// ids) follows log order on this leader; it refuses (e.g. leadership not confirmed in
-    /// the current term) by returning an error, which ends the write. A refusal by Raft while
-    /// leadership settles calls it again.
-    ///
-    /// At most [`PROPOSALS_MAX`] proposals are outstanding (proposed, not yet applied), whatever
-    /// their ack level: LEADER and NO_ACK acks return before the commit, and without this
-    /// bound a fast producer would pile up entries faster than followers take them (the
-    /// leader then misses heartbeats and loses leadership).
+    /// until `deadline` (see [`Node::propose_event`]). A LEADER ack resolves when the leader's
+    /// log fsynced the entry named by the proposal's [`PersistKey`], or else at commit. A
+    /// NO_ACK write is not retried: its answer named the ids of its first attempt.
     ///
     /// # Errors
     /// [`WriteError`]; [`WriteError::Refused`] when the state machine refused the committed
@@ -394,6 +384,44 @@ impl Node {
         ack: Ack,
         deadline: Instant,
     ) -> Result<(), WriteError> {
+        let mut attempts = 0u32;
+        let make = move || {
+            attempts += 1;
+            if ack == Ack::Submitted && attempts > 1 {
+                return Err(WriteError::NotLeader { leader: None });
+            }
+            make()
+        };
+        self.propose_event(make, ack == Ack::Leader, deadline)
+            .await?
+            .until(ack)
+            .await
+    }
+
+    /// Proposes an event-shard command on this node (the leader) until `deadline` and
+    /// returns its stages as they come: handed to Raft, fsynced in this leader's log (when
+    /// `persisted` is asked for and the proposal has a [`PersistKey`]), and its outcome.
+    ///
+    /// `make` builds the command at the moment of proposal: it is called right before each
+    /// attempt is handed to Raft, with no await in between, so whatever it assigns (event
+    /// ids) follows log order on this leader; it refuses (e.g. leadership not confirmed in
+    /// the current term) by returning an error, which ends the write. A refusal by Raft while
+    /// leadership settles calls it again (it may then build a smaller command, or refuse).
+    ///
+    /// At most [`PROPOSALS_MAX`] proposals are outstanding (proposed, not yet applied), whatever
+    /// their ack level: LEADER and NO_ACK acks return before the commit, and without this
+    /// bound a fast producer would pile up entries faster than followers take them (the
+    /// leader then misses heartbeats and loses leadership). This waits for a place.
+    ///
+    /// # Errors
+    /// [`WriteError::Timeout`] when no place came before `deadline`.
+    pub async fn propose_event(
+        &self,
+        mut make: impl FnMut() -> Result<Proposal, WriteError> + 'static,
+        persisted: bool,
+        deadline: Instant,
+    ) -> Result<EventWrite, WriteError> {
+        use futures::channel::oneshot;
         let permit = {
             let acquire = async { Some(Rc::clone(&self.proposals).acquire_static_permit(1).await) };
             let timer = async {
@@ -406,15 +434,18 @@ impl Node {
                 None => return Err(WriteError::Timeout),
             }
         };
-        let (done_tx, done_rx) = futures::channel::oneshot::channel();
+        let (submitted_tx, submitted) = oneshot::channel();
+        let (persisted_tx, persisted_rx) = if persisted {
+            let (tx, rx) = oneshot::channel();
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        let (done_tx, done) = oneshot::channel();
         let (raft, me, tracker) = (self.event.clone(), self.id, self.tracker.clone());
         glommio::spawn_local(async move {
-            let reply = std::cell::Cell::new(Some(done_tx));
-            let answer = |r: Result<(), WriteError>| {
-                if let Some(tx) = reply.take() {
-                    let _ = tx.send(r);
-                }
-            };
+            let mut submitted_tx = Some(submitted_tx);
+            let persisted_tx = std::cell::Cell::new(persisted_tx);
             let r = loop {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
@@ -424,21 +455,25 @@ impl Node {
                     Ok(p) => p,
                     Err(e) => break Err(e),
                 };
-                // Registered before the proposal, so a fast fsync cannot be missed. Without a
-                // key a LEADER write answers at commit.
-                let persisted = proposal
-                    .persist
-                    .filter(|_| ack == Ack::Leader)
-                    .map(|k| tracker.register(k));
+                // Registered before the proposal, so a fast fsync cannot be missed.
+                let persist_key = proposal.persist.filter(|_| {
+                    let asked = persisted_tx.take();
+                    let open = asked.is_some();
+                    persisted_tx.set(asked);
+                    open
+                });
+                let on_disk = persist_key.map(|k| tracker.register(k));
                 let write = raft.client_write(Command(proposal.command));
-                if ack == Ack::Submitted {
-                    answer(Ok(()));
+                if let Some(tx) = submitted_tx.take() {
+                    let _ = tx.send(());
                 }
                 let attempt = async { Some(write.await) };
                 let early = async {
-                    if let Some(p) = persisted {
+                    if let Some(p) = on_disk {
                         p.await;
-                        answer(Ok(()));
+                        if let Some(tx) = persisted_tx.take() {
+                            let _ = tx.send(());
+                        }
                     }
                     glommio::timer::sleep(left).await;
                     None
@@ -449,10 +484,8 @@ impl Node {
                         Applied::Done => break Ok(()),
                         Applied::Refused(why) => break Err(WriteError::Refused(why)),
                     },
-                    // A NO_ACK write was answered with the ids of this attempt: a retry would
-                    // store other ids, so it is not retried (NO_ACK writes may be lost).
                     Some(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))))
-                        if settling(&f, me) && ack != Ack::Submitted =>
+                        if settling(&f, me) =>
                     {
                         tracing::debug!(target: "raft", reason = ?f.reason, leader = ?f.leader_id, "write refused while leadership settles; retrying");
                         glommio::timer::sleep(RETRY_PAUSE).await;
@@ -461,12 +494,14 @@ impl Node {
                 }
             };
             drop(permit);
-            answer(r);
+            let _ = done_tx.send(r);
         })
         .detach();
-        done_rx
-            .await
-            .unwrap_or_else(|_| Err(WriteError::Failed("raft stopped".into())))
+        Ok(EventWrite {
+            submitted,
+            persisted: persisted_rx,
+            done,
+        })
     }
 
     /// The event shard's leadership as of now.
@@ -612,6 +647,48 @@ impl Node {
         let _ = self.event.shutdown().await;
         let _ = self.meta.shutdown().await;
     }
+}
+
+/// The stages of one event-shard write ([`Node::propose_event`]), each reported at most
+/// once, in this order; a stage the write ended before is never reported (its sender is
+/// dropped).
+pub struct EventWrite {
+    /// The command was handed to Raft (its first attempt).
+    pub submitted: futures::channel::oneshot::Receiver<()>,
+    /// The entry is fsynced in this leader's log (asked for, and the proposal had a key).
+    pub persisted: Option<futures::channel::oneshot::Receiver<()>>,
+    /// The outcome: applied (or refused by the state machine) after its commit, or why not.
+    pub done: futures::channel::oneshot::Receiver<Result<(), WriteError>>,
+}
+
+impl EventWrite {
+    /// Waits until the write reached `ack` (a LEADER ack without a persisted stage waits for
+    /// the outcome), or ended before.
+    ///
+    /// # Errors
+    /// How the write ended, when it ended before reaching `ack`.
+    pub async fn until(self, ack: Ack) -> Result<(), WriteError> {
+        let stage = match ack {
+            Ack::Quorum => None,
+            Ack::Leader => self.persisted,
+            Ack::Submitted => Some(self.submitted),
+        };
+        outcome_after(stage, self.done).await
+    }
+}
+
+/// Ok when `stage` fires; else (no stage, or its sender dropped) the write's outcome.
+pub async fn outcome_after(
+    stage: Option<futures::channel::oneshot::Receiver<()>>,
+    done: futures::channel::oneshot::Receiver<Result<(), WriteError>>,
+) -> Result<(), WriteError> {
+    if let Some(stage) = stage {
+        if stage.await.is_ok() {
+            return Ok(());
+        }
+    }
+    done.await
+        .unwrap_or_else(|_| Err(WriteError::Failed("raft stopped".into())))
 }
 
 /// One attempt of an event-shard write, built by [`Node::write_event`]'s `make`.

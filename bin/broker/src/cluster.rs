@@ -23,9 +23,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futureq_core::command::StoreItem;
-use futureq_core::command::{
-    encode_delete, encode_register_group, encode_store, DeleteBatch, RegisterGroup, StoreBatch,
-};
+use futureq_core::command::{encode_delete, encode_register_group, DeleteBatch, RegisterGroup};
 use futureq_core::metadata::{MetaCommand, NodeAddr, ShardTopology};
 use futureq_core::{AckLevel, EventKey, TopicHash};
 use futureq_net::Shutdown;
@@ -35,6 +33,7 @@ use futureq_raft::node::{
 use futureq_storage::Store;
 use futures_lite::future;
 
+mod coalesce;
 mod ids;
 mod membership;
 
@@ -65,6 +64,8 @@ struct Core {
     store: Store,
     /// Who may assign event ids, and the next one.
     ids: RefCell<Ids>,
+    /// Publishes waiting to be proposed in a group (`coalesce`).
+    publishes: flume::Sender<coalesce::Pending>,
     publishing_topology: Cell<bool>,
     metrics: Arc<Metrics>,
     fatal: FatalReporter,
@@ -175,6 +176,9 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     fatal: FatalReporter,
 ) {
+    // Unbounded: each publish waiting here holds one of the write core's requests in
+    // service (`replication::REQUESTS_IN_SERVICE_MAX`).
+    let (publishes, pending) = flume::unbounded();
     let core = Rc::new(Core {
         node: node.clone(),
         cfg,
@@ -182,11 +186,13 @@ pub async fn serve(
         cluster,
         store,
         ids: RefCell::new(Ids::default()),
+        publishes,
         publishing_topology: Cell::new(false),
         metrics,
         fatal,
     });
     core.metrics.clustered.store(true, Ordering::Relaxed);
+    glommio::spawn_local(coalesce::run(Rc::downgrade(&core), pending)).detach();
     let watcher = glommio::spawn_local(watch(Rc::clone(&core), shutdown.clone()));
     glommio::spawn_local(watch_stalls(shutdown.clone())).detach();
     glommio::spawn_local(register(Rc::clone(&core), shutdown.clone())).detach();
@@ -398,34 +404,27 @@ impl WriteCore for Rc<Core> {
         level: AckLevel,
         deadline: Instant,
     ) -> Result<u64, WriteError> {
-        let ack = match level {
-            AckLevel::Quorum => Ack::Quorum,
-            AckLevel::Leader => Ack::Leader,
-            AckLevel::NoAck => Ack::Submitted,
+        // Proposed in a group with the publishes that arrive meanwhile (`coalesce`).
+        let (reply, answered) = futures::channel::oneshot::channel();
+        let pending = coalesce::Pending {
+            items,
+            level,
+            deadline,
+            reply,
         };
-        let first = Rc::new(Cell::new(0));
-        let make = {
-            let (core, first) = (Rc::clone(self), Rc::clone(&first));
-            let mut batch = StoreBatch { items };
-            // Ids are assigned here, at the moment of proposal (see `write_event`): a
-            // proposal that waited, or is retried, gets fresh ids of the current term, so ids
-            // follow log order.
-            move || {
-                let l = core.node.leadership();
-                let start = core
-                    .ids
-                    .borrow_mut()
-                    .assign(l.leading, l.term, batch.items.len() as u64)
-                    .ok_or(WriteError::NotLeader { leader: l.leader })?;
-                for (i, it) in batch.items.iter_mut().enumerate() {
-                    it.event_id = start + i as u64;
-                }
-                first.set(start);
-                Ok(Proposal::store(encode_store(&batch).into(), l.term))
-            }
+        self.publishes
+            .send(pending)
+            .map_err(|_| WriteError::Failed("the write core stopped".into()))?;
+        let answer = async {
+            answered
+                .await
+                .unwrap_or_else(|_| Err(WriteError::Failed("the write core stopped".into())))
         };
-        self.node.write_event(make, ack, deadline).await?;
-        Ok(first.get())
+        let timer = async {
+            glommio::timer::sleep(deadline.saturating_duration_since(Instant::now())).await;
+            Err(WriteError::Timeout)
+        };
+        future::or(answer, timer).await
     }
 
     async fn delete(&self, keys: Vec<EventKey>, deadline: Instant) -> Result<(), WriteError> {

@@ -157,6 +157,8 @@ pub struct Metrics {
     pub raft_purged_index: AtomicU64,
     pub raft_leader_changes: AtomicU64,
     pub raft_refused_entries: AtomicU64,
+    /// Publish batches proposed in each event-shard entry (`cluster::coalesce`).
+    pub raft_entry_batches: Histogram,
 }
 
 impl Default for Metrics {
@@ -195,6 +197,7 @@ impl Default for Metrics {
             raft_purged_index: AtomicU64::new(0),
             raft_leader_changes: AtomicU64::new(0),
             raft_refused_entries: AtomicU64::new(0),
+            raft_entry_batches: Histogram::new(SIZES),
         }
     }
 }
@@ -300,6 +303,14 @@ impl Metrics {
             ] {
                 scalar(&mut o, name, kind, help, v.load(r));
             }
+            header(
+                &mut o,
+                "futureq_raft_entry_batches",
+                "histogram",
+                "Publish batches coalesced into each proposed event-shard entry.",
+            );
+            self.raft_entry_batches
+                .render(&mut o, "futureq_raft_entry_batches", "");
         }
         scalar(
             &mut o,

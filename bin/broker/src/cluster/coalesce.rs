@@ -1,0 +1,291 @@
+//! Coalescing publishes into Raft entries: the publish batches that arrive while entries are
+//! in flight become one `StoreBatch` entry, bounded by [`GROUP_ITEMS_MAX`] messages and
+//! [`GROUP_BYTES_MAX`] bytes, so that openraft's per-entry costs (its bookkeeping, the log
+//! record, the replication message, the apply call) are paid once per group. Each batch
+//! keeps its own ack level: its reply goes out at its level's stage of the group's entry
+//! (NO_ACK when handed to Raft, LEADER when fsynced in this leader's log, QUORUM when applied).
+//!
+//! # Invariants
+//! - A batch is never split: all of its messages are in one entry, with contiguous ids in
+//!   the order given (a batch is atomic, and its reply names its first id).
+//! - Ids are assigned when the group is proposed, at each attempt (see
+//!   `futureq_raft::node::Node::propose_event`), so ids follow log order.
+//! - At most [`GROUPS_IN_FLIGHT`] groups are proposed and not yet applied; what arrives
+//!   meanwhile waits, and goes into the next group.
+//! - A retry (Raft refused the entry while leadership settled) leaves out the NO_ACK batches:
+//!   they were answered with the ids of the first attempt, and may be lost.
+
+use std::cell::RefCell;
+use std::rc::{Rc, Weak};
+use std::time::Instant;
+
+use futureq_core::command::{encode_store, store_len_bound, StoreBatch, StoreItem};
+use futureq_core::AckLevel;
+use futureq_raft::node::{EventWrite, Proposal, WriteError};
+use futures::channel::oneshot;
+
+use super::Core;
+
+/// Most messages in one group's entry (a single larger batch goes alone).
+pub(crate) const GROUP_ITEMS_MAX: usize = 16_384;
+/// Most bytes of one group's entry, encoded (a single larger batch goes alone).
+pub(crate) const GROUP_BYTES_MAX: usize = 4 << 20;
+/// Groups proposed and not yet applied at once.
+pub(crate) const GROUPS_IN_FLIGHT: u64 = 2;
+
+/// A publish batch waiting for its group.
+pub(crate) struct Pending {
+    pub(crate) items: Vec<StoreItem>,
+    pub(crate) level: AckLevel,
+    pub(crate) deadline: Instant,
+    pub(crate) reply: oneshot::Sender<Result<u64, WriteError>>,
+}
+
+/// One batch of a group.
+struct Part {
+    len: usize,
+    level: AckLevel,
+    reply: Option<oneshot::Sender<Result<u64, WriteError>>>,
+    /// Left out of the entry (a NO_ACK batch, after the first attempt).
+    left_out: bool,
+}
+
+/// Batches proposed as one entry.
+struct Group {
+    items: Vec<StoreItem>,
+    bytes: usize,
+    parts: Vec<Part>,
+    deadline: Instant,
+}
+
+impl Group {
+    fn new() -> Self {
+        Group {
+            items: Vec::new(),
+            bytes: 0,
+            parts: Vec::new(),
+            deadline: Instant::now(),
+        }
+    }
+
+    /// Whether `p` may join (a group takes its first batch whatever its size).
+    fn fits(&self, p: &Pending) -> bool {
+        self.parts.is_empty()
+            || (self.items.len() + p.items.len() <= GROUP_ITEMS_MAX
+                && self.bytes + store_len_bound(&p.items) <= GROUP_BYTES_MAX)
+    }
+
+    fn push(&mut self, mut p: Pending) {
+        self.bytes += store_len_bound(&p.items);
+        self.deadline = self.deadline.max(p.deadline);
+        self.parts.push(Part {
+            len: p.items.len(),
+            level: p.level,
+            reply: Some(p.reply),
+            left_out: false,
+        });
+        self.items.append(&mut p.items);
+    }
+}
+
+/// Takes the publishes of `rx` and proposes them in groups (see the module docs) until `rx`
+/// closes or the core is gone.
+pub(super) async fn run(core: Weak<Core>, rx: flume::Receiver<Pending>) {
+    let in_flight = Rc::new(glommio::sync::Semaphore::new(GROUPS_IN_FLIGHT));
+    let mut carry: Option<Pending> = None;
+    loop {
+        let Ok(permit) = Rc::clone(&in_flight).acquire_static_permit(1).await else {
+            return;
+        };
+        let first = match carry.take() {
+            Some(p) => p,
+            None => match rx.recv_async().await {
+                Ok(p) => p,
+                Err(_) => return,
+            },
+        };
+        let mut group = Group::new();
+        for p in std::iter::once(first).chain(std::iter::from_fn(|| rx.try_recv().ok())) {
+            if p.deadline <= Instant::now() {
+                let _ = p.reply.send(Err(WriteError::Timeout));
+            } else if group.fits(&p) {
+                group.push(p);
+            } else {
+                carry = Some(p);
+                break;
+            }
+        }
+        if group.parts.is_empty() {
+            continue;
+        }
+        let Some(core) = core.upgrade() else { return };
+        #[allow(clippy::cast_precision_loss)]
+        core.metrics
+            .raft_entry_batches
+            .observe(group.parts.len() as f64);
+        glommio::spawn_local(async move {
+            propose(&core, group).await;
+            drop(permit);
+        })
+        .detach();
+    }
+}
+
+/// The first id of each part, as of the last attempt (`None`: not proposed).
+type Firsts = Rc<RefCell<Vec<Option<u64>>>>;
+
+/// Proposes `group` as one entry and answers each batch at its level's stage.
+async fn propose(core: &Rc<Core>, group: Group) {
+    let Group {
+        items,
+        parts,
+        deadline,
+        ..
+    } = group;
+    let parts = Rc::new(RefCell::new(parts));
+    let firsts: Firsts = Rc::new(RefCell::new(vec![None; parts.borrow().len()]));
+    let wants_persisted = parts.borrow().iter().any(|p| p.level == AckLevel::Leader);
+    let make = {
+        let (core, parts, firsts) = (Rc::clone(core), Rc::clone(&parts), Rc::clone(&firsts));
+        let mut batch = StoreBatch { items };
+        let mut attempts = 0u32;
+        move || {
+            attempts += 1;
+            if attempts > 1 {
+                leave_out_no_ack(&mut batch, &mut parts.borrow_mut());
+            }
+            let l = core.node.leadership();
+            if batch.items.is_empty() {
+                return Err(WriteError::NotLeader { leader: l.leader });
+            }
+            let start = core
+                .ids
+                .borrow_mut()
+                .assign(l.leading, l.term, batch.items.len() as u64)
+                .ok_or(WriteError::NotLeader { leader: l.leader })?;
+            for (i, it) in batch.items.iter_mut().enumerate() {
+                it.event_id = start + i as u64;
+            }
+            let mut at = start;
+            for (first, p) in firsts.borrow_mut().iter_mut().zip(parts.borrow().iter()) {
+                if !p.left_out {
+                    *first = Some(at);
+                    at += p.len as u64;
+                }
+            }
+            Ok(Proposal::store(encode_store(&batch).into(), l.term))
+        }
+    };
+    let answer = |levels: Option<AckLevel>, r: &Result<(), WriteError>| {
+        let firsts = firsts.borrow();
+        for (p, first) in parts.borrow_mut().iter_mut().zip(firsts.iter()) {
+            if levels.is_some_and(|l| l != p.level) {
+                continue;
+            }
+            if let Some(tx) = p.reply.take() {
+                let _ = tx.send(r.clone().map(|()| first.unwrap_or(0)));
+            }
+        }
+    };
+    let w: EventWrite = match core
+        .node
+        .propose_event(make, wants_persisted, deadline)
+        .await
+    {
+        Ok(w) => w,
+        Err(e) => return answer(None, &Err(e)),
+    };
+    let has = |level| parts.borrow().iter().any(|p| p.level == level);
+    if has(AckLevel::NoAck) && w.submitted.await.is_ok() {
+        answer(Some(AckLevel::NoAck), &Ok(()));
+    }
+    if let Some(persisted) = w.persisted {
+        if persisted.await.is_ok() {
+            answer(Some(AckLevel::Leader), &Ok(()));
+        }
+    }
+    let r = w
+        .done
+        .await
+        .unwrap_or_else(|_| Err(WriteError::Failed("raft stopped".into())));
+    answer(None, &r);
+}
+
+/// Removes the items of the NO_ACK parts from `batch` and marks those parts left out.
+fn leave_out_no_ack(batch: &mut StoreBatch, parts: &mut [Part]) {
+    let mut keep = Vec::with_capacity(batch.items.len());
+    for p in parts.iter_mut().filter(|p| !p.left_out) {
+        let out = p.level == AckLevel::NoAck;
+        p.left_out = out;
+        keep.extend(std::iter::repeat_n(!out, p.len));
+    }
+    let mut k = keep.into_iter();
+    batch.items.retain(|_| k.next().unwrap_or(false));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(id: u8, bytes: usize) -> StoreItem {
+        StoreItem {
+            event_id: 0,
+            bucket: 0,
+            topic_hash: 0,
+            expires_at_ms: 0,
+            index_keys: vec![],
+            message: vec![id; bytes],
+        }
+    }
+
+    fn pending(ids: &[u8], bytes: usize, level: AckLevel) -> Pending {
+        let (reply, _) = oneshot::channel();
+        Pending {
+            items: ids.iter().map(|&i| item(i, bytes)).collect(),
+            level,
+            deadline: Instant::now() + std::time::Duration::from_secs(5),
+            reply,
+        }
+    }
+
+    #[test]
+    fn a_group_takes_whole_batches_within_its_bounds() {
+        let mut g = Group::new();
+        let big = pending(&[1; 3], GROUP_BYTES_MAX, AckLevel::Quorum);
+        assert!(g.fits(&big), "the first batch goes whatever its size");
+        g.push(big);
+        assert!(!g.fits(&pending(&[2], 10, AckLevel::Quorum)));
+
+        let mut g = Group::new();
+        let n = GROUP_ITEMS_MAX - 1;
+        g.push(pending(&vec![1; n], 1, AckLevel::Quorum));
+        assert!(g.fits(&pending(&[2], 1, AckLevel::Quorum)));
+        assert!(
+            !g.fits(&pending(&[2, 3], 1, AckLevel::Quorum)),
+            "never split"
+        );
+        g.push(pending(&[2], 1, AckLevel::Leader));
+        assert_eq!(g.items.len(), GROUP_ITEMS_MAX);
+        assert_eq!(g.parts.len(), 2);
+        assert_eq!(g.items.last().map(|i| i.message[0]), Some(2), "in order");
+    }
+
+    #[test]
+    fn a_retry_leaves_out_the_no_ack_batches_and_keeps_the_others_in_order() {
+        let mut g = Group::new();
+        g.push(pending(&[1, 1], 1, AckLevel::Quorum));
+        g.push(pending(&[2, 2, 2], 1, AckLevel::NoAck));
+        g.push(pending(&[3], 1, AckLevel::Leader));
+        g.push(pending(&[4, 4], 1, AckLevel::NoAck));
+        let mut batch = StoreBatch { items: g.items };
+        let mut parts = g.parts;
+        leave_out_no_ack(&mut batch, &mut parts);
+        let left: Vec<u8> = batch.items.iter().map(|i| i.message[0]).collect();
+        assert_eq!(left, vec![1, 1, 3]);
+        let out: Vec<bool> = parts.iter().map(|p| p.left_out).collect();
+        assert_eq!(out, vec![false, true, false, true]);
+        // Again (a second retry): nothing more goes.
+        leave_out_no_ack(&mut batch, &mut parts);
+        assert_eq!(batch.items.len(), 3);
+    }
+}
