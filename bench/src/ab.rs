@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use crate::compare::{Plan, Target};
 use crate::procs::{standalone, Broker, Cluster};
-use crate::{publish_run, Ack};
+use crate::Ack;
 
 /// The series measured: QUORUM publish at one message per request and at 100.
 const SERIES: [(usize, Ack); 2] = [(1, Ack::Quorum), (100, Ack::Quorum)];
@@ -32,6 +32,8 @@ struct Sample {
     batch: usize,
     msgs_per_s: f64,
     p99_us: u64,
+    /// The broker's CPU time per acked message (every node of a cluster), µs.
+    cpu_us_per_msg: Option<f64>,
 }
 
 /// Median, smallest and largest of `v` (not empty).
@@ -50,7 +52,7 @@ fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
 /// and the after ÷ before ratio of the median throughputs.
 fn table(samples: &[Sample], mode: &str) -> String {
     let mut out = format!(
-        "| {mode} series | before msgs/s median [range] | after msgs/s median [range] | after ÷ before | before p99 ms | after p99 ms |\n|---|---|---|---|---|---|\n"
+        "| {mode} series | before msgs/s median [range] | after msgs/s median [range] | after ÷ before | before p99 ms | after p99 ms | before CPU µs/msg | after CPU µs/msg |\n|---|---|---|---|---|---|---|---|\n"
     );
     for (batch, _) in SERIES {
         let of = |binary: &str, f: fn(&Sample) -> f64| -> Vec<f64> {
@@ -69,13 +71,15 @@ fn table(samples: &[Sample], mode: &str) -> String {
         }
         let ((bm, bl, bh), (am, al, ah)) = (spread(b), spread(a));
         let (bp, ap) = (spread(of("before", p99)).0, spread(of("after", p99)).0);
+        let cpu = |s: &Sample| s.cpu_us_per_msg.unwrap_or(f64::NAN);
+        let (bc, ac) = (spread(of("before", cpu)).0, spread(of("after", cpu)).0);
         let ratio = if bm > 0.0 && (am / bm).is_finite() {
             format!("{:.2}×", am / bm)
         } else {
             "—".to_owned()
         };
         out.push_str(&format!(
-            "| QUORUM {batch}/request | {bm:.0} [{bl:.0}–{bh:.0}] | {am:.0} [{al:.0}–{ah:.0}] | {ratio} | {bp:.2} | {ap:.2} |\n"
+            "| QUORUM {batch}/request | {bm:.0} [{bl:.0}–{bh:.0}] | {am:.0} [{al:.0}–{ah:.0}] | {ratio} | {bp:.2} | {ap:.2} | {bc:.1} | {ac:.1} |\n"
         ));
     }
     out
@@ -173,15 +177,14 @@ async fn measure(
                     target.mode()
                 );
                 let p = plan.publish(batch, ack, 3_600_000);
-                let o = target
-                    .on_leader(|addr| async move { publish_run(&addr, &p).await })
-                    .await?;
+                let (o, cpu) = target.publish(&p).await?;
                 samples.push(Sample {
                     binary,
                     round,
                     batch,
                     msgs_per_s: o.msgs_per_s,
                     p99_us: o.latency.value_at_quantile(0.99),
+                    cpu_us_per_msg: cpu,
                 });
             }
             match deployment {
@@ -207,6 +210,7 @@ mod tests {
             batch,
             msgs_per_s,
             p99_us: 2000,
+            cpu_us_per_msg: Some(30.0),
         };
         let samples = [
             s("before", 1, 1, 100.0),
@@ -217,7 +221,7 @@ mod tests {
         let t = table(&samples, "standalone");
         assert!(
             t.contains(
-                "| QUORUM 1/request | 100 [100–100] | 200 [150–250] | 2.00× | 2.00 | 2.00 |"
+                "| QUORUM 1/request | 100 [100–100] | 200 [150–250] | 2.00× | 2.00 | 2.00 | 30.0 | 30.0 |"
             ),
             "{t}"
         );

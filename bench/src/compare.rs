@@ -19,7 +19,8 @@
 //! "mode", "ack_level", "scenario", "msg_bytes", "msgs_per_s", "p50_us", "p99_us", "p999_us",
 //! "rss_mb", …}]}` plus, per run: `batch` (messages per request; 0 outside publish), `load`
 //! (`closed` or `open`), `offered_msgs_per_s` (open loop), `mb_per_s`, `p90_us`, `max_us`,
-//! `pending_msgs`, `fill_msgs_per_s` and `restart_ms` (pending), `early` (lateness: messages
+//! `pending_msgs`, `fill_msgs_per_s` and `restart_ms` (pending), `cpu_us_per_msg` (futureq
+//! closed-loop publish: the broker's CPU time per acked message, all nodes of a cluster), `early` (lateness: messages
 //! delivered before their due time, not in the percentiles), `repetitions` (failover: the
 //! failovers timed; the percentiles are over them, µs). For `lateness` runs
 //! `msgs_per_s` is the due rate (0 for a burst) and the percentiles are lateness.
@@ -77,6 +78,9 @@ pub(crate) struct Run {
     early: Option<u64>,
     /// Failover runs: how many failovers the percentiles are over.
     repetitions: Option<usize>,
+    /// futureq closed-loop publish: the broker's CPU time per acked message (all three nodes
+    /// of a cluster), µs.
+    cpu_us_per_msg: Option<f64>,
     /// The latency (or lateness) histogram, µs: for the plots.
     #[serde(skip)]
     pub(crate) hist: Histogram<u64>,
@@ -125,6 +129,7 @@ impl Run {
             restart_ms: None,
             early: None,
             repetitions: None,
+            cpu_us_per_msg: None,
             hist: h,
         }
     }
@@ -280,6 +285,33 @@ impl Target<'_> {
         }
     }
 
+    /// CPU time the broker used so far (the sum over the cluster), seconds.
+    pub(crate) fn cpu_seconds(&self) -> Option<f64> {
+        match self {
+            Target::One(b) => b.cpu_seconds(),
+            Target::Three(c) => c.cpu_seconds(),
+        }
+    }
+
+    /// Closed-loop publish on the leader ([`Target::on_leader`]) and the broker's CPU time
+    /// per acked message over the run (every node of a cluster; the load generator is not
+    /// counted), µs.
+    pub(crate) async fn publish(
+        &self,
+        p: &PublishParams,
+    ) -> anyhow::Result<(PublishOut, Option<f64>)> {
+        let before = self.cpu_seconds();
+        let o = self
+            .on_leader(|addr| async move { publish_run(&addr, p).await })
+            .await?;
+        #[allow(clippy::cast_precision_loss)]
+        let per_msg = before
+            .zip(self.cpu_seconds())
+            .filter(|_| o.acked > 0)
+            .map(|(b, a)| (a - b) * 1e6 / o.acked as f64);
+        Ok((o, per_msg))
+    }
+
     /// Resident memory of the broker (the sum over the cluster), MiB.
     fn rss_mb(&self) -> Option<f64> {
         match self {
@@ -342,11 +374,11 @@ impl Compare {
                     "futureq {mode}: publish, ack {level}, {batch}/request"
                 ));
                 let p = self.plan.publish(batch, ack, 3_600_000);
-                let o = target
-                    .on_leader(|addr| async move { publish_run(&addr, &p).await })
-                    .await?;
+                let (o, cpu) = target.publish(&p).await?;
                 let key = ("futureq", mode, level, "publish", batch);
-                self.runs.push(Run::publish(key, o, target.rss_mb()));
+                let mut run = Run::publish(key, o, target.rss_mb());
+                run.cpu_us_per_msg = cpu;
+                self.runs.push(run);
             }
         }
         for rate in self.plan.open_rates.clone() {
@@ -556,8 +588,8 @@ fn machine() -> Machine {
 
 fn table(runs: &[Run]) -> String {
     let mut t = String::from(
-        "| system | mode | ack level / setting | scenario | load | batch | msgs/s | p50 ms | p99 ms | p99.9 ms | RSS MiB | notes |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| system | mode | ack level / setting | scenario | load | batch | msgs/s | p50 ms | p99 ms | p99.9 ms | RSS MiB | CPU µs/msg | notes |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in runs {
         let load = match r.offered_msgs_per_s {
@@ -579,7 +611,7 @@ fn table(runs: &[Run]) -> String {
             },
         };
         t.push_str(&format!(
-            "| {} | {} | {} | {} | {load} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {} | {notes} |\n",
+            "| {} | {} | {} | {} | {load} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {} | {} | {notes} |\n",
             r.system,
             r.mode,
             r.ack_level,
@@ -590,6 +622,7 @@ fn table(runs: &[Run]) -> String {
             r.p99_us / 1000.0,
             r.p999_us / 1000.0,
             r.rss_mb.map_or("-".into(), |m| format!("{m:.0}")),
+            r.cpu_us_per_msg.map_or("-".into(), |c| format!("{c:.1}")),
         ));
     }
     t

@@ -188,6 +188,8 @@ struct PublishOut {
     msgs_per_s: f64,
     /// Per-batch ack latency, µs.
     latency: Histogram<u64>,
+    /// Messages acked in the whole run, warm-up included (for costs per message).
+    acked: u64,
 }
 
 fn now_us() -> i64 {
@@ -277,6 +279,7 @@ async fn publish_run(addr: &str, p: &PublishParams) -> anyhow::Result<PublishOut
             let mut sent_at = std::collections::VecDeque::new();
             let mut local = hist();
             let mut msgs = 0u64;
+            let mut acked = 0u64;
             let mut next_id = 0u64;
             let mk = |id: u64| PublishBatch {
                 messages: (0..batch)
@@ -301,6 +304,7 @@ async fn publish_run(addr: &str, p: &PublishParams) -> anyhow::Result<PublishOut
                 if !a.success {
                     bail!("batch {} rejected: {}", a.batch_id, a.error_message);
                 }
+                acked += batch as u64;
                 let now = Instant::now();
                 if now >= warm && now < end {
                     local.record(
@@ -317,22 +321,23 @@ async fn publish_run(addr: &str, p: &PublishParams) -> anyhow::Result<PublishOut
                 tx.send(mk(next_id)).await?;
                 next_id += 1;
             }
-            Ok::<_, anyhow::Error>((msgs, local))
+            Ok::<_, anyhow::Error>((msgs, acked, local))
         }));
     }
     crate::collect(tasks, measure).await
 }
 
-/// One publishing connection's task: messages acked in the measured window, and their
-/// latency histogram.
-type StreamTask = tokio::task::JoinHandle<anyhow::Result<(u64, Histogram<u64>)>>;
+/// One publishing connection's task: messages acked in the measured window, in the whole
+/// run, and their latency histogram.
+type StreamTask = tokio::task::JoinHandle<anyhow::Result<(u64, u64, Histogram<u64>)>>;
 
 /// Joins publishing tasks into one result.
 async fn collect(tasks: Vec<StreamTask>, measure: Duration) -> anyhow::Result<PublishOut> {
-    let (mut total, mut latency) = (0, hist());
+    let (mut total, mut acked, mut latency) = (0, 0, hist());
     for t in tasks {
-        let (msgs, h) = t.await??;
+        let (msgs, all, h) = t.await??;
         total += msgs;
+        acked += all;
         latency.add(&h)?;
     }
     #[allow(clippy::cast_precision_loss)]
@@ -340,6 +345,7 @@ async fn collect(tasks: Vec<StreamTask>, measure: Duration) -> anyhow::Result<Pu
     Ok(PublishOut {
         msgs_per_s,
         latency,
+        acked,
     })
 }
 

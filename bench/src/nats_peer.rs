@@ -217,10 +217,11 @@ pub async fn publish(port: u16, p: &PublishParams) -> anyhow::Result<PublishOut>
                 sent_at.insert(reply, Instant::now());
             }
             c.w.write_all(&buf).await?;
-            let (mut local, mut msgs) = (hist(), 0u64);
+            let (mut local, mut msgs, mut acked) = (hist(), 0u64, 0u64);
             loop {
                 let (reply, ack) = c.next_msg().await?;
                 check_ack(&ack)?;
+                acked += 1;
                 let now = Instant::now();
                 let t0 = sent_at.remove(&reply).unwrap_or(now);
                 if now >= warm && now < end {
@@ -237,7 +238,7 @@ pub async fn publish(port: u16, p: &PublishParams) -> anyhow::Result<PublishOut>
                 sent_at.insert(reply, Instant::now());
                 c.w.write_all(&buf).await?;
             }
-            Ok::<_, anyhow::Error>((msgs, local))
+            Ok::<_, anyhow::Error>((msgs, acked, local))
         }));
     }
     crate::collect(tasks, p.measure).await

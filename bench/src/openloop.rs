@@ -86,7 +86,7 @@ fn stream(tx: impl Sender, mut rx: impl Acks, s: Schedule, start: Instant) -> St
     let pending: Arc<Mutex<HashMap<u64, Instant>>> = Arc::default();
     let sender = tokio::spawn(send_all(tx, Arc::clone(&pending), start, interval, total));
     tokio::spawn(async move {
-        let (mut latency, mut msgs) = (hist(), 0u64);
+        let (mut latency, mut msgs, mut acked) = (hist(), 0u64, 0u64);
         let deadline = end + GRACE;
         for _ in 0..total {
             let Ok(seq) = tokio::time::timeout_at(deadline.into(), rx.recv()).await else {
@@ -109,13 +109,14 @@ fn stream(tx: impl Sender, mut rx: impl Acks, s: Schedule, start: Instant) -> St
             let Some(t0) = t0 else {
                 bail!("ack for request {seq}, which is not outstanding");
             };
+            acked += s.batch as u64;
             if t0 >= warm && t0 < end {
                 latency.record(u64::try_from((now - t0).as_micros())?.max(1))?;
                 msgs += s.batch as u64;
             }
         }
         drop(sender.await??);
-        Ok((msgs, latency))
+        Ok((msgs, acked, latency))
     })
 }
 

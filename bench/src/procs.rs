@@ -99,6 +99,11 @@ impl Broker {
         rss_mb(self.child.id())
     }
 
+    /// CPU time the process used so far, seconds.
+    pub(crate) fn cpu_seconds(&self) -> Option<f64> {
+        cpu_seconds(self.child.id())
+    }
+
     /// SIGKILL and reap: nothing is flushed.
     pub(crate) fn kill9(&mut self) {
         let _ = self.child.kill();
@@ -367,6 +372,11 @@ impl Cluster {
         }
     }
 
+    /// CPU time the three processes used so far, seconds.
+    pub(crate) fn cpu_seconds(&self) -> Option<f64> {
+        self.nodes.iter().map(Broker::cpu_seconds).sum()
+    }
+
     /// Resident memory of all three processes, MiB.
     pub(crate) fn rss_mb(&self) -> Option<f64> {
         self.nodes.iter().map(Broker::rss_mb).sum()
@@ -496,6 +506,17 @@ fn which(name: &str) -> Option<PathBuf> {
         .chain([PathBuf::from("/usr/sbin")])
         .map(|d| d.join(name))
         .find(|p| p.is_file())
+}
+
+/// CPU time (user + system, every thread) process `pid` used so far, seconds.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces), from field 3: utime and stime
+    // are fields 14 and 15, in clock ticks (USER_HZ, 100 on Linux).
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
 }
 
 /// Resident memory of process `pid`, MiB.

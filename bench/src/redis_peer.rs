@@ -249,9 +249,10 @@ pub async fn publish(port: u16, p: &PublishParams) -> anyhow::Result<PublishOut>
                 sent_at.push_back(Instant::now());
             }
             w.write_all(&buf).await?;
-            let (mut local, mut msgs) = (hist(), 0u64);
+            let (mut local, mut msgs, mut acked) = (hist(), 0u64, 0u64);
             loop {
                 reply(&mut r).await?;
+                acked += batch as u64;
                 let now = Instant::now();
                 let t0 = sent_at.pop_front().unwrap_or(now);
                 if now >= warm && now < end {
@@ -266,7 +267,7 @@ pub async fn publish(port: u16, p: &PublishParams) -> anyhow::Result<PublishOut>
                 sent_at.push_back(Instant::now());
                 w.write_all(&buf).await?;
             }
-            Ok::<_, anyhow::Error>((msgs, local))
+            Ok::<_, anyhow::Error>((msgs, acked, local))
         }));
     }
     crate::collect(tasks, p.measure).await
