@@ -11,7 +11,8 @@
 //! of 1 — the peers publish one message per ack) and open-loop at fixed offered rates
 //! (coordinated-omission corrected, see [`crate::openloop`]); `lateness` (receive − due) at a
 //! steady due rate and for a burst; `pending` (publish rate, latency and RSS with a backlog of
-//! far-future messages; restart time to serving with it); `failover` (3 nodes: kill -9 of the
+//! far-future messages; restart time to serving with it; on the cluster, the largest RSS of a
+//! node and a fresh node's catch-up time and RSS); `failover` (3 nodes: kill -9 of the
 //! loaded leader → the first QUORUM ack from the new leader, repeated; see
 //! [`crate::failover`]).
 //!
@@ -22,7 +23,8 @@
 //! `pending_msgs`, `fill_msgs_per_s` and `restart_ms` (pending), `cpu_us_per_msg` (futureq
 //! closed-loop publish: the broker's CPU time per acked message, all nodes of a cluster), `early` (lateness: messages
 //! delivered before their due time, not in the percentiles), `repetitions` (failover: the
-//! failovers timed; the percentiles are over them, µs). For `lateness` runs
+//! failovers timed; the percentiles are over them, µs), `node_rss_max_mb`, `join_ms` and
+//! `join_rss_mb` (cluster pending). For `lateness` runs
 //! `msgs_per_s` is the due rate (0 for a burst) and the percentiles are lateness.
 
 use std::future::Future;
@@ -35,7 +37,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::openloop::Schedule;
-use crate::procs::{standalone, Broker, Cluster, PeerProcess};
+use crate::procs::{standalone, Broker, Cluster, PeerProcess, RssPeaks};
 use crate::{drain, lateness_run, publish_open, publish_run, Ack, PublishOut, PublishParams};
 
 /// The systems `compare` can measure.
@@ -81,6 +83,12 @@ pub(crate) struct Run {
     /// futureq closed-loop publish: the broker's CPU time per acked message (all three nodes
     /// of a cluster), µs.
     cpu_us_per_msg: Option<f64>,
+    /// Cluster pending: the largest RSS of one node while filling and publishing, MiB.
+    node_rss_max_mb: Option<f64>,
+    /// Cluster pending: time until a fresh node that joined applied what the leader had, ms.
+    join_ms: Option<f64>,
+    /// Cluster pending: the joining node's largest RSS until then, MiB.
+    join_rss_mb: Option<f64>,
     /// The latency (or lateness) histogram, µs: for the plots.
     #[serde(skip)]
     pub(crate) hist: Histogram<u64>,
@@ -130,6 +138,9 @@ impl Run {
             early: None,
             repetitions: None,
             cpu_us_per_msg: None,
+            node_rss_max_mb: None,
+            join_ms: None,
+            join_rss_mb: None,
             hist: h,
         }
     }
@@ -251,7 +262,7 @@ impl Plan {
     /// Progress steps of a run with every peer installed.
     fn steps(&self) -> usize {
         let (open, late) = (self.open_rates.len(), self.lateness.len());
-        let futureq = 6 + open + late + 1 + 1 + 6 + open + self.failovers;
+        let futureq = 6 + open + late + 1 + 1 + 6 + open + self.failovers + 2;
         let redis = 2 * (2 + late) + open + 1;
         let nats = 2 * (1 + open);
         futureq + redis + nats
@@ -441,7 +452,45 @@ impl Compare {
         let mut run = Run::new(key, 0.0, h, cluster.rss_mb());
         run.repetitions = Some(reps);
         self.runs.push(run);
+        self.cluster_pending(&mut cluster).await?;
         cluster.stop()
+    }
+
+    /// The pending scenario on the cluster: far-future messages filled in (the peak RSS of
+    /// each node meanwhile and during a publish series with that backlog), then a fresh node
+    /// joins and catches up (by snapshot: the others purged their logs long ago): its time
+    /// and peak RSS.
+    async fn cluster_pending(&mut self, cluster: &mut Cluster) -> anyhow::Result<()> {
+        let n = self.plan.pending;
+        self.step(format!(
+            "futureq cluster3: pending, {n} far-future messages"
+        ));
+        let peaks = RssPeaks::start(cluster.nodes.iter().map(Broker::pid).collect());
+        let leader = cluster.leader().await?.addr.clone();
+        let fill = crate::fill(&leader, n).await?;
+        let (o, cpu) = Target::Three(cluster)
+            .publish(&self.plan.publish(100, Ack::Quorum, 3_600_000))
+            .await?;
+        let node_peaks = peaks.stop();
+        self.step("futureq cluster3: a fresh node joins and catches up".into());
+        let t0 = Instant::now();
+        let i = cluster.join_fresh().await?;
+        let mut join_peak = 0.0f64;
+        cluster
+            .catch_up(i, Duration::from_secs(900), |b| {
+                join_peak = join_peak.max(b.rss_mb().unwrap_or(0.0));
+            })
+            .await?;
+        let key = ("futureq", "cluster3", "quorum", "pending", 100);
+        let mut run = Run::publish(key, o, Some(node_peaks.iter().sum()));
+        run.cpu_us_per_msg = cpu;
+        run.pending_msgs = Some(n);
+        run.fill_msgs_per_s = Some(fill);
+        run.node_rss_max_mb = Some(node_peaks.iter().copied().fold(0.0, f64::max));
+        run.join_ms = Some(t0.elapsed().as_secs_f64() * 1000.0);
+        run.join_rss_mb = Some(join_peak);
+        self.runs.push(run);
+        Ok(())
     }
 
     async fn redis(&mut self) -> anyhow::Result<()> {
@@ -602,6 +651,12 @@ fn table(runs: &[Run]) -> String {
             (Some(n), Some(fill), Some(restart)) => {
                 format!("{n} waiting (filled at {fill:.0}/s); restart to serving {restart:.0} ms")
             }
+            (Some(n), Some(fill), None) => format!(
+                "{n} waiting (filled at {fill:.0}/s); RSS of one node ≤ {:.0} MiB; a fresh node caught up in {:.1} s, its RSS ≤ {:.0} MiB",
+                r.node_rss_max_mb.unwrap_or(0.0),
+                r.join_ms.unwrap_or(0.0) / 1000.0,
+                r.join_rss_mb.unwrap_or(0.0)
+            ),
             _ => match r.repetitions {
                 Some(n) => format!(
                     "kill -9 → first QUORUM ack from the new leader: median of {n} (p50), max {:.0} ms",

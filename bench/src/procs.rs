@@ -41,6 +41,26 @@ impl Broker {
         dir: PathBuf,
         extra: Vec<(String, OsString)>,
     ) -> anyhow::Result<Broker> {
+        let mut b = Broker::launch(bin, ip, port, dir, extra)?;
+        b.wait_serving().await?;
+        Ok(b)
+    }
+
+    /// Waits until a launched broker's gRPC accepts.
+    async fn started(mut self) -> anyhow::Result<Broker> {
+        self.wait_serving().await?;
+        Ok(self)
+    }
+
+    /// [`Broker::start`] without waiting for gRPC (a joining node may serve only once it
+    /// joined).
+    pub(crate) fn launch(
+        bin: &Path,
+        ip: &str,
+        port: u16,
+        dir: PathBuf,
+        extra: Vec<(String, OsString)>,
+    ) -> anyhow::Result<Broker> {
         let metrics = format!("{ip}:{}", port + 1);
         let mut env: Vec<(String, OsString)> = [
             ("API_GRPC_LISTEN", format!("{ip}:{port}")),
@@ -55,16 +75,14 @@ impl Broker {
         env.push(("STORAGE_DATADIR".into(), dir.join("data").into()));
         env.extend(extra);
         let child = spawn(bin, &env, &dir)?;
-        let mut b = Broker {
+        Ok(Broker {
             bin: bin.to_owned(),
             env,
             child,
             addr: format!("http://{ip}:{port}"),
             metrics,
             dir,
-        };
-        b.wait_serving().await?;
-        Ok(b)
+        })
     }
 
     async fn wait_serving(&mut self) -> anyhow::Result<()> {
@@ -97,6 +115,16 @@ impl Broker {
     /// Resident memory of the process, MiB.
     pub(crate) fn rss_mb(&self) -> Option<f64> {
         rss_mb(self.child.id())
+    }
+
+    /// Its process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the process exited.
+    pub(crate) fn exited(&mut self) -> bool {
+        !matches!(self.child.try_wait(), Ok(None))
     }
 
     /// CPU time the process used so far, seconds.
@@ -259,6 +287,13 @@ pub(crate) struct Cluster {
     pub(crate) nodes: Vec<Broker>,
     /// The Raft port every node listens on (at 127.0.0.1, .2, .3).
     pub(crate) raft_port: u16,
+    /// The gRPC port every node listens on.
+    grpc_port: u16,
+    /// Where the nodes' directories are.
+    dir: PathBuf,
+    /// The binary and the extra settings every node got.
+    bin: PathBuf,
+    extra: Vec<(String, OsString)>,
 }
 
 impl Cluster {
@@ -279,28 +314,49 @@ impl Cluster {
         );
         let mut nodes = Vec::new();
         for i in 1..=3 {
-            let ndir = dir.join(format!("node{i}"));
-            let extra: Vec<(String, OsString)> = [
-                ("CLUSTER_ENABLED", "true".into()),
-                ("CLUSTER_NODEID", i.to_string()),
-                ("CLUSTER_RAFT_LISTEN", format!("127.0.0.{i}:{raft}")),
-                ("CLUSTER_RAFT_ADVERTISE", format!("127.0.0.{i}:{raft}")),
-                ("CLUSTER_RAFT_INITIALMEMBERS", members.clone()),
-                ("RUNTIME_CORES", "1".into()),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v.into()))
-            .chain([("CLUSTER_RAFT_DATADIR".to_owned(), ndir.join("raft").into())])
-            .chain(extra.iter().cloned())
-            .collect();
-            nodes.push(Broker::start(bin, &format!("127.0.0.{i}"), port, ndir, extra).await?);
+            let membership = (
+                "CLUSTER_RAFT_INITIALMEMBERS".to_owned(),
+                members.clone().into(),
+            );
+            nodes.push(
+                node_launch(bin, dir, i, (port, raft), membership, &extra)?
+                    .started()
+                    .await?,
+            );
         }
         let cluster = Cluster {
             nodes,
             raft_port: raft,
+            grpc_port: port,
+            dir: dir.to_owned(),
+            bin: bin.to_owned(),
+            extra,
         };
         cluster.settle().await?;
         Ok(cluster)
+    }
+
+    /// Launches a fresh node (the next id, on the next 127.0.0.x) that joins through the
+    /// leader; returns its index in `nodes` at once (it serves once it joined).
+    pub(crate) async fn join_fresh(&mut self) -> anyhow::Result<usize> {
+        let seed = self
+            .leader()
+            .await?
+            .addr
+            .trim_start_matches("http://")
+            .to_owned();
+        let i = self.nodes.len() + 1;
+        let joining = ("CLUSTER_JOINSEEDS".to_owned(), seed.into());
+        let b = node_launch(
+            &self.bin,
+            &self.dir,
+            i,
+            (self.grpc_port, self.raft_port),
+            joining,
+            &self.extra,
+        )?;
+        self.nodes.push(b);
+        Ok(i - 1)
     }
 
     /// Waits until one node has led for 1.5 s (longer than a failover): a node that
@@ -349,26 +405,40 @@ impl Cluster {
     }
 
     /// Waits up to 60 s until node `i` applied what the leader had applied when it was asked.
-    pub(crate) async fn caught_up(&self, i: usize) -> anyhow::Result<()> {
-        let applied = |page: &str| {
-            page.lines()
-                .find_map(|l| l.strip_prefix("futureq_raft_applied_index "))
-                .and_then(|v| v.parse::<f64>().ok())
-        };
-        let target = applied(&self.leader().await?.metrics().await?).unwrap_or(0.0);
-        let deadline = Instant::now() + Duration::from_secs(60);
+    pub(crate) async fn caught_up(&mut self, i: usize) -> anyhow::Result<()> {
+        self.catch_up(i, Duration::from_secs(60), |_| {}).await
+    }
+
+    /// Waits up to `within` until node `i` applied what the leader had applied when it was
+    /// asked, calling `tick` with the node every 100 ms meanwhile.
+    pub(crate) async fn catch_up(
+        &mut self,
+        i: usize,
+        within: Duration,
+        mut tick: impl FnMut(&Broker),
+    ) -> anyhow::Result<()> {
+        let target = applied_index(&self.leader().await?.metrics().await?).unwrap_or(0.0);
+        let deadline = Instant::now() + within;
         loop {
+            tick(&self.nodes[i]);
             let page = self.nodes[i].metrics().await.unwrap_or_default();
-            if applied(&page).is_some_and(|a| a >= target) {
+            if applied_index(&page).is_some_and(|a| a >= target) {
                 return Ok(());
+            }
+            if self.nodes[i].exited() {
+                bail!(
+                    "node {} exited before it caught up (log: {})",
+                    i + 1,
+                    self.nodes[i].dir().join("futureq.log").display()
+                );
             }
             if Instant::now() > deadline {
                 bail!(
-                    "node {} did not catch up with the leader within 60 s",
+                    "node {} did not catch up with the leader within {within:?}",
                     i + 1
                 );
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
@@ -385,6 +455,73 @@ impl Cluster {
     /// Stops every node with SIGTERM; each must exit cleanly.
     pub(crate) fn stop(self) -> anyhow::Result<()> {
         self.nodes.into_iter().try_for_each(Broker::stop)
+    }
+}
+
+/// Launches cluster node `i` on 127.0.0.`i` (one executor, the gRPC and Raft ports given),
+/// its directory under `dir`, with its `membership` setting (initial members or join seeds)
+/// and `extra` settings; [`Broker::started`] waits until it serves.
+fn node_launch(
+    bin: &Path,
+    dir: &Path,
+    i: usize,
+    (port, raft): (u16, u16),
+    membership: (String, OsString),
+    extra: &[(String, OsString)],
+) -> anyhow::Result<Broker> {
+    let ndir = dir.join(format!("node{i}"));
+    let env: Vec<(String, OsString)> = [
+        ("CLUSTER_ENABLED", "true".into()),
+        ("CLUSTER_NODEID", i.to_string()),
+        ("CLUSTER_RAFT_LISTEN", format!("127.0.0.{i}:{raft}")),
+        ("CLUSTER_RAFT_ADVERTISE", format!("127.0.0.{i}:{raft}")),
+        ("RUNTIME_CORES", "1".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.into()))
+    .chain([
+        ("CLUSTER_RAFT_DATADIR".to_owned(), ndir.join("raft").into()),
+        membership,
+    ])
+    .chain(extra.iter().cloned())
+    .collect();
+    Broker::launch(bin, &format!("127.0.0.{i}"), port, ndir, env)
+}
+
+/// `futureq_raft_applied_index` on a metrics page.
+fn applied_index(page: &str) -> Option<f64> {
+    page.lines()
+        .find_map(|l| l.strip_prefix("futureq_raft_applied_index "))
+        .and_then(|v| v.parse::<f64>().ok())
+}
+
+/// The largest RSS of each of some processes, sampled every 100 ms until stopped.
+pub(crate) struct RssPeaks {
+    peaks: std::sync::Arc<std::sync::Mutex<Vec<f64>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RssPeaks {
+    pub(crate) fn start(pids: Vec<u32>) -> RssPeaks {
+        let peaks = std::sync::Arc::new(std::sync::Mutex::new(vec![0.0f64; pids.len()]));
+        let p = std::sync::Arc::clone(&peaks);
+        let task = tokio::spawn(async move {
+            loop {
+                if let Ok(mut v) = p.lock() {
+                    for (peak, pid) in v.iter_mut().zip(&pids) {
+                        *peak = f64::max(*peak, rss_mb(*pid).unwrap_or(0.0));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        RssPeaks { peaks, task }
+    }
+
+    /// The peaks, MiB (per process, in the order given).
+    pub(crate) fn stop(self) -> Vec<f64> {
+        self.task.abort();
+        self.peaks.lock().map(|v| v.clone()).unwrap_or_default()
     }
 }
 
@@ -520,7 +657,7 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
 }
 
 /// Resident memory of process `pid`, MiB.
-fn rss_mb(pid: u32) -> Option<f64> {
+pub(crate) fn rss_mb(pid: u32) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kb: f64 = status
         .lines()

@@ -208,6 +208,21 @@ async fn wait_liveness(b: &Broker, dead: &[u64]) -> ClusterInfoResponse {
     }
 }
 
+/// The distinct payloads a universal consumer of `topic` on `b` is delivered until 2 s pass
+/// without one, sorted.
+async fn delivered(b: &Broker, topic: &str, max_in_flight: u32) -> Vec<String> {
+    let mut s = Subscriber::open(b.channel().await, topic, "", max_in_flight).await;
+    let mut got: Vec<String> = s
+        .drain(Duration::from_secs(2))
+        .await
+        .into_iter()
+        .map(|m| String::from_utf8(m.payload).unwrap())
+        .collect();
+    got.sort();
+    got.dedup();
+    got
+}
+
 fn id_of(tag: &[u8]) -> u64 {
     u64::from_be_bytes(tag[16..24].try_into().unwrap())
 }
@@ -529,15 +544,7 @@ async fn disk_faults_stop_the_node_and_lose_no_acked_message() {
         eprintln!("round {round}: {fault} fault, leader {leader} stopped ({status}) and restarted");
     }
     let leader = c.leader(Duration::from_secs(10)).await;
-    let mut s = Subscriber::open(c.nodes[leader].channel().await, "disk", "", 100).await;
-    let mut got: Vec<String> = s
-        .drain(Duration::from_secs(2))
-        .await
-        .into_iter()
-        .map(|m| String::from_utf8(m.payload).unwrap())
-        .collect();
-    got.sort();
-    got.dedup();
+    let got = delivered(&c.nodes[leader], "disk", 100).await;
     for a in &acked {
         assert!(
             got.contains(a),
@@ -608,16 +615,8 @@ async fn concurrent_publishes_are_coalesced_into_fewer_entries() {
         entries < 200.0,
         "200 batches sent at once went into {entries} entries"
     );
-    let mut s = Subscriber::open(l.channel().await, "coalesce", "", 1000).await;
-    let mut got: Vec<String> = s
-        .drain(Duration::from_secs(2))
-        .await
-        .into_iter()
-        .map(|m| String::from_utf8(m.payload).unwrap())
-        .collect();
-    got.sort();
-    got.dedup();
-    assert_eq!(got.len(), 600, "every message delivered once");
+    let got = delivered(l, "coalesce", 1000).await;
+    assert_eq!(got.len(), 600, "every message delivered");
 }
 
 /// Issue 12: the leader does not keep its log for a follower that is down (killed, or paused

@@ -41,6 +41,7 @@ pub use forward::Forward;
 
 use self::changes::{settling, write_error};
 use self::open::{check_not_behind_purge, open_log, raft_config};
+pub use self::open::{EVENT_LOG_CACHE_BYTES, META_LOG_CACHE_BYTES};
 use crate::metadata_sm::MetaStateMachine;
 use crate::network::{PeerNetwork, PEER_FRAME_MAX, SNAPSHOT_BYTES_MAX};
 use crate::snapshot::Receiving;
@@ -252,9 +253,15 @@ impl Node {
         let t = tracker.clone();
         let hook: futureq_storage::log::segmented::PersistHook =
             Box::new(move |entry| t.persisted(entry));
-        let mut event_log = open_log(cfg.data_dir.join("event"), hook).await?;
+        let mut event_log =
+            open_log(cfg.data_dir.join("event"), EVENT_LOG_CACHE_BYTES, hook).await?;
         check_not_behind_purge(&mut event_log, &store, &cfg.data_dir).await?;
-        let meta_log = open_log(cfg.data_dir.join("meta"), Box::new(|_| {})).await?;
+        let meta_log = open_log(
+            cfg.data_dir.join("meta"),
+            META_LOG_CACHE_BYTES,
+            Box::new(|_| {}),
+        )
+        .await?;
         let event_cfg = raft_config(
             "futureq-event",
             cfg.rtt,
