@@ -3,13 +3,13 @@
 # (gRPC :8443, Raft :50005, metrics :9090), with its data under $DIR/node-i.
 #
 #   scripts/cluster-local.sh            # build (release), start, wait for a leader; Ctrl-C stops all
-#   DIR=/tmp/fq RTT=50ms scripts/cluster-local.sh
+#   DIR=/tmp/fq RTT=50ms scripts/cluster-local.sh   # RTT: cluster.raft.rtt (default: the broker's, 20ms)
 #
 # Any node answers GetClusterInfo; publish and subscribe on the leader it names.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR=${DIR:-$(mktemp -d /tmp/futureq-cluster.XXXXXX)}
-RTT=${RTT:-50ms}
+RTT=${RTT:-20ms}
 BIN=${BIN:-target/release/futureq}
 [ -x "$BIN" ] && [ -z "${REBUILD:-}" ] || cargo build --release -p futureq
 members="{1: \"127.0.0.1:50005\", 2: \"127.0.0.2:50005\", 3: \"127.0.0.3:50005\"}"

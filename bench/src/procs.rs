@@ -442,7 +442,7 @@ impl Cluster {
         }
     }
 
-    /// CPU time the three processes used so far, seconds.
+    /// CPU time every node's process used so far, seconds.
     pub(crate) fn cpu_seconds(&self) -> Option<f64> {
         self.nodes.iter().map(Broker::cpu_seconds).sum()
     }

@@ -25,7 +25,8 @@
 //! # Invariants
 //! - Only the event-shard leader assigns event ids; replicas store them verbatim; ids never
 //!   regress across restarts, snapshots and failovers.
-//! - One publish batch is one log entry, applied atomically with the applied log id.
+//! - A publish batch is in one log entry (with the batches coalesced with it), applied
+//!   atomically with the applied log id.
 //! - No redb call runs on the Raft core's reactor (state machine calls use the blocking pool).
 //! - The log is never purged past the last durably applied index.
 

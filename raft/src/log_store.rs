@@ -140,6 +140,35 @@ impl<I: LogIo + 'static> RaftLogReader<TypeConfig> for LogStore<I> {
         &mut self,
         range: RB,
     ) -> Result<Vec<Entry>, io::Error> {
+        self.read_entries(range, usize::MAX).await
+    }
+
+    /// What replication reads: at most [`crate::network::APPEND_BYTES_MAX`] record bytes (at
+    /// least one entry), what one AppendEntries frame carries. Without the bound openraft
+    /// reads `max_payload_entries` entries (300 coalesced entries can be a GB) to send a
+    /// frame's worth.
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<Entry>, io::Error> {
+        self.read_entries(start..end, crate::network::APPEND_BYTES_MAX)
+            .await
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
+        Ok(*self.shared.vote_value.borrow())
+    }
+}
+
+impl<I: LogIo + 'static> LogStore<I> {
+    /// The entries of `range` that are in the log, stopping once `max_bytes` record bytes
+    /// were read (at least one entry).
+    async fn read_entries<RB: RangeBounds<u64>>(
+        &self,
+        range: RB,
+        max_bytes: usize,
+    ) -> Result<Vec<Entry>, io::Error> {
         let Some((LogIndex(first), LogIndex(last))) = self.shared.log.bounds() else {
             return Ok(Vec::new());
         };
@@ -161,19 +190,18 @@ impl<I: LogIo + 'static> RaftLogReader<TypeConfig> for LogStore<I> {
             return Ok(Vec::new());
         }
         let mut out = Vec::new();
-        let mut i = start;
-        while i <= end {
+        let (mut i, mut bytes) = (start, 0usize);
+        while i <= end && (out.is_empty() || bytes < max_bytes) {
             match self.shared.log.read(LogIndex(i)).await.map_err(io_err)? {
-                Some(r) => out.push(decode_entry(&r.payload.into()).map_err(io_err)?),
+                Some(r) => {
+                    bytes += r.payload.len();
+                    out.push(decode_entry(&r.payload.into()).map_err(io_err)?);
+                }
                 None => break,
             }
             i += 1;
         }
         Ok(out)
-    }
-
-    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
-        Ok(*self.shared.vote_value.borrow())
     }
 }
 

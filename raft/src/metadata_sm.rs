@@ -22,8 +22,9 @@ use crate::codec::{decode_snapshot_meta, encode_snapshot_meta, RaftLogId, RaftMe
 use crate::state_machine::{EventSnapshot, Meta};
 use crate::types::{Applied, SnapshotData, TypeConfig};
 
-/// Largest metadata snapshot installed (the state is a few KB; a larger one is refused).
-const META_SNAPSHOT_MAX: u64 = 64 << 20;
+/// Largest metadata snapshot received or installed (the state is a few KB; a larger one is
+/// refused).
+pub const META_SNAPSHOT_MAX: u64 = 64 << 20;
 
 /// The last snapshot the state machine built or installed, kept for `get_current_snapshot`.
 #[derive(Clone, Default)]

@@ -323,15 +323,15 @@ impl Node {
             event_sm,
         };
         // Snapshot transfers are spooled beside each group's log.
-        let receiving = |dir: PathBuf, group| {
-            Receiving::new(&dir, group, SNAPSHOT_BYTES_MAX).map_err(|cause| NodeError::Log {
+        let receiving = |dir: PathBuf, group, max_bytes| {
+            Receiving::new(&dir, group, max_bytes).map_err(|cause| NodeError::Log {
                 path: dir.display().to_string(),
                 cause,
             })
         };
         let handler = node.peer_handler(
-            receiving(cfg.data_dir.join("event"), EVENT_GROUP)?,
-            receiving(meta_dir, META_GROUP)?,
+            receiving(cfg.data_dir.join("event"), EVENT_GROUP, SNAPSHOT_BYTES_MAX)?,
+            receiving(meta_dir, META_GROUP, crate::metadata_sm::META_SNAPSHOT_MAX)?,
         );
         glommio::spawn_local(serve_peers(
             listener,

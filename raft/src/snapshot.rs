@@ -7,7 +7,8 @@
 //!   install reads that file through a bounded buffer. (The metadata group's snapshot is a
 //!   few KB and lives in memory.)
 //! - A spool file lives as long as its transfer or its [`SnapshotData`]: it is removed when
-//!   either is dropped, and leftovers of a crash are removed when the receiver starts.
+//!   either is dropped (a transfer whose sender went quiet is dropped, see
+//!   [`Receiving::expire`]), and leftovers of a crash are removed when the receiver starts.
 //! - Pieces are read and written on blocking threads, never on the Raft core's reactor.
 
 use std::fs::File;
@@ -116,11 +117,23 @@ impl Read for SnapshotData {
 struct SpoolFile(PathBuf);
 
 impl Drop for SpoolFile {
+    /// Removes the file on a thread of its own: removing a file of GBs can take a while, and
+    /// openraft may drop a snapshot it refused on the Raft core's reactor.
     fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_file(&self.0) {
-            if e.kind() != io::ErrorKind::NotFound {
-                tracing::warn!(target: "raft", path = %self.0.display(), error = %e, "removing a snapshot spool file failed");
+        let path = std::mem::take(&mut self.0);
+        let remove = move || {
+            if let Err(e) = std::fs::remove_file(&path) {
+                if e.kind() != io::ErrorKind::NotFound {
+                    tracing::warn!(target: "raft", path = %path.display(), error = %e, "removing a snapshot spool file failed");
+                }
             }
+        };
+        if std::thread::Builder::new()
+            .name("futureq-spool-rm".into())
+            .spawn(remove)
+            .is_err()
+        {
+            tracing::warn!(target: "raft", "no thread to remove a snapshot spool file; it stays until the next start");
         }
     }
 }
@@ -131,7 +144,12 @@ struct Transfer {
     seq: u64,
     spool: Arc<SpoolFile>,
     file: Option<Arc<File>>,
+    /// Bytes taken (a piece being written counts: see `busy`).
     written: u64,
+    /// A piece is being written.
+    busy: bool,
+    /// When the last piece was written.
+    last: std::time::Instant,
 }
 
 /// The receiving side of one Raft group's snapshot transfers: one transfer at a time,
@@ -168,17 +186,23 @@ impl Receiving {
         })
     }
 
-    /// Drops the transfer in progress (its spool file is removed off the reactor).
-    fn abandon(&mut self) {
-        if let Some(t) = self.current.take() {
-            drop_off_reactor(t);
+    /// Drops the transfer in progress when no piece came for `idle` (its sender gave up: a
+    /// leader change, a crash), so that its spool file does not stay on the log's disk.
+    pub fn expire(&mut self, idle: std::time::Duration) {
+        if self
+            .current
+            .as_ref()
+            .is_some_and(|t| !t.busy && t.last.elapsed() > idle)
+        {
+            tracing::info!(target: "raft", group = self.group, "dropping a snapshot transfer its sender abandoned");
+            self.abandon();
         }
     }
-}
 
-/// Drops `v` on a blocking thread (removing a large file can take a while).
-fn drop_off_reactor<T: Send + 'static>(v: T) {
-    glommio::spawn_local(glommio::executor().spawn_blocking(move || drop(v))).detach();
+    /// Drops the transfer in progress (its spool file is removed off the reactor).
+    fn abandon(&mut self) {
+        self.current = None;
+    }
 }
 
 /// Takes one piece of a transfer: `offset` 0 starts a new one (dropping any other), any
@@ -207,10 +231,17 @@ pub async fn take_piece(
                 spool: Arc::new(SpoolFile(path)),
                 file: None,
                 written: 0,
+                busy: false,
+                last: std::time::Instant::now(),
             });
         }
-        match &r.current {
-            Some(t) if t.id == id && t.written == offset => {
+        let len = data.len() as u64;
+        match &mut r.current {
+            // The piece's range is taken before the write: a second piece for the same offset
+            // (a duplicate, another sender of the same snapshot) is refused meanwhile.
+            Some(t) if t.id == id && t.written == offset && !t.busy => {
+                t.written += len;
+                t.busy = true;
                 (t.file.clone(), Arc::clone(&t.spool), t.seq)
             }
             _ => {
@@ -219,7 +250,6 @@ pub async fn take_piece(
             }
         }
     };
-    let len = data.len() as u64;
     let written = glommio::executor()
         .spawn_blocking(move || -> io::Result<Arc<File>> {
             let file = match file {
@@ -240,7 +270,8 @@ pub async fn take_piece(
     match (written, &mut r.current) {
         (Ok(file), Some(t)) if t.seq == seq => {
             t.file = Some(file);
-            t.written += len;
+            t.busy = false;
+            t.last = std::time::Instant::now();
             true
         }
         (Err(e), Some(t)) if t.seq == seq => {
@@ -261,9 +292,9 @@ pub async fn finish(
     total: u64,
 ) -> Option<SnapshotData> {
     let t = rx.borrow_mut().current.take()?;
-    if t.id != id || t.written != total {
+    if t.id != id || t.written != total || t.busy {
         tracing::warn!(target: "raft", received = t.written, total, "snapshot transfer incomplete; refusing to install it");
-        drop_off_reactor(t);
+        drop(t);
         return None;
     }
     let spool = t.spool;
@@ -368,10 +399,38 @@ mod tests {
                 "removed with its data"
             );
 
-            // Nothing beyond the receiver's bound is spooled.
+            // Nothing beyond the receiver's bound is spooled, and the transfer ends.
+            let almost = Bytes::from(vec![0u8; (1 << 20) - 2]);
+            assert!(take_piece(&rx, b"c", 0, almost).await);
             assert!(!take_piece(&rx, b"c", (1 << 20) - 2, piece("abc")).await);
+            assert!(
+                !take_piece(&rx, b"c", (1 << 20) - 2, piece("ab")).await,
+                "ended"
+            );
+            assert!(spools_become(&d, 0).await.is_empty());
             assert!(!take_piece(&rx, b"c", 0, Bytes::from(vec![0u8; (1 << 20) + 1])).await);
             assert!(spools_become(&d, 0).await.is_empty());
+
+            // A second piece for the same offset while the first is being written (another
+            // stream of the same snapshot) ends the transfer: neither is taken, the sender
+            // starts over, nothing spliced is installed.
+            assert!(take_piece(&rx, b"d", 0, piece("hello ")).await);
+            let (a, b) = futures::join!(
+                take_piece(&rx, b"d", 6, piece("world")),
+                take_piece(&rx, b"d", 6, piece("WORLD"))
+            );
+            assert!(!a && !b, "{a} {b}");
+            assert!(finish(&rx, b"d", 11).await.is_none());
+            assert!(spools_become(&d, 0).await.is_empty());
+
+            // A transfer whose sender went quiet is dropped with its spool file.
+            assert!(take_piece(&rx, b"e", 0, piece("hello ")).await);
+            rx.borrow_mut().expire(std::time::Duration::from_secs(60));
+            assert_eq!(spools(&d).len(), 1, "not idle long enough");
+            glommio::timer::sleep(std::time::Duration::from_millis(20)).await;
+            rx.borrow_mut().expire(std::time::Duration::from_millis(10));
+            assert!(spools_become(&d, 0).await.is_empty());
+            assert!(!take_piece(&rx, b"e", 6, piece("world")).await);
         });
     }
 

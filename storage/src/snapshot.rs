@@ -70,6 +70,8 @@ pub struct SnapshotReader {
     /// The piece being read through `Read`, and how much of it was read.
     piece: Vec<u8>,
     at: usize,
+    /// A read failed: the stream is broken for good (a later read would skip records).
+    failed: bool,
 }
 
 impl SnapshotReader {
@@ -102,6 +104,7 @@ impl SnapshotReader {
             after: None,
             piece,
             at: 0,
+            failed: false,
         })
     }
 
@@ -196,14 +199,20 @@ impl SnapshotReader {
 
 impl io::Read for SnapshotReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.failed {
+            return Err(io::Error::other("the snapshot stream failed earlier"));
+        }
         if self.at == self.piece.len() {
             // The buffer is reused: one piece's capacity for the whole stream.
             let mut piece = std::mem::take(&mut self.piece);
             piece.clear();
             self.at = 0;
             let filled = self.fill(&mut piece, SNAPSHOT_PIECE_BYTES);
+            if let Err(e) = filled {
+                self.failed = true;
+                return Err(io::Error::other(e));
+            }
             self.piece = piece;
-            filled.map_err(io::Error::other)?;
         }
         let n = buf.len().min(self.piece.len() - self.at);
         buf[..n].copy_from_slice(&self.piece[self.at..self.at + n]);

@@ -176,9 +176,9 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     fatal: FatalReporter,
 ) {
-    // Unbounded: each publish waiting here holds one of the write core's requests in
-    // service (`replication::REQUESTS_IN_SERVICE_MAX`).
-    let (publishes, pending) = flume::unbounded();
+    // As many as the write core's requests in service; a publish that timed out is dropped
+    // when its group is formed.
+    let (publishes, pending) = flume::bounded(coalesce::QUEUE_MAX);
     let core = Rc::new(Core {
         node: node.clone(),
         cfg,
@@ -412,13 +412,13 @@ impl WriteCore for Rc<Core> {
             deadline,
             reply,
         };
-        self.publishes
-            .send(pending)
-            .map_err(|_| WriteError::Failed("the write core stopped".into()))?;
+        let stopped = || WriteError::Failed("the write core stopped".into());
         let answer = async {
-            answered
+            self.publishes
+                .send_async(pending)
                 .await
-                .unwrap_or_else(|_| Err(WriteError::Failed("the write core stopped".into())))
+                .map_err(|_| stopped())?;
+            answered.await.unwrap_or_else(|_| Err(stopped()))
         };
         let timer = async {
             glommio::timer::sleep(deadline.saturating_duration_since(Instant::now())).await;

@@ -32,6 +32,8 @@ pub(crate) const GROUP_ITEMS_MAX: usize = 16_384;
 pub(crate) const GROUP_BYTES_MAX: usize = 4 << 20;
 /// Groups proposed and not yet applied at once.
 pub(crate) const GROUPS_IN_FLIGHT: u64 = 2;
+/// Publishes waiting for a group, at most (as many as the write core serves at once).
+pub(crate) const QUEUE_MAX: usize = crate::replication::REQUESTS_IN_SERVICE_MAX as usize;
 
 /// A publish batch waiting for its group.
 pub(crate) struct Pending {
@@ -106,7 +108,9 @@ pub(super) async fn run(core: Weak<Core>, rx: flume::Receiver<Pending>) {
         };
         let mut group = Group::new();
         for p in std::iter::once(first).chain(std::iter::from_fn(|| rx.try_recv().ok())) {
-            if p.deadline <= Instant::now() {
+            if p.reply.is_canceled() {
+                // Its publish gave up (timed out): nobody waits for it.
+            } else if p.deadline <= Instant::now() {
                 let _ = p.reply.send(Err(WriteError::Timeout));
             } else if group.fits(&p) {
                 group.push(p);
