@@ -434,7 +434,7 @@ async fn an_ack_taken_just_before_losing_leadership_is_not_redelivered() {
 
 /// A LEADER ack answers once the leader's own log fsynced the batch (the persist hook finds
 /// the waiter by the batch's term and first event id), not at commit: with both followers
-/// paused nothing can commit, and the ack still comes. (Had the hook never found the waiter,
+/// paused nothing can commit, and the ack still comes (a NO_ACK ack too, at submission). (Had the hook never found the waiter,
 /// the ack would be DEADLINE_EXCEEDED after publish.proposalTimeout.) The batch is stored for
 /// good once the followers are back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -452,19 +452,35 @@ async fn a_leader_ack_answers_from_the_leaders_log_alone() {
         for f in &followers {
             common::signal(f, "-STOP");
         }
-        // Within the leader's lease (one election timeout) it still takes writes.
+        // Within the leader's lease (one election timeout) it still takes writes. Issue 12:
+        // a NO_ACK batch is answered when handed to Raft, so it too is acked while nothing
+        // can commit (both go through the coalescer, which answers each level at its stage).
         let ack = p
             .publish(batch(attempt, 1, vec![msg("lead", "persisted", 0, 0)]))
+            .await;
+        let no_ack = p
+            .publish(batch(
+                20 + attempt,
+                2,
+                vec![msg("noack", "submitted", 0, 0)],
+            ))
             .await;
         for f in &followers {
             common::signal(f, "-CONT");
         }
-        if !ack.success && ack.error_code == tonic::Code::FailedPrecondition as u32 {
+        let refused = |a: &futureq_bench::pb::PublishBatchAck| {
+            !a.success && a.error_code == tonic::Code::FailedPrecondition as u32
+        };
+        if refused(&ack) || refused(&no_ack) {
             // The machine was too slow for the lease; pause again.
             tokio::time::sleep(Duration::from_secs(1)).await;
             continue;
         }
         assert!(ack.success, "LEADER ack with the followers paused: {ack:?}");
+        assert!(
+            no_ack.success,
+            "NO_ACK ack with the followers paused: {no_ack:?}"
+        );
         // Followers paused past their election timeout may elect one of them without the
         // entry (LEADER acks allow that loss). When a QUORUM write commits behind it in the
         // same term, the entry is committed too and must be delivered.
