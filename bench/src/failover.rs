@@ -10,12 +10,10 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use futureq_bench::pb::future_q_producer_client::FutureQProducerClient;
-use futureq_bench::pb::PublishBatch;
 use hdrhistogram::Histogram;
 
 use crate::procs::Cluster;
-use crate::{connect, hist, messages, Ack, PublishParams};
+use crate::{hist, Ack, PublishParams};
 
 /// Longest a failover may take before the run fails.
 const FAILOVER_LIMIT: Duration = Duration::from_secs(30);
@@ -23,26 +21,9 @@ const FAILOVER_LIMIT: Duration = Duration::from_secs(30);
 /// for a commit that never comes).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// One QUORUM message to `addr`: Ok once it is acked.
+/// One QUORUM message to `addr` ([`crate::drain`]): Ok once it is acked.
 async fn probe(addr: &str) -> anyhow::Result<()> {
-    let ch = connect(addr).await?;
-    let batch = PublishBatch {
-        messages: messages("bench-failover", 1, 100, 3_600_000),
-        ack_level: Ack::Quorum as i32,
-        batch_id: 0,
-    };
-    let once = async {
-        let mut acks = FutureQProducerClient::new(ch)
-            .publish_stream(futures::stream::iter([batch]))
-            .await?
-            .into_inner();
-        let a = acks.message().await?.context("publish stream ended")?;
-        if !a.success {
-            bail!("refused: {}", a.error_message);
-        }
-        Ok(())
-    };
-    tokio::time::timeout(PROBE_TIMEOUT, once)
+    tokio::time::timeout(PROBE_TIMEOUT, crate::drain(addr))
         .await
         .context("no ack")?
 }

@@ -657,7 +657,7 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
 }
 
 /// Resident memory of process `pid`, MiB.
-pub(crate) fn rss_mb(pid: u32) -> Option<f64> {
+fn rss_mb(pid: u32) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kb: f64 = status
         .lines()

@@ -199,7 +199,8 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
 }
 
 /// How long the frame that ends a transfer of `total` bytes may take: the receiver installs
-/// the snapshot before it answers (measured ~100 MB/s here; 20 MB/s assumed).
+/// the snapshot before it answers (a joining node took a 533 MB snapshot, sent and installed,
+/// in 11.8 s here: 45 MB/s; 20 MB/s assumed).
 fn install_timeout(total: u64) -> Duration {
     SNAPSHOT_RPC_TIMEOUT + Duration::from_secs(total / (20 << 20))
 }
