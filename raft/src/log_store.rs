@@ -191,8 +191,10 @@ impl<I: LogIo + 'static> LogStore<I> {
         }
         let mut out = Vec::new();
         let (mut i, mut bytes) = (start, 0usize);
-        while i <= end && (out.is_empty() || bytes < max_bytes) {
+        while i <= end {
             match self.shared.log.read(LogIndex(i)).await.map_err(io_err)? {
+                // At least one entry; none that would take the read past `max_bytes`.
+                Some(r) if !out.is_empty() && bytes + r.payload.len() > max_bytes => break,
                 Some(r) => {
                     bytes += r.payload.len();
                     out.push(decode_entry(&r.payload.into()).map_err(io_err)?);

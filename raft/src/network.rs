@@ -364,7 +364,8 @@ where
         loop {
             glommio::timer::sleep(SNAPSHOT_RPC_TIMEOUT / 2).await;
             let Some(t) = weak.upgrade() else { return };
-            t.borrow_mut().expire(SNAPSHOT_RPC_TIMEOUT);
+            // Twice the sender's chunk timeout: a slow sender is not cut off.
+            t.borrow_mut().expire(2 * SNAPSHOT_RPC_TIMEOUT);
         }
     })
     .detach();
