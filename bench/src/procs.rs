@@ -539,7 +539,7 @@ impl PeerProcess {
     /// `args(port, dir)` returns, and waits up to 10 s until it accepts connections.
     pub(crate) async fn start(
         name: &str,
-        args: impl FnOnce(u16, &Path) -> Vec<OsString>,
+        args: impl FnOnce(u16, &Path) -> anyhow::Result<Vec<OsString>>,
     ) -> anyhow::Result<Option<PeerProcess>> {
         Self::start_on(name, free_port()?, args).await
     }
@@ -548,13 +548,13 @@ impl PeerProcess {
     pub(crate) async fn start_on(
         name: &str,
         port: u16,
-        args: impl FnOnce(u16, &Path) -> Vec<OsString>,
+        args: impl FnOnce(u16, &Path) -> anyhow::Result<Vec<OsString>>,
     ) -> anyhow::Result<Option<PeerProcess>> {
         let Some(bin) = which(name) else {
             return Ok(None);
         };
         let dir = tempfile::tempdir()?;
-        let args = args(port, dir.path());
+        let args = args(port, dir.path())?;
         let child = spawn_peer(&bin, &args)?;
         let peer = PeerProcess {
             child,
@@ -616,6 +616,11 @@ impl PeerProcess {
     pub(crate) fn rss_mb(&self) -> Option<f64> {
         rss_mb(self.child.id())
     }
+
+    /// CPU time it used so far, seconds.
+    pub(crate) fn cpu_seconds(&self) -> Option<f64> {
+        cpu_seconds(self.child.id())
+    }
 }
 
 impl Drop for PeerProcess {
@@ -634,15 +639,29 @@ fn spawn_peer(bin: &Path, args: &[OsString]) -> anyhow::Result<Child> {
         .with_context(|| format!("starting {}", bin.display()))
 }
 
-/// The path of `name` on `PATH` (or in /usr/sbin, where Debian puts some servers).
+/// The path of `name`: in the peers' venv `scripts/install-peers.sh` makes beside this
+/// executable's build (`target/peers/venv/bin`: the current nats-server), else on `PATH`, else
+/// in /usr/sbin (where Debian puts some servers).
 fn which(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .unwrap_or_default()
-        .into_iter()
+    let venv = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("peers/venv/bin")));
+    venv.into_iter()
+        .chain(
+            std::env::var_os("PATH")
+                .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+                .unwrap_or_default(),
+        )
         .chain([PathBuf::from("/usr/sbin")])
         .map(|d| d.join(name))
         .find(|p| p.is_file())
+}
+
+/// `name --version`'s first line (the installed peer's version), if it runs.
+pub(crate) fn version(name: &str) -> Option<String> {
+    let out = Command::new(which(name)?).arg("--version").output().ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    Some(text.lines().next()?.trim().to_owned())
 }
 
 /// CPU time (user + system, every thread) process `pid` used so far, seconds.

@@ -1,16 +1,17 @@
 //! Redis as the common delayed queue (a sorted set scored by due time), measured by
 //! `compare`: a `redis-server` this run starts on a loopback port with AOF on and
 //! `appendfsync` always (durability like QUORUM on one node) or everysec, and publishers that
-//! ZADD with pipelining. A minimal RESP client of our own (commands out, one reply each in).
+//! ZADD with pipelining, through the `redis` crate (a multiplexed connection per publisher:
+//! concurrent commands are pipelined on it).
 
 use std::ffi::OsString;
 use std::time::{Duration, Instant};
 
-use anyhow::bail;
+use anyhow::{bail, Context};
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
 use hdrhistogram::Histogram;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::tcp::OwnedWriteHalf;
-use tokio::net::TcpStream;
+use redis::aio::MultiplexedConnection;
 
 use crate::procs::PeerProcess;
 use crate::{hist, PublishOut, PublishParams};
@@ -40,60 +41,17 @@ pub async fn start(appendfsync: &str) -> anyhow::Result<Option<PeerProcess>> {
         .map(OsString::from)
         .collect();
         a.push(dir.into());
-        a
+        Ok(a)
     })
     .await
 }
 
-/// Appends one RESP command (an array of bulk strings).
-fn command(out: &mut Vec<u8>, args: &[&[u8]]) {
-    out.extend_from_slice(format!("*{}\r\n", args.len()).as_bytes());
-    for a in args {
-        out.extend_from_slice(format!("${}\r\n", a.len()).as_bytes());
-        out.extend_from_slice(a);
-        out.extend_from_slice(b"\r\n");
-    }
-}
-
-type Reader = BufReader<tokio::net::tcp::OwnedReadHalf>;
-
-/// Reads one reply: the bulk strings of an array reply (one for a bulk reply, none for a
-/// status or integer); an error reply (`-ERR …`) is an error.
-async fn reply(r: &mut Reader) -> anyhow::Result<Vec<Vec<u8>>> {
-    let mut line = String::new();
-    if r.read_line(&mut line).await? == 0 {
-        bail!("redis closed the connection");
-    }
-    let n = || line[1..].trim_end().parse::<i64>();
-    match line.as_bytes().first() {
-        Some(b'+' | b':') => Ok(Vec::new()),
-        Some(b'-') => bail!("redis: {}", line.trim_end()),
-        Some(b'$') => Ok(bulk(r, n()?).await?.into_iter().collect()),
-        Some(b'*') => {
-            let mut items = Vec::new();
-            for _ in 0..n()?.max(0) {
-                let mut l = String::new();
-                r.read_line(&mut l).await?;
-                if !l.starts_with('$') {
-                    bail!("unexpected redis array item {l:?}");
-                }
-                items.extend(bulk(r, l[1..].trim_end().parse()?).await?);
-            }
-            Ok(items)
-        }
-        _ => bail!("unexpected redis reply {line:?}"),
-    }
-}
-
-/// The body of a bulk string of length `n` (-1: nil).
-async fn bulk(r: &mut Reader, n: i64) -> anyhow::Result<Option<Vec<u8>>> {
-    if n < 0 {
-        return Ok(None);
-    }
-    let mut b = vec![0u8; usize::try_from(n)? + 2];
-    r.read_exact(&mut b).await?;
-    b.truncate(b.len() - 2);
-    Ok(Some(b))
+/// A multiplexed connection to the server on `port`.
+async fn open(port: u16) -> anyhow::Result<MultiplexedConnection> {
+    redis::Client::open(format!("redis://127.0.0.1:{port}/"))?
+        .get_multiplexed_async_connection()
+        .await
+        .with_context(|| format!("connecting to redis-server on port {port}"))
 }
 
 /// Takes up to ARGV[2] members due by ARGV[1] off the set KEYS[1], atomically: the usual
@@ -114,32 +72,20 @@ pub async fn lateness(
 ) -> anyhow::Result<Histogram<u64>> {
     let key = format!("lateness-{}", crate::now_us());
     let first_due_us = crate::now_us() + crate::lead_time_ms(count, lead_ms) * 1000;
-    let conn = TcpStream::connect(("127.0.0.1", port)).await?;
-    conn.set_nodelay(true)?;
-    let (r, mut w) = conn.into_split();
-    let mut r = BufReader::new(r);
+    let mut con = open(port).await?;
     for chunk in (0..count).collect::<Vec<_>>().chunks(100) {
-        let members: Vec<(String, Vec<u8>)> = chunk
-            .iter()
-            .map(|&i| {
-                let offset_us = (i as u64 * 1_000_000)
-                    .checked_div(rate)
-                    .map_or(0, |v| i64::try_from(v).unwrap_or(0));
-                let due_us = first_due_us + offset_us;
-                let mut m = format!("{due_us}:{i}:").into_bytes();
-                m.resize(m.len() + 100, b'x');
-                (due_us.to_string(), m)
-            })
-            .collect();
-        let mut args: Vec<&[u8]> = vec![b"ZADD", key.as_bytes()];
-        for (score, m) in &members {
-            args.push(score.as_bytes());
-            args.push(m);
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(&key);
+        for &i in chunk {
+            let offset_us = (i as u64 * 1_000_000)
+                .checked_div(rate)
+                .map_or(0, |v| i64::try_from(v).unwrap_or(0));
+            let due_us = first_due_us + offset_us;
+            let mut m = format!("{due_us}:{i}:").into_bytes();
+            m.resize(m.len() + 100, b'x');
+            zadd.arg(due_us).arg(m);
         }
-        let mut buf = Vec::new();
-        command(&mut buf, &args);
-        w.write_all(&buf).await?;
-        reply(&mut r).await?;
+        zadd.query_async::<i64>(&mut con).await?;
     }
     if crate::now_us() > first_due_us {
         bail!("publishing to redis took longer than the lead time");
@@ -150,21 +96,14 @@ pub async fn lateness(
         if Instant::now() > deadline {
             bail!("redis lateness: only {} of {count} taken in time", h.len());
         }
-        let now_us = crate::now_us().to_string();
-        let mut buf = Vec::new();
-        command(
-            &mut buf,
-            &[
-                b"EVAL",
-                TAKE_DUE.as_bytes(),
-                b"1",
-                key.as_bytes(),
-                now_us.as_bytes(),
-                b"1000",
-            ],
-        );
-        w.write_all(&buf).await?;
-        let taken = reply(&mut r).await?;
+        let taken: Vec<Vec<u8>> = redis::cmd("EVAL")
+            .arg(TAKE_DUE)
+            .arg(1)
+            .arg(&key)
+            .arg(crate::now_us())
+            .arg(1000)
+            .query_async(&mut con)
+            .await?;
         let now = crate::now_us();
         if taken.is_empty() {
             tokio::time::sleep(Duration::from_millis(1)).await;
@@ -205,30 +144,26 @@ impl Zadd {
         }
     }
 
-    fn append(&mut self, buf: &mut Vec<u8>) {
-        let due = (crate::now_us() / 1000 + self.delay_ms).to_string();
-        let members: Vec<Vec<u8>> = (0..self.batch)
-            .map(|_| {
-                self.seq += 1;
-                let mut m = format!("{}:{}:", self.tag, self.seq).into_bytes();
-                m.resize(m.len() + self.size, b'x');
-                m
-            })
-            .collect();
-        let mut args: Vec<&[u8]> = vec![b"ZADD", self.key.as_bytes()];
-        for m in &members {
-            args.push(due.as_bytes());
-            args.push(m);
+    fn next(&mut self) -> redis::Cmd {
+        let due = crate::now_us() / 1000 + self.delay_ms;
+        let mut cmd = redis::cmd("ZADD");
+        cmd.arg(&self.key);
+        for _ in 0..self.batch {
+            self.seq += 1;
+            let mut m = format!("{}:{}:", self.tag, self.seq).into_bytes();
+            m.resize(m.len() + self.size, b'x');
+            cmd.arg(due).arg(m);
         }
-        command(buf, &args);
+        cmd
     }
 }
 
-async fn open(port: u16) -> anyhow::Result<(Reader, OwnedWriteHalf)> {
-    let conn = TcpStream::connect(("127.0.0.1", port)).await?;
-    conn.set_nodelay(true)?;
-    let (r, w) = conn.into_split();
-    Ok((BufReader::new(r), w))
+/// Sends `cmd` on `con` (pipelined with whatever else is in flight on it).
+async fn send(mut con: MultiplexedConnection, cmd: redis::Cmd) -> anyhow::Result<()> {
+    cmd.query_async::<i64>(&mut con)
+        .await
+        .context("redis refused a ZADD")?;
+    Ok(())
 }
 
 /// Closed-loop ZADD publishing: `streams` connections, `window` commands in flight each,
@@ -240,32 +175,29 @@ pub async fn publish(port: u16, p: &PublishParams) -> anyhow::Result<PublishOut>
     for s in 0..p.streams {
         let mut zadd = Zadd::new(s, p.batch, p.size, p.delay_ms);
         let (batch, window) = (p.batch, p.window);
+        let con = open(port).await?;
         tasks.push(tokio::spawn(async move {
-            let (mut r, mut w) = open(port).await?;
-            let mut sent_at = std::collections::VecDeque::new();
-            let mut buf = Vec::new();
+            let mut waiting = FuturesUnordered::new();
+            let next = |zadd: &mut Zadd| {
+                let (t0, cmd) = (Instant::now(), zadd.next());
+                let con = con.clone();
+                async move { send(con, cmd).await.map(|()| t0) }
+            };
             for _ in 0..window {
-                zadd.append(&mut buf);
-                sent_at.push_back(Instant::now());
+                waiting.push(next(&mut zadd));
             }
-            w.write_all(&buf).await?;
             let (mut local, mut msgs, mut acked) = (hist(), 0u64, 0u64);
-            loop {
-                reply(&mut r).await?;
+            while let Some(t0) = waiting.next().await {
+                let t0 = t0?;
                 acked += batch as u64;
                 let now = Instant::now();
-                let t0 = sent_at.pop_front().unwrap_or(now);
                 if now >= warm && now < end {
                     local.record(u64::try_from((now - t0).as_micros())?.max(1))?;
                     msgs += batch as u64;
                 }
-                if now >= end {
-                    break;
+                if now < end {
+                    waiting.push(next(&mut zadd));
                 }
-                buf.clear();
-                zadd.append(&mut buf);
-                sent_at.push_back(Instant::now());
-                w.write_all(&buf).await?;
             }
             Ok::<_, anyhow::Error>((msgs, acked, local))
         }));
@@ -273,30 +205,44 @@ pub async fn publish(port: u16, p: &PublishParams) -> anyhow::Result<PublishOut>
     crate::collect(tasks, p.measure).await
 }
 
+type Reply = std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>>;
+
+/// The sending half of an open-loop connection: hands each command's reply to [`OpenAcks`].
 struct OpenSender {
-    w: OwnedWriteHalf,
+    con: MultiplexedConnection,
     zadd: Zadd,
-    buf: Vec<u8>,
+    replies: tokio::sync::mpsc::UnboundedSender<Reply>,
 }
 
 impl crate::openloop::Sender for OpenSender {
     async fn send(&mut self, _seq: u64) -> anyhow::Result<()> {
-        self.buf.clear();
-        self.zadd.append(&mut self.buf);
-        self.w.write_all(&self.buf).await?;
+        // Queued on the connection now; the reply is awaited by the ack half.
+        let mut reply: Reply = Box::pin(send(self.con.clone(), self.zadd.next()));
+        if let std::task::Poll::Ready(r) = futures::poll!(&mut reply) {
+            r?;
+            reply = Box::pin(async { Ok(()) });
+        }
+        self.replies
+            .send(reply)
+            .map_err(|_| anyhow::anyhow!("the ack reader stopped"))?;
         Ok(())
     }
 }
 
 /// Replies come in command order: the n-th reply acknowledges request n.
 struct OpenAcks {
-    r: Reader,
+    replies: tokio::sync::mpsc::UnboundedReceiver<Reply>,
     next: u64,
 }
 
 impl crate::openloop::Acks for OpenAcks {
     async fn recv(&mut self) -> anyhow::Result<u64> {
-        reply(&mut self.r).await?;
+        let reply = self
+            .replies
+            .recv()
+            .await
+            .context("the open-loop sender stopped")?;
+        reply.await?;
         self.next += 1;
         Ok(self.next - 1)
     }
@@ -310,15 +256,17 @@ pub async fn publish_open(
 ) -> anyhow::Result<PublishOut> {
     let mut halves = Vec::new();
     for i in 0..s.streams {
-        let (r, w) = open(port).await?;
-        let zadd = Zadd::new(i, s.batch, size, 3_600_000);
+        let (replies, rx) = tokio::sync::mpsc::unbounded_channel();
         halves.push((
             OpenSender {
-                w,
-                zadd,
-                buf: Vec::new(),
+                con: open(port).await?,
+                zadd: Zadd::new(i, s.batch, size, 3_600_000),
+                replies,
             },
-            OpenAcks { r, next: 0 },
+            OpenAcks {
+                replies: rx,
+                next: 0,
+            },
         ));
     }
     crate::openloop::run(halves, s).await
@@ -332,25 +280,20 @@ pub async fn fill(port: u16, count: u64) -> anyhow::Result<f64> {
     let mut tasks = Vec::new();
     for s in 0..4u64 {
         let mut left = per_stream.min(count.saturating_sub(s * per_stream));
+        let con = open(port).await?;
         tasks.push(tokio::spawn(async move {
-            let (mut r, mut w) = open(port).await?;
-            let mut buf = Vec::new();
             let mut zadd = Zadd::new(usize::try_from(s)?, 100, 100, 365 * 86_400_000);
+            let mut waiting = FuturesUnordered::new();
             while left > 0 {
-                buf.clear();
-                let mut cmds = 0;
-                while left > 0 && cmds < 16 {
-                    let n = left.min(100);
-                    zadd.batch = usize::try_from(n)?;
-                    zadd.append(&mut buf);
-                    left -= n;
-                    cmds += 1;
-                }
-                w.write_all(&buf).await?;
-                for _ in 0..cmds {
-                    reply(&mut r).await?;
+                let n = left.min(100);
+                zadd.batch = usize::try_from(n)?;
+                left -= n;
+                waiting.push(send(con.clone(), zadd.next()));
+                if waiting.len() >= 16 {
+                    waiting.next().await.transpose()?;
                 }
             }
+            while waiting.next().await.transpose()?.is_some() {}
             Ok::<_, anyhow::Error>(())
         }));
     }
@@ -364,11 +307,9 @@ pub async fn fill(port: u16, count: u64) -> anyhow::Result<f64> {
 /// Whether the server answers PING (not while it is still loading its AOF).
 pub async fn ready(port: u16) -> bool {
     async {
-        let (mut r, mut w) = open(port).await?;
-        let mut buf = Vec::new();
-        command(&mut buf, &[b"PING"]);
-        w.write_all(&buf).await?;
-        reply(&mut r).await
+        let mut con = open(port).await?;
+        redis::cmd("PING").query_async::<String>(&mut con).await?;
+        Ok::<_, anyhow::Error>(())
     }
     .await
     .is_ok()
