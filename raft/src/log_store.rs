@@ -118,6 +118,19 @@ impl<I: LogIo + 'static> LogStore<I> {
         Ok(LogStore { shared })
     }
 
+    /// Bytes of the records in the log (see [`futureq_storage::log::Log::record_bytes`]).
+    #[must_use]
+    pub fn record_bytes(&self) -> u64 {
+        self.shared.log.record_bytes()
+    }
+
+    /// The first index of the newest records within `bytes` (see
+    /// [`futureq_storage::log::Log::newest_within`]).
+    #[must_use]
+    pub fn newest_within(&self, bytes: u64) -> Option<u64> {
+        self.shared.log.newest_within(bytes).map(|LogIndex(i)| i)
+    }
+
     async fn last_log_id(&self) -> io::Result<Option<RaftLogId>> {
         let Some((_, last)) = self.shared.log.bounds() else {
             return Ok(*self.shared.purged.borrow());

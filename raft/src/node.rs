@@ -40,7 +40,8 @@ mod open;
 pub use forward::Forward;
 
 use self::changes::{settling, write_error};
-use self::open::{check_not_behind_purge, open_log, raft_config};
+pub use self::open::EVENT_LOG_BYTES_MAX;
+use self::open::{bound_log_bytes, check_not_behind_purge, open_log, raft_config};
 pub use self::open::{EVENT_LOG_CACHE_BYTES, META_LOG_CACHE_BYTES};
 use crate::metadata_sm::MetaStateMachine;
 use crate::network::{PeerNetwork, PEER_FRAME_MAX, SNAPSHOT_BYTES_MAX};
@@ -96,6 +97,11 @@ pub struct NodeConfig {
     pub compaction_overhead: u64,
     /// `cluster.secret`: peer links must open with it (empty = open).
     pub secret: futureq_net::peer_link::PeerSecret,
+    /// Record bytes of the event log past which it is snapshotted and purged to half
+    /// ([`EVENT_LOG_BYTES_MAX`] by default).
+    pub log_bytes_max: u64,
+    /// Event-log segment size ([`SEGMENT_BYTES`] by default; it must hold the largest entry).
+    pub segment_bytes: u64,
 }
 
 /// Why a node could not start.
@@ -253,12 +259,16 @@ impl Node {
         let t = tracker.clone();
         let hook: futureq_storage::log::segmented::PersistHook =
             Box::new(move |entry| t.persisted(entry));
-        let mut event_log =
-            open_log(cfg.data_dir.join("event"), EVENT_LOG_CACHE_BYTES, hook).await?;
+        let mut event_log = open_log(
+            cfg.data_dir.join("event"),
+            (cfg.segment_bytes, EVENT_LOG_CACHE_BYTES),
+            hook,
+        )
+        .await?;
         check_not_behind_purge(&mut event_log, &store, &cfg.data_dir).await?;
         let meta_log = open_log(
             cfg.data_dir.join("meta"),
-            META_LOG_CACHE_BYTES,
+            (SEGMENT_BYTES, META_LOG_CACHE_BYTES),
             Box::new(|_| {}),
         )
         .await?;
@@ -282,6 +292,7 @@ impl Node {
             .with_secret(cfg.secret.clone())
             .with_bind(Some(cfg.raft_listen.ip()));
         let event_sm = EventStateMachine::new(store, on_applied);
+        let bounded_log = event_log.clone();
         let event = EventRaft::new(
             cfg.node_id,
             event_cfg,
@@ -338,6 +349,13 @@ impl Node {
             handler,
             PEER_FRAME_MAX,
             cfg.secret.clone(),
+            node.stop.clone(),
+        ))
+        .detach();
+        glommio::spawn_local(bound_log_bytes(
+            node.event.clone(),
+            bounded_log,
+            cfg.log_bytes_max,
             node.stop.clone(),
         ))
         .detach();

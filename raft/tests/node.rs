@@ -52,6 +52,8 @@ fn a_store_behind_the_log_purge_point_is_refused() {
             snapshot_entries: 100,
             compaction_overhead: 10,
             secret: Default::default(),
+            log_bytes_max: futureq_raft::node::EVENT_LOG_BYTES_MAX,
+            segment_bytes: futureq_raft::node::SEGMENT_BYTES,
         };
         let store = Store::open(&StoreMode::Memory).unwrap();
         match Node::start(&cfg, store, Rc::new(|_, _| {})).await {
@@ -92,6 +94,8 @@ fn the_event_shard_takes_no_forwarded_writes() {
             snapshot_entries: 100,
             compaction_overhead: 10,
             secret: secret.clone(),
+            log_bytes_max: futureq_raft::node::EVENT_LOG_BYTES_MAX,
+            segment_bytes: futureq_raft::node::SEGMENT_BYTES,
         };
         let store = Store::open(&StoreMode::Memory).unwrap();
         let node = Node::start(&cfg, store.clone(), Rc::new(|_, _| {}))
@@ -177,6 +181,8 @@ fn a_metadata_request_outlives_a_metadata_leader_that_is_down() {
                 snapshot_entries: 100,
                 compaction_overhead: 10,
                 secret: Default::default(),
+                log_bytes_max: futureq_raft::node::EVENT_LOG_BYTES_MAX,
+                segment_bytes: futureq_raft::node::SEGMENT_BYTES,
             };
             let store = Store::open(&StoreMode::Memory).unwrap();
             nodes.push(Node::start(&cfg, store, Rc::new(|_, _| {})).await.unwrap());
@@ -228,5 +234,99 @@ fn a_metadata_request_outlives_a_metadata_leader_that_is_down() {
                 n.shutdown().await;
             }
         }
+    });
+}
+
+/// Segment files in an event log directory.
+fn log_segments(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".log"))
+        })
+        .count()
+}
+
+/// Issue 12: the event log is bounded in bytes, not only in entries: coalesced entries can be
+/// megabytes each, and `snapshot_entries` of them would be gigabytes on disk. Past
+/// `log_bytes_max` the node snapshots and purges down to half of it, though the entry policy
+/// never fires here.
+#[test]
+fn the_event_log_is_bounded_in_bytes() {
+    use futureq_core::command::{encode_delete, DeleteBatch};
+    use futureq_raft::node::{Ack, Proposal};
+    const SEGMENT: u64 = 256 << 10;
+    const MAX: u64 = 2 << 20;
+    let mut rt = GlommioRuntime::new(1);
+    rt.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let cfg = NodeConfig {
+            node_id: 1,
+            raft_listen: addr.parse().unwrap(),
+            raft_advertise: addr.clone(),
+            data_dir: dir.path().to_path_buf(),
+            rtt: Duration::from_millis(20),
+            snapshot_entries: 1_000_000,
+            compaction_overhead: 1_000_000,
+            secret: Default::default(),
+            log_bytes_max: MAX,
+            segment_bytes: SEGMENT,
+        };
+        let store = Store::open(&StoreMode::Memory).unwrap();
+        let node = Node::start(&cfg, store, Rc::new(|_, _| {})).await.unwrap();
+        node.bootstrap(&[(1, addr.clone())].into_iter().collect())
+            .await
+            .unwrap();
+        for _ in 0..200 {
+            if node.leadership().leading {
+                break;
+            }
+            GlommioRuntime::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(node.leadership().leading);
+        // 48 entries of 5,000 keys (120 KB each): 5.8 MB of log, three times the bound.
+        let entry = bytes::Bytes::from(encode_delete(&DeleteBatch {
+            keys: (0..5_000u32)
+                .map(|i| {
+                    let mut k = [0u8; 24];
+                    k[20..].copy_from_slice(&i.to_be_bytes());
+                    k
+                })
+                .collect(),
+        }));
+        for _ in 0..48 {
+            let e = entry.clone();
+            node.write_event(
+                move || Ok(Proposal::command(e.clone())),
+                Ack::Quorum,
+                std::time::Instant::now() + Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        }
+        let event_dir = dir.path().join("event");
+        let bound = usize::try_from(MAX / SEGMENT).unwrap() + 2;
+        let mut segments = log_segments(&event_dir);
+        for _ in 0..100 {
+            if node.leadership().purged > 0 && segments <= bound {
+                break;
+            }
+            GlommioRuntime::sleep(Duration::from_millis(100)).await;
+            segments = log_segments(&event_dir);
+        }
+        let l = node.leadership();
+        assert!(l.purged > 0, "nothing was purged: {l:?}");
+        assert!(
+            segments <= bound,
+            "{segments} segments of {SEGMENT} bytes are left, more than {bound}"
+        );
+        node.shutdown().await;
     });
 }

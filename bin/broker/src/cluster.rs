@@ -119,6 +119,8 @@ pub async fn start(
         snapshot_entries: cfg.snapshot_entries,
         compaction_overhead: cfg.compaction_overhead,
         secret: cfg.secret.clone(),
+        log_bytes_max: futureq_raft::node::EVENT_LOG_BYTES_MAX,
+        segment_bytes: futureq_raft::node::SEGMENT_BYTES,
     };
     if cfg.secret.is_open() {
         tracing::warn!(target: "raft", "cluster.secret is not set: anyone who reaches cluster.raft.listen or the gRPC port can join nodes, remove them or talk Raft to this node; set cluster.secret (or cluster.secretFile) on every node");

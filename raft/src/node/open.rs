@@ -11,7 +11,7 @@ use futureq_storage::log::LogConfig;
 use futureq_storage::Store;
 use openraft::SnapshotPolicy;
 
-use super::{NodeError, SEGMENT_BYTES};
+use super::NodeError;
 use crate::log_store::LogStore;
 use crate::network::SNAPSHOT_RPC_TIMEOUT;
 
@@ -74,7 +74,7 @@ pub const META_LOG_CACHE_BYTES: usize = 256 << 10;
 
 pub(super) async fn open_log(
     dir: PathBuf,
-    cache_bytes: usize,
+    (segment_bytes, cache_bytes): (u64, usize),
     hook: futureq_storage::log::segmented::PersistHook,
 ) -> Result<LogStore<DiskIo>, NodeError> {
     let err = |cause| NodeError::Log {
@@ -86,7 +86,7 @@ pub(super) async fn open_log(
     LogStore::open(
         move || disk_io(&d),
         LogConfig {
-            segment_bytes: SEGMENT_BYTES,
+            segment_bytes,
             cache_bytes,
         },
         hook,
@@ -128,4 +128,68 @@ pub(super) async fn check_not_behind_purge(
         });
     }
     Ok(())
+}
+
+/// Record bytes of the event shard's log past which a node snapshots and purges it
+/// ([`bound_log_bytes`]); `cluster.raft.snapshotEntries` counts entries, and a coalesced entry
+/// can be megabytes.
+pub const EVENT_LOG_BYTES_MAX: u64 = 512 << 20;
+/// How often [`bound_log_bytes`] looks at the log.
+const LOG_BYTES_CHECK: Duration = Duration::from_millis(500);
+
+/// Keeps the event log within `max` record bytes (plus a segment, the purge granularity):
+/// past it, the newest `max / 2` bytes are kept and what is older is purged once a snapshot
+/// covers it (a snapshot is built first when none does). A follower that is further behind
+/// gets a snapshot instead of the log, as with the entry policy.
+pub(super) async fn bound_log_bytes(
+    raft: crate::node::EventRaft,
+    log: LogStore<DiskIo>,
+    max: u64,
+    stop: futureq_net::Shutdown,
+) {
+    use openraft_rt::watch::WatchReceiver as _;
+    loop {
+        let tick = async {
+            glommio::timer::sleep(LOG_BYTES_CHECK).await;
+            true
+        };
+        let stopped = async {
+            stop.wait().await;
+            false
+        };
+        if !futures_lite::future::or(stopped, tick).await {
+            return;
+        }
+        if log.record_bytes() <= max {
+            continue;
+        }
+        let Some(upto) = log
+            .newest_within(max / 2)
+            .and_then(|first| first.checked_sub(1))
+        else {
+            continue;
+        };
+        let (applied, snapshot, purged) = {
+            let m = raft.metrics();
+            let m = m.borrow_watched();
+            let index = |l: Option<&crate::codec::RaftLogId>| l.map_or(0, |l| l.index);
+            (
+                index(m.last_applied.as_ref()),
+                index(m.snapshot.as_ref()),
+                index(m.purged.as_ref()),
+            )
+        };
+        tracing::debug!(target: "raft", bytes = log.record_bytes(), max, upto, applied, snapshot, purged, "event log past its byte bound");
+        let result = if snapshot < upto && applied > snapshot {
+            raft.trigger().snapshot().await
+        } else if purged < upto.min(snapshot) {
+            raft.trigger().purge_log(upto).await
+        } else {
+            Ok(())
+        };
+        if let Err(e) = result {
+            tracing::debug!(target: "raft", error = %e, "the event log's byte bound: raft stopped");
+            return;
+        }
+    }
 }

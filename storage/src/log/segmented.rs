@@ -447,6 +447,36 @@ impl<I: LogIo> Log<I> {
         Ok(())
     }
 
+    /// Bytes of the records in the log (flushed or pending): what its segments hold.
+    #[must_use]
+    pub fn record_bytes(&self) -> u64 {
+        self.st
+            .borrow()
+            .locs
+            .values()
+            .map(|&(_, _, len)| len as u64)
+            .sum()
+    }
+
+    /// The first index of the newest records whose bytes add up to at most `bytes` (the last
+    /// record counts even when it alone is larger); `None` for an empty log. Purging up to
+    /// the index before it leaves at most `bytes` of records, plus what shares a segment with
+    /// them ([`Log::purge`] drops whole segments).
+    #[must_use]
+    pub fn newest_within(&self, bytes: u64) -> Option<LogIndex> {
+        let st = self.st.borrow();
+        let mut total = 0u64;
+        let mut first = None;
+        for (&index, &(_, _, len)) in st.locs.iter().rev() {
+            total += len as u64;
+            if total > bytes && first.is_some() {
+                break;
+            }
+            first = Some(LogIndex(index));
+        }
+        first
+    }
+
     /// First and last index in the log, if any.
     #[must_use]
     pub fn bounds(&self) -> Option<(LogIndex, LogIndex)> {
