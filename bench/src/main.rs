@@ -513,6 +513,12 @@ fn lead_time_ms(count: usize, lead_ms: i64) -> i64 {
     lead_ms + i64::try_from(count / 50).unwrap_or(i64::MAX / 2)
 }
 
+/// Seconds over which `count` messages fall due at `rate` msgs/s; for a burst (`rate` 0), the
+/// time draining it at 10k/s takes: with a minute more, how long a lateness run waits.
+fn due_span_s(count: usize, rate: u64) -> u64 {
+    count as u64 / if rate == 0 { 10_000 } else { rate }
+}
+
 /// Publishes `count` messages falling due at `rate` msgs/s (0: all at one instant) and
 /// returns the lateness histogram (µs) and how many came early.
 async fn lateness_run(
@@ -590,7 +596,7 @@ async fn lateness_run(
     }
     let mut h = hist();
     let mut early = 0u64;
-    let deadline = Instant::now() + Duration::from_secs(60 + count as u64 / rate.max(1));
+    let deadline = Instant::now() + Duration::from_secs(60 + due_span_s(count, rate));
     while h.len() + early < count as u64 {
         let m = tokio::time::timeout_at(deadline.into(), deliveries.message())
             .await

@@ -28,7 +28,7 @@ use crate::{hist, PublishOut, PublishParams};
 
 /// The JetStream durability of a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Sync {
+pub enum Fsync {
     /// `sync_interval: always`: every write is fsynced before its ack.
     Always,
     /// The server's default interval (2 minutes).
@@ -38,7 +38,7 @@ pub enum Sync {
 /// Starts `replicas` (1 or 3) `nats-server`s with JetStream (file storage in temp dirs,
 /// clustered over routes when 3), or `Ok(None)` when no server is installed. Clients connect
 /// to the first.
-pub async fn start(replicas: usize, sync: Sync) -> anyhow::Result<Option<Vec<PeerProcess>>> {
+pub async fn start(replicas: usize, sync: Fsync) -> anyhow::Result<Option<Vec<PeerProcess>>> {
     let client: Vec<u16> = (0..replicas)
         .map(|_| free_port())
         .collect::<anyhow::Result<_>>()?;
@@ -49,8 +49,8 @@ pub async fn start(replicas: usize, sync: Sync) -> anyhow::Result<Option<Vec<Pee
     for i in 0..replicas {
         let server = PeerProcess::start_on("nats-server", client[i], |port, dir| {
             let sync = match sync {
-                Sync::Always => ", sync_interval: always",
-                Sync::Default => "",
+                Fsync::Always => ", sync_interval: always",
+                Fsync::Default => "",
             };
             let mut conf = format!(
                 "server_name: bench{i}\nlisten: 127.0.0.1:{port}\n\
@@ -123,23 +123,49 @@ pub async fn create_stream(
     }
 }
 
+/// The headers that make a message a schedule firing at `due_s` (Unix seconds) into
+/// `target`.
+fn schedule_headers(due_s: i64, target: &str) -> async_nats::HeaderMap {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert("Nats-Schedule", format!("@at {}", rfc3339(due_s)).as_str());
+    headers.insert("Nats-Schedule-Target", target);
+    headers
+}
+
 /// Closed-loop JetStream publishing: `streams` connections, `window` publishes awaiting their
-/// ack each, one message per publish (JetStream has no batch publish).
+/// ack each, one message per publish (JetStream has no batch publish). With `p.delay_ms` > 0
+/// each message is a schedule firing that much later (rounded up to a second) into
+/// `bench.fired`, on a subject of its own (a schedule per subject): a delayed publish.
 pub async fn publish(port: u16, p: &PublishParams) -> anyhow::Result<PublishOut> {
     let start = Instant::now();
     let (warm, end) = (start + p.warmup, start + p.warmup + p.measure);
+    let delay_ms = p.delay_ms;
     let mut tasks = Vec::new();
     for s in 0..p.streams {
         let js = context(port).await?;
         let (window, payload) = (p.window, bytes::Bytes::from(vec![b'x'; p.size]));
         tasks.push(tokio::spawn(async move {
-            let subject = format!("bench.{}", s % 4);
+            let mut seq = 0u64;
             let mut waiting = FuturesUnordered::new();
-            let send = |js: &jetstream::Context| {
-                let (js, subject, payload) = (js.clone(), subject.clone(), payload.clone());
+            let mut send = |js: &jetstream::Context| {
+                seq += 1;
+                let (js, payload) = (js.clone(), payload.clone());
+                let subject = if delay_ms > 0 {
+                    format!("bench.delayed.{s}.{seq}")
+                } else {
+                    format!("bench.{}", s % 4)
+                };
                 async move {
                     let t0 = Instant::now();
-                    let ack = js.publish(subject, payload).await?.await;
+                    let ack = if delay_ms > 0 {
+                        let due_s = (crate::now_us() / 1000 + delay_ms + 999) / 1000;
+                        let headers = schedule_headers(due_s, "bench.fired");
+                        js.publish_with_headers(subject, headers, payload)
+                            .await?
+                            .await
+                    } else {
+                        js.publish(subject, payload).await?.await
+                    };
                     Ok::<_, anyhow::Error>((t0, ack))
                 }
             };
@@ -286,9 +312,7 @@ async fn schedule(
             let mut waiting = FuturesUnordered::new();
             for i in (c..count).step_by(usize::try_from(CONNS)?) {
                 let due = due_s(i);
-                let mut headers = async_nats::HeaderMap::new();
-                headers.insert("Nats-Schedule", format!("@at {}", rfc3339(due)).as_str());
-                headers.insert("Nats-Schedule-Target", target.as_str());
+                let headers = schedule_headers(due, &target);
                 let mut payload = format!("{}:", due * 1_000_000).into_bytes();
                 payload.resize(payload.len() + 100, b'x');
                 let ack = js
@@ -317,13 +341,14 @@ async fn schedule(
 /// Delivery lateness of JetStream message schedules: `count` messages due at `rate` per
 /// second (0: all at one instant), rounded up to whole seconds (the only instants schedules
 /// fire at), the first `lead_ms` plus publishing time after now. One JetStream pull consumer
-/// (no acks) reads the target subject. Lateness = receive time − due time (µs).
+/// (no acks) reads the target subject. Returns the lateness (receive time − due time, µs) and
+/// how many came before their due time (not in the histogram). The stream is deleted after.
 pub async fn lateness(
     port: u16,
     count: usize,
     rate: u64,
     lead_ms: i64,
-) -> anyhow::Result<Histogram<u64>> {
+) -> anyhow::Result<(Histogram<u64>, u64)> {
     let run = crate::now_us();
     let (stream, target) = (format!("late{run}"), format!("late{run}.fired"));
     create_stream(port, &stream, &[&format!("{stream}.>")], 1).await?;
@@ -338,8 +363,9 @@ pub async fn lateness(
         })
         .await?;
     let mut messages = consumer.messages().await?;
-    // JetStream publishes one message per request: room for 10k/s.
-    let first_due_us = crate::now_us() + lead_ms * 1000 + i64::try_from(count / 10)? * 1000;
+    // JetStream publishes one message per request: room for 20k/s (release builds of this
+    // bench schedule ~40k/s).
+    let first_due_us = crate::now_us() + lead_ms * 1000 + i64::try_from(count / 20)? * 1000;
     let count = u64::try_from(count)?;
     let due_s = move |i: u64| {
         let offset_us = (i * 1_000_000).checked_div(rate).unwrap_or(0);
@@ -349,11 +375,11 @@ pub async fn lateness(
     if crate::now_us() > first_due_us {
         bail!("publishing the schedules took longer than the lead time");
     }
-    let mut h = hist();
+    let (mut h, mut early) = (hist(), 0u64);
     let deadline = Instant::now()
-        + Duration::from_secs(60 + count / rate.max(1))
+        + Duration::from_secs(60 + crate::due_span_s(usize::try_from(count)?, rate))
         + Duration::from_micros(u64::try_from(first_due_us - crate::now_us()).unwrap_or(0));
-    while h.len() < count {
+    while h.len() + early < count {
         let m = tokio::time::timeout_at(deadline.into(), messages.next())
             .await
             .map_err(|_| {
@@ -366,9 +392,30 @@ pub async fn lateness(
             .next()
             .unwrap_or_default()
             .parse()?;
-        h.record(u64::try_from(now - due_us).unwrap_or(0).max(1))?;
+        if now < due_us {
+            early += 1;
+        } else {
+            h.record(u64::try_from(now - due_us)?.max(1))?;
+        }
     }
-    Ok(h)
+    drop(messages);
+    js.delete_stream(&stream)
+        .await
+        .context("deleting the lateness stream")?;
+    Ok((h, early))
+}
+
+/// Whether a `nats-server --version` line names 2.12 or later (message schedules and
+/// `sync_interval: always`); Debian's 2.9 does not.
+pub fn has_schedules(version: &str) -> bool {
+    let v = version
+        .rsplit(' ')
+        .next()
+        .unwrap_or("")
+        .trim_start_matches('v');
+    let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (2, 12)
 }
 
 /// Fills `count` schedules a year ahead into the stream `BENCH` (subjects `bench.>`, which
@@ -389,7 +436,15 @@ pub async fn ready(port: u16) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::rfc3339;
+    use super::{has_schedules, rfc3339};
+
+    #[test]
+    fn schedules_need_2_12() {
+        assert!(has_schedules("nats-server: v2.15.1"));
+        assert!(has_schedules("nats-server: v2.12.0"));
+        assert!(!has_schedules("nats-server: v2.9.20"));
+        assert!(!has_schedules("garbage"));
+    }
 
     #[test]
     fn rfc3339_is_the_utc_civil_time() {

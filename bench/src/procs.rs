@@ -572,16 +572,16 @@ impl PeerProcess {
         Ok(Some(peer))
     }
 
-    /// Waits up to 120 s until `ready(port)`.
+    /// Waits up to 300 s until `ready(port)` (a server recovering 10^7 schedules).
     async fn wait_until<F: std::future::Future<Output = bool>>(
         &self,
         ready: impl Fn(u16) -> F,
     ) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(120);
+        let deadline = Instant::now() + Duration::from_secs(300);
         while !ready(self.port).await {
             if Instant::now() > deadline {
                 bail!(
-                    "{} was not ready on port {} within 120 s",
+                    "{} was not ready on port {} within 300 s",
                     self.bin.display(),
                     self.port
                 );

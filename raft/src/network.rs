@@ -29,8 +29,8 @@ use crate::codec::{decode_snapshot_meta, encode_snapshot_meta, put_part, take_pa
 use crate::rpc::{
     decode_append, decode_append_response, decode_snapshot_response, decode_vote_request,
     decode_vote_response, encode_append, encode_append_response, encode_snapshot_response,
-    encode_vote_request, encode_vote_response, KIND_APPEND, KIND_RESPONSE, KIND_SNAPSHOT,
-    KIND_VOTE,
+    encode_vote_request, encode_vote_response, KIND_APPEND, KIND_PRE_VOTE, KIND_RESPONSE,
+    KIND_SNAPSHOT, KIND_VOTE,
 };
 use crate::rpc::{
     decode_snapshot_chunk, encode_snapshot_chunk, SnapshotChunk, KIND_SNAPSHOT_CHUNK,
@@ -292,6 +292,18 @@ impl RaftNetworkV2<TypeConfig> for PeerConn {
         decode_vote_response(&b).map_err(|e| RPCError::Unreachable(unreachable(e)))
     }
 
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        _option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let b = self
+            .call(KIND_PRE_VOTE, encode_vote_request(&rpc))
+            .await
+            .map_err(RPCError::Unreachable)?;
+        decode_vote_response(&b).map_err(|e| RPCError::Unreachable(unreachable(e)))
+    }
+
     async fn full_snapshot(
         &mut self,
         vote: Vote,
@@ -386,6 +398,12 @@ where
                 KIND_VOTE => encode_vote_response(
                     &raft
                         .vote(decode_vote_request(&f.payload).ok()?)
+                        .await
+                        .ok()?,
+                ),
+                KIND_PRE_VOTE => encode_vote_response(
+                    &raft
+                        .pre_vote(decode_vote_request(&f.payload).ok()?)
                         .await
                         .ok()?,
                 ),

@@ -22,6 +22,10 @@ pub const KIND_VOTE: u8 = 2;
 pub const KIND_SNAPSHOT: u8 = 3;
 /// One piece of a snapshot's data.
 pub const KIND_SNAPSHOT_CHUNK: u8 = 5;
+/// Pre-vote request (encoded as a vote request): would this peer vote for the candidate? It
+/// answers without changing its term, so a node that missed heartbeats for a while (a stalled
+/// core) cannot depose a leader the others still follow.
+pub const KIND_PRE_VOTE: u8 = 6;
 /// Response to a request (same request id).
 pub const KIND_RESPONSE: u8 = 128;
 

@@ -35,6 +35,11 @@ pub(super) fn raft_config(
         // Purge as soon as a snapshot covers entries (snapshots are already the batching).
         purge_batch_size: 1,
         install_snapshot_timeout: u64::try_from(SNAPSHOT_RPC_TIMEOUT.as_millis()).unwrap_or(60_000),
+        // A candidate first asks whether a quorum would vote for it, without raising its term:
+        // a follower whose core stalled past its election timeout on a loaded machine no
+        // longer deposes a leader the others still hear (every such term bump made the leader
+        // step down: a spurious election under load).
+        enable_pre_vote: Some(true),
         // A leader that restarts must not lead its old term again: entries it had sent to
         // followers but not yet fsynced itself are gone from its log, and new entries of the
         // same term would reuse their (term, index) — followers that hold the old ones take
@@ -180,13 +185,16 @@ pub(super) async fn bound_log_bytes(
             )
         };
         tracing::debug!(target: "raft", bytes = log.record_bytes(), max, upto, applied, snapshot, purged, "event log past its byte bound");
-        let result = if snapshot < upto && applied > snapshot {
-            raft.trigger().snapshot().await
-        } else if purged < upto.min(snapshot) {
-            raft.trigger().purge_log(upto).await
-        } else {
-            Ok(())
-        };
+        // Purge what the snapshot covers now, and ask for a newer snapshot when it does not
+        // cover all of it (when snapshots take longer than half the bound takes to write, each
+        // one still lets the log go up to where it reached).
+        let mut result = Ok(());
+        if purged < upto.min(snapshot) {
+            result = raft.trigger().purge_log(upto.min(snapshot)).await;
+        }
+        if result.is_ok() && snapshot < upto && applied > snapshot {
+            result = raft.trigger().snapshot().await;
+        }
         if let Err(e) = result {
             tracing::debug!(target: "raft", error = %e, "the event log's byte bound: raft stopped");
             return;
