@@ -384,9 +384,14 @@ impl Compare {
         self.progress.step(what);
     }
 
-    /// Prints a line above the progress bar (a skipped system, a peer's version).
+    /// Prints a line above the progress bar (a skipped system, a peer's version, a failed
+    /// series); on stderr when there is no bar (a hidden bar prints nothing).
     fn say(&self, what: &str) {
-        self.progress.0.println(what);
+        if self.progress.0.is_hidden() {
+            eprintln!("{what}");
+        } else {
+            self.progress.0.println(what);
+        }
     }
 
     /// Closed-loop publish at every ack level, batches of 100 and of 1, then the open-loop
@@ -649,12 +654,23 @@ impl Compare {
         };
         let server = &mut servers[0];
         let port = server.port();
+        let mut failed = None;
         for &(count, rate) in &self.plan.lateness {
             self.step(format!(
                 "nats-schedules: lateness, {count} due at {rate}/s (0 = burst)"
             ));
+            // A failed series costs only itself (reported at the end).
             let (h, early) =
-                crate::nats_peer::lateness(port, count, rate, self.plan.lead_ms).await?;
+                match crate::nats_peer::lateness(port, count, rate, self.plan.lead_ms).await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        self.say(&format!(
+                            "nats-schedules: lateness, {count} due at {rate}/s failed: {e:#}"
+                        ));
+                        failed.get_or_insert(e);
+                        continue;
+                    }
+                };
             let key = ("nats-schedules", "standalone", LEVEL, "lateness", 0);
             let mut run = Run::new(key, per_s(rate), h, server.rss_mb());
             run.early = Some(early);
@@ -674,7 +690,7 @@ impl Compare {
         let key = ("nats-schedules", "standalone", LEVEL, "pending", 1);
         self.runs
             .push(Run::publish(key, o, rss).pending(n, fill, restart));
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 }
 

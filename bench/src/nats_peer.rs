@@ -317,7 +317,8 @@ async fn schedule(
                 payload.resize(payload.len() + 100, b'x');
                 let ack = js
                     .publish_with_headers(format!("{prefix}.{i}"), headers, payload.into())
-                    .await?;
+                    .await
+                    .context("sending a schedule")?;
                 waiting.push(ack.into_future());
                 if waiting.len() >= IN_FLIGHT {
                     if let Some(a) = waiting.next().await {
@@ -355,14 +356,19 @@ pub async fn lateness(
     let js = context(port).await?;
     let consumer: jetstream::consumer::PullConsumer = js
         .get_stream(&stream)
-        .await?
+        .await
+        .context("looking up the lateness stream")?
         .create_consumer(jetstream::consumer::pull::Config {
             filter_subject: target.clone(),
             ack_policy: jetstream::consumer::AckPolicy::None,
             ..Default::default()
         })
-        .await?;
-    let mut messages = consumer.messages().await?;
+        .await
+        .context("creating the lateness consumer")?;
+    let mut messages = consumer
+        .messages()
+        .await
+        .context("starting the lateness consumer")?;
     // JetStream publishes one message per request: room for 20k/s (release builds of this
     // bench schedule ~40k/s).
     let first_due_us = crate::now_us() + lead_ms * 1000 + i64::try_from(count / 20)? * 1000;
@@ -375,7 +381,7 @@ pub async fn lateness(
     if crate::now_us() > first_due_us {
         bail!("publishing the schedules took longer than the lead time");
     }
-    let (mut h, mut early) = (hist(), 0u64);
+    let (mut h, mut early, mut pull_errors) = (hist(), 0u64, 0u64);
     let deadline = Instant::now()
         + Duration::from_secs(60 + crate::due_span_s(usize::try_from(count)?, rate))
         + Duration::from_micros(u64::try_from(first_due_us - crate::now_us()).unwrap_or(0));
@@ -385,7 +391,20 @@ pub async fn lateness(
             .map_err(|_| {
                 anyhow::anyhow!("nats schedules: only {} of {count} fired in time", h.len())
             })?
-            .context("the consumer's message stream ended")??;
+            .context("the consumer's message stream ended")?;
+        // The pull consumer reports a refused pull (503 "no responders" while the server is
+        // busy firing schedules, a missed heartbeat) and then pulls again: not fatal. The
+        // deadline bounds a consumer that never recovers.
+        let m = match m {
+            Ok(m) => m,
+            Err(e) => {
+                pull_errors += 1;
+                if pull_errors == 1 {
+                    eprintln!("nats schedules: the consumer's pull failed ({e}); pulling again");
+                }
+                continue;
+            }
+        };
         let now = crate::now_us();
         let due_us: i64 = std::str::from_utf8(&m.payload)?
             .split(':')

@@ -98,19 +98,7 @@ fn the_event_shard_takes_no_forwarded_writes() {
             segment_bytes: futureq_raft::node::SEGMENT_BYTES,
         };
         let store = Store::open(&StoreMode::Memory).unwrap();
-        let node = Node::start(&cfg, store.clone(), Rc::new(|_, _| {}))
-            .await
-            .unwrap();
-        node.bootstrap(&[(1, addr.clone())].into_iter().collect())
-            .await
-            .unwrap();
-        for _ in 0..200 {
-            if node.leadership().leading {
-                break;
-            }
-            GlommioRuntime::sleep(Duration::from_millis(10)).await;
-        }
-        assert!(node.leadership().leading);
+        let node = single_leader(&cfg, store.clone()).await;
         // The term's first (blank) entry is in the log before the forged write comes.
         for _ in 0..200 {
             if node.leadership().last_log > 0 {
@@ -237,6 +225,22 @@ fn a_metadata_request_outlives_a_metadata_leader_that_is_down() {
     });
 }
 
+/// Starts a one-node cluster on `cfg` and waits until it leads.
+async fn single_leader(cfg: &NodeConfig, store: Store) -> Node {
+    let node = Node::start(cfg, store, Rc::new(|_, _| {})).await.unwrap();
+    node.bootstrap(&[(1, cfg.raft_advertise.clone())].into_iter().collect())
+        .await
+        .unwrap();
+    for _ in 0..200 {
+        if node.leadership().leading {
+            break;
+        }
+        GlommioRuntime::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(node.leadership().leading);
+    node
+}
+
 /// Segment files in an event log directory.
 fn log_segments(dir: &std::path::Path) -> usize {
     std::fs::read_dir(dir)
@@ -280,17 +284,7 @@ fn the_event_log_is_bounded_in_bytes() {
             segment_bytes: SEGMENT,
         };
         let store = Store::open(&StoreMode::Memory).unwrap();
-        let node = Node::start(&cfg, store, Rc::new(|_, _| {})).await.unwrap();
-        node.bootstrap(&[(1, addr.clone())].into_iter().collect())
-            .await
-            .unwrap();
-        for _ in 0..200 {
-            if node.leadership().leading {
-                break;
-            }
-            GlommioRuntime::sleep(Duration::from_millis(10)).await;
-        }
-        assert!(node.leadership().leading);
+        let node = single_leader(&cfg, store).await;
         // 48 entries of 5,000 keys (120 KB each): 5.8 MB of log, three times the bound.
         let entry = bytes::Bytes::from(encode_delete(&DeleteBatch {
             keys: (0..5_000u32)
