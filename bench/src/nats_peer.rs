@@ -343,19 +343,37 @@ async fn schedule(
 /// second (0: all at one instant), rounded up to whole seconds (the only instants schedules
 /// fire at), the first `lead_ms` plus publishing time after now. One JetStream pull consumer
 /// (no acks) reads the target subject. Returns the lateness (receive time − due time, µs) and
-/// how many came before their due time (not in the histogram). The stream is deleted after.
+/// how many came before their due time (not in the histogram). The run's stream is deleted
+/// after, also when the run failed (what it holds would weigh on the next runs).
 pub async fn lateness(
     port: u16,
     count: usize,
     rate: u64,
     lead_ms: i64,
 ) -> anyhow::Result<(Histogram<u64>, u64)> {
-    let run = crate::now_us();
-    let (stream, target) = (format!("late{run}"), format!("late{run}.fired"));
+    let stream = format!("late{}", crate::now_us());
     create_stream(port, &stream, &[&format!("{stream}.>")], 1).await?;
     let js = context(port).await?;
+    let measured = measure_lateness(&js, port, &stream, (count, rate, lead_ms)).await;
+    let deleted = js
+        .delete_stream(&stream)
+        .await
+        .context("deleting the lateness stream");
+    let out = measured?;
+    deleted?;
+    Ok(out)
+}
+
+/// [`lateness`] on the stream `stream`, which exists.
+async fn measure_lateness(
+    js: &jetstream::Context,
+    port: u16,
+    stream: &str,
+    (count, rate, lead_ms): (usize, u64, i64),
+) -> anyhow::Result<(Histogram<u64>, u64)> {
+    let target = format!("{stream}.fired");
     let consumer: jetstream::consumer::PullConsumer = js
-        .get_stream(&stream)
+        .get_stream(stream)
         .await
         .context("looking up the lateness stream")?
         .create_consumer(jetstream::consumer::pull::Config {
@@ -417,10 +435,6 @@ pub async fn lateness(
             h.record(u64::try_from(now - due_us)?.max(1))?;
         }
     }
-    drop(messages);
-    js.delete_stream(&stream)
-        .await
-        .context("deleting the lateness stream")?;
     Ok((h, early))
 }
 

@@ -100,6 +100,16 @@ fn ms(us: u64) -> f64 {
     us as f64 / 1000.0
 }
 
+/// The latency axis (ms) of non-empty histograms: from the smallest value (at least 1 µs) to
+/// the largest (at least a decade up); `None` without any.
+fn axis<'h>(hists: impl Iterator<Item = &'h Histogram<u64>>) -> Option<(f64, f64)> {
+    let (lo, hi) = hists.fold((f64::INFINITY, 0.0f64), |(lo, hi), h| {
+        (lo.min(ms(h.min())), hi.max(ms(h.max())))
+    });
+    let lo = lo.max(0.001);
+    lo.is_finite().then(|| (lo, hi.max(lo * 10.0)))
+}
+
 /// A CDF per series on a log latency axis (ms).
 fn cdf(
     area: &DrawingArea<BitMapBackend<'_>, Shift>,
@@ -107,15 +117,13 @@ fn cdf(
     series: &[(String, &Histogram<u64>)],
 ) -> anyhow::Result<()> {
     let series: Vec<_> = series.iter().filter(|(_, h)| !h.is_empty()).collect();
-    let lo = series
-        .iter()
-        .map(|(_, h)| ms(h.min()))
-        .fold(f64::INFINITY, f64::min)
-        .max(0.001);
-    let hi = series
-        .iter()
-        .map(|(_, h)| ms(h.max()))
-        .fold(lo * 10.0, f64::max);
+    let Some((lo, hi)) = axis(series.iter().map(|(_, h)| *h)) else {
+        // Nothing measured for this panel (`--only` left its system out). An empty range
+        // would be infinite, and plotters' log axis loops forever on it.
+        area.titled(&format!("{title}: no runs"), ("sans-serif", 22))
+            .map_err(plot_err)?;
+        return Ok(());
+    };
     let mut chart = ChartBuilder::on(area)
         .caption(title, ("sans-serif", 22))
         .margin(15)
@@ -198,4 +206,22 @@ fn throughput(path: &Path, bars: &[(String, f64)]) -> anyhow::Result<()> {
     }
     root.present().map_err(plot_err)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_axis_of_no_histograms_is_none_and_otherwise_finite() {
+        assert_eq!(axis(std::iter::empty()), None);
+        let mut h = crate::hist();
+        h.record(2_000).unwrap();
+        h.record(50_000).unwrap();
+        let (lo, hi) = axis([&h].into_iter()).unwrap();
+        assert!(
+            (1.9..2.1).contains(&lo) && (49.0..51.0).contains(&hi),
+            "{lo} {hi}"
+        );
+    }
 }
