@@ -206,6 +206,19 @@ fn install_timeout(total: u64) -> Duration {
 }
 
 impl PeerConn {
+    /// A vote or pre-vote request (`kind`) and its answer.
+    async fn ask_vote(
+        &self,
+        kind: u8,
+        rpc: &VoteRequest<TypeConfig>,
+    ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
+        let b = self
+            .call(kind, encode_vote_request(rpc))
+            .await
+            .map_err(RPCError::Unreachable)?;
+        decode_vote_response(&b).map_err(|e| RPCError::Unreachable(unreachable(e)))
+    }
+
     /// A request and its answer, within the peer timeout (a snapshot chunk, which the
     /// receiver writes to disk first: [`SNAPSHOT_RPC_TIMEOUT`]).
     async fn call(&self, kind: u8, payload: Vec<u8>) -> Result<Bytes, Unreachable<TypeConfig>> {
@@ -285,11 +298,7 @@ impl RaftNetworkV2<TypeConfig> for PeerConn {
         rpc: VoteRequest<TypeConfig>,
         _option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let b = self
-            .call(KIND_VOTE, encode_vote_request(&rpc))
-            .await
-            .map_err(RPCError::Unreachable)?;
-        decode_vote_response(&b).map_err(|e| RPCError::Unreachable(unreachable(e)))
+        self.ask_vote(KIND_VOTE, &rpc).await
     }
 
     async fn pre_vote(
@@ -297,11 +306,7 @@ impl RaftNetworkV2<TypeConfig> for PeerConn {
         rpc: VoteRequest<TypeConfig>,
         _option: RPCOption,
     ) -> Result<VoteResponse<TypeConfig>, RPCError<TypeConfig>> {
-        let b = self
-            .call(KIND_PRE_VOTE, encode_vote_request(&rpc))
-            .await
-            .map_err(RPCError::Unreachable)?;
-        decode_vote_response(&b).map_err(|e| RPCError::Unreachable(unreachable(e)))
+        self.ask_vote(KIND_PRE_VOTE, &rpc).await
     }
 
     async fn full_snapshot(

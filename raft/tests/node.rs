@@ -78,25 +78,12 @@ fn the_event_shard_takes_no_forwarded_writes() {
     let mut rt = GlommioRuntime::new(1);
     rt.block_on(async {
         let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let addr = format!("127.0.0.1:{port}");
         let secret = PeerSecret::new(b"s3cret");
         let cfg = NodeConfig {
-            node_id: 1,
-            raft_listen: addr.parse().unwrap(),
-            raft_advertise: addr.clone(),
-            data_dir: dir.path().to_path_buf(),
-            rtt: Duration::from_millis(20),
-            snapshot_entries: 100,
-            compaction_overhead: 10,
             secret: secret.clone(),
-            log_bytes_max: futureq_raft::node::EVENT_LOG_BYTES_MAX,
-            segment_bytes: futureq_raft::node::SEGMENT_BYTES,
+            ..one_node(dir.path())
         };
+        let addr = cfg.raft_advertise.clone();
         let store = Store::open(&StoreMode::Memory).unwrap();
         let node = single_leader(&cfg, store.clone()).await;
         // The term's first (blank) entry is in the log before the forged write comes.
@@ -225,6 +212,28 @@ fn a_metadata_request_outlives_a_metadata_leader_that_is_down() {
     });
 }
 
+/// A one-node cluster's configuration on a free loopback port, data in `dir`.
+fn one_node(dir: &std::path::Path) -> NodeConfig {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    NodeConfig {
+        node_id: 1,
+        raft_listen: addr.parse().unwrap(),
+        raft_advertise: addr,
+        data_dir: dir.to_path_buf(),
+        rtt: Duration::from_millis(20),
+        snapshot_entries: 100,
+        compaction_overhead: 10,
+        secret: Default::default(),
+        log_bytes_max: futureq_raft::node::EVENT_LOG_BYTES_MAX,
+        segment_bytes: futureq_raft::node::SEGMENT_BYTES,
+    }
+}
+
 /// Starts a one-node cluster on `cfg` and waits until it leads.
 async fn single_leader(cfg: &NodeConfig, store: Store) -> Node {
     let node = Node::start(cfg, store, Rc::new(|_, _| {})).await.unwrap();
@@ -265,23 +274,12 @@ fn the_event_log_is_bounded_in_bytes() {
     let mut rt = GlommioRuntime::new(1);
     rt.block_on(async {
         let dir = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let addr = format!("127.0.0.1:{port}");
         let cfg = NodeConfig {
-            node_id: 1,
-            raft_listen: addr.parse().unwrap(),
-            raft_advertise: addr.clone(),
-            data_dir: dir.path().to_path_buf(),
-            rtt: Duration::from_millis(20),
             snapshot_entries: 1_000_000,
             compaction_overhead: 1_000_000,
-            secret: Default::default(),
             log_bytes_max: MAX,
             segment_bytes: SEGMENT,
+            ..one_node(dir.path())
         };
         let store = Store::open(&StoreMode::Memory).unwrap();
         let node = single_leader(&cfg, store).await;
