@@ -43,18 +43,7 @@ fn a_store_behind_the_log_purge_point_is_refused() {
             };
             log.purge(purged).await.unwrap();
         }
-        let cfg = NodeConfig {
-            node_id: 1,
-            raft_listen: "127.0.0.1:0".parse().unwrap(),
-            raft_advertise: "127.0.0.1:1".into(),
-            data_dir: dir.path().to_path_buf(),
-            rtt: Duration::from_millis(50),
-            snapshot_entries: 100,
-            compaction_overhead: 10,
-            secret: Default::default(),
-            log_bytes_max: futureq_raft::node::EVENT_LOG_BYTES_MAX,
-            segment_bytes: futureq_raft::node::SEGMENT_BYTES,
-        };
+        let cfg = one_node(dir.path());
         let store = Store::open(&StoreMode::Memory).unwrap();
         match Node::start(&cfg, store, Rc::new(|_, _| {})).await {
             Err(e @ NodeError::BehindPurge { .. }) => {

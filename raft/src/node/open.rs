@@ -165,7 +165,8 @@ pub(super) async fn bound_log_bytes(
         if !futures_lite::future::or(stopped, tick).await {
             return;
         }
-        if log.record_bytes() <= max {
+        let bytes = log.record_bytes();
+        if bytes <= max {
             continue;
         }
         let Some(upto) = log
@@ -184,7 +185,7 @@ pub(super) async fn bound_log_bytes(
                 index(m.purged.as_ref()),
             )
         };
-        tracing::debug!(target: "raft", bytes = log.record_bytes(), max, upto, applied, snapshot, purged, "event log past its byte bound");
+        tracing::debug!(target: "raft", bytes, max, upto, applied, snapshot, purged, "event log past its byte bound");
         // Purge what the snapshot covers now, and ask for a newer snapshot when it does not
         // cover all of it (when snapshots take longer than half the bound takes to write, each
         // one still lets the log go up to where it reached).
