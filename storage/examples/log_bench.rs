@@ -1,9 +1,9 @@
-//! Raft log write throughput on this disk: entries/s and fsyncs/s for several group sizes.
+//! Raft log write throughput on this disk: entries/s and flushes/s for several group sizes.
 //!
 //!   cargo run --release -p futureq-storage --example log_bench -- [dir]
 //!
-//! Each round appends `group` entries of 200 bytes and flushes once (one fdatasync), the way
-//! the Raft core's flusher batches whatever was appended while the previous fsync ran.
+//! Each round appends `group` entries of 200 bytes and flushes once (one `O_DSYNC` write), the
+//! way the Raft core's flusher batches whatever was appended while the previous flush ran.
 
 use std::time::{Duration, Instant};
 
@@ -19,7 +19,7 @@ fn main() {
     LocalExecutorBuilder::new(Placement::Unbound)
         .io_memory(4 << 20)
         .spawn(move || async move {
-            println!("| entries per fsync | entries/s | fsyncs/s | flush p50 µs | flush p99 µs |");
+            println!("| entries per flush | entries/s | flushes/s | flush p50 µs | flush p99 µs |");
             println!("|---|---|---|---|---|");
             for group in [1usize, 8, 64, 512] {
                 let _ = std::fs::remove_dir_all(&dir);

@@ -146,6 +146,38 @@ fn group_commit_one_fsync_for_many_appends_and_callbacks_after_it() {
     assert_eq!(persisted.borrow()[9], payload(10));
 }
 
+/// Over files whose writes are durable when they return (`O_DSYNC`), a group commit is its
+/// writes alone: no fsync of a segment, and what the callbacks confirmed survives a crash.
+#[test]
+fn with_durable_writes_a_group_commit_skips_the_fsync_and_stays_durable() {
+    let io = MemLogIo::with_durable_writes();
+    let log = open(&io).unwrap();
+    let confirmed = Rc::new(RefCell::new(0u64));
+    for i in 1..=50 {
+        let c = Rc::clone(&confirmed);
+        log.append(
+            vec![(Term(1), LogIndex(i), payload(i))],
+            Box::new(move |r| {
+                r.unwrap();
+                *c.borrow_mut() += 1;
+            }),
+        )
+        .unwrap();
+    }
+    block_on(log.flush()).unwrap();
+    assert_eq!(*confirmed.borrow(), 50);
+    assert_eq!(segment_syncs(&io), 0, "no fsync: {:?}", io.events());
+    drop(log);
+    let log = open(&io.crash()).unwrap();
+    check_all(&log, 1..=50);
+
+    // The same files without durable writes: the fsync is what makes them durable.
+    let io = MemLogIo::new();
+    let log = open(&io).unwrap();
+    fill(&log, 1..=50);
+    assert_eq!(segment_syncs(&io), 1);
+}
+
 #[test]
 fn torn_tail_at_every_byte_of_the_last_record_is_cut() {
     let io = MemLogIo::new();

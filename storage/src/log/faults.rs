@@ -2,7 +2,8 @@
 //!
 //! [`FaultyIo`] wraps any [`LogIo`]. Writing a fault's name into its trigger file (`fsync`,
 //! `enospc` or `torn`) arms that fault once, for the log's segment files (`*.log`; not the
-//! durable mark or the vote files): the next `sync` fails, the next write fails with ENOSPC,
+//! durable mark or the vote files): the next `sync` fails (over files whose writes are durable,
+//! the next write: its `O_DSYNC` flush fails), the next write fails with ENOSPC,
 //! or the next write persists only its later blocks (an O_DIRECT multi-block write torn by a
 //! power loss) and the process then dies at once (the crash hook). The broker uses it only
 //! when built with the `fault-injection` feature.
@@ -111,9 +112,23 @@ impl<I: LogIo> LogIo for FaultyIo<I> {
     }
 
     async fn write_at(&self, name: &str, offset: u64, mut data: Vec<u8>) -> io::Result<()> {
-        match self.take(name, &[DiskFault::NoSpace, DiskFault::TornWrite]) {
+        let faults: &[DiskFault] = if self.inner.durable_writes() {
+            &[
+                DiskFault::NoSpace,
+                DiskFault::TornWrite,
+                DiskFault::FailSync,
+            ]
+        } else {
+            &[DiskFault::NoSpace, DiskFault::TornWrite]
+        };
+        match self.take(name, faults) {
             None => self.inner.write_at(name, offset, data).await,
             Some(DiskFault::NoSpace) => Err(io::Error::from_raw_os_error(28)),
+            Some(DiskFault::FailSync) => {
+                // An O_DSYNC write whose flush failed: its data may or may not be on disk.
+                self.inner.write_at(name, offset, data).await?;
+                Err(io::Error::other("injected fsync failure (O_DSYNC write)"))
+            }
             Some(_) => {
                 let block = usize::try_from(BLOCK).unwrap_or(usize::MAX);
                 if data.len() > block {
@@ -141,6 +156,10 @@ impl<I: LogIo> LogIo for FaultyIo<I> {
 
     async fn len(&self, name: &str) -> io::Result<u64> {
         self.inner.len(name).await
+    }
+
+    fn durable_writes(&self) -> bool {
+        self.inner.durable_writes()
     }
 }
 
@@ -191,6 +210,22 @@ mod tests {
         let durable = mem.crash().file("f.log").unwrap();
         assert!(durable[..b / 2].iter().all(|x| *x == 7), "new half");
         assert!(durable[b / 2..b].iter().all(|x| *x == 5), "old half kept");
+    }
+
+    #[test]
+    fn over_durable_writes_an_fsync_fault_fails_the_next_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = usize::try_from(BLOCK).unwrap();
+        let mem = MemLogIo::with_durable_writes();
+        let io = FaultyIo::new(mem, dir.path().join(TRIGGER_FILE), || {});
+        std::fs::write(dir.path().join(TRIGGER_FILE), "fsync").unwrap();
+        block_on(io.open("f.log", 4 * BLOCK)).unwrap();
+        assert!(io.durable_writes());
+        assert!(block_on(io.write_at("f.log", 0, vec![1; b])).is_err());
+        assert!(
+            block_on(io.write_at("f.log", 0, vec![1; b])).is_ok(),
+            "one shot"
+        );
     }
 
     #[test]

@@ -682,7 +682,7 @@ impl<I: LogIo> Log<I> {
             }
             written.push((name, new_end, tail));
         }
-        if result.is_ok() {
+        if result.is_ok() && !self.io.durable_writes() {
             for (name, ..) in &written {
                 if let Err(e) = self.io.sync(name).await {
                     result = Err(e);

@@ -1,5 +1,12 @@
-//! [`LogIo`] on io_uring: glommio `DmaFile` (O_DIRECT), preallocated with fallocate and
-//! zero-filled once (see [`zero_fill`]); the next segment is prepared in the background.
+//! [`LogIo`] on io_uring: glommio `DmaFile` (O_DIRECT | O_DSYNC), preallocated with fallocate
+//! and zero-filled once (see [`zero_fill`]); the next segment is prepared in the background.
+//!
+//! `O_DSYNC`: a write completes once its data is durable ([`LogIo::durable_writes`]), so a
+//! group commit is one io_uring request instead of a write and an fdatasync (which io_uring
+//! hands to a worker thread). Measured, 3 nodes at QUORUM, 1 message per request, 3
+//! alternating rounds: 9.4–10.3k → 11.7–13.0k msgs/s, 121–136 → 101–113 µs of CPU per
+//! message. On the zero-filled segments such a write changes no metadata: the device's
+//! cache flush (or FUA) is all it adds.
 //!
 //! Must run inside a glommio executor. File system calls that are not reads or writes
 //! (listing, renames, removals, directory fsyncs) run on the executor's blocking threads.
@@ -108,6 +115,7 @@ impl DmaLogIo {
             OpenOptions::new()
                 .read(true)
                 .write(true)
+                .custom_flags(libc::O_DSYNC)
                 .dma_open(self.dir.join(name))
                 .await
                 .map_err(to_io)?,
@@ -263,6 +271,10 @@ impl LogIo for DmaLogIo {
 
     async fn len(&self, name: &str) -> io::Result<u64> {
         self.file(name).await?.file_size().await.map_err(to_io)
+    }
+
+    fn durable_writes(&self) -> bool {
+        true
     }
 }
 
