@@ -16,6 +16,7 @@ use std::rc::Rc;
 use futureq_storage::log::io::LogIo;
 use futureq_storage::log::vote::VoteFile;
 use futureq_storage::log::{Log, LogConfig, LogIndex, Term};
+use futures::StreamExt;
 use openraft::storage::{IOFlushed, LogState, RaftLogReader, RaftLogStorage};
 use openraft::OptionalSend;
 
@@ -28,6 +29,10 @@ use crate::types::{Entry, TypeConfig, Vote};
 pub const PURGED_FILE: &str = "purged";
 /// Name of the vote file.
 pub const VOTE_FILE: &str = "vote";
+
+/// Most record bytes the state machine's entry stream reads at a time (see
+/// [`LogStore::entries_stream`]); one entry larger than this is read alone.
+pub const APPLY_READ_BYTES: usize = 8 << 20;
 
 fn io_err(e: impl std::fmt::Display) -> io::Error {
     io::Error::other(e.to_string())
@@ -171,6 +176,46 @@ impl<I: LogIo + 'static> RaftLogReader<TypeConfig> for LogStore<I> {
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
         Ok(*self.shared.vote_value.borrow())
+    }
+
+    /// What the state machine applies from: the range read [`APPLY_READ_BYTES`] of records at
+    /// a time, as the stream is consumed. openraft's default reads the whole range into one
+    /// `Vec` first: a node restarting behind a long log (up to the log's byte bound) would
+    /// hold all of it at once.
+    async fn entries_stream<RB>(
+        &mut self,
+        range: RB,
+    ) -> impl futures::Stream<Item = Result<Entry, io::Error>> + OptionalSend
+    where
+        RB: RangeBounds<u64> + Clone + Debug + OptionalSend,
+    {
+        let start = match range.start_bound() {
+            Bound::Included(s) => Some(*s),
+            Bound::Excluded(s) => s.checked_add(1),
+            Bound::Unbounded => Some(0),
+        };
+        let end = match range.end_bound() {
+            Bound::Included(e) => Some(*e),
+            Bound::Excluded(e) => e.checked_sub(1),
+            Bound::Unbounded => Some(u64::MAX),
+        };
+        let next = start.zip(end).filter(|(s, e)| s <= e);
+        let store = self.clone();
+        futures::stream::unfold(next, move |next| {
+            let store = store.clone();
+            async move {
+                let (from, to) = next?;
+                match store.read_entries(from..=to, APPLY_READ_BYTES).await {
+                    Ok(chunk) => {
+                        let last = chunk.last()?.log_id.index;
+                        let rest = last.checked_add(1).filter(|n| *n <= to).map(|n| (n, to));
+                        Some((chunk.into_iter().map(Ok).collect::<Vec<_>>(), rest))
+                    }
+                    Err(e) => Some((vec![Err(e)], None)),
+                }
+            }
+        })
+        .flat_map(futures::stream::iter)
     }
 }
 

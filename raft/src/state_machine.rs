@@ -2,9 +2,10 @@
 //!
 //! - Every call into redb runs on glommio's blocking thread pool, never on the Raft core's
 //!   reactor (a blocked Raft core loses leadership).
-//! - One `apply` call = one redb transaction: the commands, the applied log id and the last
-//!   membership commit together, without fsync (the Raft log holds the entries: those after
-//!   the last durable apply are replayed from it after a crash).
+//! - One `apply` call = one redb transaction per [`APPLY_TXN_BYTES`] of commands: the
+//!   commands, the applied log id and the last membership commit together, without fsync (the
+//!   Raft log holds the entries: those after the last durable apply are replayed from it after
+//!   a crash).
 //! - A snapshot is the store as of one read transaction, read piece by piece only when it
 //!   is sent: building one makes the applied state durable (the log is purged behind it) and
 //!   copies nothing. Installing one streams the received spool file into the store in one
@@ -148,46 +149,32 @@ fn snapshot_of(reader: futureq_storage::SnapshotReader) -> io::Result<EventSnaps
     })
 }
 
-impl RaftStateMachine<TypeConfig> for EventStateMachine {
-    type SnapshotData = SnapshotData;
-    type SnapshotBuilder = Self;
+/// Most command bytes one apply transaction takes: a longer run of committed entries (a
+/// node replaying its log after a restart) is applied in several, each answering its own
+/// entries' responders, so memory stays bounded.
+pub const APPLY_TXN_BYTES: usize = 8 << 20;
 
-    async fn applied_state(&mut self) -> Result<(Option<RaftLogId>, RaftMembership), io::Error> {
-        let store = self.store.clone();
-        let (a, m) = blocking(move || {
-            Ok::<_, futureq_storage::StoreError>((
-                store.raft_meta(APPLIED)?,
-                store.raft_meta(MEMBERSHIP)?,
-            ))
-        })
-        .await
-        .map_err(io_err)?;
-        decode_state(a.as_deref(), m.as_deref())
-    }
+/// Committed entries applied in one transaction.
+#[derive(Default)]
+struct ApplyChunk {
+    batch: Vec<(u64, u64, Bytes)>,
+    bytes: usize,
+    responders: Vec<(u64, openraft::storage::ApplyResponder<TypeConfig>)>,
+    last: Option<RaftLogId>,
+    membership: Option<RaftMembership>,
+}
 
-    async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
-    where
-        Strm: futures::Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin,
-    {
-        let mut batch: Vec<(u64, u64, Bytes)> = Vec::new();
-        let mut responders: Vec<(u64, _)> = Vec::new();
-        let mut last = None;
-        let mut membership = None;
-        while let Some(item) = entries.next().await {
-            let (entry, responder) = item?;
-            let id = entry.log_id;
-            let cmd = match entry.payload {
-                EntryPayload::Normal(c) => c.0,
-                EntryPayload::Membership(m) => {
-                    membership = Some(StoredMembership::new(Some(id), m));
-                    Bytes::new()
-                }
-                EntryPayload::Blank => Bytes::new(),
-            };
-            batch.push((id.index, id.leader_id.term, cmd));
-            last = Some(id);
-            responders.extend(responder.map(|r| (id.index, r)));
-        }
+impl EventStateMachine {
+    /// Applies `chunk` in one redb transaction (on a blocking thread), then answers its
+    /// responders.
+    async fn apply_chunk(&mut self, chunk: ApplyChunk) -> Result<(), io::Error> {
+        let ApplyChunk {
+            batch,
+            bytes,
+            responders,
+            last,
+            membership,
+        } = chunk;
         let Some(last) = last else { return Ok(()) };
         let mut meta = vec![(APPLIED, encode_log_id(Some(&last)))];
         if let Some(m) = &membership {
@@ -195,7 +182,6 @@ impl RaftStateMachine<TypeConfig> for EventStateMachine {
         }
         let store = self.store.clone();
         let durable = self.applies.get().due();
-        let bytes: usize = batch.iter().map(|(_, _, c)| c.len()).sum();
         let out = blocking(move || {
             let refs: Vec<(u64, u64, &[u8])> =
                 batch.iter().map(|(i, t, c)| (*i, *t, c.as_ref())).collect();
@@ -223,6 +209,51 @@ impl RaftStateMachine<TypeConfig> for EventStateMachine {
             r.send(applied);
         }
         Ok(())
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for EventStateMachine {
+    type SnapshotData = SnapshotData;
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<RaftLogId>, RaftMembership), io::Error> {
+        let store = self.store.clone();
+        let (a, m) = blocking(move || {
+            Ok::<_, futureq_storage::StoreError>((
+                store.raft_meta(APPLIED)?,
+                store.raft_meta(MEMBERSHIP)?,
+            ))
+        })
+        .await
+        .map_err(io_err)?;
+        decode_state(a.as_deref(), m.as_deref())
+    }
+
+    async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
+    where
+        Strm: futures::Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin,
+    {
+        let mut chunk = ApplyChunk::default();
+        while let Some(item) = entries.next().await {
+            let (entry, responder) = item?;
+            let id = entry.log_id;
+            let cmd = match entry.payload {
+                EntryPayload::Normal(c) => c.0,
+                EntryPayload::Membership(m) => {
+                    chunk.membership = Some(StoredMembership::new(Some(id), m));
+                    Bytes::new()
+                }
+                EntryPayload::Blank => Bytes::new(),
+            };
+            chunk.bytes += cmd.len();
+            chunk.batch.push((id.index, id.leader_id.term, cmd));
+            chunk.last = Some(id);
+            chunk.responders.extend(responder.map(|r| (id.index, r)));
+            if chunk.bytes >= APPLY_TXN_BYTES {
+                self.apply_chunk(std::mem::take(&mut chunk)).await?;
+            }
+        }
+        self.apply_chunk(chunk).await
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
