@@ -1,7 +1,7 @@
 //! openraft's `RaftLogStorage` over our segmented log (`futureq_storage::log`).
 //!
-//! - `append` returns as soon as the entries are queued; the log's flusher task fsyncs
-//!   whatever was appended meanwhile and only then fires openraft's `IOFlushed` callback.
+//! - `append` returns as soon as the entries are queued; the log's flusher task makes whatever
+//!   was appended meanwhile durable and only then fires openraft's `IOFlushed` callback.
 //! - The vote and the last purged log id live in their own two-slot files, fsynced before the
 //!   call returns.
 //! - Entries at or below the purge marker are never returned, even while their segment is
@@ -205,14 +205,25 @@ impl<I: LogIo + 'static> RaftLogReader<TypeConfig> for LogStore<I> {
             let store = store.clone();
             async move {
                 let (from, to) = next?;
-                match store.read_entries(from..=to, APPLY_READ_BYTES).await {
-                    Ok(chunk) => {
-                        let last = chunk.last()?.log_id.index;
-                        let rest = last.checked_add(1).filter(|n| *n <= to).map(|n| (n, to));
-                        Some((chunk.into_iter().map(Ok).collect::<Vec<_>>(), rest))
-                    }
-                    Err(e) => Some((vec![Err(e)], None)),
+                let chunk = match store.read_entries(from..=to, APPLY_READ_BYTES).await {
+                    Ok(chunk) => chunk,
+                    Err(e) => return Some((vec![Err(e)], None)),
+                };
+                // The range past the log's last entry ends the stream; a gap inside it (an
+                // entry purged or missing) is an error, never a silent skip.
+                let (first, last) = match (chunk.first(), chunk.last()) {
+                    (Some(f), Some(l)) => (f.log_id.index, l.log_id.index),
+                    _ if store.shared.log.bounds().is_none_or(|(_, l)| from > l.0) => return None,
+                    _ => (u64::MAX, u64::MAX),
+                };
+                if first != from || last < from {
+                    let e = io_err(format!(
+                        "log entry {from} is not in the log (read from {first})"
+                    ));
+                    return Some((vec![Err(e)], None));
                 }
+                let rest = last.checked_add(1).filter(|n| *n <= to).map(|n| (n, to));
+                Some((chunk.into_iter().map(Ok).collect::<Vec<_>>(), rest))
             }
         })
         .flat_map(futures::stream::iter)

@@ -149,9 +149,9 @@ fn snapshot_of(reader: futureq_storage::SnapshotReader) -> io::Result<EventSnaps
     })
 }
 
-/// Most command bytes one apply transaction takes: a longer run of committed entries (a
-/// node replaying its log after a restart) is applied in several, each answering its own
-/// entries' responders, so memory stays bounded.
+/// Most command bytes one apply transaction takes (one larger entry goes alone): a longer
+/// run of committed entries (a node replaying its log after a restart) is applied in
+/// several, each answering its own entries' responders, so memory stays bounded.
 pub const APPLY_TXN_BYTES: usize = 8 << 20;
 
 /// Committed entries applied in one transaction.
@@ -237,21 +237,23 @@ impl RaftStateMachine<TypeConfig> for EventStateMachine {
         while let Some(item) = entries.next().await {
             let (entry, responder) = item?;
             let id = entry.log_id;
-            let cmd = match entry.payload {
-                EntryPayload::Normal(c) => c.0,
+            let (cmd, membership) = match entry.payload {
+                EntryPayload::Normal(c) => (c.0, None),
                 EntryPayload::Membership(m) => {
-                    chunk.membership = Some(StoredMembership::new(Some(id), m));
-                    Bytes::new()
+                    (Bytes::new(), Some(StoredMembership::new(Some(id), m)))
                 }
-                EntryPayload::Blank => Bytes::new(),
+                EntryPayload::Blank => (Bytes::new(), None),
             };
+            if !chunk.batch.is_empty() && chunk.bytes + cmd.len() > APPLY_TXN_BYTES {
+                self.apply_chunk(std::mem::take(&mut chunk)).await?;
+            }
+            if membership.is_some() {
+                chunk.membership = membership;
+            }
             chunk.bytes += cmd.len();
             chunk.batch.push((id.index, id.leader_id.term, cmd));
             chunk.last = Some(id);
             chunk.responders.extend(responder.map(|r| (id.index, r)));
-            if chunk.bytes >= APPLY_TXN_BYTES {
-                self.apply_chunk(std::mem::take(&mut chunk)).await?;
-            }
         }
         self.apply_chunk(chunk).await
     }

@@ -95,9 +95,15 @@ fn a_long_run_of_committed_entries_is_read_and_applied_a_bounded_piece_at_a_time
             .collect()
             .await;
         assert_eq!(beyond, vec![ENTRIES - 1, ENTRIES]);
-        #[allow(clippy::reversed_empty_ranges)]
         let empty = reader.entries_stream(5..5).await.count().await;
         assert_eq!(empty, 0);
+        let from_7: Vec<u64> = reader
+            .entries_stream((std::ops::Bound::Excluded(6), std::ops::Bound::Unbounded))
+            .await
+            .map(|e| e.unwrap().log_id.index)
+            .collect()
+            .await;
+        assert_eq!(from_7, (7..=ENTRIES).collect::<Vec<_>>());
 
         // The state machine commits the run in several transactions, all of it applied.
         let store = Store::open(&StoreMode::Memory).unwrap();
@@ -108,6 +114,7 @@ fn a_long_run_of_committed_entries_is_read_and_applied_a_bounded_piece_at_a_time
             .map(|e| e.map(|e| (e, None)));
         sm.apply(Box::pin(entries)).await.unwrap();
         let txns = store.stats().transactions.load(Ordering::Relaxed);
+        assert_eq!(store.stats().entries.load(Ordering::Relaxed), ENTRIES);
         let whole = u64::try_from(ENTRY_BYTES).unwrap() * ENTRIES;
         let per_txn = u64::try_from(APPLY_TXN_BYTES).unwrap();
         assert!(
@@ -117,5 +124,14 @@ fn a_long_run_of_committed_entries_is_read_and_applied_a_bounded_piece_at_a_time
         let (applied, _) = sm.applied_state().await.unwrap();
         assert_eq!(applied.map(|id| id.index), Some(ENTRIES));
         assert_eq!(store.last_id().unwrap(), ENTRIES);
+
+        // A range reaching below what the log holds is an error, not a silent skip.
+        log.purge(entry(10).log_id).await.unwrap();
+        let mut after_purge = Box::pin(reader.entries_stream(5..=20).await);
+        assert!(after_purge.next().await.unwrap().is_err());
+        assert!(
+            after_purge.next().await.is_none(),
+            "nothing after the error"
+        );
     });
 }

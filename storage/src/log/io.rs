@@ -101,6 +101,7 @@ impl MemLogIo {
             .collect();
         MemLogIo(Rc::new(RefCell::new(MemInner {
             files,
+            durable_writes: self.0.borrow().durable_writes,
             ..MemInner::default()
         })))
     }
@@ -113,7 +114,8 @@ impl MemLogIo {
         io
     }
 
-    /// Makes every later `sync` fail (fault injection).
+    /// Makes every later `sync` fail (fault injection); with durable writes, every later
+    /// write, which then leaves nothing durable.
     pub fn fail_syncs(&self, fail: bool) {
         self.0.borrow_mut().fail_syncs = fail;
     }
@@ -205,6 +207,10 @@ impl LogIo for MemLogIo {
             ));
         }
         let mut inner = self.0.borrow_mut();
+        if inner.durable_writes && inner.fail_syncs {
+            inner.events.push(format!("write-failed {name}"));
+            return Err(io::Error::other("injected O_DSYNC write failure"));
+        }
         inner
             .events
             .push(format!("write {name}@{offset}+{}", data.len()));

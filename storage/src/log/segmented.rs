@@ -55,7 +55,7 @@ pub struct LogConfig {
 /// A sensible [`LogConfig::cache_bytes`]: enough for the entries in flight at full load.
 pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
 
-/// Sees each entry's payload after the fsync that made it durable (the leader-persist hook).
+/// Sees each entry's payload once its flush made it durable (the leader-persist hook).
 pub type PersistHook = Box<dyn Fn(&[u8])>;
 
 /// Called once per flushed batch with its outcome (openraft's "IO flushed" callback).
@@ -180,7 +180,8 @@ fn segment_name(first: u64) -> String {
 ///
 /// # Invariants
 /// - Indexes are contiguous from the first kept index to the last.
-/// - A flush callback and the persist hook run only after the fsync covering the entry.
+/// - A flush callback and the persist hook run only after the flush (the `O_DSYNC` write, or
+///   the write and its fsync) covering the entry.
 /// - After a failed fsync every later append and flush fails (`Poisoned`).
 pub struct Log<I: LogIo> {
     io: I,
@@ -440,7 +441,9 @@ impl<I: LogIo> Log<I> {
         self.io
             .write_at(MARK_FILE, (seq % 2) * BLOCK, slot_image(seq, &value))
             .await?;
-        self.io.sync(MARK_FILE).await?;
+        if !self.io.durable_writes() {
+            self.io.sync(MARK_FILE).await?;
+        }
         self.mark_seq.set(seq);
         self.mark.set(mark);
         self.mark_saved_at.set(Some(std::time::Instant::now()));
@@ -555,7 +558,7 @@ impl<I: LogIo> Log<I> {
         Ok(())
     }
 
-    /// The flusher: whenever entries are pending, flush them all (one fsync); appends made
+    /// The flusher: whenever entries are pending, flush them all (one durable flush); appends made
     /// while a flush runs go into the next one. Returns when the log is poisoned or `stop`
     /// resolves.
     pub async fn run_flusher(&self, stop: impl std::future::Future<Output = ()>) {
@@ -583,7 +586,8 @@ impl<I: LogIo> Log<I> {
     }
 
     /// Group commit: writes everything appended so far (aligned, rewriting each segment's
-    /// partial tail block), one fsync per touched segment, then the persist hook per entry and
+    /// partial tail block; `O_DSYNC` writes, or one fsync per touched segment after them),
+    /// then the persist hook per entry and
     /// every waiting callback. On failure the log is poisoned and callbacks get the error.
     ///
     /// Every [`MARK_INTERVAL`] the durable mark is saved too. When earlier flushes advanced
@@ -839,7 +843,11 @@ impl<I: LogIo> Log<I> {
             let tail: Vec<u8> = buf[..usize::try_from(offset - start).unwrap_or(0)].to_vec();
             let res = async {
                 self.io.write_at(&name, start, buf).await?;
-                self.io.sync(&name).await
+                if self.io.durable_writes() {
+                    Ok(())
+                } else {
+                    self.io.sync(&name).await
+                }
             }
             .await;
             if let Err(e) = res {

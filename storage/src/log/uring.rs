@@ -3,8 +3,8 @@
 //!
 //! `O_DSYNC`: a write completes once its data is durable ([`LogIo::durable_writes`]), so a
 //! group commit is one io_uring request instead of a write and an fdatasync (which io_uring
-//! hands to a worker thread). Measured, 3 nodes at QUORUM, 1 message per request, 3
-//! alternating rounds: 9.4–10.3k → 11.7–13.0k msgs/s, 121–136 → 101–113 µs of CPU per
+//! hands to a worker thread). Measured (`futureq-bench ab --cluster`, 3 rounds, 3 nodes at
+//! QUORUM, 1 message per request): 9,351 → 12,296 msgs/s (1.31×), 133 → 108 µs of CPU per
 //! message. On the zero-filled segments such a write changes no metadata: the device's
 //! cache flush (or FUA) is all it adds.
 //!

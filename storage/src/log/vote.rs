@@ -1,6 +1,7 @@
 //! The vote (Raft hard state) file: two 4 KiB slots written alternately, each with a sequence
-//! number and a CRC-32C, fsynced before `save` returns. A torn write can only damage the slot
-//! being written; the other still holds the previous vote.
+//! number and a CRC-32C, durable before `save` returns (an `O_DSYNC` write, or a write and an
+//! fsync). A torn write can only damage the slot being written; the other still holds the
+//! previous vote.
 //!
 //! | offset in slot | size | field |
 //! |---|---|---|
@@ -85,7 +86,7 @@ impl<I: LogIo> VoteFile<I> {
         ))
     }
 
-    /// Saves `value` durably (returns after fsync).
+    /// Saves `value` durably (returns once the write, or its fsync, did).
     ///
     /// # Errors
     /// I/O failure, or a value over [`VOTE_MAX`] (as [`LogError::TooLarge`]).
@@ -98,7 +99,9 @@ impl<I: LogIo> VoteFile<I> {
         self.io
             .write_at(&self.name, (seq % 2) * BLOCK, slot)
             .await?;
-        self.io.sync(&self.name).await?;
+        if !self.io.durable_writes() {
+            self.io.sync(&self.name).await?;
+        }
         self.seq.set(seq);
         Ok(())
     }
