@@ -25,7 +25,8 @@
 //! `pending_msgs`, `fill_msgs_per_s` and `restart_ms` (pending), `cpu_us_per_msg` (closed-loop
 //! publish: the server's CPU time per acked message, all nodes of a cluster), `early` (lateness: messages
 //! delivered before their due time, not in the percentiles), `repetitions` (failover: the
-//! failovers timed; the percentiles are over them, µs), `node_rss_max_mb`, `join_ms` and
+//! failovers timed; the percentiles are over them, µs), `node_rss_before_mb` (the largest
+//! RSS of a node when the cluster pending scenario starts), `node_rss_max_mb`, `join_ms` and
 //! `join_rss_mb` (cluster pending). For `lateness` runs
 //! `msgs_per_s` is the due rate (0 for a burst) and the percentiles are lateness.
 
@@ -85,6 +86,9 @@ pub(crate) struct Run {
     /// Closed-loop publish: the server's CPU time per acked message (all nodes of a cluster),
     /// µs.
     cpu_us_per_msg: Option<f64>,
+    /// Cluster pending: the largest RSS of one node when it starts (after the publish and
+    /// failover series on the same cluster), MiB: tells what the fill added.
+    node_rss_before_mb: Option<f64>,
     /// Cluster pending: the largest RSS of one node while filling and publishing, MiB.
     node_rss_max_mb: Option<f64>,
     /// Cluster pending: time until a fresh node that joined applied what the leader had, ms.
@@ -140,6 +144,7 @@ impl Run {
             early: None,
             repetitions: None,
             cpu_us_per_msg: None,
+            node_rss_before_mb: None,
             node_rss_max_mb: None,
             join_ms: None,
             join_rss_mb: None,
@@ -488,6 +493,11 @@ impl Compare {
         self.step(format!(
             "futureq cluster3: pending, {n} far-future messages"
         ));
+        let before = cluster
+            .nodes
+            .iter()
+            .filter_map(Broker::rss_mb)
+            .fold(0.0, f64::max);
         let peaks = RssPeaks::start(cluster.nodes.iter().map(Broker::pid).collect());
         // Filled on the leader; a fill that fails because leadership moved (an election on
         // the loaded machine) runs again on the new leader (the backlog is then larger).
@@ -512,6 +522,7 @@ impl Compare {
         run.cpu_us_per_msg = cpu;
         run.pending_msgs = Some(n);
         run.fill_msgs_per_s = Some(fill);
+        run.node_rss_before_mb = Some(before);
         run.node_rss_max_mb = Some(node_peaks.iter().copied().fold(0.0, f64::max));
         run.join_ms = Some(t0.elapsed().as_secs_f64() * 1000.0);
         run.join_rss_mb = Some(join_peak);
@@ -797,8 +808,9 @@ fn table(runs: &[Run]) -> String {
                 format!("{n} waiting (filled at {fill:.0}/s); restart to serving {restart:.0} ms")
             }
             (Some(n), Some(fill), None) => format!(
-                "{n} waiting (filled at {fill:.0}/s); RSS of one node ≤ {:.0} MiB; a fresh node caught up in {:.1} s, its RSS ≤ {:.0} MiB",
+                "{n} waiting (filled at {fill:.0}/s); RSS of one node ≤ {:.0} MiB ({:.0} MiB before the fill); a fresh node caught up in {:.1} s, its RSS ≤ {:.0} MiB",
                 r.node_rss_max_mb.unwrap_or(0.0),
+                r.node_rss_before_mb.unwrap_or(0.0),
                 r.join_ms.unwrap_or(0.0) / 1000.0,
                 r.join_rss_mb.unwrap_or(0.0)
             ),
