@@ -1049,7 +1049,13 @@ pub async fn run(
     let mut failed = Vec::new();
     if only.contains(&System::Futureq) {
         failed.extend(c.futureq_standalone(&bin, work.path()).await.err());
+        // Each setup's data goes once it is measured: with 10^7 pending messages it takes
+        // GBs per node (a full run ran out of disk while the standalone data stayed behind).
+        let _ = std::fs::remove_dir_all(work.path().join("standalone"));
         failed.extend(c.futureq_cluster(&bin, work.path()).await.err());
+        for i in 1..=4 {
+            let _ = std::fs::remove_dir_all(work.path().join(format!("node{i}")));
+        }
     }
     if only.contains(&System::Redis) {
         failed.extend(c.redis().await.err());

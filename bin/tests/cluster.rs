@@ -573,6 +573,43 @@ async fn disk_faults_stop_the_node_and_lose_no_acked_message() {
     }
 }
 
+/// Issue 12 (found by a full disk in the bench): a joining node whose Raft group stops for good
+/// while the join is in progress (here its log's first write fails with ENOSPC; in the bench,
+/// redb ran out of disk installing the snapshot) exits with status 74, instead of waiting out
+/// the join's minutes with a dead Raft core; the cluster serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_joining_node_whose_raft_group_fails_exits_instead_of_hanging_in_the_join() {
+    let _serial = SERIAL.lock().await;
+    let c = Cluster::start(3, "").await;
+    let leader = c.leader(Duration::from_secs(10)).await;
+    c.wait_topology(leader, 3).await;
+    let id = c.nodes.len() + 1;
+    let addr = format!("127.0.0.{id}:{}", common::free_port());
+    let mut b = Broker::prepare("");
+    let seeds = format!(
+        "  joinSeeds: [\"127.0.0.1:{}\"]\n",
+        c.nodes[leader].grpc_port
+    );
+    b.extra = node_yaml(&b, id, &addr, &seeds, "");
+    let raft_dir = b.dir.path().join("raft");
+    std::fs::create_dir_all(&raft_dir).unwrap();
+    std::fs::write(raft_dir.join("inject-disk-fault"), "enospc").unwrap();
+    b.launch();
+    let status = b.wait_exit(Duration::from_secs(30)).unwrap_or_else(|| {
+        panic!(
+            "the joining node kept running with a failed Raft group; log:\n{}",
+            b.log()
+        )
+    });
+    assert_eq!(status.code(), Some(74), "{status}; log:\n{}", b.log());
+    assert!(b.log().contains("the Raft log failed"), "{}", b.log());
+    let mut p = Publisher::open(c.nodes[leader].channel().await).await;
+    let ack = p
+        .publish(batch(1, 0, vec![msg("after-join", "m", 0, 0)]))
+        .await;
+    assert!(ack.success, "{ack:?}");
+}
+
 /// Issue 12: publish batches that arrive while entries are in flight are proposed as one Raft
 /// entry: each batch keeps contiguous ids in its order, every ack level is answered, no id is
 /// given twice, and every message is delivered.

@@ -86,6 +86,10 @@ pub enum StartError {
         "a fresh cluster node needs cluster.raft.initialMembers or cluster.joinSeeds (or --join)"
     )]
     NoMembership,
+    /// A Raft group of this node stopped for good while it was joining (its log or its state
+    /// machine failed: a full disk, an I/O error); see [`Node::fatal`].
+    #[error("{0}")]
+    Failed(String),
     /// No seed added this node.
     #[error("{cause} (this node's Raft data in {} is kept: the next start asks again)", data_dir.display())]
     Join {
@@ -95,6 +99,9 @@ pub enum StartError {
         data_dir: std::path::PathBuf,
     },
 }
+
+/// How often a joining node looks whether its Raft groups still run.
+const FATAL_POLL: Duration = Duration::from_millis(100);
 
 /// Starts the node: opens the logs, starts both groups and the peer listener, bootstraps
 /// from `cluster.raft.initialMembers` (idempotent: only groups not yet initialized) or joins
@@ -145,12 +152,28 @@ pub async fn start(
             return Err(StartError::NoMembership);
         }
     } else if !restart {
-        if let Err(cause) = join(cfg, grpc_advertise).await {
+        // The join waits for this node to catch up (minutes with a large store): a Raft group
+        // that fails meanwhile (a snapshot install that filled the disk) ends the start
+        // instead of leaving a node with a dead Raft core waiting out the join.
+        let joined = async {
+            join(cfg, grpc_advertise)
+                .await
+                .map_err(|cause| StartError::Join {
+                    cause,
+                    data_dir: cfg.data_dir.clone(),
+                })
+        };
+        let failed = async {
+            loop {
+                if let Some(e) = node.fatal() {
+                    return Err(StartError::Failed(e));
+                }
+                glommio::timer::sleep(FATAL_POLL).await;
+            }
+        };
+        if let Err(e) = future::or(joined, failed).await {
             node.shutdown().await;
-            return Err(StartError::Join {
-                cause,
-                data_dir: cfg.data_dir.clone(),
-            });
+            return Err(e);
         }
     } else if matches!(
         node.standing(cfg.node_id),

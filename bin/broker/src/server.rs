@@ -512,6 +512,13 @@ async fn core_main(
         .await
         {
             Ok(n) => n,
+            Err(cluster::StartError::Failed(reason)) => {
+                ready.send(Err(ServerError::WritePathFailed {
+                    what: "the Raft log",
+                    reason,
+                }));
+                return;
+            }
             Err(e) => {
                 ready.send(Err(ServerError::Cluster(e)));
                 return;
