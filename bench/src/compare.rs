@@ -497,7 +497,7 @@ impl Compare {
             .nodes
             .iter()
             .filter_map(Broker::rss_mb)
-            .fold(0.0, f64::max);
+            .reduce(f64::max);
         let peaks = RssPeaks::start(cluster.nodes.iter().map(Broker::pid).collect());
         // Filled on the leader; a fill that fails because leadership moved (an election on
         // the loaded machine) runs again on the new leader (the backlog is then larger).
@@ -522,7 +522,7 @@ impl Compare {
         run.cpu_us_per_msg = cpu;
         run.pending_msgs = Some(n);
         run.fill_msgs_per_s = Some(fill);
-        run.node_rss_before_mb = Some(before);
+        run.node_rss_before_mb = before;
         run.node_rss_max_mb = Some(node_peaks.iter().copied().fold(0.0, f64::max));
         run.join_ms = Some(t0.elapsed().as_secs_f64() * 1000.0);
         run.join_rss_mb = Some(join_peak);
@@ -1049,12 +1049,18 @@ pub async fn run(
     let mut failed = Vec::new();
     if only.contains(&System::Futureq) {
         failed.extend(c.futureq_standalone(&bin, work.path()).await.err());
-        // Each setup's data goes once it is measured: with 10^7 pending messages it takes
-        // GBs per node (a full run ran out of disk while the standalone data stayed behind).
-        let _ = std::fs::remove_dir_all(work.path().join("standalone"));
+        // Each setup's data goes once it is measured (its log stays): with 10^7 pending
+        // messages it takes GBs per node (a full run ran out of disk while the standalone
+        // data stayed behind).
+        let remove_data = |setup: &str| {
+            for sub in ["data", "raft"] {
+                let _ = std::fs::remove_dir_all(work.path().join(setup).join(sub));
+            }
+        };
+        remove_data("standalone");
         failed.extend(c.futureq_cluster(&bin, work.path()).await.err());
         for i in 1..=4 {
-            let _ = std::fs::remove_dir_all(work.path().join(format!("node{i}")));
+            remove_data(&format!("node{i}"));
         }
     }
     if only.contains(&System::Redis) {

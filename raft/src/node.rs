@@ -597,6 +597,25 @@ impl Node {
         self.event_sm.refused_entries()
     }
 
+    /// Whether both groups hold a membership (a node that joins has none until the leader's
+    /// first entries reach it; one that left still has the membership without it).
+    #[must_use]
+    pub fn knows_membership(&self) -> bool {
+        self.event
+            .metrics()
+            .borrow_watched()
+            .membership_config
+            .log_id()
+            .is_some()
+            && self
+                .meta
+                .metrics()
+                .borrow_watched()
+                .membership_config
+                .log_id()
+                .is_some()
+    }
+
     /// Where `node` stands in each group's membership as this node knows it:
     /// `(event shard, metadata group)`.
     #[must_use]

@@ -175,11 +175,14 @@ pub async fn start(
             node.shutdown().await;
             return Err(e);
         }
-    } else if matches!(
-        node.standing(cfg.node_id),
-        (Standing::Learner, _) | (_, Standing::Learner)
-    ) {
-        // A join that did not finish (its reply was lost, or this node stopped mid-join).
+    } else if !node.knows_membership()
+        || matches!(
+            node.standing(cfg.node_id),
+            (Standing::Learner, _) | (_, Standing::Learner)
+        )
+    {
+        // A join that did not finish (its reply was lost, or this node stopped mid-join,
+        // maybe before any membership reached it: a group that failed on its first write).
         membership::finish_join(cfg, grpc_advertise, &node);
     }
     Ok(node)
@@ -249,7 +252,7 @@ pub async fn serve(
     node.shutdown().await;
     // A log that failed once the shutdown had begun (the watcher no longer looks).
     if let Some(e) = node.fatal() {
-        core.fatal.fail("the Raft log", &e);
+        core.fatal.fail("a Raft group", &e);
     }
     tracing::info!(target: "raft", "raft groups stopped");
 }
@@ -309,7 +312,7 @@ impl Core {
             // A failed fsync leaves the page cache's state unknown (nothing may be assumed
             // durable); serving on with a stopped Raft core would answer nothing. The broker
             // stops: a restart recovers from what is durable.
-            self.fatal.fail("the Raft log", &e);
+            self.fatal.fail("a Raft group", &e);
             return;
         }
         let l = self.node.leadership();

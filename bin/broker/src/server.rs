@@ -91,7 +91,7 @@ pub enum ServerError {
     /// good fsync may be assumed durable, and no write can be taken any more.
     #[error("{what} failed ({reason}); the broker stopped so that a restart recovers from its durable state")]
     WritePathFailed {
-        /// "the journal" or "the Raft log".
+        /// "the journal" or "a Raft group" (its log or its state machine).
         what: &'static str,
         /// Why.
         reason: String,
@@ -514,7 +514,7 @@ async fn core_main(
             Ok(n) => n,
             Err(cluster::StartError::Failed(reason)) => {
                 ready.send(Err(ServerError::WritePathFailed {
-                    what: "the Raft log",
+                    what: "a Raft group",
                     reason,
                 }));
                 return;

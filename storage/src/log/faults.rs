@@ -54,19 +54,21 @@ impl DiskFault {
 pub const TRIGGER_FILE: &str = "inject-disk-fault";
 
 /// The io_uring files of the log in `dir` under the fault seam, armed by [`TRIGGER_FILE`] in
-/// the parent directory of `dir`; a torn write aborts the process (a crash).
+/// the parent directory of `dir` (every log there) or in `dir` itself (this log only); a torn
+/// write aborts the process (a crash).
 #[cfg(feature = "glommio")]
 #[must_use]
 pub fn dma_in_dir(dir: &std::path::Path) -> FaultyIo<super::uring::DmaLogIo> {
     let trigger = dir.parent().unwrap_or(dir).join(TRIGGER_FILE);
     let io = super::uring::DmaLogIo::in_dir(dir.to_path_buf());
-    FaultyIo::new(io, trigger, || std::process::abort())
+    FaultyIo::new(io, trigger, || std::process::abort()).with_trigger(dir.join(TRIGGER_FILE))
 }
 
 /// A [`LogIo`] that injects the fault named in its trigger file (see the module docs).
 pub struct FaultyIo<I> {
     inner: I,
-    trigger: PathBuf,
+    /// Trigger files, each looked at in turn.
+    triggers: Vec<PathBuf>,
     crash: fn(),
 }
 
@@ -75,9 +77,16 @@ impl<I: LogIo> FaultyIo<I> {
     pub fn new(inner: I, trigger: PathBuf, crash: fn()) -> Self {
         FaultyIo {
             inner,
-            trigger,
+            triggers: vec![trigger],
             crash,
         }
+    }
+
+    /// One more trigger file that arms a fault.
+    #[must_use]
+    pub fn with_trigger(mut self, trigger: PathBuf) -> Self {
+        self.triggers.push(trigger);
+        self
     }
 
     /// The armed fault for an operation on `name`, if the trigger file names one (it is
@@ -86,11 +95,13 @@ impl<I: LogIo> FaultyIo<I> {
         if !name.ends_with(".log") {
             return None;
         }
-        let word = std::fs::read_to_string(&self.trigger).ok()?;
-        let fault = DiskFault::parse(&word).filter(|f| want.contains(f))?;
-        std::fs::remove_file(&self.trigger).ok()?;
-        tracing::error!(target: "storage.log", fault = fault.name(), "injecting a disk fault");
-        Some(fault)
+        self.triggers.iter().find_map(|trigger| {
+            let word = std::fs::read_to_string(trigger).ok()?;
+            let fault = DiskFault::parse(&word).filter(|f| want.contains(f))?;
+            std::fs::remove_file(trigger).ok()?;
+            tracing::error!(target: "storage.log", fault = fault.name(), "injecting a disk fault");
+            Some(fault)
+        })
     }
 }
 
