@@ -91,6 +91,14 @@ impl Cluster {
 
     /// Starts one more node that joins through `seed` (a node index); returns its index.
     async fn join(&mut self, seed: usize, extra: &str) -> usize {
+        let mut b = self.joiner(seed, extra);
+        b.spawn().await;
+        self.nodes.push(b);
+        self.nodes.len() - 1
+    }
+
+    /// The next node, configured to join through `seed` (a node index), not started.
+    fn joiner(&self, seed: usize, extra: &str) -> Broker {
         let id = self.nodes.len() + 1;
         let addr = format!("127.0.0.{id}:{}", common::free_port());
         let mut b = Broker::prepare("");
@@ -99,9 +107,7 @@ impl Cluster {
             self.nodes[seed].grpc_port
         );
         b.extra = node_yaml(&b, id, &addr, &seeds, extra);
-        b.spawn().await;
-        self.nodes.push(b);
-        id - 1
+        b
     }
 
     /// Index of the node that leads (metrics), waiting up to `within`.
@@ -584,14 +590,7 @@ async fn a_joining_node_whose_raft_group_fails_exits_instead_of_hanging_in_the_j
     let c = Cluster::start(3, "").await;
     let leader = c.leader(Duration::from_secs(10)).await;
     c.wait_topology(leader, 3).await;
-    let id = c.nodes.len() + 1;
-    let addr = format!("127.0.0.{id}:{}", common::free_port());
-    let mut b = Broker::prepare("");
-    let seeds = format!(
-        "  joinSeeds: [\"127.0.0.1:{}\"]\n",
-        c.nodes[leader].grpc_port
-    );
-    b.extra = node_yaml(&b, id, &addr, &seeds, "");
+    let mut b = c.joiner(leader, "");
     // Armed for the event shard's log only: the leader waits for that group to catch up.
     let event_dir = b.dir.path().join("raft").join("event");
     std::fs::create_dir_all(&event_dir).unwrap();
