@@ -136,18 +136,7 @@ fn a_metadata_request_outlives_a_metadata_leader_that_is_down() {
             .collect();
         let mut nodes = Vec::new();
         for (id, addr) in &members {
-            let cfg = NodeConfig {
-                node_id: *id,
-                raft_listen: addr.parse().unwrap(),
-                raft_advertise: addr.clone(),
-                data_dir: dir.path().join(id.to_string()),
-                rtt: Duration::from_millis(20),
-                snapshot_entries: 100,
-                compaction_overhead: 10,
-                secret: Default::default(),
-                log_bytes_max: futureq_raft::node::EVENT_LOG_BYTES_MAX,
-                segment_bytes: futureq_raft::node::SEGMENT_BYTES,
-            };
+            let cfg = node_config(*id, addr, &dir.path().join(id.to_string()));
             let store = Store::open(&StoreMode::Memory).unwrap();
             nodes.push(Node::start(&cfg, store, Rc::new(|_, _| {})).await.unwrap());
         }
@@ -208,11 +197,15 @@ fn one_node(dir: &std::path::Path) -> NodeConfig {
         .local_addr()
         .unwrap()
         .port();
-    let addr = format!("127.0.0.1:{port}");
+    node_config(1, &format!("127.0.0.1:{port}"), dir)
+}
+
+/// The tests' configuration of node `id` at Raft address `addr`.
+fn node_config(id: u64, addr: &str, dir: &std::path::Path) -> NodeConfig {
     NodeConfig {
-        node_id: 1,
+        node_id: id,
         raft_listen: addr.parse().unwrap(),
-        raft_advertise: addr,
+        raft_advertise: addr.to_owned(),
         data_dir: dir.to_path_buf(),
         rtt: Duration::from_millis(20),
         snapshot_entries: 100,

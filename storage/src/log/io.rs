@@ -45,6 +45,18 @@ pub trait LogIo {
     fn durable_writes(&self) -> bool {
         false
     }
+    /// Makes this process's writes to `name` durable: nothing to do over durable writes,
+    /// otherwise `sync`. (Recovery, which must also cover writes of a process that died,
+    /// calls `sync` itself.)
+    fn sync_writes(&self, name: &str) -> impl Future<Output = io::Result<()>> {
+        async move {
+            if self.durable_writes() {
+                Ok(())
+            } else {
+                self.sync(name).await
+            }
+        }
+    }
     /// Size of `name` in bytes.
     fn len(&self, name: &str) -> impl Future<Output = io::Result<u64>>;
 }

@@ -441,9 +441,7 @@ impl<I: LogIo> Log<I> {
         self.io
             .write_at(MARK_FILE, (seq % 2) * BLOCK, slot_image(seq, &value))
             .await?;
-        if !self.io.durable_writes() {
-            self.io.sync(MARK_FILE).await?;
-        }
+        self.io.sync_writes(MARK_FILE).await?;
         self.mark_seq.set(seq);
         self.mark.set(mark);
         self.mark_saved_at.set(Some(std::time::Instant::now()));
@@ -686,9 +684,9 @@ impl<I: LogIo> Log<I> {
             }
             written.push((name, new_end, tail));
         }
-        if result.is_ok() && !self.io.durable_writes() {
+        if result.is_ok() {
             for (name, ..) in &written {
-                if let Err(e) = self.io.sync(name).await {
+                if let Err(e) = self.io.sync_writes(name).await {
                     result = Err(e);
                     break;
                 }
@@ -843,11 +841,7 @@ impl<I: LogIo> Log<I> {
             let tail: Vec<u8> = buf[..usize::try_from(offset - start).unwrap_or(0)].to_vec();
             let res = async {
                 self.io.write_at(&name, start, buf).await?;
-                if self.io.durable_writes() {
-                    Ok(())
-                } else {
-                    self.io.sync(&name).await
-                }
+                self.io.sync_writes(&name).await
             }
             .await;
             if let Err(e) = res {

@@ -99,9 +99,7 @@ impl<I: LogIo> VoteFile<I> {
         self.io
             .write_at(&self.name, (seq % 2) * BLOCK, slot)
             .await?;
-        if !self.io.durable_writes() {
-            self.io.sync(&self.name).await?;
-        }
+        self.io.sync_writes(&self.name).await?;
         self.seq.set(seq);
         Ok(())
     }
