@@ -808,9 +808,10 @@ fn table(runs: &[Run]) -> String {
                 format!("{n} waiting (filled at {fill:.0}/s); restart to serving {restart:.0} ms")
             }
             (Some(n), Some(fill), None) => format!(
-                "{n} waiting (filled at {fill:.0}/s); RSS of one node ≤ {:.0} MiB ({:.0} MiB before the fill); a fresh node caught up in {:.1} s, its RSS ≤ {:.0} MiB",
+                "{n} waiting (filled at {fill:.0}/s); RSS of one node ≤ {:.0} MiB ({} before the fill); a fresh node caught up in {:.1} s, its RSS ≤ {:.0} MiB",
                 r.node_rss_max_mb.unwrap_or(0.0),
-                r.node_rss_before_mb.unwrap_or(0.0),
+                r.node_rss_before_mb
+                    .map_or_else(|| "unknown".to_owned(), |b| format!("{b:.0} MiB")),
                 r.join_ms.unwrap_or(0.0) / 1000.0,
                 r.join_rss_mb.unwrap_or(0.0)
             ),

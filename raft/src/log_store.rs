@@ -211,14 +211,19 @@ impl<I: LogIo + 'static> RaftLogReader<TypeConfig> for LogStore<I> {
                 };
                 // The range past the log's last entry ends the stream; a gap inside it (an
                 // entry purged or missing) is an error, never a silent skip.
+                let purged = store.shared.purged.borrow().map_or(0, |p| p.index + 1);
                 let (first, last) = match (chunk.first(), chunk.last()) {
-                    (Some(f), Some(l)) => (f.log_id.index, l.log_id.index),
-                    _ if store.shared.log.bounds().is_none_or(|(_, l)| from > l.0) => return None,
-                    _ => (u64::MAX, u64::MAX),
+                    (Some(f), Some(l)) => (Some(f.log_id.index), l.log_id.index),
+                    _ if from >= purged
+                        && store.shared.log.bounds().is_none_or(|(_, l)| from > l.0) =>
+                    {
+                        return None
+                    }
+                    _ => (None, 0),
                 };
-                if first != from || last < from {
+                if first != Some(from) || last < from {
                     let e = io_err(format!(
-                        "log entry {from} is not in the log (read from {first})"
+                        "log entry {from} is not in the log (the read started at {first:?})"
                     ));
                     return Some((vec![Err(e)], None));
                 }

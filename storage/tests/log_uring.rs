@@ -207,3 +207,50 @@ fn rolls_take_the_prepared_segment_and_the_spare_is_never_a_segment() {
         }
     });
 }
+
+/// The real files are what `DmaLogIo::durable_writes` promises: every segment, the durable
+/// mark and the vote-style files are open with `O_DSYNC` (the group commit skips its fsync
+/// on that promise).
+#[test]
+fn the_log_files_are_open_with_o_dsync() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_path_buf();
+    run(move || async move {
+        let log = Log::open(DmaLogIo::new(&path).unwrap(), CFG, Box::new(|_| {}))
+            .await
+            .unwrap();
+        log.append(
+            vec![(Term(1), LogIndex(1), payload(1))],
+            Box::new(|r| r.unwrap()),
+        )
+        .unwrap();
+        log.flush().await.unwrap();
+        let mut seen = 0;
+        for fd in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+            let Ok(target) = std::fs::read_link(fd.path()) else {
+                continue;
+            };
+            if !target.starts_with(&path) || target.to_string_lossy().ends_with(".spare") {
+                continue;
+            }
+            let info = std::fs::read_to_string(format!(
+                "/proc/self/fdinfo/{}",
+                fd.file_name().to_string_lossy()
+            ))
+            .unwrap();
+            let flags = info
+                .lines()
+                .find_map(|l| l.strip_prefix("flags:"))
+                .map(|f| u32::from_str_radix(f.trim(), 8).unwrap())
+                .unwrap();
+            assert_ne!(
+                flags & 0o10000,
+                0,
+                "{} without O_DSYNC: {flags:o}",
+                target.display()
+            );
+            seen += 1;
+        }
+        assert!(seen >= 2, "the segment and the mark are open");
+    });
+}
