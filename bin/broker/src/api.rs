@@ -39,6 +39,8 @@ pub struct Ctx {
     pub repl: Arc<Replication>,
     /// Fires when the write path is open (the journal replayed, the Raft groups started).
     pub writes_open: Shutdown,
+    /// The node's budget of publish bytes in service.
+    pub publish_budget: Arc<crate::budget::Budget>,
 }
 
 /// Builds the request router.

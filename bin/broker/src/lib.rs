@@ -17,6 +17,7 @@
 
 pub mod admin;
 mod api;
+mod budget;
 mod cluster;
 pub mod config;
 mod dispatcher;

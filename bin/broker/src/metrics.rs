@@ -144,6 +144,8 @@ pub struct Metrics {
     pub deletes_committed: AtomicU64,
     pub pending_deletes: AtomicI64,
     pub parked_messages: AtomicI64,
+    /// Publish bytes in service ([`crate::budget::Budget`] counts here).
+    pub publish_bytes_in_service: AtomicU64,
     pub store_commits: AtomicU64,
     pub store_commit_ops: AtomicU64,
     /// The store's digest ([`futureq_storage::Store::digest_cell`]).
@@ -186,6 +188,7 @@ impl Default for Metrics {
             deletes_committed: AtomicU64::new(0),
             pending_deletes: AtomicI64::new(0),
             parked_messages: AtomicI64::new(0),
+            publish_bytes_in_service: AtomicU64::new(0),
             store_commits: AtomicU64::new(0),
             store_commit_ops: AtomicU64::new(0),
             store_digest: std::sync::Arc::default(),
@@ -413,6 +416,16 @@ impl Metrics {
             "gauge",
             "Messages acked by some consumer groups and kept for groups without members (remembered in memory, at most 1000000).",
             self.parked_messages.load(r),
+        );
+        scalar(
+            &mut o,
+            "futureq_publish_in_service_bytes",
+            "gauge",
+            &format!(
+                "Publish bytes read from clients and not yet answered by the write core (streams stop reading from {} bytes on).",
+                crate::budget::IN_SERVICE_BYTES_MAX
+            ),
+            self.publish_bytes_in_service.load(r),
         );
         scalar(
             &mut o,

@@ -24,6 +24,8 @@ pub enum RaftReq {
     Publish {
         /// Items with `event_id` unset.
         items: Vec<StoreItem>,
+        /// The batch's bytes in the node's publish budget, returned once it is answered.
+        admitted: crate::budget::Admitted,
         /// How long to wait.
         level: AckLevel,
         /// When to give up.
@@ -150,11 +152,13 @@ pub(crate) async fn answer(core: &impl WriteCore, req: RaftReq) {
     match req {
         RaftReq::Publish {
             items,
+            admitted,
             level,
             deadline,
             reply,
         } => {
             let _ = reply.send(core.publish(items, level, deadline).await);
+            drop(admitted);
         }
         RaftReq::Delete {
             keys,

@@ -294,6 +294,8 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
     };
     let mut handles = Vec::new();
     let mut hub_rx = Some(hub_rx);
+    let publish_budget =
+        crate::budget::Budget::new(crate::budget::IN_SERVICE_BYTES_MAX, Arc::clone(&metrics));
     for core in 0..cores {
         let cpu = cpus[core % cpus.len()];
         let ctx_parts = CtxParts {
@@ -312,6 +314,7 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
             writes_open: writes_open.clone(),
             fatal: fatal.clone(),
             stopped: StoppedGuard(exits.clone()),
+            publish_budget: Arc::clone(&publish_budget),
         };
         let hub_rx = if core == 0 { hub_rx.take() } else { None };
         let ready = Ready(exits.clone());
@@ -432,6 +435,8 @@ struct CtxParts {
     fatal: FatalReporter,
     /// Reports the executor's end to [`run`]'s thread when dropped.
     stopped: StoppedGuard,
+    /// The node's budget of publish bytes in service.
+    publish_budget: Arc<crate::budget::Budget>,
 }
 
 /// One executor: its gRPC listener; on core 0 the dispatcher, TTL sweeper and metrics; on the
@@ -455,6 +460,7 @@ async fn core_main(
         writes_open,
         fatal,
         stopped: _stopped,
+        publish_budget,
     } = parts;
     let _awake = match runtime::keep_awake() {
         Ok(a) => a,
@@ -620,6 +626,7 @@ async fn core_main(
     let ctx = Rc::new(Ctx {
         settings,
         hub,
+        publish_budget,
         metrics,
         shutdown: shutdown.clone(),
         repl,

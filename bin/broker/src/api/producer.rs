@@ -1,9 +1,11 @@
 //! `FutureQProducer.PublishStream`: batches in, one ack per batch out.
 //!
 //! Batches are pipelined: up to [`PIPELINE_MAX`] batches and [`PIPELINE_BYTES_MAX`] bytes may
-//! be outstanding per stream. Acks of the
+//! be outstanding per stream, and all streams of a node together take a batch in only while
+//! less than [`crate::budget::IN_SERVICE_BYTES_MAX`] is in service. Acks of the
 //! durable levels (QUORUM, LEADER) come back in the order their batches arrived, and so do
-//! NO_ACK acks; a NO_ACK ack never waits behind a durable commit.
+//! NO_ACK acks; a NO_ACK ack is never ordered behind a durable commit (its batch does share
+//! the node's budget with the durable ones).
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -25,14 +27,17 @@ use futures::stream::{FuturesOrdered, StreamExt};
 use futures_lite::future;
 
 use super::Ctx;
+use crate::budget::Admitted;
 use crate::dispatcher::now_ms;
 use crate::replication::RaftReq;
 
 /// Most batches outstanding (received, not yet acked) on one stream. Beyond it the stream
 /// stops reading, and HTTP/2 flow control pushes back on the client.
 pub const PIPELINE_MAX: usize = 1024;
-/// Most payload bytes outstanding on one stream (same back-pressure as [`PIPELINE_MAX`]).
-pub const PIPELINE_BYTES_MAX: usize = 16 << 20;
+/// Most payload bytes outstanding on one stream (same back-pressure as [`PIPELINE_MAX`]): a
+/// quarter of the node's [`crate::budget::IN_SERVICE_BYTES_MAX`], so that one stream cannot
+/// take it all.
+pub const PIPELINE_BYTES_MAX: usize = 4 << 20;
 
 type AckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = PublishBatchAck>>>;
 
@@ -164,7 +169,12 @@ fn timeout_message(timeout: std::time::Duration) -> String {
 
 /// Stores a batch: the write core (the Raft core, or the local journal standalone) assigns
 /// its ids and appends it to its log.
-async fn store_batch(ctx: &Ctx, items: Vec<StoreItem>, level: AckLevel) -> Outcome {
+async fn store_batch(
+    ctx: &Ctx,
+    items: Vec<StoreItem>,
+    level: AckLevel,
+    admitted: Admitted,
+) -> Outcome {
     let timeout = ctx.settings.proposal_timeout;
     let not_leader = |addr: String| {
         Outcome::Failed(
@@ -179,6 +189,7 @@ async fn store_batch(ctx: &Ctx, items: Vec<StoreItem>, level: AckLevel) -> Outco
     let (reply, rx) = oneshot::channel();
     let req = RaftReq::Publish {
         items,
+        admitted,
         level,
         deadline: Instant::now() + timeout,
         reply,
@@ -223,7 +234,12 @@ async fn store_batch(ctx: &Ctx, items: Vec<StoreItem>, level: AckLevel) -> Outco
     }
 }
 
-fn process(ctx: &Rc<Ctx>, batch: pb::PublishBatch, received: Instant) -> (AckLevel, AckFuture) {
+fn process(
+    ctx: &Rc<Ctx>,
+    batch: pb::PublishBatch,
+    admitted: Admitted,
+    received: Instant,
+) -> (AckLevel, AckFuture) {
     let level = AckLevel::from_wire(batch.ack_level);
     let batch_id = batch.batch_id;
     let n = batch.messages.len();
@@ -243,7 +259,7 @@ fn process(ctx: &Rc<Ctx>, batch: pb::PublishBatch, received: Instant) -> (AckLev
     let keys: Vec<(u64, u64)> = items.iter().map(|it| (it.topic_hash, it.bucket)).collect();
     let ctx = Rc::clone(ctx);
     let fut = async move {
-        let outcome = store_batch(&ctx, items, level).await;
+        let outcome = store_batch(&ctx, items, level, admitted).await;
         let ack = match outcome {
             Outcome::Stored(first_id) => {
                 metrics
@@ -290,8 +306,35 @@ fn process(ctx: &Rc<Ctx>, batch: pb::PublishBatch, received: Instant) -> (AckLev
 
 enum Event {
     Batch(Result<Option<pb::PublishBatch>, Status>),
+    Admitted(Admitted),
     Ack(PublishBatchAck),
     Stop,
+}
+
+/// Starts serving a batch admitted into the node's budget (the write request carries the
+/// bytes until the write core answers it).
+fn serve(
+    ctx: &Rc<Ctx>,
+    b: pb::PublishBatch,
+    bytes: usize,
+    admitted: Admitted,
+    outstanding_bytes: &Rc<Cell<usize>>,
+    durable: &mut FuturesOrdered<AckFuture>,
+    no_ack: &mut FuturesOrdered<AckFuture>,
+) {
+    outstanding_bytes.set(outstanding_bytes.get() + bytes);
+    let (level, fut) = process(ctx, b, admitted, Instant::now());
+    let counter = Rc::clone(outstanding_bytes);
+    let fut: AckFuture = Box::pin(async move {
+        let ack = fut.await;
+        counter.set(counter.get() - bytes);
+        ack
+    });
+    if level.is_durable() {
+        durable.push_back(fut);
+    } else {
+        no_ack.push_back(fut);
+    }
 }
 
 /// Serves one PublishStream until the client half-closes (OK), a protocol fault, or shutdown.
@@ -299,6 +342,8 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
     let mut durable: FuturesOrdered<AckFuture> = FuturesOrdered::new();
     let mut no_ack: FuturesOrdered<AckFuture> = FuturesOrdered::new();
     let outstanding_bytes = Rc::new(Cell::new(0usize));
+    // A batch read and waiting for the core's budget, with its encoded size.
+    let mut admitting: Option<(pb::PublishBatch, usize)> = None;
     let mut reading = true;
     let mut end = Status::ok();
     // Response headers go out at once: clients such as tonic wait for them before sending.
@@ -307,8 +352,10 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
     }
     loop {
         let outstanding = durable.len() + no_ack.len();
-        let room = outstanding < PIPELINE_MAX && outstanding_bytes.get() < PIPELINE_BYTES_MAX;
-        if !reading && outstanding == 0 {
+        let room = admitting.is_none()
+            && outstanding < PIPELINE_MAX
+            && outstanding_bytes.get() < PIPELINE_BYTES_MAX;
+        if !reading && outstanding == 0 && admitting.is_none() {
             return end;
         }
         let event = {
@@ -321,7 +368,9 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
                 Poll::Pending
             });
             let recv = async {
-                if reading && room {
+                if let Some((_, bytes)) = &admitting {
+                    Event::Admitted(ctx.publish_budget.admit(*bytes).await)
+                } else if reading && room {
                     Event::Batch(call.inbound.next::<pb::PublishBatch>().await)
                 } else {
                     future::pending().await
@@ -345,18 +394,32 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
             }
             Event::Batch(Ok(Some(b))) => {
                 let bytes = prost::Message::encoded_len(&b);
-                outstanding_bytes.set(outstanding_bytes.get() + bytes);
-                let (level, fut) = process(ctx, b, Instant::now());
-                let counter = Rc::clone(&outstanding_bytes);
-                let fut: AckFuture = Box::pin(async move {
-                    let ack = fut.await;
-                    counter.set(counter.get() - bytes);
-                    ack
-                });
-                if level.is_durable() {
-                    durable.push_back(fut);
-                } else {
-                    no_ack.push_back(fut);
+                match ctx.publish_budget.try_admit(bytes) {
+                    Some(admitted) => {
+                        serve(
+                            ctx,
+                            b,
+                            bytes,
+                            admitted,
+                            &outstanding_bytes,
+                            &mut durable,
+                            &mut no_ack,
+                        );
+                    }
+                    None => admitting = Some((b, bytes)),
+                }
+            }
+            Event::Admitted(admitted) => {
+                if let Some((b, bytes)) = admitting.take() {
+                    serve(
+                        ctx,
+                        b,
+                        bytes,
+                        admitted,
+                        &outstanding_bytes,
+                        &mut durable,
+                        &mut no_ack,
+                    );
                 }
             }
             Event::Batch(Ok(None)) => reading = false,
@@ -367,6 +430,20 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
             Event::Stop => {
                 reading = false;
                 end = Status::new(Code::Unavailable, "server is shutting down");
+                // A batch still waiting for the budget is not stored: say so now rather
+                // than wait for bytes that a stopping write core may never return.
+                if let Some((b, _)) = admitting.take() {
+                    let ack: AckFuture = Box::pin(future::ready(reject(
+                        b.batch_id,
+                        Code::Unavailable,
+                        "server is shutting down; batch not stored".into(),
+                    )));
+                    if AckLevel::from_wire(b.ack_level).is_durable() {
+                        durable.push_back(ack);
+                    } else {
+                        no_ack.push_back(ack);
+                    }
+                }
             }
         }
     }
