@@ -14,12 +14,15 @@ use crate::metrics::Metrics;
 
 /// Most publish bytes in service on one node (encoded batch sizes; the decoded batches take
 /// a few times that in memory). A soft limit: a batch enters while less is in service, so the
-/// bound is this plus one batch (`api.grpc.maxReceiveMessageSize`).
+/// bound is this plus one batch (`api.grpc.maxReceiveMessageSize`). Not counted: the one
+/// batch each waiting stream has read and holds until it enters.
 pub const IN_SERVICE_BYTES_MAX: u64 = 16 << 20;
 
 /// The budget, shared by every executor of the node. A stream takes a batch's bytes before
-/// serving it; the write core returns them when it answers the batch (whether or not its
-/// client still reads acks), so a client that stops reading cannot hold the budget of others.
+/// serving it; they go back when the write core no longer holds the batch's items (answered,
+/// or dropped), whether or not the client still reads acks, so a client that stops reading
+/// cannot hold the budget of others. Admission is not first-come-first-served: a fresh batch
+/// may enter ahead of a waiting one.
 ///
 /// Invariant: a batch is admitted only while fewer than [`IN_SERVICE_BYTES_MAX`] bytes are in
 /// service; the count is `Metrics::publish_bytes_in_service` (the exported gauge).
@@ -116,7 +119,9 @@ mod tests {
             futures::pin_mut!(waiting);
             assert!(futures::poll!(waiting.as_mut()).is_pending());
             drop(a);
-            let c = waiting.await;
+            let futures::task::Poll::Ready(c) = futures::poll!(waiting.as_mut()) else {
+                panic!("returned bytes wake the waiter");
+            };
             assert_eq!(in_service(), 70);
             // A dropped wait holds nothing, and the next waiter is still woken.
             let d = budget.try_admit(40).expect("70 < 100");
@@ -127,7 +132,9 @@ mod tests {
             assert!(futures::poll!(kept.as_mut()).is_pending());
             drop(d);
             drop(dropped);
-            let e = kept.await;
+            let futures::task::Poll::Ready(e) = futures::poll!(kept.as_mut()) else {
+                panic!("a dropped waiter does not take the wake-up with it");
+            };
             assert_eq!(in_service(), 75);
             drop((b, c, e));
         });

@@ -429,6 +429,7 @@ impl WriteCore for Rc<Core> {
     async fn publish(
         &self,
         items: Vec<StoreItem>,
+        admitted: crate::budget::Admitted,
         level: AckLevel,
         deadline: Instant,
     ) -> Result<u64, WriteError> {
@@ -436,6 +437,7 @@ impl WriteCore for Rc<Core> {
         let (reply, answered) = futures::channel::oneshot::channel();
         let pending = coalesce::Pending {
             items,
+            admitted,
             level,
             deadline,
             reply,

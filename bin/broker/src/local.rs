@@ -238,9 +238,13 @@ impl<I: LogIo + 'static> WriteCore for LocalCore<I> {
     async fn publish(
         &self,
         items: Vec<StoreItem>,
+        admitted: crate::budget::Admitted,
         level: AckLevel,
         deadline: Instant,
     ) -> Result<u64, WriteError> {
+        // The budget's bytes go back when the journal has the entry or the wait ends (the
+        // items are then in the journal's bounded queue, or dropped).
+        let _admitted = admitted;
         // QUORUM and LEADER: durable in the journal (the one copy is the leader's); the
         // apply follows, and a crash before it replays the entry.
         let wait = match level {

@@ -24,7 +24,8 @@ pub enum RaftReq {
     Publish {
         /// Items with `event_id` unset.
         items: Vec<StoreItem>,
-        /// The batch's bytes in the node's publish budget, returned once it is answered.
+        /// The batch's bytes in the node's publish budget, held as long as the write core
+        /// holds the items.
         admitted: crate::budget::Admitted,
         /// How long to wait.
         level: AckLevel,
@@ -115,6 +116,7 @@ pub(crate) trait WriteCore {
     async fn publish(
         &self,
         items: Vec<StoreItem>,
+        admitted: crate::budget::Admitted,
         level: AckLevel,
         deadline: Instant,
     ) -> Result<u64, WriteError>;
@@ -157,8 +159,7 @@ pub(crate) async fn answer(core: &impl WriteCore, req: RaftReq) {
             deadline,
             reply,
         } => {
-            let _ = reply.send(core.publish(items, level, deadline).await);
-            drop(admitted);
+            let _ = reply.send(core.publish(items, admitted, level, deadline).await);
         }
         RaftReq::Delete {
             keys,

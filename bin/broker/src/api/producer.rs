@@ -311,25 +311,32 @@ enum Event {
     Stop,
 }
 
-/// Starts serving a batch admitted into the node's budget (the write request carries the
-/// bytes until the write core answers it).
+/// The queues of one stream: its bytes outstanding, its durable and its NO_ACK acks.
+type StreamQueues<'a> = (
+    &'a Rc<Cell<usize>>,
+    &'a mut FuturesOrdered<AckFuture>,
+    &'a mut FuturesOrdered<AckFuture>,
+);
+
+/// Starts serving a batch `(batch, encoded size, when it was read)` admitted into the node's
+/// budget. Its write goes out at once, on its own task, whatever the stream's acks are doing
+/// (a client slow to read acks never delays writes, or holds their bytes in the budget); the
+/// write request carries the bytes while the write core holds the items.
 fn serve(
     ctx: &Rc<Ctx>,
-    b: pb::PublishBatch,
-    bytes: usize,
+    (b, bytes, received): (pb::PublishBatch, usize, Instant),
     admitted: Admitted,
-    outstanding_bytes: &Rc<Cell<usize>>,
-    durable: &mut FuturesOrdered<AckFuture>,
-    no_ack: &mut FuturesOrdered<AckFuture>,
+    (outstanding_bytes, durable, no_ack): StreamQueues<'_>,
 ) {
     outstanding_bytes.set(outstanding_bytes.get() + bytes);
-    let (level, fut) = process(ctx, b, admitted, Instant::now());
+    let (level, fut) = process(ctx, b, admitted, received);
     let counter = Rc::clone(outstanding_bytes);
-    let fut: AckFuture = Box::pin(async move {
+    // Dropping the task (the stream ends) cancels the write's wait, as dropping the future did.
+    let fut: AckFuture = Box::pin(glommio::spawn_local(async move {
         let ack = fut.await;
         counter.set(counter.get() - bytes);
         ack
-    });
+    }));
     if level.is_durable() {
         durable.push_back(fut);
     } else {
@@ -343,7 +350,7 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
     let mut no_ack: FuturesOrdered<AckFuture> = FuturesOrdered::new();
     let outstanding_bytes = Rc::new(Cell::new(0usize));
     // A batch read and waiting for the core's budget, with its encoded size.
-    let mut admitting: Option<(pb::PublishBatch, usize)> = None;
+    let mut admitting: Option<(pb::PublishBatch, usize, Instant)> = None;
     let mut reading = true;
     let mut end = Status::ok();
     // Response headers go out at once: clients such as tonic wait for them before sending.
@@ -368,7 +375,7 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
                 Poll::Pending
             });
             let recv = async {
-                if let Some((_, bytes)) = &admitting {
+                if let Some((_, bytes, _)) = &admitting {
                     Event::Admitted(ctx.publish_budget.admit(*bytes).await)
                 } else if reading && room {
                     Event::Batch(call.inbound.next::<pb::PublishBatch>().await)
@@ -393,33 +400,19 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
                 }
             }
             Event::Batch(Ok(Some(b))) => {
-                let bytes = prost::Message::encoded_len(&b);
-                match ctx.publish_budget.try_admit(bytes) {
+                let batch = (prost::Message::encoded_len(&b), Instant::now());
+                match ctx.publish_budget.try_admit(batch.0) {
                     Some(admitted) => {
-                        serve(
-                            ctx,
-                            b,
-                            bytes,
-                            admitted,
-                            &outstanding_bytes,
-                            &mut durable,
-                            &mut no_ack,
-                        );
+                        let streams = (&outstanding_bytes, &mut durable, &mut no_ack);
+                        serve(ctx, (b, batch.0, batch.1), admitted, streams);
                     }
-                    None => admitting = Some((b, bytes)),
+                    None => admitting = Some((b, batch.0, batch.1)),
                 }
             }
             Event::Admitted(admitted) => {
-                if let Some((b, bytes)) = admitting.take() {
-                    serve(
-                        ctx,
-                        b,
-                        bytes,
-                        admitted,
-                        &outstanding_bytes,
-                        &mut durable,
-                        &mut no_ack,
-                    );
+                if let Some(batch) = admitting.take() {
+                    let streams = (&outstanding_bytes, &mut durable, &mut no_ack);
+                    serve(ctx, batch, admitted, streams);
                 }
             }
             Event::Batch(Ok(None)) => reading = false,
@@ -432,7 +425,7 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
                 end = Status::new(Code::Unavailable, "server is shutting down");
                 // A batch still waiting for the budget is not stored: say so now rather
                 // than wait for bytes that a stopping write core may never return.
-                if let Some((b, _)) = admitting.take() {
+                if let Some((b, _, _)) = admitting.take() {
                     let ack: AckFuture = Box::pin(future::ready(reject(
                         b.batch_id,
                         Code::Unavailable,

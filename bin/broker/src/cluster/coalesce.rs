@@ -19,6 +19,7 @@ use std::cell::RefCell;
 use std::rc::{Rc, Weak};
 use std::time::Instant;
 
+use crate::budget::Admitted;
 use futureq_core::command::{encode_store, store_len_bound, StoreBatch, StoreItem};
 use futureq_core::AckLevel;
 use futureq_raft::node::{EventWrite, Proposal, WriteError};
@@ -38,6 +39,9 @@ pub(crate) const QUEUE_MAX: usize = crate::replication::REQUESTS_IN_SERVICE_MAX 
 /// A publish batch waiting for its group.
 pub(crate) struct Pending {
     pub(crate) items: Vec<StoreItem>,
+    /// The batch's bytes in the node's publish budget: held until the batch is answered,
+    /// also past its deadline (it stays in the queue until a group takes it).
+    pub(crate) admitted: Admitted,
     pub(crate) level: AckLevel,
     pub(crate) deadline: Instant,
     pub(crate) reply: oneshot::Sender<Result<u64, WriteError>>,
@@ -46,6 +50,7 @@ pub(crate) struct Pending {
 /// One batch of a group.
 struct Part {
     len: usize,
+    _admitted: Admitted,
     level: AckLevel,
     reply: Option<oneshot::Sender<Result<u64, WriteError>>>,
     /// Left out of the entry (a NO_ACK batch, after the first attempt).
@@ -82,6 +87,7 @@ impl Group {
         self.deadline = self.deadline.max(p.deadline);
         self.parts.push(Part {
             len: p.items.len(),
+            _admitted: p.admitted,
             level: p.level,
             reply: Some(p.reply),
             left_out: false,
@@ -244,8 +250,10 @@ mod tests {
 
     fn pending(ids: &[u8], bytes: usize, level: AckLevel) -> Pending {
         let (reply, _) = oneshot::channel();
+        let budget = crate::budget::Budget::new(u64::MAX, std::sync::Arc::default());
         Pending {
             items: ids.iter().map(|&i| item(i, bytes)).collect(),
+            admitted: budget.try_admit(bytes).expect("an unbounded budget"),
             level,
             deadline: Instant::now() + std::time::Duration::from_secs(5),
             reply,
