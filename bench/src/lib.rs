@@ -12,3 +12,9 @@ pub mod pb {
 pub mod health {
     tonic::include_proto!("grpc.health.v1");
 }
+
+/// Generated client for `grpc.reflection.v1`.
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod reflection {
+    tonic::include_proto!("grpc.reflection.v1");
+}

@@ -381,3 +381,77 @@ async fn peers_that_ignore_keepalive_pings_are_disconnected() {
         .expect("healthy stream still open");
     assert_eq!(&m.payload[..], b"alive");
 }
+
+/// grpcurl and similar tools list and describe the services through reflection (v1 here; the
+/// interop suite checks v1alpha with grpcio-reflection), answered in order on one stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reflection_lists_and_describes_the_services() {
+    use futureq_bench::reflection::server_reflection_client::ServerReflectionClient;
+    use futureq_bench::reflection::server_reflection_request::MessageRequest;
+    use futureq_bench::reflection::server_reflection_response::MessageResponse;
+    use futureq_bench::reflection::ServerReflectionRequest;
+    use prost::Message;
+
+    let b = Broker::start("").await;
+    let ask = |m: MessageRequest| ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(m),
+    };
+    let requests = vec![
+        ask(MessageRequest::ListServices(String::new())),
+        ask(MessageRequest::FileContainingSymbol(
+            "futureq.FutureQProducer.PublishStream".into(),
+        )),
+        ask(MessageRequest::FileContainingSymbol("futureq.Nope".into())),
+    ];
+    let mut answers = ServerReflectionClient::new(b.channel().await)
+        .server_reflection_info(futures::stream::iter(requests))
+        .await
+        .unwrap()
+        .into_inner();
+    async fn next(
+        answers: &mut tonic::Streaming<futureq_bench::reflection::ServerReflectionResponse>,
+    ) -> MessageResponse {
+        tokio::time::timeout(Duration::from_secs(10), answers.message())
+            .await
+            .expect("an answer in time")
+            .unwrap()
+            .expect("an answer per request")
+            .message_response
+            .expect("a response")
+    }
+    let MessageResponse::ListServicesResponse(l) = next(&mut answers).await else {
+        panic!("not a service list");
+    };
+    let names: Vec<String> = l.service.into_iter().map(|s| s.name).collect();
+    for want in [
+        "futureq.FutureQProducer",
+        "futureq.FutureQConsumer",
+        "futureq.FutureQCluster",
+        "grpc.health.v1.Health",
+        "grpc.reflection.v1.ServerReflection",
+        "grpc.reflection.v1alpha.ServerReflection",
+    ] {
+        assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
+    }
+    let MessageResponse::FileDescriptorResponse(f) = next(&mut answers).await else {
+        panic!("not a file");
+    };
+    let file =
+        prost_types::FileDescriptorProto::decode(f.file_descriptor_proto[0].as_slice()).unwrap();
+    assert_eq!(file.package(), "futureq");
+    let producer = file
+        .service
+        .iter()
+        .find(|s| s.name() == "FutureQProducer")
+        .expect("the service is in its file");
+    assert_eq!(producer.method[0].input_type(), ".futureq.PublishBatch");
+    let MessageResponse::ErrorResponse(e) = next(&mut answers).await else {
+        panic!("an unknown symbol is an error response");
+    };
+    assert_eq!(e.error_code, Code::NotFound as i32, "{e:?}");
+    assert!(
+        answers.message().await.unwrap().is_none(),
+        "the stream ends"
+    );
+}

@@ -22,6 +22,7 @@ pub mod http;
 mod listener;
 pub mod peer;
 pub mod peer_link;
+pub mod reflection;
 pub mod shutdown;
 
 /// Protobuf types of the API.
@@ -32,6 +33,11 @@ pub mod pb {
     /// `grpc.health.v1`.
     pub mod health {
         include!(concat!(env!("OUT_DIR"), "/grpc.health.v1.rs"));
+    }
+
+    /// `grpc.reflection.v1` (v1alpha has the same messages, so the same bytes on the wire).
+    pub mod reflection {
+        include!(concat!(env!("OUT_DIR"), "/grpc.reflection.v1.rs"));
     }
 }
 

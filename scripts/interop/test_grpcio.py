@@ -1,4 +1,5 @@
-"""futureq interop suite with Python grpcio: publish, subscribe, errors, health, shutdown.
+"""futureq interop suite with Python grpcio: publish, subscribe, errors, health, reflection,
+shutdown.
 
 Starts the broker binary given as argv[1] on free loopback ports with in-memory storage,
 runs each check with a deadline, and prints one line per check plus 'N passed, M failed'.
@@ -168,6 +169,29 @@ def check_cluster_info(b):
     assert r.leader_address == f"127.0.0.1:{b.port}" and len(r.nodes) == 1, r
 
 
+def check_reflection(b):
+    # grpcio-reflection's descriptor database speaks grpc.reflection.v1alpha.
+    from google.protobuf.descriptor_pool import DescriptorPool
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+        ProtoReflectionDescriptorDatabase,
+    )
+    db = ProtoReflectionDescriptorDatabase(b.channel)
+    services = set(db.get_services())
+    want = {"futureq.FutureQProducer", "futureq.FutureQConsumer", "futureq.FutureQCluster",
+            "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection",
+            "grpc.reflection.v1alpha.ServerReflection"}
+    assert want <= services, services
+    pool = DescriptorPool(db)
+    method = pool.FindServiceByName("futureq.FutureQProducer").methods_by_name["PublishStream"]
+    assert method.input_type.full_name == "futureq.PublishBatch", method.input_type.full_name
+    assert pool.FindMessageTypeByName("futureq.QueueMessage").fields_by_name["delivery_tag"]
+    try:
+        pool.FindMessageTypeByName("futureq.Nope")
+        raise AssertionError("an unknown symbol was found")
+    except KeyError:
+        pass
+
+
 def check_sigterm(b):
     c = Consumer(b, "py-shutdown")
     time.sleep(0.2)
@@ -183,7 +207,7 @@ def main():
     b = Broker(binary)
     passed = failed = 0
     checks = [check_health, check_publish_and_subscribe, check_publish_errors,
-              check_subscribe_error, check_undecodable_frame, check_cluster_info, check_sigterm]
+              check_subscribe_error, check_undecodable_frame, check_cluster_info, check_reflection, check_sigterm]
     try:
         for check in checks:
             t = time.time()

@@ -4,6 +4,7 @@
 //! - `producer`: `FutureQProducer.PublishStream`.
 //! - `consumer`: `FutureQConsumer.Subscribe`.
 //! - `cluster`: `FutureQCluster.*` and `grpc.health.v1.Health/Check`.
+//! - `reflection`: `grpc.reflection.v1` and `v1alpha` `ServerReflection`.
 //!
 //! Every error the client caused is answered with the status the API contract names and a
 //! message naming the message and field.
@@ -11,6 +12,7 @@
 mod cluster;
 mod consumer;
 mod producer;
+mod reflection;
 
 use std::rc::Rc;
 use std::sync::Arc;
@@ -41,7 +43,11 @@ pub struct Ctx {
     pub writes_open: Shutdown,
     /// The node's budget of publish bytes in service.
     pub publish_budget: Arc<crate::budget::Budget>,
+    /// Server reflection's index of the API descriptors.
+    pub reflection: futureq_net::reflection::Reflection,
 }
+
+pub use reflection::index as reflection_index;
 
 /// Builds the request router.
 pub fn handler(ctx: Rc<Ctx>) -> Handler {
@@ -64,6 +70,9 @@ pub fn handler(ctx: Rc<Ctx>) -> Handler {
                     None => cluster::standalone_membership(call).await,
                 },
                 "/grpc.health.v1.Health/Check" => cluster::health_check(&ctx, call, out).await,
+                futureq_net::reflection::V1_METHOD | futureq_net::reflection::V1ALPHA_METHOD => {
+                    reflection::serve(&ctx, call, out).await
+                }
                 path => Status::new(Code::Unimplemented, format!("unknown method {path}")),
             }
         })

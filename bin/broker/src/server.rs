@@ -68,6 +68,9 @@ pub enum ServerError {
         /// Why.
         reason: String,
     },
+    /// The descriptors for server reflection do not match the routed services (a build defect).
+    #[error("the API descriptors compiled into this binary are damaged: {0}")]
+    Reflection(#[from] futureq_net::reflection::ReflectionError),
     /// An executor ended before it reported, or before the shutdown (a panic).
     #[error("an executor stopped unexpectedly (during start-up, or a panic while serving)")]
     ExecutorLost,
@@ -623,10 +626,18 @@ async fn core_main(
         keepalive_timeout: settings.keepalive_timeout,
         ..ServerConfig::default()
     };
+    let reflection = match api::reflection_index() {
+        Ok(r) => r,
+        Err(e) => {
+            ready.send(Err(e.into()));
+            return;
+        }
+    };
     let ctx = Rc::new(Ctx {
         settings,
         hub,
         publish_budget,
+        reflection,
         metrics,
         shutdown: shutdown.clone(),
         repl,
