@@ -55,7 +55,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    init_tracing(&settings.log_level);
+    init_tracing(&settings.log_level, settings.log_format);
     for d in &settings.deprecated {
         tracing::warn!(target: "app", "configuration: {d}");
     }
@@ -100,14 +100,18 @@ fn report(e: &anyhow::Error) -> String {
     out
 }
 
-fn init_tracing(level: &str) {
+fn init_tracing(level: &str, format: config::LogFormat) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         // openraft logs every vote at info and every failed heartbeat to a down peer at warn.
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{level},openraft=error")));
-    tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        config::LogFormat::Text => fmt.with_ansi(std::io::stderr().is_terminal()).init(),
+        config::LogFormat::Json => fmt.json().init(),
+    }
 }
 
 /// Installs SIGTERM/SIGINT handling: the first signal starts a graceful shutdown (bounded by
@@ -139,6 +143,12 @@ fn install_signals(shutdown: Shutdown) -> anyhow::Result<()> {
 
 /// `futureq start`: runs the broker until SIGTERM or SIGINT.
 fn start(settings: config::Settings) -> anyhow::Result<()> {
+    tracing::info!(
+        target: "app",
+        version = env!("CARGO_PKG_VERSION"),
+        mode = if settings.cluster.is_some() { "cluster" } else { "standalone" },
+        "futureq starting"
+    );
     let shutdown = Shutdown::new();
     install_signals(shutdown.clone())?;
     Ok(futureq_broker::run(settings, shutdown)?)

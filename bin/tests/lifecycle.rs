@@ -414,3 +414,54 @@ async fn a_failed_journal_stops_the_broker_and_loses_no_acked_message() {
         assert!(got.contains(a), "acked {a} lost; got {got:?}");
     }
 }
+
+/// Logs a user can read or parse: the version at start, no colour codes when written to a file,
+/// one JSON object per line with `observability.logging.format: json`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_name_the_version_and_follow_the_configured_format() {
+    let version = env!("CARGO_PKG_VERSION");
+    let mut text = Broker::start("").await;
+    assert!(text.sigterm(Duration::from_secs(10)).success());
+    let log = text.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("futureq starting") && l.contains(version)),
+        "{log}"
+    );
+    assert!(!log.contains('\u{1b}'), "no ANSI escapes in a file: {log}");
+
+    let mut json = Broker::start("observability:\n  logging:\n    format: json\n").await;
+    assert!(json.sigterm(Duration::from_secs(10)).success());
+    let log = json.log();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}")))
+        .collect();
+    let start = lines
+        .iter()
+        .find(|v| v["fields"]["message"] == "futureq starting")
+        .unwrap_or_else(|| panic!("a start line: {log}"));
+    assert_eq!(start["fields"]["version"], version);
+    assert_eq!(start["level"], "INFO");
+    assert!(lines.iter().any(|v| v["fields"]["message"] == "stopped"));
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("c.yaml");
+    std::fs::write(
+        &cfg,
+        "configVersion: 1\nobservability:\n  logging:\n    format: xml\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_futureq"))
+        .args(["start", "-c"])
+        .arg(&cfg)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("observability.logging.format") && err.contains("text or json"),
+        "{err}"
+    );
+}

@@ -102,7 +102,7 @@ impl Reflection {
             message_symbols(&scoped(m.name()), m, &mut symbols, &mut self.messages);
         }
         for e in &f.enum_type {
-            symbols.push(scoped(e.name()));
+            enum_symbols(&scoped(e.name()), &package, e, &mut symbols);
         }
         for s in &f.service {
             let service = scoped(s.name());
@@ -138,14 +138,18 @@ impl Reflection {
             Some(MessageRequest::FileContainingSymbol(symbol)) => {
                 match self.symbols.get(symbol.trim_start_matches('.')) {
                     Some(file) => self.file_with_dependencies(file),
-                    None => error(Code::NotFound, format!("symbol {symbol:?} not found")),
+                    None => error(
+                        Code::NotFound,
+                        format!("symbol {} not found", shown(symbol)),
+                    ),
                 }
             }
             Some(MessageRequest::FileContainingExtension(e)) => error(
                 Code::NotFound,
                 format!(
-                    "no extension {} of {:?}: this server defines no extensions",
-                    e.extension_number, e.containing_type
+                    "no extension {} of {}: this server defines no extensions",
+                    e.extension_number,
+                    shown(&e.containing_type)
                 ),
             ),
             Some(MessageRequest::AllExtensionNumbersOfType(t)) => {
@@ -156,7 +160,10 @@ impl Reflection {
                         extension_number: Vec::new(),
                     })
                 } else {
-                    error(Code::NotFound, format!("message type {t:?} not found"))
+                    error(
+                        Code::NotFound,
+                        format!("message type {} not found", shown(t)),
+                    )
                 }
             }
             None => error(
@@ -176,7 +183,7 @@ impl Reflection {
     /// The file named `name` first, then every file it depends on, transitively.
     fn file_with_dependencies(&self, name: &str) -> MessageResponse {
         if !self.files.contains_key(name) {
-            return error(Code::NotFound, format!("file {name:?} not found"));
+            return error(Code::NotFound, format!("file {} not found", shown(name)));
         }
         let mut out = Vec::new();
         let mut seen = BTreeSet::new();
@@ -209,11 +216,43 @@ fn message_symbols(
     for f in &m.field {
         out.push(format!("{full}.{}", f.name()));
     }
+    for o in &m.oneof_decl {
+        out.push(format!("{full}.{}", o.name()));
+    }
     for n in &m.nested_type {
         message_symbols(&format!("{full}.{}", n.name()), n, out, messages);
     }
     for e in &m.enum_type {
-        out.push(format!("{full}.{}", e.name()));
+        enum_symbols(&format!("{full}.{}", e.name()), full, e, out);
+    }
+}
+
+/// An enum and its values: protobuf scopes the values beside the enum (`pkg.VALUE`), and
+/// tools also ask for them under the enum (`pkg.Enum.VALUE`).
+fn enum_symbols(
+    full: &str,
+    parent: &str,
+    e: &prost_types::EnumDescriptorProto,
+    out: &mut Vec<String>,
+) {
+    out.push(full.to_owned());
+    for v in &e.value {
+        if parent.is_empty() {
+            out.push(v.name().to_owned());
+        } else {
+            out.push(format!("{parent}.{}", v.name()));
+        }
+        out.push(format!("{full}.{}", v.name()));
+    }
+}
+
+/// A name from a request, cut for an error message (the response echoes the request, and must
+/// stay within the send limit).
+fn shown(name: &str) -> String {
+    const SHOWN_MAX: usize = 256;
+    match name.char_indices().nth(SHOWN_MAX) {
+        Some((at, _)) => format!("{:?}…", &name[..at]),
+        None => format!("{name:?}"),
     }
 }
 
@@ -302,6 +341,10 @@ mod tests {
             "futureq.PublishMessage.topic",
             "futureq.AckLevel",
             "grpc.health.v1.HealthCheckResponse.ServingStatus",
+            "grpc.health.v1.HealthCheckResponse.SERVING",
+            "grpc.health.v1.HealthCheckResponse.ServingStatus.SERVING",
+            "futureq.Index.value",
+            "futureq.ACK_LEVEL_QUORUM",
         ] {
             let f = files(ask(&r, MessageRequest::FileContainingSymbol(symbol.into())));
             let want = if symbol.contains("health") {
@@ -340,6 +383,17 @@ mod tests {
             panic!("a known message has an (empty) extension list");
         };
         assert!(e.extension_number.is_empty());
+        let long = ask(
+            &r,
+            MessageRequest::FileContainingSymbol("x".repeat(1 << 20)),
+        );
+        let MessageResponse::ErrorResponse(e) = long else {
+            panic!("not an error");
+        };
+        assert!(
+            e.error_message.len() < 400,
+            "the name is cut in the message"
+        );
         let empty = r.answer(ServerReflectionRequest::default());
         assert_eq!(
             error_code(empty.message_response.unwrap()),

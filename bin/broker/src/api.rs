@@ -44,7 +44,7 @@ pub struct Ctx {
     /// The node's budget of publish bytes in service.
     pub publish_budget: Arc<crate::budget::Budget>,
     /// Server reflection's index of the API descriptors.
-    pub reflection: futureq_net::reflection::Reflection,
+    pub reflection: Arc<futureq_net::reflection::Reflection>,
 }
 
 pub use reflection::index as reflection_index;

@@ -19,8 +19,8 @@ use crate::metrics::Metrics;
 pub const IN_SERVICE_BYTES_MAX: u64 = 16 << 20;
 
 /// The budget, shared by every executor of the node. A stream takes a batch's bytes before
-/// serving it; they go back when the write core no longer holds the batch's items (answered,
-/// or dropped), whether or not the client still reads acks, so a client that stops reading
+/// serving it; they go back when the write core no longer holds the batch's items (its log
+/// entry done, or the batch dropped), whether or not the client still reads acks, so a client that stops reading
 /// cannot hold the budget of others. Admission is not first-come-first-served: a fresh batch
 /// may enter ahead of a waiting one.
 ///

@@ -181,11 +181,22 @@ pub struct Observability {
     pub metrics: Metrics,
 }
 
+/// How log lines are written (`observability.logging.format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines; ANSI colour only when stderr is a terminal.
+    Text,
+    /// One JSON object per line (timestamp, level, target, message, fields).
+    Json,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 #[allow(missing_docs)]
 pub struct Logging {
     pub level: String,
+    /// `text` (one line per event; colour only on a terminal) or `json` (one object per line).
+    pub format: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -258,6 +269,7 @@ impl Default for Config {
             observability: Observability {
                 logging: Logging {
                     level: "info".into(),
+                    format: "text".into(),
                 },
                 metrics: Metrics {
                     listen: "127.0.0.1:9090".into(),
@@ -422,6 +434,7 @@ pub struct Settings {
     pub read_ahead: Duration,
     pub scan_max_keys: usize,
     pub log_level: String,
+    pub log_format: LogFormat,
     pub metrics_listen: Option<SocketAddr>,
     pub cores: u32,
     /// The write core (`None`: the last executor).
@@ -600,6 +613,16 @@ impl Config {
                 format!("{level:?} must be trace, debug, info, warn or error"),
             );
         }
+        let log_format = match self.observability.logging.format.as_str() {
+            "text" => LogFormat::Text,
+            "json" => LogFormat::Json,
+            other => {
+                return err(
+                    "observability.logging.format",
+                    format!("{other:?} must be text or json"),
+                )
+            }
+        };
         let ml = &self.observability.metrics.listen;
         let metrics_listen = if ml.is_empty() {
             None
@@ -632,6 +655,7 @@ impl Config {
             read_ahead,
             scan_max_keys: d.scan_max_keys as usize,
             log_level: level.to_owned(),
+            log_format,
             metrics_listen,
             cores: self.runtime.cores,
             raft_core: self.runtime.raft_core,

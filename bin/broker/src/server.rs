@@ -210,6 +210,7 @@ fn metrics_handler(
 /// executors possibly still winding down: the caller should exit (a restart recovers from
 /// what is durable). Other failures are logged.
 pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
+    let reflection = Arc::new(api::reflection_index()?);
     let settings = Arc::new(settings);
     let cpus = runtime::allowed_cpus();
     let cores = if settings.cores == 0 {
@@ -318,6 +319,7 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
             fatal: fatal.clone(),
             stopped: StoppedGuard(exits.clone()),
             publish_budget: Arc::clone(&publish_budget),
+            reflection: Arc::clone(&reflection),
         };
         let hub_rx = if core == 0 { hub_rx.take() } else { None };
         let ready = Ready(exits.clone());
@@ -440,6 +442,8 @@ struct CtxParts {
     stopped: StoppedGuard,
     /// The node's budget of publish bytes in service.
     publish_budget: Arc<crate::budget::Budget>,
+    /// Server reflection's index of the API descriptors (built once).
+    reflection: Arc<futureq_net::reflection::Reflection>,
 }
 
 /// One executor: its gRPC listener; on core 0 the dispatcher, TTL sweeper and metrics; on the
@@ -464,6 +468,7 @@ async fn core_main(
         fatal,
         stopped: _stopped,
         publish_budget,
+        reflection,
     } = parts;
     let _awake = match runtime::keep_awake() {
         Ok(a) => a,
@@ -625,13 +630,6 @@ async fn core_main(
         max_concurrent_streams: settings.max_concurrent_streams,
         keepalive_timeout: settings.keepalive_timeout,
         ..ServerConfig::default()
-    };
-    let reflection = match api::reflection_index() {
-        Ok(r) => r,
-        Err(e) => {
-            ready.send(Err(e.into()));
-            return;
-        }
     };
     let ctx = Rc::new(Ctx {
         settings,

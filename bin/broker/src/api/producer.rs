@@ -34,9 +34,9 @@ use crate::replication::RaftReq;
 /// Most batches outstanding (received, not yet acked) on one stream. Beyond it the stream
 /// stops reading, and HTTP/2 flow control pushes back on the client.
 pub const PIPELINE_MAX: usize = 1024;
-/// Most payload bytes outstanding on one stream (same back-pressure as [`PIPELINE_MAX`]): a
-/// quarter of the node's [`crate::budget::IN_SERVICE_BYTES_MAX`], so that one stream cannot
-/// take it all.
+/// Most encoded batch bytes outstanding on one stream, from read until its write returns (same
+/// back-pressure as [`PIPELINE_MAX`]): a quarter of the node's
+/// [`crate::budget::IN_SERVICE_BYTES_MAX`], so that one stream cannot take it all.
 pub const PIPELINE_BYTES_MAX: usize = 4 << 20;
 
 type AckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = PublishBatchAck>>>;

@@ -39,8 +39,10 @@ pub(crate) const QUEUE_MAX: usize = crate::replication::REQUESTS_IN_SERVICE_MAX 
 /// A publish batch waiting for its group.
 pub(crate) struct Pending {
     pub(crate) items: Vec<StoreItem>,
-    /// The batch's bytes in the node's publish budget: held until the batch is answered,
-    /// also past its deadline (it stays in the queue until a group takes it).
+    /// The batch's bytes in the node's publish budget, held while the coalescer holds the
+    /// items: in the queue (also past the deadline, until the coalescer reaches and drops
+    /// it), then in its group until the group's entry is done, even when the batch was
+    /// answered earlier (NO_ACK, LEADER) or left out of a retry.
     pub(crate) admitted: Admitted,
     pub(crate) level: AckLevel,
     pub(crate) deadline: Instant,
