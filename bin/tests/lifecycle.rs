@@ -241,34 +241,32 @@ async fn start_without_config_file_uses_defaults_and_environment() {
     );
 }
 
-#[test]
-fn bad_config_and_busy_port_fail_with_clear_messages() {
+/// Runs `futureq start` with the configuration `yaml`, which must fail: its exit code and
+/// stderr.
+fn start_refused(yaml: &str) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
     let cfg = dir.path().join("c.yaml");
-    std::fs::write(
-        &cfg,
-        "configVersion: 1\ndelivery:\n  consumerQueueSize: 0\n",
-    )
-    .unwrap();
+    std::fs::write(&cfg, yaml).unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_futureq"))
         .args(["start", "-c"])
         .arg(&cfg)
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("delivery.consumerQueueSize"));
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_config_and_busy_port_fail_with_clear_messages() {
+    let (_, err) = start_refused("configVersion: 1\ndelivery:\n  consumerQueueSize: 0\n");
+    assert!(err.contains("delivery.consumerQueueSize"), "{err}");
 
     let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = busy.local_addr().unwrap().port();
-    std::fs::write(&cfg, format!("configVersion: 1\napi:\n  grpc:\n    listen: 127.0.0.1:{port}\nobservability:\n  metrics:\n    listen: \"\"\nstorage:\n  mode: memory\n")).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_futureq"))
-        .args(["start", "-c"])
-        .arg(&cfg)
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (_, err) = start_refused(&format!("configVersion: 1\napi:\n  grpc:\n    listen: 127.0.0.1:{port}\nobservability:\n  metrics:\n    listen: \"\"\nstorage:\n  mode: memory\n"));
     assert!(err.contains("api.grpc.listen"), "{err}");
 }
 
@@ -446,20 +444,9 @@ async fn logs_name_the_version_and_follow_the_configured_format() {
     assert_eq!(start["level"], "INFO");
     assert!(lines.iter().any(|v| v["fields"]["message"] == "stopped"));
 
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("c.yaml");
-    std::fs::write(
-        &cfg,
-        "configVersion: 1\nobservability:\n  logging:\n    format: xml\n",
-    )
-    .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_futureq"))
-        .args(["start", "-c"])
-        .arg(&cfg)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    let (code, err) =
+        start_refused("configVersion: 1\nobservability:\n  logging:\n    format: xml\n");
+    assert_eq!(code, Some(2));
     assert!(
         err.contains("observability.logging.format") && err.contains("text or json"),
         "{err}"

@@ -359,6 +359,21 @@ mod tests {
             MessageRequest::FileByFilename("reflection_v1alpha.proto".into()),
         ));
         assert_eq!(f[0].package(), "grpc.reflection.v1alpha");
+        assert_eq!(
+            f[0].service[0].method[0].input_type(),
+            ".grpc.reflection.v1alpha.ServerReflectionRequest",
+            "v1alpha's types are its own"
+        );
+        let resp = f[0]
+            .message_type
+            .iter()
+            .find(|m| m.name() == "ServerReflectionResponse")
+            .unwrap();
+        assert!(resp
+            .field
+            .iter()
+            .filter_map(|f| f.type_name.as_deref())
+            .all(|t| t.starts_with(".grpc.reflection.v1alpha.")));
     }
 
     #[test]
