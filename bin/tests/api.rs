@@ -288,15 +288,39 @@ async fn cluster_rpcs_health_and_unknown_methods() {
         .await
         .unwrap_err();
     assert_eq!(s.code(), Code::NotFound);
-    // Watch is not served: the server answers UNIMPLEMENTED for methods it does not know.
-    let s = h
-        .watch(HealthCheckRequest {
-            service: String::new(),
-        })
-        .await
-        .unwrap_err();
+    // Watch: the status at once on the stream; an unknown service is SERVICE_UNKNOWN there.
+    for (svc, want) in [("", 1), ("nope", 3)] {
+        let mut w = h
+            .watch(HealthCheckRequest {
+                service: svc.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let first = tokio::time::timeout(Duration::from_secs(5), w.message())
+            .await
+            .expect("a status in time")
+            .unwrap()
+            .expect("a status");
+        assert_eq!(first.status, want, "{svc:?}");
+    }
+    // A method the server does not know: UNIMPLEMENTED, naming it.
+    let mut g = tonic::client::Grpc::new(b.channel().await);
+    g.ready().await.unwrap();
+    let s =
+        g
+            .unary(
+                tonic::Request::new(HealthCheckRequest::default()),
+                http::uri::PathAndQuery::from_static("/grpc.health.v1.Health/Nope"),
+                tonic_prost::ProstCodec::<
+                    HealthCheckRequest,
+                    futureq_bench::health::HealthCheckResponse,
+                >::default(),
+            )
+            .await
+            .unwrap_err();
     assert_eq!(s.code(), Code::Unimplemented, "{s:?}");
-    assert!(s.message().contains("/grpc.health.v1.Health/Watch"));
+    assert!(s.message().contains("/grpc.health.v1.Health/Nope"));
 
     // Metrics and health probes on the metrics listener.
     let (code, body) = b.http_get("/healthz").await;

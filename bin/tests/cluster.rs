@@ -350,6 +350,19 @@ async fn three_nodes_serve_on_the_leader_and_fail_over_without_losing_acked_mess
     wait_liveness(&c.nodes[new_leader], &dead).await;
     let other = (0..3).find(|i| *i != leader && *i != new_leader).unwrap();
     wait_liveness(&c.nodes[other], &dead).await;
+    // Followers log who leads (issue 13: "followers log leader changes").
+    let changed = format!("leader={}", new_leader + 1);
+    let logged = || {
+        c.nodes[other]
+            .log()
+            .lines()
+            .any(|l| l.contains("event-shard leader changed") && l.contains(&changed))
+    };
+    let until = Instant::now() + Duration::from_secs(5);
+    while !logged() && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(logged(), "{}", c.nodes[other].log_tail(20));
 
     // Every acked message not ACKed by a consumer is delivered by the new leader; the ACKed
     // ones never come back.

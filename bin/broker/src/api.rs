@@ -3,7 +3,7 @@
 //! Layout:
 //! - `producer`: `FutureQProducer.PublishStream`.
 //! - `consumer`: `FutureQConsumer.Subscribe`.
-//! - `cluster`: `FutureQCluster.*` and `grpc.health.v1.Health/Check`.
+//! - `cluster`: `FutureQCluster.*` and `grpc.health.v1.Health` (`Check`, `Watch`).
 //! - `reflection`: `grpc.reflection.v1` and `v1alpha` `ServerReflection`.
 //!
 //! Every error the client caused is answered with the status the API contract names and a
@@ -70,6 +70,7 @@ pub fn handler(ctx: Rc<Ctx>) -> Handler {
                     None => cluster::standalone_membership(call).await,
                 },
                 "/grpc.health.v1.Health/Check" => cluster::health_check(&ctx, call, out).await,
+                "/grpc.health.v1.Health/Watch" => cluster::health_watch(&ctx, call, out).await,
                 futureq_net::reflection::V1_METHOD | futureq_net::reflection::V1ALPHA_METHOD => {
                     reflection::serve(&ctx, call, out).await
                 }

@@ -347,8 +347,14 @@ impl Core {
             if v.leading != leading {
                 m.raft_leader_changes.fetch_add(1, Ordering::Relaxed);
             }
+            if !leading && v.leader_id != l.leader {
+                match l.leader {
+                    Some(id) => tracing::info!(target: "raft", term = l.term, leader = id, address = %leader_addr, "event-shard leader changed"),
+                    None => tracing::info!(target: "raft", term = l.term, "event-shard leader unknown (an election is on)"),
+                }
+            }
             if v.leading && !leading {
-                tracing::warn!(target: "raft", term = l.term, leader = ?l.leader, "no longer the event-shard leader: consumers disconnected");
+                tracing::warn!(target: "raft", term = l.term, "no longer the event-shard leader: consumers disconnected");
                 v.lost.trigger();
                 v.lost = Shutdown::new();
             } else if !v.leading && leading {

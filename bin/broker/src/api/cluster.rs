@@ -107,13 +107,7 @@ pub async fn health_check(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Stat
     if !SERVICES.contains(&req.service.as_str()) {
         return Status::new(Code::NotFound, format!("unknown service {:?}", req.service));
     }
-    let leader_known = ctx.repl.view().leader_id.is_some();
-    let status = if ctx.shutdown.is_triggered() || !leader_known || !ctx.writes_open.is_triggered()
-    {
-        ServingStatus::NotServing
-    } else {
-        ServingStatus::Serving
-    };
+    let status = serving_status(ctx);
     match out
         .send(&HealthCheckResponse {
             status: status as i32,
@@ -122,6 +116,67 @@ pub async fn health_check(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Stat
     {
         Ok(()) => Status::ok(),
         Err(s) => s,
+    }
+}
+
+/// SERVING once the write path is open and a leader is known, until shutdown.
+fn serving_status(ctx: &Ctx) -> ServingStatus {
+    let leader_known = ctx.repl.view().leader_id.is_some();
+    if ctx.shutdown.is_triggered() || !leader_known || !ctx.writes_open.is_triggered() {
+        ServingStatus::NotServing
+    } else {
+        ServingStatus::Serving
+    }
+}
+
+/// How often a `Health/Watch` stream looks at the status again.
+const WATCH_INTERVAL: Duration = Duration::from_millis(250);
+
+/// `grpc.health.v1.Health/Watch`: the status at once, then each change, until the client goes
+/// away or the server shuts down (after sending NOT_SERVING). An unknown service is
+/// SERVICE_UNKNOWN on the stream (not an error), as the protocol has it.
+pub async fn health_watch(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
+    let req = match unary_request::<HealthCheckRequest>(&mut call).await {
+        Ok(r) => r,
+        Err(s) => return s,
+    };
+    let known = SERVICES.contains(&req.service.as_str());
+    let mut last = None;
+    loop {
+        let status = if known {
+            serving_status(ctx)
+        } else {
+            ServingStatus::ServiceUnknown
+        };
+        if last != Some(status) {
+            if let Err(s) = out
+                .send(&HealthCheckResponse {
+                    status: status as i32,
+                })
+                .await
+            {
+                return s;
+            }
+            last = Some(status);
+        }
+        if ctx.shutdown.is_triggered() {
+            return Status::new(Code::Unavailable, "server is shutting down");
+        }
+        let tick = async {
+            glommio::timer::sleep(WATCH_INTERVAL).await;
+            true
+        };
+        let gone = async {
+            out.closed().await;
+            false
+        };
+        let stop = async {
+            ctx.shutdown.wait().await;
+            true
+        };
+        if !futures_lite::future::or(futures_lite::future::or(tick, stop), gone).await {
+            return Status::new(Code::Cancelled, "the client went away");
+        }
     }
 }
 
