@@ -1015,3 +1015,61 @@ async fn a_data_directory_is_not_switched_between_modes() {
         s.log()
     );
 }
+
+/// Cancel on a cluster: a follower refuses it naming the leader; a cancel the leader answered
+/// is committed by a quorum, so the next leader never delivers the message either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_is_replicated_and_holds_across_a_failover() {
+    use futureq_bench::pb::future_q_producer_client::FutureQProducerClient;
+    use futureq_bench::pb::CancelRequest;
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start(3, "").await;
+    let leader = c.leader(Duration::from_secs(10)).await;
+    c.wait_topology(leader, 3).await;
+    let mut p = Publisher::open(c.nodes[leader].channel().await).await;
+    let ack = p
+        .publish(batch(
+            1,
+            0,
+            vec![msg("t", "keep", 2000, 0), msg("t", "drop", 2000, 0)],
+        ))
+        .await;
+    assert!(ack.success, "{ack:?}");
+    let req = CancelRequest {
+        delivery_tags: vec![ack.delivery_tags[1].clone()],
+    };
+    let follower = (leader + 1) % 3;
+    let st = FutureQProducerClient::new(c.nodes[follower].channel().await)
+        .cancel(req.clone())
+        .await
+        .expect_err("a follower refuses a cancel");
+    assert_eq!(st.code(), tonic::Code::FailedPrecondition, "{st:?}");
+    assert_eq!(
+        st.metadata()
+            .get("futureq-leader-address")
+            .and_then(|v| v.to_str().ok()),
+        Some(format!("127.0.0.1:{}", c.nodes[leader].grpc_port).as_str())
+    );
+    let got = FutureQProducerClient::new(c.nodes[leader].channel().await)
+        .cancel(req)
+        .await
+        .unwrap()
+        .into_inner()
+        .cancelled;
+    assert_eq!(got, vec![true]);
+
+    c.nodes[leader].kill9();
+    let new_leader = c.leader(Duration::from_secs(10)).await;
+    assert_ne!(new_leader, leader);
+    let mut s = Subscriber::open(c.nodes[new_leader].channel().await, "t", "", 100).await;
+    let m = s
+        .next(Duration::from_secs(10))
+        .await
+        .expect("the message not cancelled");
+    assert_eq!(&m.payload[..], b"keep");
+    s.ack(&m.delivery_tag, true);
+    assert!(
+        s.next(Duration::from_millis(1500)).await.is_none(),
+        "the new leader delivered a cancelled message"
+    );
+}

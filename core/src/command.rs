@@ -3,7 +3,7 @@
 //!
 //! | bytes | field |
 //! |---|---|
-//! | 1 | tag: 1 = `StoreBatch` v1, 2 = `DeleteBatch` v1, 3 = `RegisterGroup` v1 |
+//! | 1 | tag: 1 = `StoreBatch` v1, 2 = `DeleteBatch` v1, 3 = `RegisterGroup` v1, 4 = `Cancel` v1 |
 //! | 4 | archive length (u32 LE): the rest of the entry, exactly |
 //! | n | rkyv archive of the command |
 //!
@@ -33,6 +33,31 @@ pub const TAG_STORE_V1: u8 = 1;
 pub const TAG_DELETE_V1: u8 = 2;
 /// Tag of a v1 [`RegisterGroup`].
 pub const TAG_REGISTER_GROUP_V1: u8 = 3;
+/// Tag of a v1 [`Cancel`].
+pub const TAG_CANCEL_V1: u8 = 4;
+
+/// Most keys of one [`Cancel`] (the API's limit per request).
+pub const CANCEL_KEYS_MAX: usize = 1000;
+
+/// Cancels stored messages for every recipient (the `Cancel` RPC): like a [`DeleteBatch`],
+/// and the apply answers which keys were stored ([`Answer::Cancelled`]).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct Cancel {
+    /// 24-byte event keys.
+    pub keys: Vec<[u8; KEY_LEN]>,
+}
+
+/// What applying a command answers its proposer beyond "applied" (decided from the entry and
+/// the applied state only, so every replica decides the same).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Answer {
+    /// Nothing more (stores, deletes, registrations).
+    #[default]
+    None,
+    /// A [`Cancel`]: per key, in order, whether it was stored.
+    Cancelled(Vec<bool>),
+}
 
 /// Records that a consumer group subscribed to a topic: from then on it is a recipient of
 /// every message of the topic, also while it has no members (durable registry).
@@ -118,6 +143,8 @@ pub enum CommandRef<'a> {
     Delete(&'a ArchivedDeleteBatch),
     /// Register a consumer group.
     RegisterGroup(&'a ArchivedRegisterGroup),
+    /// Cancel messages.
+    Cancel(&'a ArchivedCancel),
 }
 
 /// Why entry bytes are not a command.
@@ -154,6 +181,15 @@ pub fn encode_store(b: &StoreBatch) -> Vec<u8> {
 #[must_use]
 pub fn encode_delete(b: &DeleteBatch) -> Vec<u8> {
     frame(TAG_DELETE_V1, b, 64 + b.keys.len() * KEY_LEN)
+}
+
+/// Encodes a cancel command.
+///
+/// # Panics
+/// Only if rkyv cannot serialize plain vectors (it always can).
+#[must_use]
+pub fn encode_cancel(c: &Cancel) -> Vec<u8> {
+    frame(TAG_CANCEL_V1, c, 64 + c.keys.len() * KEY_LEN)
 }
 
 /// Encodes a group registration.
@@ -212,6 +248,9 @@ pub fn decode(bytes: &[u8]) -> Result<CommandRef<'_>, CommandError> {
             .map_err(|e| CommandError::Invalid(e.to_string())),
         TAG_REGISTER_GROUP_V1 => rkyv::access::<ArchivedRegisterGroup, RkyvError>(archive)
             .map(CommandRef::RegisterGroup)
+            .map_err(|e| CommandError::Invalid(e.to_string())),
+        TAG_CANCEL_V1 => rkyv::access::<ArchivedCancel, RkyvError>(archive)
+            .map(CommandRef::Cancel)
             .map_err(|e| CommandError::Invalid(e.to_string())),
         t => Err(CommandError::UnknownTag(t)),
     }
@@ -302,6 +341,17 @@ mod tests {
             for (x, y) in a.keys.iter().zip(&b.keys) {
                 prop_assert_eq!(x, y);
             }
+        }
+
+        #[test]
+        fn cancel_round_trips(keys in proptest::collection::vec(any::<[u8; 24]>(), 0..20), pad in 0usize..16) {
+            let c = Cancel { keys };
+            let mut buf = vec![0u8; pad];
+            buf.extend(encode_cancel(&c));
+            let CommandRef::Cancel(a) = decode(&buf[pad..]).unwrap() else { panic!("cancel") };
+            let back: Cancel = rkyv::deserialize::<Cancel, RkyvError>(a).unwrap();
+            prop_assert_eq!(&back, &c);
+            prop_assert_eq!(first_event_id(&buf[pad..]), None);
         }
 
         #[test]

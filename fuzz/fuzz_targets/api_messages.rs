@@ -31,4 +31,18 @@ fuzz_target!(|data: &[u8]| {
     let _ = pb::ClusterInfoRequest::decode(data);
     let _ = pb::JoinRequest::decode(data);
     let _ = pb::health::HealthCheckRequest::decode(data);
+    if let Ok(c) = pb::CancelRequest::decode(data) {
+        for t in &c.delivery_tags {
+            let _ = EventKey::from_slice(t);
+        }
+    }
+    if let Ok(r) = pb::reflection::ServerReflectionRequest::decode(data) {
+        use std::sync::OnceLock;
+        static INDEX: OnceLock<futureq_net::reflection::Reflection> = OnceLock::new();
+        let index = INDEX.get_or_init(|| {
+            futureq_net::reflection::Reflection::new(futureq_net::reflection::DESCRIPTORS, &[])
+                .expect("the compiled descriptors")
+        });
+        let _ = index.answer(r);
+    }
 });

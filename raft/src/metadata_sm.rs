@@ -185,7 +185,7 @@ impl RaftStateMachine<TypeConfig> for MetaStateMachine {
                 }
             }
             if let Some(r) = responder {
-                r.send(Applied::Done);
+                r.send(Applied::Done(futureq_core::command::Answer::None));
             }
         }
         Ok(())

@@ -25,6 +25,7 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use crate::persisted::{PersistKey, PersistTracker};
+use futureq_core::command::Answer;
 use futureq_core::metadata::Member;
 use futureq_net::peer_link::serve_peers;
 use futureq_net::Shutdown;
@@ -408,7 +409,7 @@ impl Node {
         mut make: impl FnMut() -> Result<Proposal, WriteError> + 'static,
         ack: Ack,
         deadline: Instant,
-    ) -> Result<(), WriteError> {
+    ) -> Result<Answer, WriteError> {
         let mut attempts = 0u32;
         let make = move || {
             attempts += 1;
@@ -506,7 +507,7 @@ impl Node {
                 match future::or(attempt, early).await {
                     None => break Err(WriteError::Timeout),
                     Some(Ok(resp)) => match resp.data {
-                        Applied::Done => break Ok(()),
+                        Applied::Done(answer) => break Ok(answer),
                         Applied::Refused(why) => break Err(WriteError::Refused(why)),
                     },
                     Some(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))))
@@ -702,7 +703,7 @@ pub struct EventWrite {
     /// The entry is fsynced in this leader's log (asked for, and the proposal had a key).
     pub persisted: Option<futures::channel::oneshot::Receiver<()>>,
     /// The outcome: applied (or refused by the state machine) after its commit, or why not.
-    pub done: futures::channel::oneshot::Receiver<Result<(), WriteError>>,
+    pub done: futures::channel::oneshot::Receiver<Result<Answer, WriteError>>,
 }
 
 impl EventWrite {
@@ -711,7 +712,7 @@ impl EventWrite {
     ///
     /// # Errors
     /// How the write ended, when it ended before reaching `ack`.
-    pub async fn until(self, ack: Ack) -> Result<(), WriteError> {
+    pub async fn until(self, ack: Ack) -> Result<Answer, WriteError> {
         let stage = match ack {
             Ack::Quorum => None,
             Ack::Leader => self.persisted,
@@ -724,11 +725,11 @@ impl EventWrite {
 /// Ok when `stage` fires; else (no stage, or its sender dropped) the write's outcome.
 pub async fn outcome_after(
     stage: Option<futures::channel::oneshot::Receiver<()>>,
-    done: futures::channel::oneshot::Receiver<Result<(), WriteError>>,
-) -> Result<(), WriteError> {
+    done: futures::channel::oneshot::Receiver<Result<Answer, WriteError>>,
+) -> Result<Answer, WriteError> {
     if let Some(stage) = stage {
         if stage.await.is_ok() {
-            return Ok(());
+            return Ok(Answer::None);
         }
     }
     done.await

@@ -202,11 +202,10 @@ impl EventStateMachine {
             tracing::warn!(target: "raft", index, reason = %why, "log entry refused by the state machine");
         }
         for (index, r) in responders {
-            let applied = match out.refused.binary_search_by_key(&index, |(i, _)| *i) {
-                Ok(at) => Applied::Refused(out.refused[at].1.to_string()),
-                Err(_) => Applied::Done,
-            };
-            r.send(applied);
+            r.send(match out.outcome(index) {
+                Ok(answer) => Applied::Done(answer),
+                Err(why) => Applied::Refused(why.to_string()),
+            });
         }
         Ok(())
     }

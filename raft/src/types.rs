@@ -33,11 +33,10 @@ openraft::declare_raft_types!(
 
 /// What applying one client entry did: the response of a client write. Decided from the
 /// entry and the applied state only, so every replica decides the same.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Applied {
-    /// Applied.
-    #[default]
-    Done,
+    /// Applied, with what the command answers (most answer nothing).
+    Done(futureq_core::command::Answer),
     /// Refused: nothing of the entry changed the state (the reason says why).
     Refused(String),
 }

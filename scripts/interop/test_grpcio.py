@@ -1,5 +1,5 @@
-"""futureq interop suite with Python grpcio: publish, subscribe, errors, health, reflection,
-shutdown.
+"""futureq interop suite with Python grpcio: publish, subscribe, cancel, errors, health,
+reflection, shutdown.
 
 Starts the broker binary given as argv[1] on free loopback ports with in-memory storage,
 runs each check with a deadline, and prints one line per check plus 'N passed, M failed'.
@@ -130,6 +130,28 @@ def check_publish_and_subscribe(b):
     c.close()
 
 
+def check_cancel(b):
+    c = Consumer(b, "py-cancel")
+    time.sleep(0.2)
+    acks = publish(b, [batch(1, [pb.PublishMessage(topic="py-cancel", payload=b"keep", delay_ms=300),
+                                 pb.PublishMessage(topic="py-cancel", payload=b"drop", delay_ms=300)])])
+    tags = acks[0].delivery_tags
+    stub = pbg.FutureQProducerStub(b.channel)
+    r = stub.Cancel(pb.CancelRequest(delivery_tags=[tags[1], b"\x00" * 24]), timeout=5)
+    assert list(r.cancelled) == [True, False], r
+    try:
+        stub.Cancel(pb.CancelRequest(delivery_tags=[b"short"]), timeout=5)
+        raise AssertionError("a 5-byte tag was accepted")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
+        assert "delivery_tags[0]" in e.details(), e.details()
+    m = c.next(5)
+    assert isinstance(m, pb.QueueMessage) and m.payload == b"keep", m
+    c.ack(m.delivery_tag, True)
+    assert c.next(1.0) is None, "a cancelled message was delivered"
+    c.close()
+
+
 def check_publish_errors(b):
     acks = publish(b, [
         batch(1, []),
@@ -206,7 +228,7 @@ def main():
     binary = sys.argv[1]
     b = Broker(binary)
     passed = failed = 0
-    checks = [check_health, check_publish_and_subscribe, check_publish_errors,
+    checks = [check_health, check_publish_and_subscribe, check_cancel, check_publish_errors,
               check_subscribe_error, check_undecodable_frame, check_cluster_info, check_reflection, check_sigterm]
     try:
         for check in checks:

@@ -34,8 +34,8 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use futureq_core::command::{
-    encode_delete, encode_register_group, encode_store, DeleteBatch, RegisterGroup, StoreBatch,
-    StoreItem,
+    encode_cancel, encode_delete, encode_register_group, encode_store, Answer, Cancel, DeleteBatch,
+    RegisterGroup, StoreBatch, StoreItem,
 };
 use futureq_core::{EventKey, TopicHash};
 use futures::channel::oneshot;
@@ -95,6 +95,9 @@ pub enum JournalError {
     /// restart replays it if its fsync reached the disk.
     #[error("the journal stopped before the write's outcome was known; it may have been stored")]
     Abandoned,
+    /// The apply did not answer a command that has an answer (a defect).
+    #[error("the apply did not answer the command")]
+    Unanswered,
 }
 
 /// Why the journal could not open.
@@ -137,7 +140,7 @@ pub enum Wait {
 /// Sees what each apply changed: the smallest stored key per topic, and the deleted keys.
 pub type OnApplied = Box<dyn Fn(&[EventKey], &[EventKey])>;
 
-type Waiter = oneshot::Sender<Result<(), JournalError>>;
+type Waiter = oneshot::Sender<Result<Answer, JournalError>>;
 
 /// An entry appended and not yet applied.
 struct Pending {
@@ -327,7 +330,22 @@ impl<I: LogIo + 'static> Journal<I> {
         let cmd = encode_delete(&DeleteBatch {
             keys: keys.iter().map(|k| k.0).collect(),
         });
-        self.submit(|_| cmd, Wait::Applied).await
+        self.submit(|_| cmd, Wait::Applied).await.map(drop)
+    }
+
+    /// Cancels stored messages (with their index and expiry rows) durably: per key, in
+    /// order, whether it was stored.
+    ///
+    /// # Errors
+    /// See [`JournalError`].
+    pub async fn cancel(&self, keys: &[EventKey]) -> Result<Vec<bool>, JournalError> {
+        let cmd = encode_cancel(&Cancel {
+            keys: keys.iter().map(|k| k.0).collect(),
+        });
+        match self.submit(|_| cmd, Wait::Applied).await? {
+            Answer::Cancelled(v) => Ok(v),
+            Answer::None => Err(JournalError::Unanswered),
+        }
     }
 
     /// Adds a consumer group to the durable registry (a no-op when it is there).
@@ -343,7 +361,7 @@ impl<I: LogIo + 'static> Journal<I> {
             topic_hash: topic_hash.0,
             group,
         });
-        self.submit(|_| cmd, Wait::Applied).await
+        self.submit(|_| cmd, Wait::Applied).await.map(drop)
     }
 
     fn check(&self) -> Result<(), JournalError> {
@@ -365,7 +383,7 @@ impl<I: LogIo + 'static> Journal<I> {
         &self,
         make: impl FnOnce(&mut u64) -> Vec<u8>,
         wait: Wait,
-    ) -> Result<(), JournalError> {
+    ) -> Result<Answer, JournalError> {
         loop {
             self.check()?;
             let listener = {
@@ -398,7 +416,7 @@ impl<I: LogIo + 'static> Journal<I> {
                 match r {
                     Ok(()) => {
                         st.flushed = st.flushed.max(index);
-                        Ok(())
+                        Ok(Answer::None)
                     }
                     Err(e) => {
                         if st.failed.is_none() {
@@ -452,7 +470,7 @@ impl<I: LogIo + 'static> Journal<I> {
         }
         match rx {
             Some(rx) => rx.await.unwrap_or(Err(JournalError::Abandoned)),
-            None => Ok(()),
+            None => Ok(Answer::None),
         }
     }
 
@@ -659,11 +677,10 @@ impl<I: LogIo + 'static> Journal<I> {
         }
         for (index, w) in waiters {
             let Some(w) = w else { continue };
-            let r = match out.refused.binary_search_by_key(&index, |(i, _)| *i) {
-                Ok(at) => Err(JournalError::Refused(out.refused[at].1.clone())),
-                Err(_) => Ok(()),
-            };
-            let _ = w.send(r);
+            let _ = w.send(
+                out.outcome(index)
+                    .map_err(|r| JournalError::Refused(r.clone())),
+            );
         }
         self.0.changed.notify(usize::MAX);
         if durable {

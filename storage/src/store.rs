@@ -396,6 +396,16 @@ impl Store {
                             out.deleted.push(key);
                         }
                     }
+                    CommandRef::Cancel(c) => {
+                        let mut cancelled = Vec::with_capacity(c.keys.len());
+                        for k in c.keys.iter() {
+                            let key = EventKey(*k);
+                            cancelled.push(t.remove(&key)?);
+                            out.deleted.push(key);
+                        }
+                        out.answers
+                            .push((*index, futureq_core::command::Answer::Cancelled(cancelled)));
+                    }
                     CommandRef::RegisterGroup(r) => {
                         t.add_group(&group_key(
                             TopicHash(r.topic_hash.to_native()),
@@ -734,6 +744,26 @@ pub struct ApplyOutcome {
     pub applied: Option<(u64, u64)>,
     /// Entries that changed nothing, by log index (ascending), and why.
     pub refused: Vec<(u64, Refusal)>,
+    /// What entries answer beyond "applied", by log index (ascending); entries not listed
+    /// answer [`futureq_core::command::Answer::None`].
+    pub answers: Vec<(u64, futureq_core::command::Answer)>,
+}
+
+impl ApplyOutcome {
+    /// The outcome of the entry at `index`: refused (why), or applied with its answer.
+    ///
+    /// # Errors
+    /// The entry's [`Refusal`].
+    pub fn outcome(&self, index: u64) -> Result<futureq_core::command::Answer, &Refusal> {
+        if let Ok(at) = self.refused.binary_search_by_key(&index, |(i, _)| *i) {
+            return Err(&self.refused[at].1);
+        }
+        Ok(self
+            .answers
+            .binary_search_by_key(&index, |(i, _)| *i)
+            .map(|at| self.answers[at].1.clone())
+            .unwrap_or_default())
+    }
 }
 
 /// Why an applied log entry changed nothing. Every replica decides the same.

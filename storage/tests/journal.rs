@@ -113,6 +113,17 @@ fn writes_are_applied_and_a_crash_replays_what_was_acknowledged() {
         );
         assert!(store.get(&key(1, 7, 2)).unwrap().is_none());
         assert_eq!(seen.borrow().1, vec![key(1, 7, 2)]);
+        // A cancel answers per key whether it was stored, once applied (the replay below
+        // applies it again: the replica ends with the same rows).
+        assert_eq!(
+            j.cancel(&[key(1, 7, 1), key(1, 7, 2)]).await.unwrap(),
+            vec![true, false]
+        );
+        assert!(store.get(&key(1, 7, 1)).unwrap().is_none());
+        assert_eq!(
+            seen.borrow().1,
+            vec![key(1, 7, 2), key(1, 7, 1), key(1, 7, 2)]
+        );
         j.register_group(TopicHash(1), "g".into()).await.unwrap();
         assert_eq!(store.groups_of(TopicHash(1)).unwrap(), vec!["g".to_owned()]);
         assert!(j.applies() >= 1);

@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use futureq_core::command::{
-    encode_delete, encode_register_group, encode_store, DeleteBatch, RegisterGroup, StoreBatch,
-    StoreItem,
+    encode_cancel, encode_delete, encode_register_group, encode_store, Answer, Cancel, DeleteBatch,
+    RegisterGroup, StoreBatch, StoreItem,
 };
 use futureq_core::hub::ScanRequest;
 use futureq_core::{
@@ -184,6 +184,61 @@ fn delete_and_sweep_remove_index_and_expiry_entries() {
     let stats = s.stats();
     assert_eq!(stats.transactions.load(Ordering::Relaxed), 6);
     assert_eq!(stats.entries.load(Ordering::Relaxed), 6);
+}
+
+/// A cancel deletes like a delete (every key reported, so replicas revoke deliveries in
+/// flight) and answers, per key, whether it was stored; several entries in one transaction
+/// each get their own answer.
+#[test]
+fn a_cancel_answers_which_keys_were_stored() {
+    let s = memory();
+    let idx = vec![IndexValue::Int64(7)];
+    let keys = publish(
+        &s,
+        vec![
+            new_message("t", 1000, 5000, 100_000, idx.clone()),
+            new_message("t", 1000, 5000, 0, idx),
+        ],
+    );
+    let gone = EventKey([9; 24]);
+    let cancel = |ks: &[EventKey]| {
+        encode_cancel(&Cancel {
+            keys: ks.iter().map(|k| k.0).collect(),
+        })
+    };
+    let first = cancel(&[keys[0], gone]);
+    let second = cancel(&[keys[0], keys[1]]);
+    let next = s.applied().unwrap().map_or(1, |(i, _)| i + 1);
+    let out = s
+        .apply_entries(
+            &[
+                (next, 1, first.as_slice()),
+                (next + 1, 1, second.as_slice()),
+            ],
+            &[],
+            true,
+        )
+        .unwrap();
+    assert_eq!(
+        out.outcome(next).unwrap(),
+        Answer::Cancelled(vec![true, false])
+    );
+    assert_eq!(
+        out.outcome(next + 1).unwrap(),
+        Answer::Cancelled(vec![false, true]),
+        "the second entry sees the first's cancel"
+    );
+    assert_eq!(out.deleted, vec![keys[0], gone, keys[0], keys[1]]);
+    assert_eq!(
+        s.counts().unwrap(),
+        (0, 0, 0),
+        "rows, index and expiry entries gone"
+    );
+    assert_eq!(s.digest(), s.computed_digest().unwrap());
+    assert_eq!(
+        delete(&s, &[keys[0]]).outcome(next + 2).unwrap(),
+        Answer::None
+    );
 }
 
 #[test]

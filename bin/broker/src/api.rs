@@ -2,6 +2,7 @@
 //!
 //! Layout:
 //! - `producer`: `FutureQProducer.PublishStream`.
+//! - `manage`: `FutureQProducer.Cancel`.
 //! - `consumer`: `FutureQConsumer.Subscribe`.
 //! - `cluster`: `FutureQCluster.*` and `grpc.health.v1.Health` (`Check`, `Watch`).
 //! - `reflection`: `grpc.reflection.v1` and `v1alpha` `ServerReflection`.
@@ -11,6 +12,7 @@
 
 mod cluster;
 mod consumer;
+mod manage;
 mod producer;
 mod reflection;
 
@@ -59,6 +61,7 @@ pub fn handler(ctx: Rc<Ctx>) -> Handler {
                     producer::publish_stream(&ctx, call, out).await
                 }
                 "/futureq.FutureQConsumer/Subscribe" => consumer::subscribe(&ctx, call, out).await,
+                "/futureq.FutureQProducer/Cancel" => manage::cancel(&ctx, call, out).await,
                 "/futureq.FutureQCluster/GetClusterInfo" => {
                     cluster::get_cluster_info(&ctx, call, out).await
                 }

@@ -23,7 +23,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futureq_core::command::StoreItem;
-use futureq_core::command::{encode_delete, encode_register_group, DeleteBatch, RegisterGroup};
+use futureq_core::command::{
+    encode_cancel, encode_delete, encode_register_group, Answer, Cancel, DeleteBatch, RegisterGroup,
+};
 use futureq_core::metadata::{MetaCommand, NodeAddr, ShardTopology};
 use futureq_core::{AckLevel, EventKey, TopicHash};
 use futureq_net::Shutdown;
@@ -279,13 +281,13 @@ async fn watch_stalls(shutdown: Shutdown) {
 }
 
 impl Core {
-    /// Proposes a command built once (a delete, a group registration) at QUORUM, each attempt
-    /// only while this node takes writes.
+    /// Proposes a command built once (a delete, a group registration, a cancel) at QUORUM,
+    /// each attempt only while this node takes writes; what its apply answers.
     async fn propose_while_leading(
         self: &Rc<Self>,
         cmd: Vec<u8>,
         deadline: Instant,
-    ) -> Result<(), WriteError> {
+    ) -> Result<Answer, WriteError> {
         let cmd = Bytes::from(cmd);
         let core = Rc::clone(self);
         let make = move || {
@@ -469,7 +471,25 @@ impl WriteCore for Rc<Core> {
             // ACKs this node took while it led: the leader deletes them now.
             return self.node.forward_delete(keys, deadline).await;
         }
-        Core::propose_while_leading(self, encode_delete(&DeleteBatch { keys }), deadline).await
+        Core::propose_while_leading(self, encode_delete(&DeleteBatch { keys }), deadline)
+            .await
+            .map(drop)
+    }
+
+    async fn cancel(
+        &self,
+        keys: Vec<EventKey>,
+        deadline: Instant,
+    ) -> Result<Vec<bool>, WriteError> {
+        // Never forwarded: the API answers FAILED_PRECONDITION with the leader's address.
+        self.leading_now()?;
+        let keys = keys.iter().map(|k| k.0).collect();
+        match Core::propose_while_leading(self, encode_cancel(&Cancel { keys }), deadline).await? {
+            Answer::Cancelled(v) => Ok(v),
+            Answer::None => Err(WriteError::Failed(
+                "the apply did not answer the cancel".into(),
+            )),
+        }
     }
 
     async fn register_group(
@@ -486,7 +506,9 @@ impl WriteCore for Rc<Core> {
             topic_hash: topic_hash.0,
             group,
         });
-        Core::propose_while_leading(self, cmd, deadline).await
+        Core::propose_while_leading(self, cmd, deadline)
+            .await
+            .map(drop)
     }
 
     async fn membership(&self, op: MembershipOp) -> Result<(), MembershipError> {

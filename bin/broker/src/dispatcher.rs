@@ -101,6 +101,10 @@ pub enum HubCmd {
         /// Whether it committed.
         committed: bool,
     },
+    /// Answered once every command sent before it is handled and no pass that started
+    /// before it is still running (commands are handled between passes): after a cancel
+    /// commits, no scan that read the store before the commit can deliver afterwards.
+    Barrier(oneshot::Sender<()>),
 }
 
 /// The dispatcher's configuration.
@@ -165,6 +169,9 @@ impl Dispatcher {
                 }
             }
             HubCmd::Expired(keys) => self.hub.on_deleted(&keys),
+            HubCmd::Barrier(done) => {
+                let _ = done.send(());
+            }
             HubCmd::DeleteFlushed { committed } => {
                 self.hub.finish_delete_batch(committed);
                 self.flushing = false;

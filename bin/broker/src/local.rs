@@ -258,6 +258,14 @@ impl<I: LogIo + 'static> WriteCore for LocalCore<I> {
         until(deadline, self.journal.delete(&keys)).await
     }
 
+    async fn cancel(
+        &self,
+        keys: Vec<EventKey>,
+        deadline: Instant,
+    ) -> Result<Vec<bool>, WriteError> {
+        until(deadline, self.journal.cancel(&keys)).await
+    }
+
     async fn register_group(
         &self,
         topic_hash: TopicHash,

@@ -144,6 +144,8 @@ pub struct Metrics {
     pub deletes_committed: AtomicU64,
     pub pending_deletes: AtomicI64,
     pub parked_messages: AtomicI64,
+    /// Messages a `Cancel` deleted.
+    pub messages_cancelled: AtomicU64,
     /// Publish bytes in service ([`crate::budget::Budget`] counts here).
     pub publish_bytes_in_service: AtomicU64,
     pub store_commits: AtomicU64,
@@ -189,6 +191,7 @@ impl Default for Metrics {
             pending_deletes: AtomicI64::new(0),
             parked_messages: AtomicI64::new(0),
             publish_bytes_in_service: AtomicU64::new(0),
+            messages_cancelled: AtomicU64::new(0),
             store_commits: AtomicU64::new(0),
             store_commit_ops: AtomicU64::new(0),
             store_digest: std::sync::Arc::default(),
@@ -416,6 +419,13 @@ impl Metrics {
             "gauge",
             "Messages acked by some consumer groups and kept for groups without members (remembered in memory, at most 1000000).",
             self.parked_messages.load(r),
+        );
+        scalar(
+            &mut o,
+            "futureq_messages_cancelled_total",
+            "counter",
+            "Stored messages deleted by Cancel requests.",
+            self.messages_cancelled.load(r),
         );
         scalar(
             &mut o,

@@ -43,6 +43,16 @@ pub enum RaftReq {
         /// Done.
         reply: oneshot::Sender<Result<(), WriteError>>,
     },
+    /// Cancel stored messages (the `Cancel` RPC), at QUORUM; replies per key whether it was
+    /// stored.
+    Cancel {
+        /// The keys.
+        keys: Vec<EventKey>,
+        /// When to give up.
+        deadline: Instant,
+        /// Per key, in order: whether it was stored.
+        reply: oneshot::Sender<Result<Vec<bool>, WriteError>>,
+    },
     /// Add a consumer group to the durable registry (a no-op when it is there).
     RegisterGroup {
         /// Topic hash.
@@ -122,6 +132,10 @@ pub(crate) trait WriteCore {
     ) -> Result<u64, WriteError>;
     /// Deletes keys through the log.
     async fn delete(&self, keys: Vec<EventKey>, deadline: Instant) -> Result<(), WriteError>;
+    /// Cancels stored messages through the log (only while leading): per key, whether it was
+    /// stored.
+    async fn cancel(&self, keys: Vec<EventKey>, deadline: Instant)
+        -> Result<Vec<bool>, WriteError>;
     /// Adds a consumer group to the durable registry (a no-op when it is there).
     async fn register_group(
         &self,
@@ -167,6 +181,13 @@ pub(crate) async fn answer(core: &impl WriteCore, req: RaftReq) {
             reply,
         } => {
             let _ = reply.send(core.delete(keys, deadline).await);
+        }
+        RaftReq::Cancel {
+            keys,
+            deadline,
+            reply,
+        } => {
+            let _ = reply.send(core.cancel(keys, deadline).await);
         }
         RaftReq::RegisterGroup {
             topic_hash,

@@ -180,6 +180,7 @@ impl Node {
                     deadline,
                 )
                 .await
+                .map(drop)
             }
             (EVENT_GROUP, _) => Err(WriteError::Failed(
                 "the event shard takes no forwarded writes or membership changes".into(),

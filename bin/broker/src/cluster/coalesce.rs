@@ -189,6 +189,7 @@ async fn propose(core: &Rc<Core>, group: Group) {
         }
     };
     let answer = |levels: Option<AckLevel>, r: &Result<(), WriteError>| {
+        // A store answers nothing beyond "applied": each part's reply is its first id.
         let firsts = firsts.borrow();
         for (p, first) in parts.borrow_mut().iter_mut().zip(firsts.iter()) {
             if levels.is_some_and(|l| l != p.level) {
@@ -219,7 +220,8 @@ async fn propose(core: &Rc<Core>, group: Group) {
     let r = w
         .done
         .await
-        .unwrap_or_else(|_| Err(WriteError::Failed("raft stopped".into())));
+        .unwrap_or_else(|_| Err(WriteError::Failed("raft stopped".into())))
+        .map(drop);
     answer(None, &r);
 }
 
