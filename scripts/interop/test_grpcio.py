@@ -133,8 +133,8 @@ def check_publish_and_subscribe(b):
 def check_cancel(b):
     c = Consumer(b, "py-cancel")
     time.sleep(0.2)
-    acks = publish(b, [batch(1, [pb.PublishMessage(topic="py-cancel", payload=b"keep", delay_ms=300),
-                                 pb.PublishMessage(topic="py-cancel", payload=b"drop", delay_ms=300)])])
+    acks = publish(b, [batch(1, [pb.PublishMessage(topic="py-cancel", payload=b"keep", delay_ms=2000),
+                                 pb.PublishMessage(topic="py-cancel", payload=b"drop", delay_ms=2000)])])
     tags = acks[0].delivery_tags
     stub = pbg.FutureQProducerStub(b.channel)
     r = stub.Cancel(pb.CancelRequest(delivery_tags=[tags[1], b"\x00" * 24]), timeout=5)
@@ -145,7 +145,7 @@ def check_cancel(b):
     except grpc.RpcError as e:
         assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
         assert "delivery_tags[0]" in e.details(), e.details()
-    m = c.next(5)
+    m = c.next(8)
     assert isinstance(m, pb.QueueMessage) and m.payload == b"keep", m
     c.ack(m.delivery_tag, True)
     assert c.next(1.0) is None, "a cancelled message was delivered"

@@ -486,8 +486,8 @@ impl WriteCore for Rc<Core> {
         let keys = keys.iter().map(|k| k.0).collect();
         match Core::propose_while_leading(self, encode_cancel(&Cancel { keys }), deadline).await? {
             Answer::Cancelled(v) => Ok(v),
-            Answer::None => Err(WriteError::Failed(
-                "the apply did not answer the cancel".into(),
+            Answer::None => Err(WriteError::Refused(
+                "the cancel was applied but its apply gave no answer (a defect)".into(),
             )),
         }
     }

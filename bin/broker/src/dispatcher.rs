@@ -101,10 +101,17 @@ pub enum HubCmd {
         /// Whether it committed.
         committed: bool,
     },
-    /// Answered once every command sent before it is handled and no pass that started
-    /// before it is still running (commands are handled between passes): after a cancel
-    /// commits, no scan that read the store before the commit can deliver afterwards.
-    Barrier(oneshot::Sender<()>),
+    /// Keys a cancel deleted: dropped from memory (read-ahead copies, waiting recipients,
+    /// deliveries in flight) like [`HubCmd::Expired`], then answered. Commands are handled
+    /// between passes, so once answered no scan that read the store before the commit can
+    /// deliver them. Carries its own keys: the apply's notice may reach the hub later (it
+    /// goes through a task when the queue is full).
+    Revoke {
+        /// The keys.
+        keys: Vec<EventKey>,
+        /// Answered once they are dropped.
+        done: oneshot::Sender<()>,
+    },
 }
 
 /// The dispatcher's configuration.
@@ -169,7 +176,8 @@ impl Dispatcher {
                 }
             }
             HubCmd::Expired(keys) => self.hub.on_deleted(&keys),
-            HubCmd::Barrier(done) => {
+            HubCmd::Revoke { keys, done } => {
+                self.hub.on_deleted(&keys);
                 let _ = done.send(());
             }
             HubCmd::DeleteFlushed { committed } => {

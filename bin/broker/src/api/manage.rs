@@ -61,24 +61,29 @@ fn write_failed(ctx: &Ctx, e: WriteError) -> Status {
 /// `Cancel`: deletes the stored messages for every recipient, durably (the journal's fsync
 /// standalone, a quorum's commit clustered) before the answer. Once answered, none of them is
 /// delivered again: the dispatcher has dropped them and finished every scan that read the
-/// store before the commit ([`HubCmd::Barrier`]).
+/// store before the commit ([`HubCmd::Revoke`]). A tag given twice is cancelled once and
+/// answered alike at both places. A message whose TTL passed but that the sweep has not
+/// deleted yet is still stored: `true`.
 pub async fn cancel(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
     let req = match unary_request::<pb::CancelRequest>(&mut call).await {
         Ok(r) => r,
         Err(s) => return s,
     };
-    let keys = match keys_of(&req.delivery_tags) {
+    let asked = match keys_of(&req.delivery_tags) {
         Ok(k) => k,
         Err(s) => return s,
     };
+    let mut keys = asked.clone();
+    keys.sort_unstable();
+    keys.dedup();
     if !ctx.repl.leading() {
         return write_failed(ctx, WriteError::NotLeader { leader: None });
     }
     let deadline = std::time::Instant::now() + ctx.settings.proposal_timeout;
-    let cancelled = match ctx
+    let found = match ctx
         .repl
         .request(|reply| RaftReq::Cancel {
-            keys,
+            keys: keys.clone(),
             deadline,
             reply,
         })
@@ -87,12 +92,29 @@ pub async fn cancel(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
         Ok(c) => c,
         Err(e) => return write_failed(ctx, e),
     };
-    let (done, barrier) = oneshot::channel();
-    if ctx.hub.send_async(HubCmd::Barrier(done)).await.is_ok() {
+    let n = found.iter().filter(|c| **c).count() as u64;
+    let (done, revoked) = oneshot::channel();
+    if ctx
+        .hub
+        .send_async(HubCmd::Revoke {
+            keys: keys.clone(),
+            done,
+        })
+        .await
+        .is_ok()
+    {
         // A dispatcher that stopped (shutdown) delivers nothing more either way.
-        let _ = barrier.await;
+        let _ = revoked.await;
     }
-    let n = cancelled.iter().filter(|c| **c).count() as u64;
+    let cancelled = asked
+        .iter()
+        .map(|k| {
+            keys.binary_search(k)
+                .ok()
+                .and_then(|at| found.get(at).copied())
+                .unwrap_or(false)
+        })
+        .collect();
     ctx.metrics
         .messages_cancelled
         .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
