@@ -307,6 +307,8 @@ fn process(
 enum Event {
     Batch(Result<Option<pb::PublishBatch>, Status>),
     Admitted(Admitted),
+    /// The waiting batch found no room within `publish.proposalTimeout`.
+    NotAdmitted,
     Ack(PublishBatchAck),
     Stop,
 }
@@ -344,6 +346,24 @@ fn serve(
     }
 }
 
+/// Acks a batch that was read but not served (nothing of it stored), in its level's order.
+fn refuse(
+    b: &pb::PublishBatch,
+    code: Code,
+    message: String,
+    (durable, no_ack): (
+        &mut FuturesOrdered<AckFuture>,
+        &mut FuturesOrdered<AckFuture>,
+    ),
+) {
+    let ack: AckFuture = Box::pin(future::ready(reject(b.batch_id, code, message)));
+    if AckLevel::from_wire(b.ack_level).is_durable() {
+        durable.push_back(ack);
+    } else {
+        no_ack.push_back(ack);
+    }
+}
+
 /// Serves one PublishStream until the client half-closes (OK), a protocol fault, or shutdown.
 pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -> Status {
     let mut durable: FuturesOrdered<AckFuture> = FuturesOrdered::new();
@@ -375,8 +395,15 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
                 Poll::Pending
             });
             let recv = async {
-                if let Some((_, bytes, _)) = &admitting {
-                    Event::Admitted(ctx.publish_budget.admit(*bytes).await)
+                if let Some((_, bytes, received)) = &admitting {
+                    // The proposal timeout counts from the read, also while waiting here.
+                    let timeout = async {
+                        let end = *received + ctx.settings.proposal_timeout;
+                        glommio::timer::sleep(end.saturating_duration_since(Instant::now())).await;
+                        Event::NotAdmitted
+                    };
+                    let admit = async { Event::Admitted(ctx.publish_budget.admit(*bytes).await) };
+                    future::or(admit, timeout).await
                 } else if reading && room {
                     Event::Batch(call.inbound.next::<pb::PublishBatch>().await)
                 } else {
@@ -415,6 +442,20 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
                     serve(ctx, batch, admitted, streams);
                 }
             }
+            Event::NotAdmitted => {
+                if let Some((b, _, _)) = admitting.take() {
+                    let message = format!(
+                        "the node's publish budget had no room within publish.proposalTimeout ({} ms); batch not stored",
+                        ctx.settings.proposal_timeout.as_millis()
+                    );
+                    refuse(
+                        &b,
+                        Code::DeadlineExceeded,
+                        message,
+                        (&mut durable, &mut no_ack),
+                    );
+                }
+            }
             Event::Batch(Ok(None)) => reading = false,
             Event::Batch(Err(s)) => {
                 reading = false;
@@ -426,16 +467,8 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
                 // A batch still waiting for the budget is not stored: say so now rather
                 // than wait for bytes that a stopping write core may never return.
                 if let Some((b, _, _)) = admitting.take() {
-                    let ack: AckFuture = Box::pin(future::ready(reject(
-                        b.batch_id,
-                        Code::Unavailable,
-                        "server is shutting down; batch not stored".into(),
-                    )));
-                    if AckLevel::from_wire(b.ack_level).is_durable() {
-                        durable.push_back(ack);
-                    } else {
-                        no_ack.push_back(ack);
-                    }
+                    let message = "server is shutting down; batch not stored".into();
+                    refuse(&b, Code::Unavailable, message, (&mut durable, &mut no_ack));
                 }
             }
         }
