@@ -1016,12 +1016,13 @@ async fn a_data_directory_is_not_switched_between_modes() {
     );
 }
 
-/// Cancel on a cluster: a follower refuses it naming the leader; a cancel the leader answered
-/// is committed by a quorum, so the next leader never delivers the message either.
+/// Cancel and Reschedule on a cluster: a follower refuses them naming the leader; what the
+/// leader answered is committed by a quorum, so the next leader never delivers the cancelled
+/// message, delivers the moved one under its new tag only, and assigns ids above it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancel_is_replicated_and_holds_across_a_failover() {
+async fn a_cancel_and_a_reschedule_are_replicated_and_hold_across_a_failover() {
     use futureq_bench::pb::future_q_producer_client::FutureQProducerClient;
-    use futureq_bench::pb::CancelRequest;
+    use futureq_bench::pb::{CancelRequest, RescheduleRequest};
     let _serial = SERIAL.lock().await;
     let mut c = Cluster::start(3, "").await;
     let leader = c.leader(Duration::from_secs(10)).await;
@@ -1031,45 +1032,85 @@ async fn a_cancel_is_replicated_and_holds_across_a_failover() {
         .publish(batch(
             1,
             0,
-            vec![msg("t", "keep", 2000, 0), msg("t", "drop", 2000, 0)],
+            vec![
+                msg("t", "keep", 2000, 0),
+                msg("t", "drop", 2000, 0),
+                msg("t", "moved", 3_000_000, 0),
+            ],
         ))
         .await;
     assert!(ack.success, "{ack:?}");
-    let req = CancelRequest {
-        delivery_tags: vec![ack.delivery_tags[1].clone()],
+    let tags = ack.delivery_tags.clone();
+    let cancel = CancelRequest {
+        delivery_tags: vec![tags[1].clone()],
+    };
+    let move_now = RescheduleRequest {
+        delivery_tag: tags[2].clone(),
+        delay_ms: 0,
     };
     let follower = (leader + 1) % 3;
-    let st = FutureQProducerClient::new(c.nodes[follower].channel().await)
-        .cancel(req.clone())
-        .await
-        .expect_err("a follower refuses a cancel");
-    assert_eq!(st.code(), tonic::Code::FailedPrecondition, "{st:?}");
-    assert_eq!(
-        st.metadata()
-            .get("futureq-leader-address")
-            .and_then(|v| v.to_str().ok()),
-        Some(format!("127.0.0.1:{}", c.nodes[leader].grpc_port).as_str())
-    );
-    let got = FutureQProducerClient::new(c.nodes[leader].channel().await)
-        .cancel(req)
+    let leader_address = format!("127.0.0.1:{}", c.nodes[leader].grpc_port);
+    let mut on_follower = FutureQProducerClient::new(c.nodes[follower].channel().await);
+    for st in [
+        on_follower
+            .cancel(cancel.clone())
+            .await
+            .expect_err("a follower refuses a cancel"),
+        on_follower
+            .reschedule(move_now.clone())
+            .await
+            .expect_err("a follower refuses a reschedule"),
+    ] {
+        assert_eq!(st.code(), tonic::Code::FailedPrecondition, "{st:?}");
+        assert_eq!(
+            st.metadata()
+                .get("futureq-leader-address")
+                .and_then(|v| v.to_str().ok()),
+            Some(leader_address.as_str())
+        );
+    }
+    let mut on_leader = FutureQProducerClient::new(c.nodes[leader].channel().await);
+    let got = on_leader
+        .cancel(cancel)
         .await
         .unwrap()
         .into_inner()
         .cancelled;
     assert_eq!(got, vec![true]);
+    let moved = on_leader.reschedule(move_now).await.unwrap().into_inner();
+    assert!(moved.found, "{moved:?}");
 
     c.nodes[leader].kill9();
     let new_leader = c.leader(Duration::from_secs(10)).await;
     assert_ne!(new_leader, leader);
     let mut s = Subscriber::open(c.nodes[new_leader].channel().await, "t", "", 100).await;
-    let m = s
-        .next(Duration::from_secs(10))
-        .await
-        .expect("the message not cancelled");
-    assert_eq!(&m.payload[..], b"keep");
-    s.ack(&m.delivery_tag, true);
+    let mut got = Vec::new();
+    for _ in 0..2 {
+        let m = s
+            .next(Duration::from_secs(10))
+            .await
+            .expect("the message kept and the one moved");
+        s.ack(&m.delivery_tag, true);
+        got.push((
+            String::from_utf8_lossy(&m.payload).into_owned(),
+            m.delivery_tag,
+        ));
+    }
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            ("keep".to_owned(), tags[0].clone()),
+            ("moved".to_owned(), moved.delivery_tag.clone())
+        ]
+    );
     assert!(
         s.next(Duration::from_millis(1500)).await.is_none(),
-        "the new leader delivered a cancelled message"
+        "the new leader delivered a cancelled message, or a moved one twice"
     );
+    // The moved message's id came from the old leader's sequence: the new one assigns above.
+    let mut p = Publisher::open(c.nodes[new_leader].channel().await).await;
+    let ack = p.publish(batch(2, 0, vec![msg("u", "after", 0, 0)])).await;
+    assert!(ack.success, "{ack:?}");
+    assert!(ack.delivery_tags[0][16..] > moved.delivery_tag[16..]);
 }

@@ -3,7 +3,7 @@
 //!
 //! | bytes | field |
 //! |---|---|
-//! | 1 | tag: 1 = `StoreBatch` v1, 2 = `DeleteBatch` v1, 3 = `RegisterGroup` v1, 4 = `Cancel` v1 |
+//! | 1 | tag: 1 = `StoreBatch` v1, 2 = `DeleteBatch` v1, 3 = `RegisterGroup` v1, 4 = `Cancel` v1, 5 = `Reschedule` v1 |
 //! | 4 | archive length (u32 LE): the rest of the entry, exactly |
 //! | n | rkyv archive of the command |
 //!
@@ -35,6 +35,8 @@ pub const TAG_DELETE_V1: u8 = 2;
 pub const TAG_REGISTER_GROUP_V1: u8 = 3;
 /// Tag of a v1 [`Cancel`].
 pub const TAG_CANCEL_V1: u8 = 4;
+/// Tag of a v1 [`Reschedule`].
+pub const TAG_RESCHEDULE_V1: u8 = 5;
 
 /// Most keys of one [`Cancel`] (the API's limit per request).
 pub const CANCEL_KEYS_MAX: usize = 1000;
@@ -48,6 +50,41 @@ pub struct Cancel {
     pub keys: Vec<[u8; KEY_LEN]>,
 }
 
+/// Moves a stored message to a new due time (the `Reschedule` RPC): the apply replaces it by
+/// the same message (topic, payload, indexes, enqueue time and so absolute expiry) due at
+/// `due_at_ms`, under a new key with a leader-assigned id; the apply answers the new key
+/// ([`Answer::Rescheduled`]).
+///
+/// Every value the apply needs is in the command (the leader's clock reading included), so
+/// every replica decides the same.
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct Reschedule {
+    /// The stored message's 24-byte key.
+    pub key: [u8; KEY_LEN],
+    /// Leader-assigned event id of the new key (above every earlier id, like a store's).
+    pub event_id: u64,
+    /// Time bucket of the new key (the bucket of `due_at_ms`).
+    pub bucket: u64,
+    /// The new due instant (Unix ms).
+    pub due_at_ms: i64,
+    /// The leader's clock when it built the command (Unix ms): a message whose TTL passed by
+    /// then is not moved (it is not found).
+    pub now_ms: i64,
+}
+
+impl ArchivedReschedule {
+    /// The key of the moved message: the old key's topic, the new bucket and id.
+    #[must_use]
+    pub fn new_key(&self) -> EventKey {
+        EventKey::new(
+            EventKey(self.key).topic_hash(),
+            Bucket(self.bucket.to_native()),
+            EventId(self.event_id.to_native()),
+        )
+    }
+}
+
 /// What applying a command answers its proposer beyond "applied" (decided from the entry and
 /// the applied state only, so every replica decides the same).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -57,6 +94,9 @@ pub enum Answer {
     None,
     /// A [`Cancel`]: per key, in order, whether it was stored.
     Cancelled(Vec<bool>),
+    /// A [`Reschedule`]: the new key, or `None` when the message was not stored (or its TTL
+    /// had passed).
+    Rescheduled(Option<EventKey>),
 }
 
 /// Records that a consumer group subscribed to a topic: from then on it is a recipient of
@@ -145,6 +185,8 @@ pub enum CommandRef<'a> {
     RegisterGroup(&'a ArchivedRegisterGroup),
     /// Cancel messages.
     Cancel(&'a ArchivedCancel),
+    /// Move a message to a new due time.
+    Reschedule(&'a ArchivedReschedule),
 }
 
 /// Why entry bytes are not a command.
@@ -190,6 +232,15 @@ pub fn encode_delete(b: &DeleteBatch) -> Vec<u8> {
 #[must_use]
 pub fn encode_cancel(c: &Cancel) -> Vec<u8> {
     frame(TAG_CANCEL_V1, c, 64 + c.keys.len() * KEY_LEN)
+}
+
+/// Encodes a reschedule command.
+///
+/// # Panics
+/// Only if rkyv cannot serialize plain data (it always can).
+#[must_use]
+pub fn encode_reschedule(r: &Reschedule) -> Vec<u8> {
+    frame(TAG_RESCHEDULE_V1, r, 64 + KEY_LEN)
 }
 
 /// Encodes a group registration.
@@ -251,6 +302,9 @@ pub fn decode(bytes: &[u8]) -> Result<CommandRef<'_>, CommandError> {
             .map_err(|e| CommandError::Invalid(e.to_string())),
         TAG_CANCEL_V1 => rkyv::access::<ArchivedCancel, RkyvError>(archive)
             .map(CommandRef::Cancel)
+            .map_err(|e| CommandError::Invalid(e.to_string())),
+        TAG_RESCHEDULE_V1 => rkyv::access::<ArchivedReschedule, RkyvError>(archive)
+            .map(CommandRef::Reschedule)
             .map_err(|e| CommandError::Invalid(e.to_string())),
         t => Err(CommandError::UnknownTag(t)),
     }
@@ -351,6 +405,19 @@ mod tests {
             let CommandRef::Cancel(a) = decode(&buf[pad..]).unwrap() else { panic!("cancel") };
             let back: Cancel = rkyv::deserialize::<Cancel, RkyvError>(a).unwrap();
             prop_assert_eq!(&back, &c);
+            prop_assert_eq!(first_event_id(&buf[pad..]), None);
+        }
+
+        #[test]
+        fn reschedule_round_trips(key: [u8; 24], event_id: u64, bucket: u64, due_at_ms: i64, now_ms: i64, pad in 0usize..16) {
+            let r = Reschedule { key, event_id, bucket, due_at_ms, now_ms };
+            let mut buf = vec![0u8; pad];
+            buf.extend(encode_reschedule(&r));
+            let CommandRef::Reschedule(a) = decode(&buf[pad..]).unwrap() else { panic!("reschedule") };
+            let back: Reschedule = rkyv::deserialize::<Reschedule, RkyvError>(a).unwrap();
+            prop_assert_eq!(&back, &r);
+            let old = EventKey(key);
+            prop_assert_eq!(a.new_key(), EventKey::new(old.topic_hash(), Bucket(bucket), EventId(event_id)));
             prop_assert_eq!(first_event_id(&buf[pad..]), None);
         }
 

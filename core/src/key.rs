@@ -161,6 +161,43 @@ impl EventKey {
     }
 }
 
+/// A delivery tag's text form: 48 lowercase hex digits, the key's bytes in order (what logs
+/// and the CLI print, and what [`EventKey::from_hex`] reads back).
+impl fmt::Display for EventKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Text that is not a key's hex form.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a delivery tag is 48 hex digits, got {0:?}")]
+pub struct BadKeyText(pub String);
+
+impl EventKey {
+    /// Parses the [`fmt::Display`] form (upper- or lowercase hex).
+    ///
+    /// # Errors
+    /// [`BadKeyText`] for anything else (the text, cut to 64 characters).
+    pub fn from_hex(s: &str) -> Result<Self, BadKeyText> {
+        let bad = || BadKeyText(s.chars().take(64).collect());
+        let b = s.as_bytes();
+        if b.len() != KEY_LEN * 2 {
+            return Err(bad());
+        }
+        let digit = |c: u8| char::from(c).to_digit(16).ok_or_else(bad);
+        let mut k = [0u8; KEY_LEN];
+        for (i, out) in k.iter_mut().enumerate() {
+            // Two hex digits are below 256.
+            *out = u8::try_from(digit(b[2 * i])? * 16 + digit(b[2 * i + 1])?).map_err(|_| bad())?;
+        }
+        Ok(EventKey(k))
+    }
+}
+
 impl fmt::Debug for EventKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
@@ -192,6 +229,24 @@ mod tests {
     fn topic_hash_is_xxh64_seed0() {
         // Reference value of XXH64("", 0).
         assert_eq!(topic_hash(""), TopicHash(0xef46_db37_51d8_e999));
+    }
+
+    proptest! {
+        #[test]
+        fn the_hex_form_round_trips(k: [u8; 24]) {
+            let key = EventKey(k);
+            let text = key.to_string();
+            prop_assert_eq!(text.len(), 48);
+            prop_assert_eq!(EventKey::from_hex(&text), Ok(key));
+            prop_assert_eq!(EventKey::from_hex(&text.to_uppercase()), Ok(key));
+        }
+
+        #[test]
+        fn bad_hex_is_refused(s in ".{0,60}") {
+            if let Ok(k) = EventKey::from_hex(&s) {
+                prop_assert_eq!(k.to_string(), s.to_lowercase());
+            }
+        }
     }
 
     #[test]

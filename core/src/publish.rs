@@ -109,6 +109,23 @@ pub fn validate_batch(
     Ok(())
 }
 
+/// Checks a requested delay (a message's, a reschedule's): `0..=publish.maxDelay`.
+///
+/// # Errors
+/// What is wrong, for a message naming the field.
+pub fn check_delay(delay_ms: i64, limits: &PublishLimits) -> Result<(), String> {
+    if delay_ms < 0 {
+        return Err(format!("must be >= 0, got {delay_ms}"));
+    }
+    if delay_ms > limits.max_delay_ms {
+        return Err(format!(
+            "{delay_ms} exceeds publish.maxDelay ({} ms)",
+            limits.max_delay_ms
+        ));
+    }
+    Ok(())
+}
+
 /// Checks one message of a batch.
 ///
 /// # Errors
@@ -137,17 +154,8 @@ pub fn validate_message(
             format!("is {} bytes, the limit is {TOPIC_LEN_MAX}", topic.len()),
         );
     }
-    if delay_ms < 0 {
-        return err("delay_ms", format!("must be >= 0, got {delay_ms}"));
-    }
-    if delay_ms > limits.max_delay_ms {
-        return err(
-            "delay_ms",
-            format!(
-                "{delay_ms} exceeds publish.maxDelay ({} ms)",
-                limits.max_delay_ms
-            ),
-        );
+    if let Err(reason) = check_delay(delay_ms, limits) {
+        return err("delay_ms", reason);
     }
     if ttl_ms < 0 {
         return err("ttl_ms", format!("must be >= 0, got {ttl_ms}"));

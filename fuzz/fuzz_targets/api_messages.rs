@@ -36,6 +36,15 @@ fuzz_target!(|data: &[u8]| {
             let _ = EventKey::from_slice(t);
         }
     }
+    if let Ok(r) = pb::RescheduleRequest::decode(data) {
+        let _ = (EventKey::from_slice(&r.delivery_tag), r.delay_ms.checked_add(1));
+    }
+    if let Ok(s) = std::str::from_utf8(data) {
+        // The tag's text form (CLI input).
+        if let Ok(k) = EventKey::from_hex(s) {
+            assert_eq!(k.to_string(), s.to_ascii_lowercase());
+        }
+    }
     if let Ok(r) = pb::reflection::ServerReflectionRequest::decode(data) {
         use std::sync::OnceLock;
         static INDEX: OnceLock<futureq_net::reflection::Reflection> = OnceLock::new();

@@ -26,6 +26,11 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(in_place, None, "a cancel has no first event id");
             let _ = c.keys.iter().map(|k| k[23]).count();
         }
+        Ok(CommandRef::Reschedule(r)) => {
+            assert_eq!(in_place, None, "a reschedule has no first event id");
+            assert_eq!(r.new_key().topic_hash(), futureq_core::EventKey(r.key).topic_hash());
+            let _ = (r.due_at_ms.to_native(), r.now_ms.to_native());
+        }
         Err(_) => {}
     }
     if let Ok(c) = futureq_core::metadata::MetaCommand::decode(data) {

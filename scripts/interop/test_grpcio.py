@@ -134,11 +134,18 @@ def check_cancel(b):
     c = Consumer(b, "py-cancel")
     time.sleep(0.2)
     acks = publish(b, [batch(1, [pb.PublishMessage(topic="py-cancel", payload=b"keep", delay_ms=2000),
-                                 pb.PublishMessage(topic="py-cancel", payload=b"drop", delay_ms=2000)])])
+                                 pb.PublishMessage(topic="py-cancel", payload=b"drop", delay_ms=2000),
+                                 pb.PublishMessage(topic="py-cancel", payload=b"moved", delay_ms=600000)])])
     tags = acks[0].delivery_tags
     stub = pbg.FutureQProducerStub(b.channel)
     r = stub.Cancel(pb.CancelRequest(delivery_tags=[tags[1], b"\x00" * 24]), timeout=5)
     assert list(r.cancelled) == [True, False], r
+    moved = stub.Reschedule(pb.RescheduleRequest(delivery_tag=tags[2], delay_ms=0), timeout=5)
+    assert moved.found and moved.delivery_tag != tags[2], moved
+    m = c.next(8)
+    assert isinstance(m, pb.QueueMessage) and m.payload == b"moved", m
+    assert m.delivery_tag == moved.delivery_tag, m
+    c.ack(m.delivery_tag, True)
     try:
         stub.Cancel(pb.CancelRequest(delivery_tags=[b"short"]), timeout=5)
         raise AssertionError("a 5-byte tag was accepted")

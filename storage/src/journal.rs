@@ -34,8 +34,8 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use futureq_core::command::{
-    encode_cancel, encode_delete, encode_register_group, encode_store, Answer, Cancel, DeleteBatch,
-    RegisterGroup, StoreBatch, StoreItem,
+    encode_cancel, encode_delete, encode_register_group, encode_reschedule, encode_store, Answer,
+    Cancel, DeleteBatch, RegisterGroup, Reschedule, StoreBatch, StoreItem,
 };
 use futureq_core::{EventKey, TopicHash};
 use futures::channel::oneshot;
@@ -344,7 +344,25 @@ impl<I: LogIo + 'static> Journal<I> {
         });
         match self.submit(|_| cmd, Wait::Applied).await? {
             Answer::Cancelled(v) => Ok(v),
-            Answer::None => Err(JournalError::Unanswered),
+            _ => Err(JournalError::Unanswered),
+        }
+    }
+
+    /// Moves a stored message ([`Reschedule`]) durably, under a new key whose id is assigned
+    /// here (`to.event_id` is ignored): the new key, or `None` when the message was not
+    /// stored or its TTL had passed at `to.now_ms`.
+    ///
+    /// # Errors
+    /// See [`JournalError`].
+    pub async fn reschedule(&self, mut to: Reschedule) -> Result<Option<EventKey>, JournalError> {
+        let make = |next_id: &mut u64| {
+            to.event_id = *next_id;
+            *next_id += 1;
+            encode_reschedule(&to)
+        };
+        match self.submit(make, Wait::Applied).await? {
+            Answer::Rescheduled(k) => Ok(k),
+            _ => Err(JournalError::Unanswered),
         }
     }
 

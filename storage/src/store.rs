@@ -406,6 +406,30 @@ impl Store {
                         out.answers
                             .push((*index, futureq_core::command::Answer::Cancelled(cancelled)));
                     }
+                    CommandRef::Reschedule(r) => {
+                        let id = r.event_id.to_native();
+                        if id <= out.max_event_id {
+                            out.refused.push((
+                                *index,
+                                Refusal::StaleIds {
+                                    first: id,
+                                    last: id,
+                                    max: out.max_event_id,
+                                },
+                            ));
+                            continue;
+                        }
+                        // The id is used whether or not the message was found, so ids
+                        // never regress on any replica.
+                        out.max_event_id = id;
+                        let moved = t.reschedule(r)?;
+                        if let Some(key) = moved {
+                            out.deleted.push(EventKey(r.key));
+                            stored.push(key);
+                        }
+                        out.answers
+                            .push((*index, futureq_core::command::Answer::Rescheduled(moved)));
+                    }
                     CommandRef::RegisterGroup(r) => {
                         t.add_group(&group_key(
                             TopicHash(r.topic_hash.to_native()),
@@ -935,8 +959,14 @@ impl<'t> Tables<'t> {
 
     /// Removes a message and its index and expiry entries; false if it did not exist.
     fn remove(&mut self, key: &EventKey) -> Result<bool, StoreError> {
+        Ok(self.take(key)?.is_some())
+    }
+
+    /// Removes a message and its index and expiry entries; the message, if it existed and
+    /// decodes (an undecodable one is removed and logged).
+    fn take(&mut self, key: &EventKey) -> Result<Option<StoredMessage>, StoreError> {
         let Some(v) = self.messages.remove(key.0.as_slice())? else {
-            return Ok(false);
+            return Ok(None);
         };
         let bytes = Bytes::copy_from_slice(v.value());
         drop(v);
@@ -949,11 +979,51 @@ impl<'t> Tables<'t> {
                 if let Some(e) = m.expires_at_ms() {
                     self.remove_row(KeyTable::Expiry, &expiry_key(e, key))?;
                 }
+                Ok(Some(m))
             }
             Err(e) => {
-                tracing::error!(target: "storage", ?key, error = %e, "deleted an undecodable message; its index entries may remain");
+                tracing::error!(target: "storage", key = %key, error = %e, "deleted an undecodable message; its index entries may remain");
+                Ok(None)
             }
         }
-        Ok(true)
+    }
+
+    /// Moves a stored message to a new key and due time ([`futureq_core::command::Reschedule`]):
+    /// the new key, or `None` when it was not stored or had expired by the command's clock
+    /// (then nothing changes).
+    fn reschedule(
+        &mut self,
+        r: &futureq_core::command::ArchivedReschedule,
+    ) -> Result<Option<EventKey>, StoreError> {
+        let old = EventKey(r.key);
+        let now_ms = r.now_ms.to_native();
+        let live = match self.messages.get(old.0.as_slice())? {
+            Some(v) => StoredMessage::decode(&Bytes::copy_from_slice(v.value()))
+                .is_ok_and(|m| !m.is_expired(now_ms)),
+            None => false,
+        };
+        if !live {
+            return Ok(None);
+        }
+        let Some(mut m) = self.take(&old)? else {
+            return Ok(None);
+        };
+        // Same enqueue time and TTL, so the same absolute expiry; the delay moves the due
+        // time (never before the enqueue time: a leader's clock behind the original one).
+        m.delay = futureq_core::DelayMs(
+            r.due_at_ms
+                .to_native()
+                .saturating_sub(m.enqueued_at_ms)
+                .max(0),
+        );
+        let key = r.new_key();
+        let index_keys: Vec<Vec<u8>> = m.indexes.iter().map(|i| i.index_key()).collect();
+        self.insert(
+            &key,
+            m.expires_at_ms(),
+            index_keys.iter().map(Vec::as_slice),
+            &m.encode(),
+        )?;
+        Ok(Some(key))
     }
 }

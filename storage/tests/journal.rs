@@ -413,6 +413,49 @@ fn a_store_ahead_of_the_journal_empties_it() {
 }
 
 /// A key from its three parts.
+/// A reschedule gets its id from the journal's sequence (so later publishes go above it),
+/// answers the new key once applied, and a crash replays it to the same store.
+#[test]
+fn a_reschedule_takes_the_next_id_and_is_replayed() {
+    run(|| async {
+        let io = MemLogIo::new();
+        let store = memory();
+        let (j, _) = open(&io, KEEP, &store).await;
+        let (_stop, _task) = serve(&j);
+        let m = futureq_core::StoredMessage {
+            topic: "t".into(),
+            payload: bytes::Bytes::from_static(b"p"),
+            enqueued_at_ms: 1000,
+            delay: futureq_core::DelayMs(5000),
+            ttl: futureq_core::TtlMs(0),
+            indexes: vec![],
+        };
+        let mut it = item(1, 1);
+        it.message = m.encode().to_vec();
+        let first = j.publish(vec![it], Wait::Applied).await.unwrap();
+        let to = |key: EventKey| futureq_core::command::Reschedule {
+            key: key.0,
+            event_id: 0,
+            bucket: 9,
+            due_at_ms: 9000,
+            now_ms: 2000,
+        };
+        let moved = j.reschedule(to(key(1, 7, first))).await.unwrap();
+        assert_eq!(moved, Some(key(1, 9, first + 1)));
+        assert_eq!(j.reschedule(to(key(1, 7, first))).await.unwrap(), None);
+        let next = j.publish(vec![item(1, 2)], Wait::Applied).await.unwrap();
+        assert_eq!(next, first + 3, "each reschedule used an id");
+
+        let replica = memory();
+        let (_j2, _) = open(&io.crash(), KEEP, &replica).await;
+        assert_eq!(
+            replica.computed_digest().unwrap(),
+            store.computed_digest().unwrap()
+        );
+        assert!(replica.get(&key(1, 9, first + 1)).unwrap().is_some());
+    });
+}
+
 fn key(topic: u64, bucket: u64, id: u64) -> EventKey {
     EventKey::new(
         futureq_core::TopicHash(topic),

@@ -5,13 +5,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use futureq_core::command::{
-    encode_cancel, encode_delete, encode_register_group, encode_store, Answer, Cancel, DeleteBatch,
-    RegisterGroup, StoreBatch, StoreItem,
+    encode_cancel, encode_delete, encode_register_group, encode_reschedule, encode_store, Answer,
+    Cancel, DeleteBatch, RegisterGroup, Reschedule, StoreBatch, StoreItem,
 };
 use futureq_core::hub::ScanRequest;
 use futureq_core::{
     bucket_of, topic_hash, Bucket, EventId, EventKey, IndexValue, StoredMessage, TopicHash,
 };
+use futureq_storage::Refusal;
 use futureq_storage::{ApplyOutcome, Store, StoreMode};
 
 fn new_message(topic: &str, enq: i64, delay: i64, ttl: i64, indexes: Vec<IndexValue>) -> StoreItem {
@@ -239,6 +240,102 @@ fn a_cancel_answers_which_keys_were_stored() {
         delete(&s, &[keys[0]]).outcome(next + 2).unwrap(),
         Answer::None
     );
+}
+
+/// A reschedule moves the message to a new key (new bucket and id, same topic) with the same
+/// payload, indexes, enqueue time and absolute expiry; the old key is reported deleted (so
+/// replicas revoke it) and the new one published. Not stored, or expired by the command's
+/// clock: `None`, nothing changes, and the id is used all the same (ids never regress).
+#[test]
+fn a_reschedule_moves_the_message_and_keeps_its_expiry() {
+    let s = memory();
+    let idx = vec![IndexValue::String("order-1".into())];
+    let keys = publish(&s, vec![new_message("t", 1000, 5000, 100_000, idx)]);
+    let before = s
+        .get(&keys[0])
+        .unwrap()
+        .map(|b| StoredMessage::decode(&b).unwrap())
+        .unwrap();
+    let reschedule = |key: EventKey, due_at_ms: i64, now_ms: i64| {
+        let event_id = s.last_id().unwrap() + 1;
+        let out = apply(
+            &s,
+            &encode_reschedule(&Reschedule {
+                key: key.0,
+                event_id,
+                bucket: bucket_of(due_at_ms, 1).0,
+                due_at_ms,
+                now_ms,
+            }),
+        );
+        assert_eq!(s.last_id().unwrap(), event_id, "the id is used");
+        (event_id, out)
+    };
+    let (id, out) = reschedule(keys[0], 50_000, 2000);
+    let moved = EventKey::new(topic_hash("t"), bucket_of(50_000, 1), EventId(id));
+    let next = s.applied().unwrap().unwrap().0;
+    assert_eq!(out.outcome(next).unwrap(), Answer::Rescheduled(Some(moved)));
+    assert_eq!(out.deleted, vec![keys[0]]);
+    assert_eq!(out.published, vec![moved]);
+    assert!(s.get(&keys[0]).unwrap().is_none());
+    let after = StoredMessage::decode(&s.get(&moved).unwrap().unwrap()).unwrap();
+    assert_eq!(after.due_at_ms(), 50_000);
+    assert_eq!(
+        after.expires_at_ms(),
+        before.expires_at_ms(),
+        "absolute expiry kept"
+    );
+    assert_eq!(
+        (
+            after.topic.as_str(),
+            &after.payload,
+            &after.indexes,
+            after.enqueued_at_ms
+        ),
+        (
+            before.topic.as_str(),
+            &before.payload,
+            &before.indexes,
+            before.enqueued_at_ms
+        )
+    );
+    assert_eq!(
+        s.counts().unwrap(),
+        (1, 1, 1),
+        "one row, its index and expiry entries"
+    );
+    assert_eq!(s.expired_keys(101_000, 10).unwrap(), vec![moved]);
+    assert_eq!(s.digest(), s.computed_digest().unwrap());
+
+    // The old key is gone: not found, nothing changes.
+    let digest = s.digest();
+    let (_, out) = reschedule(keys[0], 60_000, 3000);
+    assert_eq!(out.outcome(next + 1).unwrap(), Answer::Rescheduled(None));
+    assert!(out.deleted.is_empty() && out.published.is_empty());
+    assert_eq!(s.digest(), digest);
+    // Expired by the command's clock: not moved (the TTL sweep deletes it).
+    let (_, out) = reschedule(moved, 200_000, 101_000);
+    assert_eq!(out.outcome(next + 2).unwrap(), Answer::Rescheduled(None));
+    assert!(s.get(&moved).unwrap().is_some());
+    // A due time before the enqueue time (a leader clock behind) is due at the enqueue time.
+    let (id, _) = reschedule(moved, 500, 600);
+    let back = EventKey::new(topic_hash("t"), bucket_of(500, 1), EventId(id));
+    let m = StoredMessage::decode(&s.get(&back).unwrap().unwrap()).unwrap();
+    assert_eq!((m.delay.0, m.due_at_ms()), (0, 1000));
+    // An id at or below the highest applied one is refused whole.
+    let stale = encode_reschedule(&Reschedule {
+        key: back.0,
+        event_id: id,
+        bucket: 9,
+        due_at_ms: 9000,
+        now_ms: 700,
+    });
+    let out = apply(&s, &stale);
+    assert!(matches!(
+        out.outcome(next + 4),
+        Err(Refusal::StaleIds { .. })
+    ));
+    assert!(s.get(&back).unwrap().is_some());
 }
 
 #[test]

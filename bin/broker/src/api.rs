@@ -2,7 +2,7 @@
 //!
 //! Layout:
 //! - `producer`: `FutureQProducer.PublishStream`.
-//! - `manage`: `FutureQProducer.Cancel`.
+//! - `manage`: `FutureQProducer.Cancel` and `Reschedule`.
 //! - `consumer`: `FutureQConsumer.Subscribe`.
 //! - `cluster`: `FutureQCluster.*` and `grpc.health.v1.Health` (`Check`, `Watch`).
 //! - `reflection`: `grpc.reflection.v1` and `v1alpha` `ServerReflection`.
@@ -62,6 +62,7 @@ pub fn handler(ctx: Rc<Ctx>) -> Handler {
                 }
                 "/futureq.FutureQConsumer/Subscribe" => consumer::subscribe(&ctx, call, out).await,
                 "/futureq.FutureQProducer/Cancel" => manage::cancel(&ctx, call, out).await,
+                "/futureq.FutureQProducer/Reschedule" => manage::reschedule(&ctx, call, out).await,
                 "/futureq.FutureQCluster/GetClusterInfo" => {
                     cluster::get_cluster_info(&ctx, call, out).await
                 }

@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futureq_core::command::StoreItem;
 use futureq_core::command::{
-    encode_cancel, encode_delete, encode_register_group, Answer, Cancel, DeleteBatch, RegisterGroup,
+    encode_cancel, encode_delete, encode_register_group, encode_reschedule, Answer, Cancel,
+    DeleteBatch, RegisterGroup, Reschedule,
 };
 use futureq_core::metadata::{MetaCommand, NodeAddr, ShardTopology};
 use futureq_core::{AckLevel, EventKey, TopicHash};
@@ -280,6 +281,13 @@ async fn watch_stalls(shutdown: Shutdown) {
     future::or(ticks, shutdown.wait()).await;
 }
 
+/// A command applied without the answer it must give (a defect).
+fn unanswered(what: &str) -> WriteError {
+    WriteError::Refused(format!(
+        "the {what} was applied but its apply gave no answer (a defect)"
+    ))
+}
+
 impl Core {
     /// Proposes a command built once (a delete, a group registration, a cancel) at QUORUM,
     /// each attempt only while this node takes writes; what its apply answers.
@@ -486,9 +494,32 @@ impl WriteCore for Rc<Core> {
         let keys = keys.iter().map(|k| k.0).collect();
         match Core::propose_while_leading(self, encode_cancel(&Cancel { keys }), deadline).await? {
             Answer::Cancelled(v) => Ok(v),
-            Answer::None => Err(WriteError::Refused(
-                "the cancel was applied but its apply gave no answer (a defect)".into(),
-            )),
+            _ => Err(unanswered("cancel")),
+        }
+    }
+
+    async fn reschedule(
+        &self,
+        mut to: Reschedule,
+        deadline: Instant,
+    ) -> Result<Option<EventKey>, WriteError> {
+        // Never forwarded, like a cancel.
+        self.leading_now()?;
+        let core = Rc::clone(self);
+        let make = move || {
+            // The new key's id is assigned with the proposal, like a store's: ids follow
+            // log order.
+            let l = core.leading_now()?;
+            to.event_id = core
+                .ids
+                .borrow_mut()
+                .assign(l.leading, l.term, 1)
+                .ok_or(WriteError::NotLeader { leader: l.leader })?;
+            Ok(Proposal::command(encode_reschedule(&to).into()))
+        };
+        match self.node.write_event(make, Ack::Quorum, deadline).await? {
+            Answer::Rescheduled(k) => Ok(k),
+            _ => Err(unanswered("reschedule")),
         }
     }
 

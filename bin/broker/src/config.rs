@@ -445,6 +445,17 @@ pub struct Settings {
     pub deprecated: Vec<String>,
 }
 
+impl Settings {
+    /// What a publish (and a reschedule) is checked against.
+    #[must_use]
+    pub fn publish_limits(&self) -> futureq_core::publish::PublishLimits {
+        futureq_core::publish::PublishLimits {
+            max_delay_ms: i64::try_from(self.max_delay.as_millis()).unwrap_or(i64::MAX),
+            min_ack_level: self.min_ack_level,
+        }
+    }
+}
+
 /// Validated `cluster.*` settings.
 #[derive(Debug, Clone)]
 #[allow(missing_docs)]

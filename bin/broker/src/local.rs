@@ -269,6 +269,14 @@ impl<I: LogIo + 'static> WriteCore for LocalCore<I> {
         until(deadline, self.journal.cancel(&keys)).await
     }
 
+    async fn reschedule(
+        &self,
+        to: futureq_core::command::Reschedule,
+        deadline: Instant,
+    ) -> Result<Option<EventKey>, WriteError> {
+        until(deadline, self.journal.reschedule(to)).await
+    }
+
     async fn register_group(
         &self,
         topic_hash: TopicHash,

@@ -146,6 +146,8 @@ pub struct Metrics {
     pub parked_messages: AtomicI64,
     /// Messages a `Cancel` deleted.
     pub messages_cancelled: AtomicU64,
+    /// Messages a `Reschedule` moved.
+    pub messages_rescheduled: AtomicU64,
     /// Publish bytes in service ([`crate::budget::Budget`] counts here).
     pub publish_bytes_in_service: AtomicU64,
     pub store_commits: AtomicU64,
@@ -192,6 +194,7 @@ impl Default for Metrics {
             parked_messages: AtomicI64::new(0),
             publish_bytes_in_service: AtomicU64::new(0),
             messages_cancelled: AtomicU64::new(0),
+            messages_rescheduled: AtomicU64::new(0),
             store_commits: AtomicU64::new(0),
             store_commit_ops: AtomicU64::new(0),
             store_digest: std::sync::Arc::default(),
@@ -426,6 +429,13 @@ impl Metrics {
             "counter",
             "Stored messages deleted by Cancel requests.",
             self.messages_cancelled.load(r),
+        );
+        scalar(
+            &mut o,
+            "futureq_messages_rescheduled_total",
+            "counter",
+            "Stored messages moved to a new due time by Reschedule requests.",
+            self.messages_rescheduled.load(r),
         );
         scalar(
             &mut o,

@@ -53,6 +53,16 @@ pub enum RaftReq {
         /// Per key, in order: whether it was stored.
         reply: oneshot::Sender<Result<Vec<bool>, WriteError>>,
     },
+    /// Move a stored message to a new due time (the `Reschedule` RPC), at QUORUM; replies
+    /// the new key, or `None` when the message was not stored.
+    Reschedule {
+        /// What to move where (`event_id` is assigned by the write core).
+        to: futureq_core::command::Reschedule,
+        /// When to give up.
+        deadline: Instant,
+        /// The new key.
+        reply: oneshot::Sender<Result<Option<EventKey>, WriteError>>,
+    },
     /// Add a consumer group to the durable registry (a no-op when it is there).
     RegisterGroup {
         /// Topic hash.
@@ -136,6 +146,13 @@ pub(crate) trait WriteCore {
     /// stored.
     async fn cancel(&self, keys: Vec<EventKey>, deadline: Instant)
         -> Result<Vec<bool>, WriteError>;
+    /// Moves a stored message through the log (only while leading): the new key, or `None`
+    /// when it was not stored.
+    async fn reschedule(
+        &self,
+        to: futureq_core::command::Reschedule,
+        deadline: Instant,
+    ) -> Result<Option<EventKey>, WriteError>;
     /// Adds a consumer group to the durable registry (a no-op when it is there).
     async fn register_group(
         &self,
@@ -188,6 +205,13 @@ pub(crate) async fn answer(core: &impl WriteCore, req: RaftReq) {
             reply,
         } => {
             let _ = reply.send(core.cancel(keys, deadline).await);
+        }
+        RaftReq::Reschedule {
+            to,
+            deadline,
+            reply,
+        } => {
+            let _ = reply.send(core.reschedule(to, deadline).await);
         }
         RaftReq::RegisterGroup {
             topic_hash,

@@ -1,7 +1,8 @@
-//! Managing scheduled messages: `FutureQProducer.Cancel`.
+//! Managing scheduled messages: `FutureQProducer.Cancel` and `Reschedule`.
 
-use futureq_core::command::CANCEL_KEYS_MAX;
-use futureq_core::EventKey;
+use futureq_core::command::{Reschedule, CANCEL_KEYS_MAX};
+use futureq_core::publish::check_delay;
+use futureq_core::{bucket_of, EventKey};
 use futureq_net::grpc::{Call, Code, Outbound, Status};
 use futureq_net::pb;
 use futureq_raft::node::WriteError;
@@ -58,6 +59,23 @@ fn write_failed(ctx: &Ctx, e: WriteError) -> Status {
     }
 }
 
+/// Drops `keys` from the dispatcher's memory (read-ahead copies, waiting recipients,
+/// deliveries in flight, whose ACK/NACK is then ignored) once their deletion committed;
+/// returns when no scan that read the store before the commit can deliver them any more
+/// ([`HubCmd::Revoke`]).
+async fn revoke(ctx: &Ctx, keys: Vec<EventKey>) {
+    let (done, revoked) = oneshot::channel();
+    if ctx
+        .hub
+        .send_async(HubCmd::Revoke { keys, done })
+        .await
+        .is_ok()
+    {
+        // A dispatcher that stopped (shutdown) delivers nothing more either way.
+        let _ = revoked.await;
+    }
+}
+
 /// `Cancel`: deletes the stored messages for every recipient, durably (the journal's fsync
 /// standalone, a quorum's commit clustered) before the answer. Once answered, none of them is
 /// delivered again: the dispatcher has dropped them and finished every scan that read the
@@ -93,19 +111,7 @@ pub async fn cancel(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
         Err(e) => return write_failed(ctx, e),
     };
     let n = found.iter().filter(|c| **c).count() as u64;
-    let (done, revoked) = oneshot::channel();
-    if ctx
-        .hub
-        .send_async(HubCmd::Revoke {
-            keys: keys.clone(),
-            done,
-        })
-        .await
-        .is_ok()
-    {
-        // A dispatcher that stopped (shutdown) delivers nothing more either way.
-        let _ = revoked.await;
-    }
+    revoke(ctx, keys.clone()).await;
     let cancelled = asked
         .iter()
         .map(|k| {
@@ -119,6 +125,74 @@ pub async fn cancel(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
         .messages_cancelled
         .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
     match out.send(&pb::CancelResponse { cancelled }).await {
+        Ok(()) => Status::ok(),
+        Err(s) => s,
+    }
+}
+
+/// `Reschedule`: replaces the stored message by the same one due at now + `delay_ms` (topic,
+/// payload, indexes, enqueue time and so absolute expiry kept; attempts start again) under a
+/// new tag, in one replicated command, durable before the answer. The old tag is revoked as a
+/// cancel's is: never delivered again, an ACK/NACK of it in flight is ignored. Every recipient
+/// gets the moved message, also one that acked the old copy already. `found = false` when the
+/// tag is not stored or its TTL has passed.
+pub async fn reschedule(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
+    let req = match unary_request::<pb::RescheduleRequest>(&mut call).await {
+        Ok(r) => r,
+        Err(s) => return s,
+    };
+    let key = match EventKey::from_slice(&req.delivery_tag) {
+        Ok(k) => k,
+        Err(_) => {
+            return Status::new(
+                Code::InvalidArgument,
+                format!(
+                    "delivery_tag: {} bytes; a delivery tag is {} bytes, as received",
+                    req.delivery_tag.len(),
+                    futureq_core::KEY_LEN
+                ),
+            )
+        }
+    };
+    if let Err(why) = check_delay(req.delay_ms, &ctx.settings.publish_limits()) {
+        return Status::new(Code::InvalidArgument, format!("delay_ms: {why}"));
+    }
+    if !ctx.repl.leading() {
+        return write_failed(ctx, WriteError::NotLeader { leader: None });
+    }
+    let now_ms = crate::dispatcher::now_ms();
+    let due_at_ms = now_ms.saturating_add(req.delay_ms);
+    let to = Reschedule {
+        key: key.0,
+        event_id: 0,
+        bucket: bucket_of(due_at_ms, ctx.settings.time_bucket_ms).0,
+        due_at_ms,
+        now_ms,
+    };
+    let deadline = std::time::Instant::now() + ctx.settings.proposal_timeout;
+    let moved = match ctx
+        .repl
+        .request(|reply| RaftReq::Reschedule {
+            to,
+            deadline,
+            reply,
+        })
+        .await
+    {
+        Ok(m) => m,
+        Err(e) => return write_failed(ctx, e),
+    };
+    if moved.is_some() {
+        revoke(ctx, vec![key]).await;
+        ctx.metrics
+            .messages_rescheduled
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    let resp = pb::RescheduleResponse {
+        found: moved.is_some(),
+        delivery_tag: moved.map(|k| k.0.to_vec().into()).unwrap_or_default(),
+    };
+    match out.send(&resp).await {
         Ok(()) => Status::ok(),
         Err(s) => s,
     }

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use futureq_core::command::StoreItem;
-use futureq_core::publish::{validate_batch, validate_message, PublishLimits};
+use futureq_core::publish::{validate_batch, validate_message};
 use futureq_core::{
     bucket_of, topic_hash, AckLevel, Bucket, DelayMs, EventId, EventKey, IndexValue, StoredMessage,
     TopicHash, TtlMs, ValidationError,
@@ -74,10 +74,7 @@ fn prepare(
 ) -> Result<(Vec<StoreItem>, String), (Code, String)> {
     let invalid = |e: ValidationError| (Code::InvalidArgument, e.to_string());
     let s = &ctx.settings;
-    let limits = PublishLimits {
-        max_delay_ms: i64::try_from(s.max_delay.as_millis()).unwrap_or(i64::MAX),
-        min_ack_level: s.min_ack_level,
-    };
+    let limits = s.publish_limits();
     validate_batch(batch.messages.len(), level, &limits).map_err(invalid)?;
     for (i, m) in batch.messages.iter().enumerate() {
         validate_message(i, &m.topic, m.delay_ms, m.ttl_ms, m.indexes.len(), &limits)
