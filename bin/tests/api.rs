@@ -452,6 +452,7 @@ async fn reflection_lists_and_describes_the_services() {
         "futureq.FutureQProducer",
         "futureq.FutureQConsumer",
         "futureq.FutureQCluster",
+        "futureq.FutureQAdmin",
         "grpc.health.v1.Health",
         "grpc.reflection.v1.ServerReflection",
         "grpc.reflection.v1alpha.ServerReflection",
@@ -470,6 +471,30 @@ async fn reflection_lists_and_describes_the_services() {
         .find(|s| s.name() == "FutureQProducer")
         .expect("the service is in its file");
     assert_eq!(producer.method[0].input_type(), ".futureq.PublishBatch");
+    // One list of services: every service the file describes is listed, and every method of
+    // it is routed (an empty request gets an answer, never UNIMPLEMENTED).
+    let mut g = tonic::client::Grpc::new(b.channel().await);
+    for svc in &file.service {
+        let full = format!("futureq.{}", svc.name());
+        assert!(names.contains(&full), "{full} not listed in {names:?}");
+        for m in &svc.method {
+            g.ready().await.unwrap();
+            let path = format!("/{full}/{}", m.name());
+            let call = g.unary(
+                tonic::Request::new(()),
+                http::uri::PathAndQuery::try_from(path.as_str()).unwrap(),
+                tonic_prost::ProstCodec::<(), ()>::default(),
+            );
+            let code = match tokio::time::timeout(Duration::from_secs(10), call)
+                .await
+                .unwrap_or_else(|_| panic!("{path} answers in time"))
+            {
+                Ok(_) => Code::Ok,
+                Err(s) => s.code(),
+            };
+            assert_ne!(code, Code::Unimplemented, "{path} is not routed");
+        }
+    }
     let MessageResponse::ErrorResponse(e) = next(&mut answers).await else {
         panic!("an unknown symbol is an error response");
     };

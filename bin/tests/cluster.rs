@@ -772,6 +772,29 @@ async fn a_down_followers_log_is_not_kept_and_it_catches_up_from_a_snapshot() {
                     > installs,
                 "the killed follower caught up from a snapshot; log:\n{log}"
             );
+            // The per-topic counts came with the snapshot: the same digest as the leader's
+            // (it covers them), and the leader counts every message.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let l = c.nodes[leader].metric("futureq_store_digest").await;
+                if c.nodes[down].metric("futureq_store_digest").await == l {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "the follower's store differs from the leader's"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let stats = futureq_bench::pb::future_q_admin_client::FutureQAdminClient::new(
+                c.nodes[leader].channel().await,
+            )
+            .topic_stats(futureq_bench::pb::TopicStatsRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .topics;
+            assert_eq!(stats[0].stored, n, "{stats:?}");
         }
     }
 }
@@ -1021,8 +1044,9 @@ async fn a_data_directory_is_not_switched_between_modes() {
 /// message, delivers the moved one under its new tag only, and assigns ids above it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_and_a_reschedule_are_replicated_and_hold_across_a_failover() {
+    use futureq_bench::pb::future_q_admin_client::FutureQAdminClient;
     use futureq_bench::pb::future_q_producer_client::FutureQProducerClient;
-    use futureq_bench::pb::{CancelRequest, RescheduleRequest};
+    use futureq_bench::pb::{CancelRequest, PeekRequest, RescheduleRequest, TopicStatsRequest};
     let _serial = SERIAL.lock().await;
     let mut c = Cluster::start(3, "").await;
     let leader = c.leader(Duration::from_secs(10)).await;
@@ -1051,6 +1075,7 @@ async fn a_cancel_and_a_reschedule_are_replicated_and_hold_across_a_failover() {
     let follower = (leader + 1) % 3;
     let leader_address = format!("127.0.0.1:{}", c.nodes[leader].grpc_port);
     let mut on_follower = FutureQProducerClient::new(c.nodes[follower].channel().await);
+    let mut admin_on_follower = FutureQAdminClient::new(c.nodes[follower].channel().await);
     for st in [
         on_follower
             .cancel(cancel.clone())
@@ -1060,6 +1085,18 @@ async fn a_cancel_and_a_reschedule_are_replicated_and_hold_across_a_failover() {
             .reschedule(move_now.clone())
             .await
             .expect_err("a follower refuses a reschedule"),
+        admin_on_follower
+            .topic_stats(TopicStatsRequest::default())
+            .await
+            .expect_err("a follower refuses stats"),
+        admin_on_follower
+            .peek(PeekRequest {
+                topic: "t".into(),
+                limit: 1,
+                after_tag: vec![],
+            })
+            .await
+            .expect_err("a follower refuses a peek"),
     ] {
         assert_eq!(st.code(), tonic::Code::FailedPrecondition, "{st:?}");
         assert_eq!(
@@ -1083,6 +1120,13 @@ async fn a_cancel_and_a_reschedule_are_replicated_and_hold_across_a_failover() {
     c.nodes[leader].kill9();
     let new_leader = c.leader(Duration::from_secs(10)).await;
     assert_ne!(new_leader, leader);
+    let stored = FutureQAdminClient::new(c.nodes[new_leader].channel().await)
+        .topic_stats(TopicStatsRequest { topic: "t".into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .topics;
+    assert_eq!(stored[0].stored, 2, "the new leader's count: {stored:?}");
     let mut s = Subscriber::open(c.nodes[new_leader].channel().await, "t", "", 100).await;
     let mut got = Vec::new();
     for _ in 0..2 {

@@ -88,6 +88,17 @@ pub trait Sink {
     }
 }
 
+/// What [`Hub::topic_activity`] reports for one topic.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TopicActivity {
+    /// The topic's name.
+    pub topic: Arc<str>,
+    /// Connected consumer streams.
+    pub consumers: u32,
+    /// Their deliveries in flight.
+    pub in_flight: u64,
+}
+
 /// Timing configuration of the hub.
 #[derive(Debug, Clone, Copy)]
 pub struct HubConfig {
@@ -289,6 +300,7 @@ enum Dispatch {
 
 struct Consumer<S> {
     topic_hash: TopicHash,
+    topic: Arc<str>,
     group: String,
     max_in_flight: u32,
     in_flight: HashSet<EventKey>,
@@ -418,6 +430,22 @@ impl<S: Sink> Hub<S> {
         (capacity * 2).max(TOPIC_ENTRIES_MIN)
     }
 
+    /// Per topic with connected consumers: its name, the consumer streams, and their
+    /// deliveries in flight (sent, not yet acked, nacked or timed out). O(consumers).
+    #[must_use]
+    pub fn topic_activity(&self) -> HashMap<TopicHash, TopicActivity> {
+        let mut out: HashMap<TopicHash, TopicActivity> = HashMap::new();
+        for c in self.consumers.values() {
+            let a = out.entry(c.topic_hash).or_insert_with(|| TopicActivity {
+                topic: Arc::clone(&c.topic),
+                ..TopicActivity::default()
+            });
+            a.consumers += 1;
+            a.in_flight += c.in_flight.len() as u64;
+        }
+        out
+    }
+
     /// Adds a consumer; its topic is scanned from the start at the next pass.
     pub fn register(&mut self, sub: &Subscription, sink: S, now_ms: i64) -> ConsumerId {
         let id = ConsumerId(self.next_consumer);
@@ -469,6 +497,7 @@ impl<S: Sink> Hub<S> {
             id,
             Consumer {
                 topic_hash: h,
+                topic: Arc::from(sub.topic.as_str()),
                 group: sub.group.clone(),
                 max_in_flight: max,
                 in_flight: HashSet::new(),

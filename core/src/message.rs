@@ -182,6 +182,18 @@ impl StoredMessage {
         b.freeze()
     }
 
+    /// The topic of encoded bytes, read in place without decoding the rest (`None` when the
+    /// bytes are not a version-1 record that far).
+    #[must_use]
+    pub fn topic_of(buf: &[u8]) -> Option<&str> {
+        const AT: usize = 1 + 24;
+        if buf.first() != Some(&FORMAT_VERSION) {
+            return None;
+        }
+        let len = u16::from_le_bytes(buf.get(AT..AT + 2)?.try_into().ok()?);
+        std::str::from_utf8(buf.get(AT + 2..AT + 2 + usize::from(len))?).ok()
+    }
+
     /// Decodes untrusted stored bytes; the payload shares `buf`'s memory.
     ///
     /// # Errors
@@ -316,6 +328,7 @@ mod tests {
         #[test]
         fn round_trip(m in arb_msg()) {
             let enc = m.encode();
+            prop_assert_eq!(StoredMessage::topic_of(&enc), Some(m.topic.as_str()));
             prop_assert_eq!(StoredMessage::decode(&enc).unwrap(), m);
         }
 
@@ -329,6 +342,7 @@ mod tests {
 
         #[test]
         fn arbitrary_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = StoredMessage::topic_of(&b);
             let _ = StoredMessage::decode(&Bytes::from(b));
         }
 

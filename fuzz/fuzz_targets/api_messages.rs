@@ -36,6 +36,10 @@ fuzz_target!(|data: &[u8]| {
             let _ = EventKey::from_slice(t);
         }
     }
+    let _ = pb::TopicStatsRequest::decode(data);
+    if let Ok(r) = pb::PeekRequest::decode(data) {
+        let _ = (EventKey::from_slice(&r.after_tag), r.limit, r.topic.len());
+    }
     if let Ok(r) = pb::RescheduleRequest::decode(data) {
         let _ = (EventKey::from_slice(&r.delivery_tag), r.delay_ms.checked_add(1));
     }

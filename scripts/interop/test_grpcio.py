@@ -159,6 +159,30 @@ def check_cancel(b):
     c.close()
 
 
+def check_topic_stats_and_peek(b):
+    acks = publish(b, [batch(1, [pb.PublishMessage(topic="py-stats", payload=b"one", delay_ms=600000),
+                                 pb.PublishMessage(topic="py-stats", payload=b"two", delay_ms=900000)])])
+    tags = acks[0].delivery_tags
+    admin = pbg.FutureQAdminStub(b.channel)
+    r = admin.TopicStats(pb.TopicStatsRequest(topic="py-stats"), timeout=5)
+    assert [(t.topic, t.stored, t.in_flight) for t in r.topics] == [("py-stats", 2, 0)], r
+    assert r.topics[0].next_due_unix_ms > 0, r
+    page = admin.Peek(pb.PeekRequest(topic="py-stats", limit=1), timeout=5)
+    assert [(m.payload, m.attempt) for m in page.messages] == [(b"one", 0)], page
+    page = admin.Peek(pb.PeekRequest(topic="py-stats", limit=10, after_tag=tags[0]), timeout=5)
+    assert [m.payload for m in page.messages] == [b"two"], page
+    try:
+        admin.Peek(pb.PeekRequest(topic="py-stats"), timeout=5)
+        raise AssertionError("limit 0 was accepted")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
+        assert "limit" in e.details(), e.details()
+    stub = pbg.FutureQProducerStub(b.channel)
+    assert list(stub.Cancel(pb.CancelRequest(delivery_tags=list(tags)), timeout=5).cancelled) == [True, True]
+    r = admin.TopicStats(pb.TopicStatsRequest(topic="py-stats"), timeout=5)
+    assert r.topics[0].stored == 0, r
+
+
 def check_publish_errors(b):
     acks = publish(b, [
         batch(1, []),
@@ -235,7 +259,8 @@ def main():
     binary = sys.argv[1]
     b = Broker(binary)
     passed = failed = 0
-    checks = [check_health, check_publish_and_subscribe, check_cancel, check_publish_errors,
+    checks = [check_health, check_publish_and_subscribe, check_cancel, check_topic_stats_and_peek,
+              check_publish_errors,
               check_subscribe_error, check_undecodable_frame, check_cluster_info, check_reflection, check_sigterm]
     try:
         for check in checks:

@@ -38,4 +38,6 @@ pub mod store;
 pub use error::StoreError;
 pub use service::StoreService;
 pub use snapshot::SnapshotReader;
-pub use store::{ApplyOutcome, ApplyStats, Refusal, SnapshotInfo, Store, StoreMode};
+pub use store::{
+    ApplyOutcome, ApplyStats, Refusal, SnapshotInfo, Store, StoreMode, TopicRow, TopicStat,
+};

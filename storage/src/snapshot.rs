@@ -1,7 +1,8 @@
 //! The store's snapshot stream, read piece by piece from one redb read transaction.
 //!
 //! Stream: magic `FQSNAP1\0`, applied index + 1 (0 = none), applied term, last-id (u64 LE
-//! each), then records `table (u8: 1 messages, 2 indexes, 3 expiry, 4 raft meta, 5 groups) ·
+//! each), then records `table (u8: 1 messages, 2 indexes, 3 expiry, 4 raft meta, 5 groups,
+//! 6 topics) ·
 //! key length (u32 LE) · key · value length (u32 LE) · value`, then a 0 byte.
 //!
 //! # Invariants
@@ -19,6 +20,7 @@ use redb::{ReadTransaction, TableDefinition};
 
 use crate::store::{
     APPLIED_INDEX, APPLIED_TERM, EXPIRY, GROUPS, INDEXES, LAST_ID, MESSAGES, META, RAFT_META,
+    TOPICS,
 };
 use crate::{SnapshotInfo, StoreError};
 
@@ -29,6 +31,7 @@ pub(crate) const TAG_INDEX: u8 = 2;
 pub(crate) const TAG_EXPIRY: u8 = 3;
 pub(crate) const TAG_RAFT_META: u8 = 4;
 pub(crate) const TAG_GROUP: u8 = 5;
+pub(crate) const TAG_TOPIC: u8 = 6;
 /// Size of the pieces [`SnapshotReader`]'s `Read` implementation fills at a time.
 pub const SNAPSHOT_PIECE_BYTES: usize = 1 << 20;
 
@@ -54,6 +57,7 @@ enum Stage {
     Indexes,
     Expiry,
     Groups,
+    Topics,
     RaftMeta,
     End,
     Finished,
@@ -123,10 +127,11 @@ impl SnapshotReader {
         let start = out.len();
         while out.len() < max {
             let table_done = match self.stage {
-                Stage::Messages => self.fill_messages(out, max)?,
+                Stage::Messages => self.fill_rows(MESSAGES, TAG_MESSAGE, out, max)?,
                 Stage::Indexes => self.fill_keys(INDEXES, TAG_INDEX, out, max)?,
                 Stage::Expiry => self.fill_keys(EXPIRY, TAG_EXPIRY, out, max)?,
                 Stage::Groups => self.fill_keys(GROUPS, TAG_GROUP, out, max)?,
+                Stage::Topics => self.fill_rows(TOPICS, TAG_TOPIC, out, max)?,
                 Stage::RaftMeta => {
                     // A few small rows: read once, in `new`.
                     for (k, v) in &self.info.raft_meta {
@@ -146,7 +151,8 @@ impl SnapshotReader {
                     Stage::Messages => Stage::Indexes,
                     Stage::Indexes => Stage::Expiry,
                     Stage::Expiry => Stage::Groups,
-                    Stage::Groups => Stage::RaftMeta,
+                    Stage::Groups => Stage::Topics,
+                    Stage::Topics => Stage::RaftMeta,
                     Stage::RaftMeta => Stage::End,
                     Stage::End | Stage::Finished => Stage::Finished,
                 };
@@ -162,12 +168,19 @@ impl SnapshotReader {
         }
     }
 
-    /// Messages from where the last piece stopped; true when the table is done.
-    fn fill_messages(&mut self, out: &mut Vec<u8>, max: usize) -> Result<bool, StoreError> {
-        let t = self.txn.open_table(MESSAGES)?;
+    /// The rows of a key-value table (messages, topics) from where the last piece stopped;
+    /// true when the table is done.
+    fn fill_rows(
+        &mut self,
+        def: TableDefinition<&[u8], &[u8]>,
+        tag: u8,
+        out: &mut Vec<u8>,
+        max: usize,
+    ) -> Result<bool, StoreError> {
+        let t = self.txn.open_table(def)?;
         for r in t.range::<&[u8]>(self.range_start())? {
             let (k, v) = r?;
-            write_record(out, TAG_MESSAGE, k.value(), v.value())?;
+            write_record(out, tag, k.value(), v.value())?;
             if out.len() >= max {
                 self.after = Some(k.value().to_vec());
                 return Ok(false);

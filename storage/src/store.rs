@@ -9,9 +9,15 @@
 //! | `expiry` | expires-at (u64 BE ms) · event key | () |
 //! | `meta` | name | u64 (`last-id`, `digest`, applied log id) |
 //! | `groups` | topic hash (u64 BE) · group name | () |
+//! | `topics` | topic hash (u64 BE) | [`TopicRow`]: stored (u64 LE) · dead-lettered (u64 LE) · name |
 //!
-//! The **digest** is the XOR of one hash per row of `messages`, `indexes`, `expiry` and
-//! `groups`: a function of the stored state alone, whatever the order of the writes that led
+//! `topics` holds per topic the exact number of rows in `messages` (kept by every write that
+//! adds or removes one, in the same transaction) and the dead letters moved out of it since
+//! the store was created; a topic's row exists while either is non-zero. A store written
+//! before the table existed is counted once at open.
+//!
+//! The **digest** is the XOR of one hash per row of `messages`, `indexes`, `expiry`,
+//! `groups` and `topics`: a function of the stored state alone, whatever the order of the writes that led
 //! to it, kept in `meta` by every transaction that changes those tables. Replicas that applied
 //! the same log have the same digest ([`Store::digest`]).
 //!
@@ -32,6 +38,7 @@ use redb::{
 
 use crate::snapshot::{
     SnapshotReader, SNAPSHOT_MAGIC, TAG_EXPIRY, TAG_GROUP, TAG_INDEX, TAG_MESSAGE, TAG_RAFT_META,
+    TAG_TOPIC,
 };
 use crate::StoreError;
 
@@ -41,6 +48,8 @@ pub(crate) const EXPIRY: TableDefinition<&[u8], ()> = TableDefinition::new("expi
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// The durable group registry: topic hash (u64 BE) · group name → ().
 pub(crate) const GROUPS: TableDefinition<&[u8], ()> = TableDefinition::new("groups");
+/// Per-topic counts: topic hash (u64 BE) → [`TopicRow`] (see the module docs).
+pub(crate) const TOPICS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("topics");
 /// Opaque state of the replication layer (applied log id, membership), written with the
 /// data it describes.
 pub(crate) const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft-meta");
@@ -49,6 +58,9 @@ pub(crate) const APPLIED_INDEX: &str = "applied-index";
 pub(crate) const APPLIED_TERM: &str = "applied-term";
 /// The digest of the data tables (see the module docs).
 const DIGEST: &str = "digest";
+/// Meta key set once `topics` counts every stored message (a store written before it
+/// existed is counted at open).
+const TOPICS_COUNTED: &str = "topics-counted";
 /// Raft-meta key written by [`Store::sync`] so that its transaction has a change to commit.
 const SYNC_MARK: &str = "sync";
 
@@ -86,6 +98,51 @@ const ROW_MESSAGE: u64 = 1;
 const ROW_INDEX: u64 = 2;
 const ROW_EXPIRY: u64 = 3;
 const ROW_GROUP: u64 = 5;
+const ROW_TOPIC: u64 = 6;
+
+/// One topic's counts (a `topics` row).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TopicRow {
+    /// Messages stored for the topic.
+    pub stored: u64,
+    /// Copies moved to its dead-letter topic since the store was created.
+    pub dead_lettered: u64,
+    /// The topic's name.
+    pub name: String,
+}
+
+impl TopicRow {
+    fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(16 + self.name.len());
+        v.extend_from_slice(&self.stored.to_le_bytes());
+        v.extend_from_slice(&self.dead_lettered.to_le_bytes());
+        v.extend_from_slice(self.name.as_bytes());
+        v
+    }
+
+    /// Decodes a row the store wrote (`None` for bytes it could not have written).
+    fn decode(v: &[u8]) -> Option<Self> {
+        let word = |at: usize| -> Option<u64> {
+            Some(u64::from_le_bytes(v.get(at..at + 8)?.try_into().ok()?))
+        };
+        Some(TopicRow {
+            stored: word(0)?,
+            dead_lettered: word(8)?,
+            name: std::str::from_utf8(v.get(16..)?).ok()?.to_owned(),
+        })
+    }
+}
+
+/// What [`Store::topic_stats`] reads for one topic.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TopicStat {
+    /// The topic's hash.
+    pub topic_hash: TopicHash,
+    /// Its counts.
+    pub row: TopicRow,
+    /// The earliest due instant among its stored messages (Unix ms), if any is stored.
+    pub next_due_ms: Option<i64>,
+}
 
 /// One row's share of the digest.
 fn row_hash(table: u64, key: &[u8], value: &[u8]) -> u64 {
@@ -160,6 +217,7 @@ impl Store {
             txn.open_table(META)?;
             txn.open_table(RAFT_META)?;
             txn.open_table(GROUPS)?;
+            txn.open_table(TOPICS)?;
         }
         txn.commit()?;
         let store = Store {
@@ -186,7 +244,43 @@ impl Store {
             }
         };
         store.digest.store(digest, Ordering::Relaxed);
+        store.count_topics()?;
         Ok(store)
+    }
+
+    /// Fills `topics` from `messages` once, for a store written before the table existed
+    /// (one pass over the messages; a no-op afterwards).
+    fn count_topics(&self) -> Result<(), StoreError> {
+        let txn = self.begin_write(true)?;
+        let digest;
+        {
+            let mut t = Tables::open(&txn)?;
+            if t.meta.get(TOPICS_COUNTED)?.is_some() {
+                return Ok(());
+            }
+            let mut counts: HashMap<u64, (u64, String)> = HashMap::new();
+            for r in t.messages.range::<&[u8]>(..)? {
+                let (k, v) = r?;
+                let Ok(key) = EventKey::from_slice(k.value()) else {
+                    continue;
+                };
+                let c = counts.entry(key.topic_hash().0).or_default();
+                c.0 += 1;
+                if c.1.is_empty() {
+                    c.1 = StoredMessage::topic_of(v.value()).unwrap_or("").to_owned();
+                }
+            }
+            if !counts.is_empty() {
+                tracing::info!(target: "storage", topics = counts.len(), "counted the stored messages per topic once (a store from an earlier version)");
+            }
+            for (h, (n, name)) in counts {
+                let d = t.topic_delta(TopicHash(h), &name);
+                d.0 += i64::try_from(n).unwrap_or(i64::MAX);
+            }
+            t.meta.insert(TOPICS_COUNTED, 1)?;
+            digest = t.finish()?;
+        }
+        self.commit_with_digest(txn, digest)
     }
 
     /// Commits a transaction that wrote the data tables and publishes its digest. Commits and
@@ -230,9 +324,11 @@ impl Store {
     pub fn computed_digest(&self) -> Result<u64, StoreError> {
         let txn = self.db.begin_read()?;
         let mut d = 0;
-        for r in txn.open_table(MESSAGES)?.range::<&[u8]>(..)? {
-            let (k, v) = r?;
-            d ^= row_hash(ROW_MESSAGE, k.value(), v.value());
+        for (tag, def) in [(ROW_MESSAGE, MESSAGES), (ROW_TOPIC, TOPICS)] {
+            for r in txn.open_table(def)?.range::<&[u8]>(..)? {
+                let (k, v) = r?;
+                d ^= row_hash(tag, k.value(), v.value());
+            }
         }
         for (tag, def) in [
             (ROW_INDEX, INDEXES),
@@ -575,6 +671,7 @@ impl Store {
             t.indexes.retain(|_, _| false)?;
             t.expiry.retain(|_, _| false)?;
             t.groups.retain(|_, _| false)?;
+            t.topics.retain(|_, _| false)?;
             t.digest = 0;
             let mut rm = txn.open_table(RAFT_META)?;
             rm.retain(|_, _| false)?;
@@ -595,6 +692,15 @@ impl Store {
                     TAG_EXPIRY => t.put_row(KeyTable::Expiry, &key)?,
                     TAG_GROUP if key.len() >= 8 => {
                         t.add_group(&key)?;
+                    }
+                    TAG_TOPIC if key.len() == 8 => {
+                        // The stored counts follow from the messages installed; the row
+                        // brings what they cannot tell (dead letters, the name).
+                        let row = TopicRow::decode(&value).ok_or_else(|| bad("bad topic row"))?;
+                        let h = TopicHash(u64::from_be_bytes(
+                            key.as_slice().try_into().unwrap_or_default(),
+                        ));
+                        t.topic_delta(h, &row.name).1 += row.dead_lettered;
                     }
                     TAG_RAFT_META => {
                         let k = std::str::from_utf8(&key)
@@ -645,6 +751,36 @@ impl Store {
         let messages = txn.open_table(MESSAGES)?;
         Ok(reqs.iter().map(|r| scan_table(&messages, r)).collect())
     }
+}
+
+/// Most rows [`next_due`] reads: the first bucket's rows are due within the bucket, so with
+/// `delivery.timeBucket` at 1 ms (the default) they are all due at the same instant.
+const NEXT_DUE_ROWS: usize = 64;
+
+/// The earliest due instant among a topic's first rows: those of its first bucket (at most
+/// [`NEXT_DUE_ROWS`]).
+fn next_due(
+    messages: &redb::ReadOnlyTable<&'static [u8], &'static [u8]>,
+    h: TopicHash,
+) -> Result<Option<i64>, StoreError> {
+    let mut due: Option<i64> = None;
+    let mut first_bucket = None;
+    for r in messages
+        .range(EventKey::topic_start(h).0.as_slice()..)?
+        .take(NEXT_DUE_ROWS)
+    {
+        let (k, v) = r?;
+        let Ok(key) = EventKey::from_slice(k.value()) else {
+            break;
+        };
+        if key.topic_hash() != h || *first_bucket.get_or_insert(key.bucket()) != key.bucket() {
+            break;
+        }
+        if let Ok(m) = StoredMessage::decode(&Bytes::copy_from_slice(v.value())) {
+            due = Some(due.map_or(m.due_at_ms(), |d| d.min(m.due_at_ms())));
+        }
+    }
+    Ok(due)
 }
 
 /// [`Store::scan`] within an open table.
@@ -704,6 +840,90 @@ impl Store {
         Ok(messages
             .get(key.0.as_slice())?
             .map(|v| Bytes::copy_from_slice(v.value())))
+    }
+
+    /// Per topic: its counts and the earliest due instant of its stored messages, sorted by
+    /// hash; only `only` when given. O(topics): one row and one short range read per topic.
+    ///
+    /// # Errors
+    /// A storage error.
+    pub fn topic_stats(&self, only: Option<TopicHash>) -> Result<Vec<TopicStat>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let topics = txn.open_table(TOPICS)?;
+        let messages = txn.open_table(MESSAGES)?;
+        let mut out = Vec::new();
+        let mut add = |k: &[u8], v: &[u8]| -> Result<(), StoreError> {
+            let (Ok(h), Some(row)) = (<[u8; 8]>::try_from(k), TopicRow::decode(v)) else {
+                return Ok(());
+            };
+            let topic_hash = TopicHash(u64::from_be_bytes(h));
+            out.push(TopicStat {
+                topic_hash,
+                next_due_ms: next_due(&messages, topic_hash)?,
+                row,
+            });
+            Ok(())
+        };
+        match only {
+            Some(h) => {
+                if let Some(v) = topics.get(h.0.to_be_bytes().as_slice())? {
+                    add(&h.0.to_be_bytes(), v.value())?;
+                }
+            }
+            None => {
+                for r in topics.range::<&[u8]>(..)? {
+                    let (k, v) = r?;
+                    add(k.value(), v.value())?;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Up to `limit` stored messages of a topic in key order (due order, to the bucket),
+    /// starting after `after` (or at the topic's start); stops before the message whose value
+    /// would bring the total past `max_bytes` (the first one always comes). Read only.
+    ///
+    /// # Errors
+    /// A storage error. Values that fail to decode are skipped and logged.
+    pub fn peek(
+        &self,
+        topic_hash: TopicHash,
+        after: Option<EventKey>,
+        limit: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(EventKey, StoredMessage)>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let messages = txn.open_table(MESSAGES)?;
+        let from = match after {
+            Some(k) => match k.successor() {
+                Some(s) => s,
+                None => return Ok(Vec::new()),
+            },
+            None => EventKey::topic_start(topic_hash),
+        };
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        for r in messages.range(from.0.as_slice()..)? {
+            let (k, v) = r?;
+            let Ok(key) = EventKey::from_slice(k.value()) else {
+                continue;
+            };
+            if key.topic_hash() != topic_hash || out.len() >= limit {
+                break;
+            }
+            bytes += v.value().len();
+            if bytes > max_bytes && !out.is_empty() {
+                break;
+            }
+            match StoredMessage::decode(&Bytes::copy_from_slice(v.value())) {
+                Ok(m) => out.push((key, m)),
+                Err(e) => {
+                    tracing::error!(target: "storage", key = %key, error = %e, "skipping undecodable message");
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Number of stored messages, index entries and expiry entries.
@@ -852,7 +1072,11 @@ struct Tables<'t> {
     indexes: redb::Table<'t, &'static [u8], ()>,
     expiry: redb::Table<'t, &'static [u8], ()>,
     groups: redb::Table<'t, &'static [u8], ()>,
+    topics: redb::Table<'t, &'static [u8], &'static [u8]>,
     meta: redb::Table<'t, &'static str, u64>,
+    /// Changes to `topics` not yet written: per topic, stored (+/-) and dead letters (+), and
+    /// the name of a message added (written by [`Tables::finish`]).
+    topic_deltas: HashMap<TopicHash, (i64, u64, String)>,
     digest: u64,
     /// The digest `meta` holds (as of `open`, or the last write).
     kept: u64,
@@ -884,14 +1108,64 @@ impl<'t> Tables<'t> {
             indexes: txn.open_table(INDEXES)?,
             expiry: txn.open_table(EXPIRY)?,
             groups: txn.open_table(GROUPS)?,
+            topics: txn.open_table(TOPICS)?,
             meta,
+            topic_deltas: HashMap::new(),
             digest,
             kept: digest,
         })
     }
 
-    /// Records the digest in `meta` (when it changed); returns it.
+    /// The pending change of a topic's row (`name` kept if it has none yet).
+    fn topic_delta(&mut self, h: TopicHash, name: &str) -> &mut (i64, u64, String) {
+        let d = self.topic_deltas.entry(h).or_default();
+        if d.2.is_empty() {
+            name.clone_into(&mut d.2);
+        }
+        d
+    }
+
+    /// Writes the pending topic counts (a row goes when both counts are 0).
+    fn write_topics(&mut self) -> Result<(), StoreError> {
+        for (h, (stored, dead, name)) in std::mem::take(&mut self.topic_deltas) {
+            if stored == 0 && dead == 0 {
+                continue;
+            }
+            let key = h.0.to_be_bytes();
+            let old = self.topics.get(key.as_slice())?.map(|v| v.value().to_vec());
+            let mut row = old
+                .as_deref()
+                .and_then(TopicRow::decode)
+                .unwrap_or_default();
+            if let Some(v) = &old {
+                self.digest ^= row_hash(ROW_TOPIC, &key, v);
+            }
+            let n = i64::try_from(row.stored)
+                .unwrap_or(i64::MAX)
+                .saturating_add(stored);
+            if n < 0 {
+                tracing::error!(target: "storage", topic = %row.name, count = row.stored, change = stored, "a topic's stored count would go below 0; kept at 0");
+            }
+            row.stored = u64::try_from(n).unwrap_or(0);
+            row.dead_lettered = row.dead_lettered.saturating_add(dead);
+            if row.name.is_empty() {
+                row.name = name;
+            }
+            if row.stored == 0 && row.dead_lettered == 0 {
+                self.topics.remove(key.as_slice())?;
+            } else {
+                let v = row.encode();
+                self.digest ^= row_hash(ROW_TOPIC, &key, &v);
+                self.topics.insert(key.as_slice(), v.as_slice())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the pending topic counts and records the digest in `meta` (when it changed);
+    /// returns it.
     fn finish(mut self) -> Result<u64, StoreError> {
+        self.write_topics()?;
         if self.digest != self.kept {
             self.meta.insert(DIGEST, self.digest)?;
             self.kept = self.digest;
@@ -916,10 +1190,21 @@ impl<'t> Tables<'t> {
         Ok(())
     }
 
-    /// Stores one `messages` row (replacing the value of an existing one).
+    /// Stores one `messages` row (replacing the value of an existing one); a new row counts
+    /// for its topic.
     fn put_message(&mut self, key: &[u8], value: &[u8]) -> Result<(), StoreError> {
-        if let Some(old) = self.messages.insert(key, value)? {
-            self.digest ^= row_hash(ROW_MESSAGE, key, old.value());
+        let old = self
+            .messages
+            .insert(key, value)?
+            .map(|old| row_hash(ROW_MESSAGE, key, old.value()));
+        match old {
+            Some(h) => self.digest ^= h,
+            None => {
+                if let Ok(k) = EventKey::from_slice(key) {
+                    let name = StoredMessage::topic_of(value).unwrap_or("");
+                    self.topic_delta(k.topic_hash(), name).0 += 1;
+                }
+            }
         }
         self.digest ^= row_hash(ROW_MESSAGE, key, value);
         Ok(())
@@ -962,15 +1247,16 @@ impl<'t> Tables<'t> {
         Ok(self.take(key)?.is_some())
     }
 
-    /// Removes a message and its index and expiry entries; the message, if it existed and
-    /// decodes (an undecodable one is removed and logged).
-    fn take(&mut self, key: &EventKey) -> Result<Option<StoredMessage>, StoreError> {
+    /// Removes a message and its index and expiry entries; its bytes, if it existed (an
+    /// undecodable one is removed too, and logged: its index entries may remain).
+    fn take(&mut self, key: &EventKey) -> Result<Option<Bytes>, StoreError> {
         let Some(v) = self.messages.remove(key.0.as_slice())? else {
             return Ok(None);
         };
         let bytes = Bytes::copy_from_slice(v.value());
         drop(v);
         self.digest ^= row_hash(ROW_MESSAGE, &key.0, &bytes);
+        self.topic_delta(key.topic_hash(), "").0 -= 1;
         match StoredMessage::decode(&bytes) {
             Ok(m) => {
                 for i in &m.indexes {
@@ -979,13 +1265,12 @@ impl<'t> Tables<'t> {
                 if let Some(e) = m.expires_at_ms() {
                     self.remove_row(KeyTable::Expiry, &expiry_key(e, key))?;
                 }
-                Ok(Some(m))
             }
             Err(e) => {
                 tracing::error!(target: "storage", key = %key, error = %e, "deleted an undecodable message; its index entries may remain");
-                Ok(None)
             }
         }
+        Ok(Some(bytes))
     }
 
     /// Moves a stored message to a new key and due time ([`futureq_core::command::Reschedule`]):
@@ -1005,7 +1290,10 @@ impl<'t> Tables<'t> {
         if !live {
             return Ok(None);
         }
-        let Some(mut m) = self.take(&old)? else {
+        let Some(mut m) = self
+            .take(&old)?
+            .and_then(|b| StoredMessage::decode(&b).ok())
+        else {
             return Ok(None);
         };
         // Same enqueue time and TTL, so the same absolute expiry; the delay moves the due
@@ -1025,5 +1313,73 @@ impl<'t> Tables<'t> {
             &m.encode(),
         )?;
         Ok(Some(key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futureq_core::command::{encode_store, StoreBatch, StoreItem};
+
+    fn item(topic: &str, id: u64) -> StoreItem {
+        let m = StoredMessage {
+            topic: topic.into(),
+            payload: Bytes::from_static(b"x"),
+            enqueued_at_ms: 1000,
+            delay: futureq_core::DelayMs(0),
+            ttl: futureq_core::TtlMs(0),
+            indexes: vec![],
+        };
+        StoreItem {
+            event_id: id,
+            bucket: 1000,
+            topic_hash: futureq_core::topic_hash(topic).0,
+            expires_at_ms: 0,
+            index_keys: vec![],
+            message: m.encode().to_vec(),
+        }
+    }
+
+    /// A store from before the `topics` table (no rows, no mark, a digest without them) is
+    /// counted once at open, digest included.
+    #[test]
+    fn a_store_without_topic_counts_is_counted_once() {
+        let s = Store::open(&StoreMode::Memory).unwrap();
+        let cmd = encode_store(&StoreBatch {
+            items: vec![item("a", 1), item("a", 2), item("b", 3)],
+        });
+        s.apply_entries(&[(1, 1, &cmd)], &[], true).unwrap();
+        let counted = s.topic_stats(None).unwrap();
+        assert_eq!(counted.len(), 2);
+        // Back to the earlier version's state.
+        let txn = s.begin_write(true).unwrap();
+        {
+            let mut t = Tables::open(&txn).unwrap();
+            let rows: Vec<(Vec<u8>, Vec<u8>)> = t
+                .topics
+                .range::<&[u8]>(..)
+                .unwrap()
+                .map(|r| {
+                    let (k, v) = r.unwrap();
+                    (k.value().to_vec(), v.value().to_vec())
+                })
+                .collect();
+            for (k, v) in rows {
+                t.topics.remove(k.as_slice()).unwrap();
+                t.digest ^= row_hash(ROW_TOPIC, &k, &v);
+            }
+            t.meta.remove(TOPICS_COUNTED).unwrap();
+            let d = t.finish().unwrap();
+            s.digest.store(d, Ordering::Relaxed);
+        }
+        txn.commit().unwrap();
+        assert!(s.topic_stats(None).unwrap().is_empty());
+        assert_eq!(s.digest(), s.computed_digest().unwrap());
+        s.count_topics().unwrap();
+        assert_eq!(s.topic_stats(None).unwrap(), counted);
+        assert_eq!(s.digest(), s.computed_digest().unwrap());
+        let before = s.digest();
+        s.count_topics().unwrap();
+        assert_eq!(s.digest(), before, "counted once");
     }
 }

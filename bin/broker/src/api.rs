@@ -4,6 +4,7 @@
 //! - `producer`: `FutureQProducer.PublishStream`.
 //! - `manage`: `FutureQProducer.Cancel` and `Reschedule`.
 //! - `consumer`: `FutureQConsumer.Subscribe`.
+//! - `inspect`: `FutureQAdmin.TopicStats` and `Peek`.
 //! - `cluster`: `FutureQCluster.*` and `grpc.health.v1.Health` (`Check`, `Watch`).
 //! - `reflection`: `grpc.reflection.v1` and `v1alpha` `ServerReflection`.
 //!
@@ -12,6 +13,7 @@
 
 mod cluster;
 mod consumer;
+mod inspect;
 mod manage;
 mod producer;
 mod reflection;
@@ -27,10 +29,21 @@ use crate::dispatcher::HubCmd;
 use crate::metrics::Metrics;
 use crate::replication::Replication;
 
+/// The futureq services [`handler`] routes, as health checks and reflection name them (one
+/// list; `reflection_lists_and_describes_the_services` calls every method they describe).
+pub(crate) const API_SERVICES: [&str; 4] = [
+    "futureq.FutureQProducer",
+    "futureq.FutureQConsumer",
+    "futureq.FutureQCluster",
+    "futureq.FutureQAdmin",
+];
+
 /// What every request handler on a core can reach.
 pub struct Ctx {
     /// Validated configuration.
     pub settings: Arc<Settings>,
+    /// The store, for reads off the executors (`spawn_blocking`).
+    pub store: futureq_storage::Store,
     /// The dispatcher's command queue.
     pub hub: flume::Sender<HubCmd>,
     /// Metrics.
@@ -63,6 +76,8 @@ pub fn handler(ctx: Rc<Ctx>) -> Handler {
                 "/futureq.FutureQConsumer/Subscribe" => consumer::subscribe(&ctx, call, out).await,
                 "/futureq.FutureQProducer/Cancel" => manage::cancel(&ctx, call, out).await,
                 "/futureq.FutureQProducer/Reschedule" => manage::reschedule(&ctx, call, out).await,
+                "/futureq.FutureQAdmin/TopicStats" => inspect::topic_stats(&ctx, call, out).await,
+                "/futureq.FutureQAdmin/Peek" => inspect::peek(&ctx, call, out).await,
                 "/futureq.FutureQCluster/GetClusterInfo" => {
                     cluster::get_cluster_info(&ctx, call, out).await
                 }

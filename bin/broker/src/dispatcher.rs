@@ -112,6 +112,12 @@ pub enum HubCmd {
         /// Answered once they are dropped.
         done: oneshot::Sender<()>,
     },
+    /// Per topic with consumers: its streams and deliveries in flight (`TopicStats`).
+    Activity(
+        oneshot::Sender<
+            std::collections::HashMap<futureq_core::TopicHash, futureq_core::hub::TopicActivity>,
+        >,
+    ),
 }
 
 /// The dispatcher's configuration.
@@ -179,6 +185,9 @@ impl Dispatcher {
             HubCmd::Revoke { keys, done } => {
                 self.hub.on_deleted(&keys);
                 let _ = done.send(());
+            }
+            HubCmd::Activity(reply) => {
+                let _ = reply.send(self.hub.topic_activity());
             }
             HubCmd::DeleteFlushed { committed } => {
                 self.hub.finish_delete_batch(committed);

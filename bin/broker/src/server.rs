@@ -633,6 +633,7 @@ async fn core_main(
     };
     let ctx = Rc::new(Ctx {
         settings,
+        store: store.store().clone(),
         hub,
         publish_budget,
         reflection,

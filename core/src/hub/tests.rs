@@ -187,6 +187,9 @@ fn groups_compete_and_universals_each_get_everything() {
         store.put(i + 1, msg("t", 0, 0, 0));
     }
     pass(&mut hub, &mut store, 10);
+    let activity = hub.topic_activity();
+    let t = &activity[&topic_hash("t")];
+    assert_eq!((&*t.topic, t.consumers, t.in_flight), ("t", 5, 40));
     assert_eq!(a1.take().len(), 5, "round-robin within a group");
     assert_eq!(a2.take().len(), 5);
     assert_eq!(b.take().len(), 10);

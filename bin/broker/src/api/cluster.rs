@@ -13,13 +13,11 @@ use futures::channel::oneshot;
 use super::{unary_request, Ctx};
 use crate::replication::{MembershipError, MembershipOp, RaftReq, Replication};
 
-/// Services the health check knows.
-const SERVICES: [&str; 4] = [
-    "",
-    "futureq.FutureQProducer",
-    "futureq.FutureQConsumer",
-    "futureq.FutureQCluster",
-];
+/// Whether the health check knows `service`: the server as a whole (""), or one of its API
+/// services.
+fn known_service(service: &str) -> bool {
+    service.is_empty() || super::API_SERVICES.contains(&service)
+}
 
 /// How long a follower waits for the leader's answer to a `GetClusterInfo` it passes on.
 const INFO_FROM_LEADER_TIMEOUT: Duration = Duration::from_secs(1);
@@ -104,7 +102,7 @@ pub async fn health_check(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Stat
         Ok(r) => r,
         Err(s) => return s,
     };
-    if !SERVICES.contains(&req.service.as_str()) {
+    if !known_service(&req.service) {
         return Status::new(Code::NotFound, format!("unknown service {:?}", req.service));
     }
     let status = serving_status(ctx);
@@ -140,7 +138,7 @@ pub async fn health_watch(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Stat
         Ok(r) => r,
         Err(s) => return s,
     };
-    let known = SERVICES.contains(&req.service.as_str());
+    let known = known_service(&req.service);
     let mut last = None;
     loop {
         let status = if known {

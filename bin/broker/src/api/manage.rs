@@ -41,7 +41,7 @@ fn keys_of(tags: &[bytes::Bytes]) -> Result<Vec<EventKey>, Status> {
 }
 
 /// A write that did not happen (or whose outcome is unknown), as the client sees it.
-fn write_failed(ctx: &Ctx, e: WriteError) -> Status {
+pub(super) fn write_failed(ctx: &Ctx, e: WriteError) -> Status {
     match e {
         WriteError::NotLeader { .. } => {
             Status::new(Code::FailedPrecondition, "node is not the cluster leader")

@@ -8,21 +8,14 @@ use futures_lite::future;
 
 use super::Ctx;
 
-/// The services this server implements, as reflection lists them.
-const SERVICES: [&str; 4] = [
-    "futureq.FutureQProducer",
-    "futureq.FutureQConsumer",
-    "futureq.FutureQCluster",
-    "grpc.health.v1.Health",
-];
-
-/// The index of the API's descriptors, listing the services above and reflection's own.
+/// The index of the API's descriptors, listing the API services, health and reflection's own.
 ///
 /// # Errors
 /// Only if the descriptors compiled into the binary do not match the services (a build defect,
 /// caught by the tests).
 pub fn index() -> Result<Reflection, ReflectionError> {
-    let mut services = SERVICES.to_vec();
+    let mut services = super::API_SERVICES.to_vec();
+    services.push("grpc.health.v1.Health");
     services.extend(futureq_net::reflection::SERVICES);
     Reflection::new(DESCRIPTORS, &services)
 }

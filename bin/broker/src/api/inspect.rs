@@ -1,0 +1,203 @@
+//! Reading the leader's state: `FutureQAdmin.TopicStats` and `Peek`. Both are read only
+//! (nothing is delivered, no attempt changes) and bounded: O(topics) and O(limit).
+
+use std::collections::HashMap;
+
+use futureq_core::message::TOPIC_LEN_MAX;
+use futureq_core::{topic_hash, EventKey, TopicHash};
+use futureq_net::grpc::{Call, Code, Outbound, Status};
+use futureq_net::pb;
+use futureq_raft::node::WriteError;
+use futures::channel::oneshot;
+use prost::Message as _;
+
+use super::manage::write_failed;
+use super::{unary_request, Ctx};
+use crate::dispatcher::HubCmd;
+
+/// Most messages one `Peek` returns.
+pub const PEEK_LIMIT_MAX: u32 = 1000;
+
+/// Checks a topic name as publish does; `field` names it in the error.
+fn check_topic(topic: &str) -> Result<(), Status> {
+    let bad = |why: String| Err(Status::new(Code::InvalidArgument, format!("topic: {why}")));
+    if topic.is_empty() {
+        return bad("must not be empty".into());
+    }
+    if topic.len() > TOPIC_LEN_MAX {
+        return bad(format!(
+            "is {} bytes, the limit is {TOPIC_LEN_MAX}",
+            topic.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Reads the store off the executor.
+async fn read<T: Send + 'static>(
+    ctx: &Ctx,
+    f: impl FnOnce(&futureq_storage::Store) -> Result<T, futureq_storage::StoreError> + Send + 'static,
+) -> Result<T, Status> {
+    let store = ctx.store.clone();
+    glommio::executor()
+        .spawn_blocking(move || f(&store))
+        .await
+        .map_err(|e| {
+            tracing::error!(target: "api", error = %e, "reading the store failed");
+            Status::new(Code::Internal, format!("reading the store failed: {e}"))
+        })
+}
+
+/// `TopicStats`: per topic (or the one asked for) its stored count (exact, kept by the state
+/// machine), deliveries in flight and consumer streams (this leader's dispatcher), earliest
+/// due time, and dead letters; sorted by topic name. A topic with no stored message and no
+/// consumer is not listed, unless asked for by name (then all zeros).
+pub async fn topic_stats(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
+    let req = match unary_request::<pb::TopicStatsRequest>(&mut call).await {
+        Ok(r) => r,
+        Err(s) => return s,
+    };
+    if !req.topic.is_empty() {
+        if let Err(s) = check_topic(&req.topic) {
+            return s;
+        }
+    }
+    if !ctx.repl.leading() {
+        return write_failed(ctx, WriteError::NotLeader { leader: None });
+    }
+    let only = (!req.topic.is_empty()).then(|| topic_hash(&req.topic));
+    let rows = match read(ctx, move |s| s.topic_stats(only)).await {
+        Ok(r) => r,
+        Err(s) => return s,
+    };
+    let (tx, rx) = oneshot::channel();
+    let activity = match ctx.hub.send_async(HubCmd::Activity(tx)).await {
+        Ok(()) => rx.await.unwrap_or_default(),
+        Err(_) => HashMap::new(),
+    };
+    let mut topics: HashMap<TopicHash, pb::TopicStats> = rows
+        .into_iter()
+        .map(|r| {
+            let stats = pb::TopicStats {
+                topic: r.row.name,
+                stored: r.row.stored,
+                next_due_unix_ms: r.next_due_ms.unwrap_or(0),
+                dead_lettered_total: r.row.dead_lettered,
+                ..pb::TopicStats::default()
+            };
+            (r.topic_hash, stats)
+        })
+        .collect();
+    for (h, a) in activity {
+        if only.is_some_and(|o| o != h) {
+            continue;
+        }
+        let t = topics.entry(h).or_insert_with(|| pb::TopicStats {
+            topic: a.topic.to_string(),
+            ..pb::TopicStats::default()
+        });
+        t.in_flight = a.in_flight;
+        t.consumers = a.consumers;
+    }
+    if topics.is_empty() && only.is_some() {
+        topics.insert(
+            topic_hash(&req.topic),
+            pb::TopicStats {
+                topic: req.topic,
+                ..pb::TopicStats::default()
+            },
+        );
+    }
+    let mut topics: Vec<pb::TopicStats> = topics.into_values().collect();
+    topics.sort_by(|a, b| a.topic.cmp(&b.topic));
+    let resp = pb::TopicStatsResponse { topics };
+    let len = resp.encoded_len();
+    if len > ctx.settings.max_send_message_len {
+        return Status::new(
+            Code::ResourceExhausted,
+            format!(
+                "the stats of {} topics take {len} bytes, over api.grpc.maxSendMessageSize ({} bytes); ask for one topic at a time",
+                resp.topics.len(),
+                ctx.settings.max_send_message_len
+            ),
+        );
+    }
+    match out.send(&resp).await {
+        Ok(()) => Status::ok(),
+        Err(s) => s,
+    }
+}
+
+/// `Peek`: up to `limit` stored messages of a topic in due order (to the time bucket), after
+/// `after_tag`; a page ends early rather than exceed the send limit (the client pages on from
+/// its last tag). Each message as a consumer would get it, with `attempt = 0`.
+pub async fn peek(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
+    let req = match unary_request::<pb::PeekRequest>(&mut call).await {
+        Ok(r) => r,
+        Err(s) => return s,
+    };
+    if let Err(s) = check_topic(&req.topic) {
+        return s;
+    }
+    if req.limit == 0 || req.limit > PEEK_LIMIT_MAX {
+        return Status::new(
+            Code::InvalidArgument,
+            format!("limit: {}; give 1 to {PEEK_LIMIT_MAX}", req.limit),
+        );
+    }
+    let h = topic_hash(&req.topic);
+    let after = if req.after_tag.is_empty() {
+        None
+    } else {
+        match EventKey::from_slice(&req.after_tag) {
+            Ok(k) if k.topic_hash() == h => Some(k),
+            Ok(_) => {
+                return Status::new(
+                    Code::InvalidArgument,
+                    format!("after_tag: not a delivery tag of topic {:?}", req.topic),
+                )
+            }
+            Err(_) => {
+                return Status::new(
+                    Code::InvalidArgument,
+                    format!(
+                        "after_tag: {} bytes; a delivery tag is {} bytes, as received",
+                        req.after_tag.len(),
+                        futureq_core::KEY_LEN
+                    ),
+                )
+            }
+        }
+    };
+    if !ctx.repl.leading() {
+        return write_failed(ctx, WriteError::NotLeader { leader: None });
+    }
+    let max_bytes = ctx.settings.max_send_message_len;
+    let limit = req.limit as usize;
+    let found = match read(ctx, move |s| s.peek(h, after, limit, max_bytes)).await {
+        Ok(f) => f,
+        Err(s) => return s,
+    };
+    let mut resp = pb::PeekResponse::default();
+    let mut len = 0usize;
+    for (key, m) in found {
+        let qm = pb::QueueMessage {
+            topic: m.topic,
+            payload: m.payload,
+            delivery_tag: key.0.to_vec().into(),
+            enqueued_at_unix_ms: m.enqueued_at_ms,
+            delay_ms: m.delay.0,
+            attempt: 0,
+        };
+        // Each message's field header: a tag byte and a length of at most 5 bytes.
+        len += qm.encoded_len() + 6;
+        if len > max_bytes && !resp.messages.is_empty() {
+            break;
+        }
+        resp.messages.push(qm);
+    }
+    match out.send(&resp).await {
+        Ok(()) => Status::ok(),
+        Err(s) => s,
+    }
+}
