@@ -289,6 +289,7 @@ async fn publish_run(addr: &str, p: &PublishParams) -> anyhow::Result<PublishOut
                         delay_ms,
                         ttl_ms: 0,
                         indexes: vec![],
+                        ..PublishMessage::default()
                     })
                     .collect(),
                 ack_level: level,
@@ -415,6 +416,7 @@ fn messages(topic: &str, n: usize, size: usize, delay_ms: i64) -> Vec<PublishMes
             delay_ms,
             ttl_ms: 0,
             indexes: vec![],
+            ..PublishMessage::default()
         })
         .collect()
 }
@@ -568,6 +570,7 @@ async fn lateness_run(
                         delay_ms: (first_due_ms + offset_ms - now_ms).max(0),
                         ttl_ms: 0,
                         indexes: vec![],
+                        ..PublishMessage::default()
                     }
                 })
                 .collect();

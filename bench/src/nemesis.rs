@@ -311,6 +311,7 @@ async fn publisher(id: usize, addrs: Vec<String>, h: Shared, stop: Arc<AtomicBoo
                     delay_ms: i64::try_from(rng.next() % DELAY_MAX_MS).unwrap_or(0),
                     ttl_ms: 0,
                     indexes: vec![],
+                    ..PublishMessage::default()
                 })
                 .collect();
             {

@@ -1041,9 +1041,10 @@ async fn a_data_directory_is_not_switched_between_modes() {
 
 /// Cancel and Reschedule on a cluster: a follower refuses them naming the leader; what the
 /// leader answered is committed by a quorum, so the next leader never delivers the cancelled
-/// message, delivers the moved one under its new tag only, and assigns ids above it.
+/// message, delivers the moved one under its new tag only, and assigns ids above it; a dedup
+/// id remembered by the old leader is remembered by the new one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancel_and_a_reschedule_are_replicated_and_hold_across_a_failover() {
+async fn cancel_reschedule_and_dedup_are_replicated_and_hold_across_a_failover() {
     use futureq_bench::pb::future_q_admin_client::FutureQAdminClient;
     use futureq_bench::pb::future_q_producer_client::FutureQProducerClient;
     use futureq_bench::pb::{CancelRequest, PeekRequest, RescheduleRequest, TopicStatsRequest};
@@ -1064,6 +1065,12 @@ async fn a_cancel_and_a_reschedule_are_replicated_and_hold_across_a_failover() {
         ))
         .await;
     assert!(ack.success, "{ack:?}");
+    let once = || futureq_bench::pb::PublishMessage {
+        dedup_id: "once".into(),
+        ..msg("w", "once", 3_000_000, 0)
+    };
+    let first = p.publish(batch(2, 0, vec![once()])).await;
+    assert!(first.success, "{first:?}");
     let tags = ack.delivery_tags.clone();
     let cancel = CancelRequest {
         delivery_tags: vec![tags[1].clone()],
@@ -1154,7 +1161,10 @@ async fn a_cancel_and_a_reschedule_are_replicated_and_hold_across_a_failover() {
     );
     // The moved message's id came from the old leader's sequence: the new one assigns above.
     let mut p = Publisher::open(c.nodes[new_leader].channel().await).await;
-    let ack = p.publish(batch(2, 0, vec![msg("u", "after", 0, 0)])).await;
+    let ack = p.publish(batch(3, 0, vec![msg("u", "after", 0, 0)])).await;
     assert!(ack.success, "{ack:?}");
     assert!(ack.delivery_tags[0][16..] > moved.delivery_tag[16..]);
+    // A publish retried on the new leader with the same dedup id stores nothing twice.
+    let again = p.publish(batch(4, 0, vec![once()])).await;
+    assert_eq!(again.delivery_tags, first.delivery_tags, "{again:?}");
 }

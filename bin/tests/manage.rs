@@ -129,8 +129,7 @@ async fn a_cancel_revokes_a_delivery_in_flight() {
     );
 }
 
-/// A rescheduled message comes at its new time under the new tag (same payload and enqueue
-/// time, attempt 1), never under the old one; the move is durable before the answer; an old
+/// A rescheduled message comes at its new time under the new tag (same payload, attempt 1), never under the old one; the move is durable before the answer; an old
 /// or unknown tag is not found; bad input is refused naming the field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rescheduled_message_comes_at_its_new_time_under_its_new_tag() {
@@ -364,4 +363,76 @@ async fn topic_stats_count_exactly_and_peek_pages_without_delivering() {
         .map(|t| (t.topic.as_str(), t.stored, t.in_flight, t.consumers))
         .collect();
     assert_eq!(counts, vec![("a", 2, 0, 0), ("b", 1, 0, 0)]);
+}
+
+/// A publish that repeats a remembered `(topic, dedup_id)` stores nothing and answers the
+/// first message's tag, also after a kill -9 (the ids are remembered durably) and also when
+/// the first publish asked for a weaker ack level; bad options are refused naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_repeated_dedup_id_stores_nothing_and_answers_the_first_tag() {
+    const LEADER: i32 = 1;
+    let mut b = Broker::start("").await;
+    let with_id = |topic: &str, payload: &str, id: &str| futureq_bench::pb::PublishMessage {
+        dedup_id: id.into(),
+        ..msg(topic, payload, 600_000, 0)
+    };
+    let mut p = Publisher::open(b.channel().await).await;
+    let first = p
+        .publish(batch(1, LEADER, vec![with_id("t", "first", "order-1")]))
+        .await;
+    assert!(first.success, "{first:?}");
+    let again = p
+        .publish(batch(
+            2,
+            QUORUM,
+            vec![
+                with_id("t", "retry", "order-1"),
+                with_id("u", "other topic", "order-1"),
+                with_id("t", "new", "order-2"),
+                with_id("t", "new again", "order-2"),
+            ],
+        ))
+        .await;
+    assert!(again.success, "{again:?}");
+    let tags = &again.delivery_tags;
+    assert_eq!(
+        tags[0], first.delivery_tags[0],
+        "the retry answers the first tag"
+    );
+    assert_ne!(tags[1], first.delivery_tags[0], "dedup ids are per topic");
+    assert_eq!(tags[3], tags[2], "also within one batch");
+    assert_eq!(b.metric("futureq_messages_deduplicated_total").await, 2.0);
+    assert_eq!(stats(&b, "t").await[0].stored, 2);
+
+    for (m, what) in [
+        (
+            with_id("t", "x", &"d".repeat(257)),
+            "messages[0].dedup_id: is 257 bytes",
+        ),
+        (
+            futureq_bench::pb::PublishMessage {
+                dead_letter_topic: "t".into(),
+                ..msg("t", "x", 0, 0)
+            },
+            "messages[0].dead_letter_topic: must not be the message's own topic",
+        ),
+    ] {
+        let ack = p.publish(batch(3, QUORUM, vec![m])).await;
+        assert!(!ack.success, "{ack:?}");
+        assert_eq!(ack.error_code, Code::InvalidArgument as u32, "{ack:?}");
+        assert!(ack.error_message.contains(what), "{ack:?}");
+    }
+
+    b.kill9();
+    b.spawn().await;
+    let mut p = Publisher::open(b.channel().await).await;
+    let after = p
+        .publish(batch(
+            4,
+            QUORUM,
+            vec![with_id("t", "after a crash", "order-1")],
+        ))
+        .await;
+    assert_eq!(after.delivery_tags, first.delivery_tags);
+    assert_eq!(stats(&b, "t").await[0].stored, 2);
 }

@@ -51,9 +51,9 @@ pub struct Cancel {
 }
 
 /// Moves a stored message to a new due time (the `Reschedule` RPC): the apply replaces it by
-/// the same message (topic, payload, indexes, enqueue time and so absolute expiry) due at
-/// `due_at_ms`, under a new key with a leader-assigned id; the apply answers the new key
-/// ([`Answer::Rescheduled`]).
+/// the same message (topic, payload, indexes, extras, absolute expiry) enqueued at `now_ms`
+/// and due at `due_at_ms`, under a new key with a leader-assigned id; the apply answers the
+/// new key ([`Answer::Rescheduled`]).
 ///
 /// Every value the apply needs is in the command (the leader's clock reading included), so
 /// every replica decides the same.
@@ -97,6 +97,9 @@ pub enum Answer {
     /// A [`Reschedule`]: the new key, or `None` when the message was not stored (or its TTL
     /// had passed).
     Rescheduled(Option<EventKey>),
+    /// A [`StoreBatch`] some of whose items repeated a dedup id still remembered: per such
+    /// item, its event id (assigned, not stored) and the key of the message stored first.
+    Deduplicated(Vec<(u64, EventKey)>),
 }
 
 /// Records that a consumer group subscribed to a topic: from then on it is a recipient of

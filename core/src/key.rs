@@ -242,10 +242,15 @@ mod tests {
         }
 
         #[test]
-        fn bad_hex_is_refused(s in ".{0,60}") {
-            if let Ok(k) = EventKey::from_hex(&s) {
-                prop_assert_eq!(k.to_string(), s.to_lowercase());
-            }
+        fn only_48_hex_digits_parse(s in "[0-9a-fA-F]{46,50}", bad in "[^0-9a-fA-F]", at: usize) {
+            // The right length parses, any other length does not.
+            prop_assert_eq!(EventKey::from_hex(&s).is_ok(), s.len() == 48);
+            // One character that is not a hex digit spoils it.
+            let mut chars: Vec<char> = s.chars().collect();
+            let at = at % chars.len();
+            chars[at] = bad.chars().next().unwrap_or('g');
+            let spoiled: String = chars.into_iter().collect();
+            prop_assert!(EventKey::from_hex(&spoiled).is_err());
         }
     }
 

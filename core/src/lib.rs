@@ -29,5 +29,5 @@ pub mod publish;
 
 pub use envelope::EnvelopeError;
 pub use key::{bucket_of, topic_hash, BadKeyText, Bucket, EventId, EventKey, TopicHash, KEY_LEN};
-pub use message::{DecodeError, DelayMs, IndexValue, StoredMessage, TtlMs};
+pub use message::{DecodeError, DelayMs, Extras, IndexValue, StoredMessage, TtlMs};
 pub use publish::{AckLevel, ValidationError};

@@ -13,13 +13,30 @@
 //! | … | per index: u8 kind (1 = int64, 2 = string); int64: 8 bytes; string: u32 length + UTF-8 |
 //! | 4 + n | payload: u32 length, bytes |
 //!
-//! Nothing may follow the payload. Decoding never panics and never allocates more than the
-//! input holds.
+//! Version 2 is version 1 with the [`Extras`] between the indexes and the payload:
+//!
+//! | bytes | field |
+//! |---|---|
+//! | 2 + n | `dedup_id`: u16 length, UTF-8 |
+//! | 8 | `dedup_until_ms` (i64) |
+//! | 4 | `max_attempts` (u32) |
+//! | 2 + n | `dead_letter_topic`: u16 length, UTF-8 |
+//! | 2 + n | `origin_topic`: u16 length, UTF-8 |
+//! | 2 + n | `origin_group`: u16 length, UTF-8 |
+//!
+//! A message whose extras are all default is encoded as version 1, byte for byte as before
+//! version 2 existed. Nothing may follow the payload. Decoding never panics and never
+//! allocates more than the input holds.
 
 use bytes::{BufMut, Bytes, BytesMut};
 
-/// Current encoding version.
+/// Encoding version of a message without extras.
 pub const FORMAT_VERSION: u8 = 1;
+/// Encoding version of a message with [`Extras`].
+pub const FORMAT_VERSION_EXTRAS: u8 = 2;
+/// Longest dedup id, dead-letter topic or origin field in bytes (each has a u16 length; the
+/// API's own limits are lower).
+pub const EXTRA_LEN_MAX: usize = u16::MAX as usize;
 /// Longest topic in bytes (the API contract says 1..=255).
 pub const TOPIC_LEN_MAX: usize = 255;
 /// Most indexes one message may carry (bounded by the u16 count).
@@ -80,8 +97,43 @@ impl TtlMs {
     }
 }
 
+/// What a message may carry beyond version 1: publish options and a dead letter's origin.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Extras {
+    /// The publisher's idempotency key ("" = none).
+    pub dedup_id: String,
+    /// Until when (Unix ms) a publish of the same dedup id stores nothing (0 = no dedup id).
+    pub dedup_until_ms: i64,
+    /// Deliveries per recipient before it gives up (0 = `delivery.maxAttempts`).
+    pub max_attempts: u32,
+    /// Where a recipient that gives up sends its copy ("" = `<topic>.dlq`).
+    pub dead_letter_topic: String,
+    /// On a dead-lettered copy: the topic it came from ("" otherwise).
+    pub origin_topic: String,
+    /// On a dead-lettered copy: the group that gave up ("" = the universal consumer).
+    pub origin_group: String,
+}
+
+impl Extras {
+    fn is_default(&self) -> bool {
+        *self == Extras::default()
+    }
+
+    fn encoded_len(&self) -> usize {
+        2 + self.dedup_id.len()
+            + 8
+            + 4
+            + 2
+            + self.dead_letter_topic.len()
+            + 2
+            + self.origin_topic.len()
+            + 2
+            + self.origin_group.len()
+    }
+}
+
 /// A message as the broker stores it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct StoredMessage {
     /// Topic, 1..=255 bytes of UTF-8.
     pub topic: String,
@@ -95,6 +147,8 @@ pub struct StoredMessage {
     pub ttl: TtlMs,
     /// Secondary indexes.
     pub indexes: Vec<IndexValue>,
+    /// Publish options and dead-letter origin (all default for most messages).
+    pub extras: Extras,
 }
 
 /// Why stored bytes could not be decoded.
@@ -152,10 +206,16 @@ impl StoredMessage {
                 IndexValue::String(s) => 5 + s.len(),
             })
             .sum();
+        let v2 = !self.extras.is_default();
+        let extras_len = if v2 { self.extras.encoded_len() } else { 0 };
         let mut b = BytesMut::with_capacity(
-            1 + 24 + 2 + self.topic.len() + 2 + idx_len + 4 + self.payload.len(),
+            1 + 24 + 2 + self.topic.len() + 2 + idx_len + extras_len + 4 + self.payload.len(),
         );
-        b.put_u8(FORMAT_VERSION);
+        b.put_u8(if v2 {
+            FORMAT_VERSION_EXTRAS
+        } else {
+            FORMAT_VERSION
+        });
         b.put_i64_le(self.enqueued_at_ms);
         b.put_i64_le(self.delay.0);
         b.put_i64_le(self.ttl.0);
@@ -177,17 +237,43 @@ impl StoredMessage {
                 }
             }
         }
+        if v2 {
+            let x = &self.extras;
+            let short = |b: &mut BytesMut, s: &str| {
+                b.put_u16_le(u16::try_from(s.len()).expect("extra field length validated"));
+                b.put_slice(s.as_bytes());
+            };
+            short(&mut b, &x.dedup_id);
+            b.put_i64_le(x.dedup_until_ms);
+            b.put_u32_le(x.max_attempts);
+            short(&mut b, &x.dead_letter_topic);
+            short(&mut b, &x.origin_topic);
+            short(&mut b, &x.origin_group);
+        }
         b.put_u32_le(u32::try_from(self.payload.len()).expect("payload length validated"));
         b.put_slice(&self.payload);
         b.freeze()
     }
 
+    /// The due instant of encoded bytes (enqueue time + delay), read in place without
+    /// decoding the rest (`None` when the bytes are not a record of a known version that far).
+    #[must_use]
+    pub fn due_of(buf: &[u8]) -> Option<i64> {
+        if !matches!(buf.first(), Some(&(FORMAT_VERSION | FORMAT_VERSION_EXTRAS))) {
+            return None;
+        }
+        let word = |at: usize| -> Option<i64> {
+            Some(i64::from_le_bytes(buf.get(at..at + 8)?.try_into().ok()?))
+        };
+        Some(word(1)?.saturating_add(word(9)?))
+    }
+
     /// The topic of encoded bytes, read in place without decoding the rest (`None` when the
-    /// bytes are not a version-1 record that far).
+    /// bytes are not a record of a known version that far).
     #[must_use]
     pub fn topic_of(buf: &[u8]) -> Option<&str> {
         const AT: usize = 1 + 24;
-        if buf.first() != Some(&FORMAT_VERSION) {
+        if !matches!(buf.first(), Some(&(FORMAT_VERSION | FORMAT_VERSION_EXTRAS))) {
             return None;
         }
         let len = u16::from_le_bytes(buf.get(AT..AT + 2)?.try_into().ok()?);
@@ -201,7 +287,7 @@ impl StoredMessage {
     pub fn decode(buf: &Bytes) -> Result<Self, DecodeError> {
         let mut r = Reader { buf, pos: 0 };
         let version = r.u8("version")?;
-        if version != FORMAT_VERSION {
+        if version != FORMAT_VERSION && version != FORMAT_VERSION_EXTRAS {
             return Err(DecodeError::UnknownVersion(version));
         }
         let enqueued_at_ms = r.i64("enqueued_at")?;
@@ -222,6 +308,34 @@ impl StoredMessage {
                 k => return Err(DecodeError::BadIndexKind(k)),
             }
         }
+        let extras = if version == FORMAT_VERSION_EXTRAS {
+            let mut short = |what| -> Result<String, DecodeError> {
+                let n = usize::from(r.u16(what)?);
+                r.string(n, what)
+            };
+            let dedup_id = short("dedup id")?;
+            let dedup_until_ms = r.i64("dedup until")?;
+            let max_attempts = r.u32("max attempts")?;
+            let mut short = |what| -> Result<String, DecodeError> {
+                let n = usize::from(r.u16(what)?);
+                r.string(n, what)
+            };
+            let x = Extras {
+                dedup_id,
+                dedup_until_ms,
+                max_attempts,
+                dead_letter_topic: short("dead letter topic")?,
+                origin_topic: short("origin topic")?,
+                origin_group: short("origin group")?,
+            };
+            if x.is_default() {
+                // Version 2 is only written for a message with extras: one encoding each.
+                return Err(DecodeError::UnknownVersion(version));
+            }
+            x
+        } else {
+            Extras::default()
+        };
         let pl = r.u32("payload length")? as usize;
         let payload = r.bytes(pl, "payload")?;
         if r.remaining() != 0 {
@@ -234,6 +348,7 @@ impl StoredMessage {
             delay,
             ttl,
             indexes,
+            extras,
         })
     }
 }
@@ -313,22 +428,48 @@ mod tests {
             any::<i64>(),
             any::<i64>(),
             proptest::collection::vec(arb_index(), 0..5),
+            proptest::option::of(arb_extras()),
         )
-            .prop_map(|(topic, payload, e, d, t, indexes)| StoredMessage {
+            .prop_map(|(topic, payload, e, d, t, indexes, extras)| StoredMessage {
                 topic,
                 payload: Bytes::from(payload),
                 enqueued_at_ms: e,
                 delay: DelayMs(d),
                 ttl: TtlMs(t),
                 indexes,
+                extras: extras.unwrap_or_default(),
             })
+    }
+
+    fn arb_extras() -> impl Strategy<Value = Extras> {
+        (
+            ".{0,12}",
+            any::<i64>(),
+            any::<u32>(),
+            ".{0,12}",
+            ".{0,12}",
+            ".{0,12}",
+        )
+            .prop_map(
+                |(dedup_id, dedup_until_ms, max_attempts, dl, ot, og)| Extras {
+                    dedup_id,
+                    dedup_until_ms,
+                    max_attempts,
+                    dead_letter_topic: dl,
+                    origin_topic: ot,
+                    origin_group: og,
+                },
+            )
     }
 
     proptest! {
         #[test]
         fn round_trip(m in arb_msg()) {
             let enc = m.encode();
+            let v1 = m.extras == Extras::default();
+            prop_assert_eq!(enc[0], if v1 { FORMAT_VERSION } else { FORMAT_VERSION_EXTRAS });
             prop_assert_eq!(StoredMessage::topic_of(&enc), Some(m.topic.as_str()));
+            prop_assert_eq!(StoredMessage::due_of(&enc), Some(m.due_at_ms()));
             prop_assert_eq!(StoredMessage::decode(&enc).unwrap(), m);
         }
 
@@ -342,7 +483,7 @@ mod tests {
 
         #[test]
         fn arbitrary_bytes_never_panic(b in proptest::collection::vec(any::<u8>(), 0..200)) {
-            let _ = StoredMessage::topic_of(&b);
+            let _ = (StoredMessage::topic_of(&b), StoredMessage::due_of(&b));
             let _ = StoredMessage::decode(&Bytes::from(b));
         }
 
@@ -363,6 +504,7 @@ mod tests {
             delay: DelayMs(2),
             ttl: TtlMs::NEVER,
             indexes: vec![],
+            extras: Extras::default(),
         };
         let mut v = m.encode().to_vec();
         v.push(0);
@@ -372,8 +514,17 @@ mod tests {
         );
         v[0] = 9;
         assert_eq!(
-            StoredMessage::decode(&Bytes::from(v)),
+            StoredMessage::decode(&Bytes::from(v.clone())),
             Err(DecodeError::UnknownVersion(9))
+        );
+        // Version 2 with every extra at its default is not an encoding anyone writes.
+        v.pop();
+        v[0] = FORMAT_VERSION_EXTRAS;
+        let at = v.len() - 5;
+        v.splice(at..at, vec![0u8; 2 + 8 + 4 + 2 + 2 + 2]);
+        assert_eq!(
+            StoredMessage::decode(&Bytes::from(v)),
+            Err(DecodeError::UnknownVersion(2))
         );
     }
 
@@ -386,6 +537,7 @@ mod tests {
             delay: DelayMs(50),
             ttl: TtlMs(100),
             indexes: vec![],
+            extras: Extras::default(),
         };
         assert_eq!(m.due_at_ms(), 1050);
         assert_eq!(m.expires_at_ms(), Some(1100));

@@ -126,6 +126,55 @@ pub fn check_delay(delay_ms: i64, limits: &PublishLimits) -> Result<(), String> 
     Ok(())
 }
 
+/// Longest `dedup_id` in bytes.
+pub const DEDUP_ID_LEN_MAX: usize = 256;
+
+/// Checks a message's publish options: a dedup id of at most [`DEDUP_ID_LEN_MAX`] bytes; a
+/// dead-letter topic that is a valid topic and not the message's own (its dead letters would
+/// come back to it).
+///
+/// # Errors
+/// The first invalid field, as [`ValidationError::Field`].
+pub fn validate_options(
+    index: usize,
+    topic: &str,
+    dedup_id: &str,
+    dead_letter_topic: &str,
+) -> Result<(), ValidationError> {
+    let err = |field, reason: String| {
+        Err(ValidationError::Field {
+            index,
+            field,
+            reason,
+        })
+    };
+    if dedup_id.len() > DEDUP_ID_LEN_MAX {
+        return err(
+            "dedup_id",
+            format!(
+                "is {} bytes, the limit is {DEDUP_ID_LEN_MAX}",
+                dedup_id.len()
+            ),
+        );
+    }
+    if dead_letter_topic.len() > TOPIC_LEN_MAX {
+        return err(
+            "dead_letter_topic",
+            format!(
+                "is {} bytes, the limit is {TOPIC_LEN_MAX}",
+                dead_letter_topic.len()
+            ),
+        );
+    }
+    if dead_letter_topic == topic {
+        return err(
+            "dead_letter_topic",
+            "must not be the message's own topic".into(),
+        );
+    }
+    Ok(())
+}
+
 /// Checks one message of a batch.
 ///
 /// # Errors

@@ -304,21 +304,42 @@ impl<I: LogIo + 'static> Journal<I> {
     /// # Errors
     /// See [`JournalError`]; nothing of the batch is stored then.
     pub async fn publish(&self, items: Vec<StoreItem>, wait: Wait) -> Result<u64, JournalError> {
+        self.store_batch(items, wait).await.map(|(first, _)| first)
+    }
+
+    /// Stores one batch like [`Journal::publish`] and waits for its apply: the first id and
+    /// what the apply answered (the items a dedup id matched, which it did not store).
+    ///
+    /// # Errors
+    /// See [`JournalError`]; nothing of the batch is stored then.
+    pub async fn publish_applied(
+        &self,
+        items: Vec<StoreItem>,
+    ) -> Result<(u64, Answer), JournalError> {
+        self.store_batch(items, Wait::Applied).await
+    }
+
+    async fn store_batch(
+        &self,
+        items: Vec<StoreItem>,
+        wait: Wait,
+    ) -> Result<(u64, Answer), JournalError> {
         let mut batch = StoreBatch { items };
         let mut first = 0;
-        self.submit(
-            |next_id| {
-                first = *next_id;
-                for it in &mut batch.items {
-                    it.event_id = *next_id;
-                    *next_id += 1;
-                }
-                encode_store(&batch)
-            },
-            wait,
-        )
-        .await?;
-        Ok(first)
+        let answer = self
+            .submit(
+                |next_id| {
+                    first = *next_id;
+                    for it in &mut batch.items {
+                        it.event_id = *next_id;
+                        *next_id += 1;
+                    }
+                    encode_store(&batch)
+                },
+                wait,
+            )
+            .await?;
+        Ok((first, answer))
     }
 
     /// Deletes keys (with their index and expiry rows) durably; deleting a missing key is a

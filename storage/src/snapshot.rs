@@ -2,7 +2,7 @@
 //!
 //! Stream: magic `FQSNAP1\0`, applied index + 1 (0 = none), applied term, last-id (u64 LE
 //! each), then records `table (u8: 1 messages, 2 indexes, 3 expiry, 4 raft meta, 5 groups,
-//! 6 topics) ·
+//! 6 topics, 7 dedup; `dedup-expiry` follows from `dedup`) ·
 //! key length (u32 LE) · key · value length (u32 LE) · value`, then a 0 byte.
 //!
 //! # Invariants
@@ -19,8 +19,8 @@ use std::ops::Bound;
 use redb::{ReadTransaction, TableDefinition};
 
 use crate::store::{
-    APPLIED_INDEX, APPLIED_TERM, EXPIRY, GROUPS, INDEXES, LAST_ID, MESSAGES, META, RAFT_META,
-    TOPICS,
+    APPLIED_INDEX, APPLIED_TERM, DEDUP, EXPIRY, GROUPS, INDEXES, LAST_ID, MESSAGES, META,
+    RAFT_META, TOPICS,
 };
 use crate::{SnapshotInfo, StoreError};
 
@@ -32,6 +32,7 @@ pub(crate) const TAG_EXPIRY: u8 = 3;
 pub(crate) const TAG_RAFT_META: u8 = 4;
 pub(crate) const TAG_GROUP: u8 = 5;
 pub(crate) const TAG_TOPIC: u8 = 6;
+pub(crate) const TAG_DEDUP: u8 = 7;
 /// Size of the pieces [`SnapshotReader`]'s `Read` implementation fills at a time.
 pub const SNAPSHOT_PIECE_BYTES: usize = 1 << 20;
 
@@ -58,6 +59,7 @@ enum Stage {
     Expiry,
     Groups,
     Topics,
+    Dedup,
     RaftMeta,
     End,
     Finished,
@@ -127,11 +129,17 @@ impl SnapshotReader {
         let start = out.len();
         while out.len() < max {
             let table_done = match self.stage {
-                Stage::Messages => self.fill_rows(MESSAGES, TAG_MESSAGE, out, max)?,
+                Stage::Messages => self.fill_rows(MESSAGES, TAG_MESSAGE, out, max, |_| true)?,
                 Stage::Indexes => self.fill_keys(INDEXES, TAG_INDEX, out, max)?,
                 Stage::Expiry => self.fill_keys(EXPIRY, TAG_EXPIRY, out, max)?,
                 Stage::Groups => self.fill_keys(GROUPS, TAG_GROUP, out, max)?,
-                Stage::Topics => self.fill_rows(TOPICS, TAG_TOPIC, out, max)?,
+                // Stored counts follow from the messages installed: only rows with dead
+                // letters carry more (so a store that never dead-lettered nor deduplicated
+                // sends what a node of the version before reads).
+                Stage::Topics => self.fill_rows(TOPICS, TAG_TOPIC, out, max, |v| {
+                    v.get(8..16).is_some_and(|d| d.iter().any(|b| *b != 0))
+                })?,
+                Stage::Dedup => self.fill_rows(DEDUP, TAG_DEDUP, out, max, |_| true)?,
                 Stage::RaftMeta => {
                     // A few small rows: read once, in `new`.
                     for (k, v) in &self.info.raft_meta {
@@ -152,7 +160,8 @@ impl SnapshotReader {
                     Stage::Indexes => Stage::Expiry,
                     Stage::Expiry => Stage::Groups,
                     Stage::Groups => Stage::Topics,
-                    Stage::Topics => Stage::RaftMeta,
+                    Stage::Topics => Stage::Dedup,
+                    Stage::Dedup => Stage::RaftMeta,
                     Stage::RaftMeta => Stage::End,
                     Stage::End | Stage::Finished => Stage::Finished,
                 };
@@ -168,18 +177,22 @@ impl SnapshotReader {
         }
     }
 
-    /// The rows of a key-value table (messages, topics) from where the last piece stopped;
-    /// true when the table is done.
+    /// The rows of a key-value table (messages, topics, dedup) whose value `keep`s, from
+    /// where the last piece stopped; true when the table is done.
     fn fill_rows(
         &mut self,
         def: TableDefinition<&[u8], &[u8]>,
         tag: u8,
         out: &mut Vec<u8>,
         max: usize,
+        keep: impl Fn(&[u8]) -> bool,
     ) -> Result<bool, StoreError> {
         let t = self.txn.open_table(def)?;
         for r in t.range::<&[u8]>(self.range_start())? {
             let (k, v) = r?;
+            if !keep(v.value()) {
+                continue;
+            }
             write_record(out, tag, k.value(), v.value())?;
             if out.len() >= max {
                 self.after = Some(k.value().to_vec());

@@ -17,6 +17,7 @@ fn item(id: u64, ttl_ms: i64) -> StoreItem {
         delay: futureq_core::DelayMs(5),
         ttl: futureq_core::TtlMs(ttl_ms),
         indexes: vec![IndexValue::Int64(id as i64)],
+        extras: Default::default(),
     };
     StoreItem {
         event_id: id,

@@ -429,6 +429,7 @@ fn a_reschedule_takes_the_next_id_and_is_replayed() {
             delay: futureq_core::DelayMs(5000),
             ttl: futureq_core::TtlMs(0),
             indexes: vec![],
+            extras: Default::default(),
         };
         let mut it = item(1, 1);
         it.message = m.encode().to_vec();

@@ -15,9 +15,14 @@ use futureq_core::{
 use futureq_storage::Refusal;
 use futureq_storage::{ApplyOutcome, Store, StoreMode};
 
-fn new_message(topic: &str, enq: i64, delay: i64, ttl: i64, indexes: Vec<IndexValue>) -> StoreItem {
+/// An event id above every one given before (in any test of this binary).
+fn next_id() -> u64 {
     static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
+}
+
+fn new_message(topic: &str, enq: i64, delay: i64, ttl: i64, indexes: Vec<IndexValue>) -> StoreItem {
+    let id = next_id();
     let m = StoredMessage {
         topic: topic.into(),
         payload: Bytes::from_static(b"payload"),
@@ -25,6 +30,7 @@ fn new_message(topic: &str, enq: i64, delay: i64, ttl: i64, indexes: Vec<IndexVa
         delay: futureq_core::DelayMs(delay),
         ttl: futureq_core::TtlMs(ttl),
         indexes,
+        extras: Default::default(),
     };
     StoreItem {
         event_id: id,
@@ -34,6 +40,16 @@ fn new_message(topic: &str, enq: i64, delay: i64, ttl: i64, indexes: Vec<IndexVa
         index_keys: m.indexes.iter().map(IndexValue::index_key).collect(),
         message: m.encode().to_vec(),
     }
+}
+
+/// A message of topic "t" enqueued at `enq` with a dedup id remembered for 10 s.
+fn deduped(dedup_id: &str, enq: i64) -> StoreItem {
+    let mut it = new_message("t", enq, 60_000, 0, vec![]);
+    let mut m = StoredMessage::decode(&Bytes::from(it.message.clone())).unwrap();
+    m.extras.dedup_id = dedup_id.into();
+    m.extras.dedup_until_ms = enq + 10_000;
+    it.message = m.encode().to_vec();
+    it
 }
 
 fn key_of(it: &StoreItem) -> EventKey {
@@ -279,25 +295,15 @@ fn a_reschedule_moves_the_message_and_keeps_its_expiry() {
     assert_eq!(out.published, vec![moved]);
     assert!(s.get(&keys[0]).unwrap().is_none());
     let after = StoredMessage::decode(&s.get(&moved).unwrap().unwrap()).unwrap();
-    assert_eq!(after.due_at_ms(), 50_000);
+    assert_eq!((after.due_at_ms(), after.enqueued_at_ms), (50_000, 2000));
     assert_eq!(
         after.expires_at_ms(),
         before.expires_at_ms(),
         "absolute expiry kept"
     );
     assert_eq!(
-        (
-            after.topic.as_str(),
-            &after.payload,
-            &after.indexes,
-            after.enqueued_at_ms
-        ),
-        (
-            before.topic.as_str(),
-            &before.payload,
-            &before.indexes,
-            before.enqueued_at_ms
-        )
+        (after.topic.as_str(), &after.payload, &after.indexes),
+        (before.topic.as_str(), &before.payload, &before.indexes)
     );
     assert_eq!(
         s.counts().unwrap(),
@@ -317,11 +323,13 @@ fn a_reschedule_moves_the_message_and_keeps_its_expiry() {
     let (_, out) = reschedule(moved, 200_000, 101_000);
     assert_eq!(out.outcome(next + 2).unwrap(), Answer::Rescheduled(None));
     assert!(s.get(&moved).unwrap().is_some());
-    // A due time before the enqueue time (a leader clock behind) is due at the enqueue time.
-    let (id, _) = reschedule(moved, 500, 600);
-    let back = EventKey::new(topic_hash("t"), bucket_of(500, 1), EventId(id));
+    // A leader clock behind the earlier ones: enqueued and due at its own times, the key's
+    // bucket agreeing with the due time, the expiry kept.
+    let (id, _) = reschedule(moved, 700, 600);
+    let back = EventKey::new(topic_hash("t"), bucket_of(700, 1), EventId(id));
     let m = StoredMessage::decode(&s.get(&back).unwrap().unwrap()).unwrap();
-    assert_eq!((m.delay.0, m.due_at_ms()), (0, 1000));
+    assert_eq!((m.enqueued_at_ms, m.due_at_ms()), (600, 700));
+    assert_eq!(m.expires_at_ms(), before.expires_at_ms());
     // An id at or below the highest applied one is refused whole.
     let stale = encode_reschedule(&Reschedule {
         key: back.0,
@@ -340,7 +348,7 @@ fn a_reschedule_moves_the_message_and_keeps_its_expiry() {
 
 fn stats(s: &Store) -> Vec<(String, u64, Option<i64>)> {
     let mut v: Vec<_> = s
-        .topic_stats(None)
+        .topic_stats(None, usize::MAX)
         .unwrap()
         .into_iter()
         .map(|t| (t.row.name, t.row.stored, t.next_due_ms))
@@ -370,9 +378,14 @@ fn topic_counts_are_exact_and_travel_with_snapshots() {
         stats(&s),
         vec![("a".into(), 3, Some(1100)), ("b".into(), 1, Some(1000))]
     );
-    let only = s.topic_stats(Some(topic_hash("b"))).unwrap();
+    let only = s.topic_stats(Some(topic_hash("b")), 1).unwrap();
     assert_eq!((only.len(), only[0].row.stored), (1, 1));
-    assert!(s.topic_stats(Some(topic_hash("c"))).unwrap().is_empty());
+    assert!(s.topic_stats(Some(topic_hash("c")), 1).unwrap().is_empty());
+    assert_eq!(
+        s.topic_stats(None, 0).unwrap().len(),
+        1,
+        "one beyond the limit"
+    );
     delete(&s, &[a[1], a[1]]);
     apply(
         &s,
@@ -409,6 +422,88 @@ fn topic_counts_are_exact_and_travel_with_snapshots() {
     assert_eq!(s.digest(), s.computed_digest().unwrap());
 }
 
+/// A message whose `(topic, dedup id)` is remembered at its enqueue time is not stored: the
+/// apply answers the first message's key (also within one batch). A forgotten id stores
+/// again; a reschedule moves what the id answers; dedup rows go with the digest and the
+/// snapshot.
+#[test]
+fn a_remembered_dedup_id_stores_nothing_and_answers_the_first_key() {
+    let s = memory();
+    let a = publish(&s, vec![deduped("x", 1000)]);
+    let batch = vec![
+        deduped("x", 2000),
+        deduped("y", 2000),
+        deduped("y", 2000),
+        new_message("t", 2000, 0, 0, vec![]),
+    ];
+    let ids: Vec<u64> = batch.iter().map(|i| i.event_id).collect();
+    let c = key_of(&batch[1]);
+    let out = apply(&s, &encode_store(&StoreBatch { items: batch }));
+    let index = s.applied().unwrap().unwrap().0;
+    assert_eq!(
+        out.outcome(index).unwrap(),
+        Answer::Deduplicated(vec![(ids[0], a[0]), (ids[2], c)])
+    );
+    assert_eq!(out.stored, 2);
+    assert_eq!(s.counts().unwrap().0, 3);
+    assert_eq!(s.last_id().unwrap(), ids[3], "ids of duplicates are used");
+    assert_eq!(s.digest(), s.computed_digest().unwrap());
+
+    let dup = |id: &str, enq| {
+        let it = deduped(id, enq);
+        let out = apply(&s, &encode_store(&StoreBatch { items: vec![it] }));
+        match out.outcome(s.applied().unwrap().unwrap().0).unwrap() {
+            Answer::Deduplicated(d) => Some(d[0].1),
+            _ => None,
+        }
+    };
+    // A reschedule moves what the id answers.
+    let out = apply(
+        &s,
+        &encode_reschedule(&Reschedule {
+            key: c.0,
+            event_id: next_id(),
+            bucket: 90_000,
+            due_at_ms: 90_000,
+            now_ms: 3000,
+        }),
+    );
+    let Answer::Rescheduled(Some(moved)) = out.outcome(s.applied().unwrap().unwrap().0).unwrap()
+    else {
+        panic!("moved");
+    };
+    assert_eq!(dup("y", 3000), Some(moved));
+    // Forgotten at its until (1000 + 10 s): stored again, and remembered anew.
+    let e = publish(&s, vec![deduped("x", 11_000)]);
+    assert_eq!(dup("x", 12_000), Some(e[0]));
+    assert_eq!(s.digest(), s.computed_digest().unwrap());
+
+    let mut snap = Vec::new();
+    s.write_snapshot(&mut snap).unwrap();
+    let dst = memory();
+    dst.install_snapshot(&mut snap.as_slice(), s.applied().unwrap())
+        .unwrap();
+    assert_eq!(dst.digest(), s.digest());
+    assert_eq!(dst.computed_digest().unwrap(), s.digest());
+    let out = dst
+        .apply_entries(
+            &[(
+                s.applied().unwrap().unwrap().0 + 1,
+                1,
+                &encode_store(&StoreBatch {
+                    items: vec![deduped("x", 13_000)],
+                }),
+            )],
+            &[],
+            true,
+        )
+        .unwrap();
+    assert!(matches!(
+        out.answers.first(),
+        Some((_, Answer::Deduplicated(d))) if d[0].1 == e[0]
+    ));
+}
+
 /// Peek pages through a topic in key order, from after a tag, bounded by count and bytes;
 /// it changes nothing.
 #[test]
@@ -421,7 +516,7 @@ fn peek_pages_in_key_order_within_its_bounds() {
     let keys = publish(&s, items);
     let digest = s.digest();
     let page = |after: Option<EventKey>, limit, bytes| -> Vec<EventKey> {
-        s.peek(topic_hash("p"), after, limit, bytes)
+        s.peek(topic_hash("p"), after, limit, bytes, 0)
             .unwrap()
             .into_iter()
             .map(|(k, _)| k)
@@ -439,6 +534,17 @@ fn peek_pages_in_key_order_within_its_bounds() {
     assert_eq!(page(Some(all[4]), 2, 1 << 20), Vec::<EventKey>::new());
     assert_eq!(page(None, 100, 1), all[..1], "the first always comes");
     assert_eq!(s.digest(), digest);
+    // An expired message is left out (it is never delivered).
+    let short = publish(&s, vec![new_message("p", 1000, 0, 1, vec![])]);
+    let at = |now| -> Vec<EventKey> {
+        s.peek(topic_hash("p"), None, 100, 1 << 20, now)
+            .unwrap()
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect()
+    };
+    assert!(at(1000).contains(&short[0]));
+    assert_eq!(at(1001), all);
 }
 
 #[test]
@@ -466,6 +572,7 @@ fn scan_stops_at_the_byte_bound() {
                 delay: futureq_core::DelayMs(0),
                 ttl: futureq_core::TtlMs::NEVER,
                 indexes: vec![],
+                extras: Default::default(),
             };
             m.message = stored.encode().to_vec();
             m

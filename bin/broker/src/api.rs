@@ -44,6 +44,8 @@ pub struct Ctx {
     pub settings: Arc<Settings>,
     /// The store, for reads off the executors (`spawn_blocking`).
     pub store: futureq_storage::Store,
+    /// One admin read (TopicStats, Peek) at a time on the node.
+    pub admin_reads: Arc<async_lock::Semaphore>,
     /// The dispatcher's command queue.
     pub hub: flume::Sender<HubCmd>,
     /// Metrics.

@@ -48,7 +48,7 @@ use crate::config::ClusterSettings;
 use crate::metrics::Metrics;
 use crate::replication::{
     answer, group_known, serve_requests, MembershipError, MembershipOp, RaftReq, Replication,
-    WriteCore,
+    Stored, WriteCore,
 };
 use crate::server::FatalReporter;
 
@@ -447,9 +447,11 @@ impl WriteCore for Rc<Core> {
         items: Vec<StoreItem>,
         admitted: crate::budget::Admitted,
         level: AckLevel,
+        _dedup: bool,
         deadline: Instant,
-    ) -> Result<u64, WriteError> {
-        // Proposed in a group with the publishes that arrive meanwhile (`coalesce`).
+    ) -> Result<Stored, WriteError> {
+        // Proposed in a group with the publishes that arrive meanwhile (`coalesce`). A batch
+        // with dedup ids comes at QUORUM: its answer carries what the apply found.
         let (reply, answered) = futures::channel::oneshot::channel();
         let pending = coalesce::Pending {
             items,

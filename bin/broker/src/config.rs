@@ -98,6 +98,7 @@ pub struct Publish {
     pub min_ack_level: String,
     pub proposal_timeout: String,
     pub max_delay: String,
+    pub dedup_window: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -111,6 +112,7 @@ pub struct Delivery {
     pub ttl_sweep_interval: String,
     pub read_ahead: String,
     pub scan_max_keys: u32,
+    pub max_attempts: u32,
 }
 
 /// Delivery keys of the original broker, accepted (and validated with its bounds) so that its
@@ -256,6 +258,7 @@ impl Default for Config {
                 min_ack_level: "quorum".into(),
                 proposal_timeout: "5s".into(),
                 max_delay: "365d".into(),
+                dedup_window: "10m".into(),
             },
             delivery: Delivery {
                 consumer_queue_size: 1024,
@@ -265,6 +268,7 @@ impl Default for Config {
                 ttl_sweep_interval: "1m".into(),
                 read_ahead: "0ms".into(),
                 scan_max_keys: 256,
+                max_attempts: 0,
             },
             observability: Observability {
                 logging: Logging {
@@ -426,6 +430,11 @@ pub struct Settings {
     pub min_ack_level: AckLevel,
     pub proposal_timeout: Duration,
     pub max_delay: Duration,
+    /// How long a dedup id is remembered after its message was stored.
+    pub dedup_window: Duration,
+    /// Deliveries per recipient before a message is dead-lettered (0 = unlimited), for
+    /// messages that do not set their own.
+    pub max_attempts: u32,
     pub consumer_queue_size: u32,
     pub time_bucket_ms: u64,
     pub in_flight_timeout: Duration,
@@ -595,6 +604,10 @@ impl Config {
         };
         let proposal_timeout = dur("publish.proposalTimeout", &p.proposal_timeout)?;
         let max_delay = dur("publish.maxDelay", &p.max_delay)?;
+        let dedup_window = dur("publish.dedupWindow", &p.dedup_window)?;
+        if dedup_window > Duration::from_secs(7 * 86_400) {
+            return err("publish.dedupWindow", "must be at most 7d");
+        }
         let d = &self.delivery;
         if !(1..=65_536).contains(&d.consumer_queue_size) {
             return err(
@@ -658,6 +671,8 @@ impl Config {
             min_ack_level,
             proposal_timeout,
             max_delay,
+            dedup_window,
+            max_attempts: d.max_attempts,
             consumer_queue_size: d.consumer_queue_size,
             time_bucket_ms: u64::try_from(tb.as_millis()).unwrap_or(u64::MAX),
             in_flight_timeout,

@@ -17,7 +17,7 @@ use futureq_storage::Store;
 use futures_lite::future;
 
 use crate::replication::{
-    group_known, serve_requests, MembershipError, MembershipOp, RaftReq, WriteCore,
+    group_known, serve_requests, MembershipError, MembershipOp, RaftReq, Stored, WriteCore,
 };
 use crate::server::FatalReporter;
 
@@ -243,18 +243,30 @@ impl<I: LogIo + 'static> WriteCore for LocalCore<I> {
         items: Vec<StoreItem>,
         admitted: crate::budget::Admitted,
         level: AckLevel,
+        dedup: bool,
         deadline: Instant,
-    ) -> Result<u64, WriteError> {
+    ) -> Result<Stored, WriteError> {
         // The budget's bytes go back when the journal has the entry or the wait ends (the
         // items are then in the journal's bounded queue, or dropped).
         let _admitted = admitted;
         // QUORUM and LEADER: durable in the journal (the one copy is the leader's); the
         // apply follows, and a crash before it replays the entry.
+        if dedup {
+            // What dedup finds is known once applied.
+            let len = items.len();
+            let (first, answer) = until(deadline, self.journal.publish_applied(items)).await?;
+            return Ok(Stored::of(first, len, &answer));
+        }
         let wait = match level {
             AckLevel::NoAck => Wait::Appended,
             AckLevel::Quorum | AckLevel::Leader => Wait::Durable,
         };
-        until(deadline, self.journal.publish(items, wait)).await
+        until(deadline, self.journal.publish(items, wait))
+            .await
+            .map(|first_id| Stored {
+                first_id,
+                dups: Vec::new(),
+            })
     }
 
     async fn delete(&self, keys: Vec<EventKey>, deadline: Instant) -> Result<(), WriteError> {

@@ -148,6 +148,8 @@ pub struct Metrics {
     pub messages_cancelled: AtomicU64,
     /// Messages a `Reschedule` moved.
     pub messages_rescheduled: AtomicU64,
+    /// Published messages not stored because their dedup id was remembered.
+    pub messages_deduplicated: AtomicU64,
     /// Publish bytes in service ([`crate::budget::Budget`] counts here).
     pub publish_bytes_in_service: AtomicU64,
     pub store_commits: AtomicU64,
@@ -195,6 +197,7 @@ impl Default for Metrics {
             publish_bytes_in_service: AtomicU64::new(0),
             messages_cancelled: AtomicU64::new(0),
             messages_rescheduled: AtomicU64::new(0),
+            messages_deduplicated: AtomicU64::new(0),
             store_commits: AtomicU64::new(0),
             store_commit_ops: AtomicU64::new(0),
             store_digest: std::sync::Arc::default(),
@@ -436,6 +439,13 @@ impl Metrics {
             "counter",
             "Stored messages moved to a new due time by Reschedule requests.",
             self.messages_rescheduled.load(r),
+        );
+        scalar(
+            &mut o,
+            "futureq_messages_deduplicated_total",
+            "counter",
+            "Published messages not stored because their dedup id was remembered (publish.dedupWindow); each answered with the first message's tag.",
+            self.messages_deduplicated.load(r),
         );
         scalar(
             &mut o,

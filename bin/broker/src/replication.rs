@@ -29,10 +29,12 @@ pub enum RaftReq {
         admitted: crate::budget::Admitted,
         /// How long to wait.
         level: AckLevel,
+        /// The batch has dedup ids: answer once applied (QUORUM), with what the apply found.
+        dedup: bool,
         /// When to give up.
         deadline: Instant,
-        /// First assigned id.
-        reply: oneshot::Sender<Result<u64, WriteError>>,
+        /// The ids assigned, and what dedup found.
+        reply: oneshot::Sender<Result<Stored, WriteError>>,
     },
     /// Delete keys (ACKs, TTL expiry) through the log.
     Delete {
@@ -129,6 +131,33 @@ pub async fn request<T>(
     rx.await.unwrap_or_else(|_| Err(stopped()))
 }
 
+/// What a stored batch answers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stored {
+    /// The id of the batch's first item (its items have consecutive ids).
+    pub first_id: u64,
+    /// Per item that repeated a remembered dedup id (and was not stored): its id and the key
+    /// of the message stored first. Known only for a batch answered once applied.
+    pub dups: Vec<(u64, EventKey)>,
+}
+
+impl Stored {
+    /// The answer for the `len` items from `first_id` of an entry whose apply answered
+    /// `answer`.
+    #[must_use]
+    pub fn of(first_id: u64, len: usize, answer: &futureq_core::command::Answer) -> Stored {
+        let dups = match answer {
+            futureq_core::command::Answer::Deduplicated(d) => d
+                .iter()
+                .filter(|(id, _)| (first_id..first_id + len as u64).contains(id))
+                .copied()
+                .collect(),
+            _ => Vec::new(),
+        };
+        Stored { first_id, dups }
+    }
+}
+
 /// A server of the write requests: the local journal (standalone) or the Raft core
 /// (clustered). [`answer`] routes each request to it and sends the reply.
 pub(crate) trait WriteCore {
@@ -138,8 +167,9 @@ pub(crate) trait WriteCore {
         items: Vec<StoreItem>,
         admitted: crate::budget::Admitted,
         level: AckLevel,
+        dedup: bool,
         deadline: Instant,
-    ) -> Result<u64, WriteError>;
+    ) -> Result<Stored, WriteError>;
     /// Deletes keys through the log.
     async fn delete(&self, keys: Vec<EventKey>, deadline: Instant) -> Result<(), WriteError>;
     /// Cancels stored messages through the log (only while leading): per key, whether it was
@@ -187,10 +217,11 @@ pub(crate) async fn answer(core: &impl WriteCore, req: RaftReq) {
             items,
             admitted,
             level,
+            dedup,
             deadline,
             reply,
         } => {
-            let _ = reply.send(core.publish(items, admitted, level, deadline).await);
+            let _ = reply.send(core.publish(items, admitted, level, dedup, deadline).await);
         }
         RaftReq::Delete {
             keys,

@@ -211,6 +211,7 @@ fn metrics_handler(
 /// what is durable). Other failures are logged.
 pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
     let reflection = Arc::new(api::reflection_index()?);
+    let admin_reads = Arc::new(async_lock::Semaphore::new(1));
     let settings = Arc::new(settings);
     let cpus = runtime::allowed_cpus();
     let cores = if settings.cores == 0 {
@@ -320,6 +321,7 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
             stopped: StoppedGuard(exits.clone()),
             publish_budget: Arc::clone(&publish_budget),
             reflection: Arc::clone(&reflection),
+            admin_reads: Arc::clone(&admin_reads),
         };
         let hub_rx = if core == 0 { hub_rx.take() } else { None };
         let ready = Ready(exits.clone());
@@ -444,6 +446,8 @@ struct CtxParts {
     publish_budget: Arc<crate::budget::Budget>,
     /// Server reflection's index of the API descriptors (built once).
     reflection: Arc<futureq_net::reflection::Reflection>,
+    /// One admin read at a time on the node.
+    admin_reads: Arc<async_lock::Semaphore>,
 }
 
 /// One executor: its gRPC listener; on core 0 the dispatcher, TTL sweeper and metrics; on the
@@ -469,6 +473,7 @@ async fn core_main(
         stopped: _stopped,
         publish_budget,
         reflection,
+        admin_reads,
     } = parts;
     let _awake = match runtime::keep_awake() {
         Ok(a) => a,
@@ -634,6 +639,7 @@ async fn core_main(
     let ctx = Rc::new(Ctx {
         settings,
         store: store.store().clone(),
+        admin_reads,
         hub,
         publish_budget,
         reflection,

@@ -317,7 +317,7 @@ pub fn msg(topic: &str, payload: &str, delay_ms: i64, ttl_ms: i64) -> PublishMes
         payload: payload.as_bytes().to_vec(),
         delay_ms,
         ttl_ms,
-        indexes: vec![],
+        ..PublishMessage::default()
     }
 }
 

@@ -57,6 +57,7 @@ fn msg(topic: &str, enq: i64, delay: i64, ttl: i64) -> Arc<StoredMessage> {
         delay: crate::DelayMs(delay),
         ttl: crate::TtlMs(ttl),
         indexes: vec![],
+        extras: Default::default(),
     })
 }
 

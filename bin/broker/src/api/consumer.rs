@@ -46,14 +46,21 @@ impl Drop for Registration<'_> {
     }
 }
 
-fn queue_message(d: &Delivery) -> QueueMessage {
+/// A stored message as the API shows it (a delivery, a peeked message: `attempt` 0).
+pub(super) fn queue_message(
+    key: &futureq_core::EventKey,
+    m: &futureq_core::StoredMessage,
+    attempt: u32,
+) -> QueueMessage {
     QueueMessage {
-        topic: d.message.topic.clone(),
-        payload: d.message.payload.clone(),
-        delivery_tag: Bytes::copy_from_slice(&d.key.0),
-        enqueued_at_unix_ms: d.message.enqueued_at_ms,
-        delay_ms: d.message.delay.0,
-        attempt: d.attempt,
+        topic: m.topic.clone(),
+        payload: m.payload.clone(),
+        delivery_tag: Bytes::copy_from_slice(&key.0),
+        enqueued_at_unix_ms: m.enqueued_at_ms,
+        delay_ms: m.delay.0,
+        attempt,
+        origin_topic: m.extras.origin_topic.clone(),
+        origin_group: m.extras.origin_group.clone(),
     }
 }
 
@@ -243,7 +250,7 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
                         ctx.metrics
                             .delivery_send_lateness_ms
                             .observe(lateness.max(0) as f64);
-                        queue_message(d)
+                        queue_message(&d.key, &d.message, d.attempt)
                     })
                     .collect();
                 if let Err(s) = out.send_all(&msgs).await {

@@ -17,6 +17,9 @@ use crate::dispatcher::HubCmd;
 
 /// Most messages one `Peek` returns.
 pub const PEEK_LIMIT_MAX: u32 = 1000;
+/// Fewest bytes one topic takes in a `TopicStatsResponse` (a name of 1 byte, each field set):
+/// more topics than the send limit over this cannot be answered, and are not read.
+const TOPIC_STATS_BYTES_MIN: usize = 16;
 
 /// Checks a topic name as publish does; `field` names it in the error.
 fn check_topic(topic: &str) -> Result<(), Status> {
@@ -33,11 +36,13 @@ fn check_topic(topic: &str) -> Result<(), Status> {
     Ok(())
 }
 
-/// Reads the store off the executor.
+/// Reads the store off the executor, one such read at a time on the node (they share the
+/// executors' blocking threads with the applies).
 async fn read<T: Send + 'static>(
     ctx: &Ctx,
     f: impl FnOnce(&futureq_storage::Store) -> Result<T, futureq_storage::StoreError> + Send + 'static,
 ) -> Result<T, Status> {
+    let _one = ctx.admin_reads.acquire().await;
     let store = ctx.store.clone();
     glommio::executor()
         .spawn_blocking(move || f(&store))
@@ -66,10 +71,20 @@ pub async fn topic_stats(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Statu
         return write_failed(ctx, WriteError::NotLeader { leader: None });
     }
     let only = (!req.topic.is_empty()).then(|| topic_hash(&req.topic));
-    let rows = match read(ctx, move |s| s.topic_stats(only)).await {
+    let limit = ctx.settings.max_send_message_len / TOPIC_STATS_BYTES_MIN;
+    let rows = match read(ctx, move |s| s.topic_stats(only, limit)).await {
         Ok(r) => r,
         Err(s) => return s,
     };
+    if rows.len() > limit {
+        return Status::new(
+            Code::ResourceExhausted,
+            format!(
+                "more than {limit} topics: their stats cannot fit api.grpc.maxSendMessageSize ({} bytes); ask for one topic at a time",
+                ctx.settings.max_send_message_len
+            ),
+        );
+    }
     let (tx, rx) = oneshot::channel();
     let activity = match ctx.hub.send_async(HubCmd::Activity(tx)).await {
         Ok(()) => rx.await.unwrap_or_default(),
@@ -174,21 +189,15 @@ pub async fn peek(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
     }
     let max_bytes = ctx.settings.max_send_message_len;
     let limit = req.limit as usize;
-    let found = match read(ctx, move |s| s.peek(h, after, limit, max_bytes)).await {
+    let now = crate::dispatcher::now_ms();
+    let found = match read(ctx, move |s| s.peek(h, after, limit, max_bytes, now)).await {
         Ok(f) => f,
         Err(s) => return s,
     };
     let mut resp = pb::PeekResponse::default();
     let mut len = 0usize;
     for (key, m) in found {
-        let qm = pb::QueueMessage {
-            topic: m.topic,
-            payload: m.payload,
-            delivery_tag: key.0.to_vec().into(),
-            enqueued_at_unix_ms: m.enqueued_at_ms,
-            delay_ms: m.delay.0,
-            attempt: 0,
-        };
+        let qm = super::consumer::queue_message(&key, &m, 0);
         // Each message's field header: a tag byte and a length of at most 5 bytes.
         len += qm.encoded_len() + 6;
         if len > max_bytes && !resp.messages.is_empty() {

@@ -131,8 +131,8 @@ pub async fn cancel(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
 }
 
 /// `Reschedule`: replaces the stored message by the same one due at now + `delay_ms` (topic,
-/// payload, indexes, enqueue time and so absolute expiry kept; attempts start again) under a
-/// new tag, in one replicated command, durable before the answer. The old tag is revoked as a
+/// payload, indexes, dedup id and absolute expiry kept; enqueued now; attempts start again)
+/// under a new tag, in one replicated command, durable before the answer. The old tag is revoked as a
 /// cancel's is: never delivered again, an ACK/NACK of it in flight is ignored. Every recipient
 /// gets the moved message, also one that acked the old copy already. `found = false` when the
 /// tag is not stored or its TTL has passed.

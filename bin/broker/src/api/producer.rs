@@ -14,10 +14,11 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use futureq_core::command::StoreItem;
-use futureq_core::publish::{validate_batch, validate_message};
+use futureq_core::message::TOPIC_LEN_MAX;
+use futureq_core::publish::{validate_batch, validate_message, validate_options};
 use futureq_core::{
-    bucket_of, topic_hash, AckLevel, Bucket, DelayMs, EventId, EventKey, IndexValue, StoredMessage,
-    TopicHash, TtlMs, ValidationError,
+    bucket_of, topic_hash, AckLevel, Bucket, DelayMs, EventId, EventKey, Extras, IndexValue,
+    StoredMessage, TopicHash, TtlMs, ValidationError,
 };
 use futureq_net::grpc::{Call, Code, Outbound, Status};
 use futureq_net::pb::{self, index, PublishBatchAck};
@@ -29,7 +30,7 @@ use futures_lite::future;
 use super::Ctx;
 use crate::budget::Admitted;
 use crate::dispatcher::now_ms;
-use crate::replication::RaftReq;
+use crate::replication::{RaftReq, Stored};
 
 /// Most batches outstanding (received, not yet acked) on one stream. Beyond it the stream
 /// stops reading, and HTTP/2 flow control pushes back on the client.
@@ -79,6 +80,7 @@ fn prepare(
     for (i, m) in batch.messages.iter().enumerate() {
         validate_message(i, &m.topic, m.delay_ms, m.ttl_ms, m.indexes.len(), &limits)
             .map_err(invalid)?;
+        validate_options(i, &m.topic, &m.dedup_id, &m.dead_letter_topic).map_err(invalid)?;
         // A message no consumer stream could carry would block its topic forever.
         let delivery = delivery_len(m, enqueued_at_ms);
         if delivery > s.max_send_message_len {
@@ -102,6 +104,12 @@ fn prepare(
             .map(|(j, x)| index_value(i, j, x))
             .collect::<Result<Vec<_>, _>>()
             .map_err(invalid)?;
+        let dedup_until_ms = if m.dedup_id.is_empty() {
+            0
+        } else {
+            enqueued_at_ms
+                .saturating_add(i64::try_from(s.dedup_window.as_millis()).unwrap_or(i64::MAX))
+        };
         let stored = StoredMessage {
             topic: m.topic,
             payload: m.payload,
@@ -109,6 +117,13 @@ fn prepare(
             delay: DelayMs(m.delay_ms),
             ttl: TtlMs(m.ttl_ms),
             indexes,
+            extras: Extras {
+                dedup_id: m.dedup_id,
+                dedup_until_ms,
+                max_attempts: m.max_attempts,
+                dead_letter_topic: m.dead_letter_topic,
+                ..Extras::default()
+            },
         };
         if topics.len() < 8 && !topics.contains(&stored.topic) {
             topics.push(stored.topic.clone());
@@ -148,14 +163,17 @@ fn delivery_len(m: &pb::PublishMessage, enqueued_at_ms: i64) -> usize {
         enqueued_at_unix_ms: enqueued_at_ms,
         delay_ms: m.delay_ms,
         attempt: u32::MAX,
+        // As a dead-lettered copy (the longest group name a consumer may give).
+        origin_topic: m.topic.clone(),
+        origin_group: "g".repeat(TOPIC_LEN_MAX),
     }
     .encoded_len()
 }
 
 /// How a batch ended, before it becomes an ack.
 enum Outcome {
-    /// Stored; the first id of the batch.
-    Stored(u64),
+    /// Stored: the ids, and the items a dedup id matched.
+    Stored(Stored),
     /// Refused or failed: the code and message for the client, and the leader's address.
     Failed(Code, String, String),
 }
@@ -170,6 +188,7 @@ async fn store_batch(
     ctx: &Ctx,
     items: Vec<StoreItem>,
     level: AckLevel,
+    dedup: bool,
     admitted: Admitted,
 ) -> Outcome {
     let timeout = ctx.settings.proposal_timeout;
@@ -188,6 +207,7 @@ async fn store_batch(
         items,
         admitted,
         level,
+        dedup,
         deadline: Instant::now() + timeout,
         reply,
     };
@@ -199,7 +219,7 @@ async fn store_batch(
         );
     }
     match rx.await {
-        Ok(Ok(first)) => Outcome::Stored(first),
+        Ok(Ok(stored)) => Outcome::Stored(stored),
         Ok(Err(WriteError::NotLeader { .. })) => not_leader(ctx.repl.leader_addr()),
         Ok(Err(WriteError::Timeout)) => Outcome::Failed(
             Code::DeadlineExceeded,
@@ -237,7 +257,14 @@ fn process(
     admitted: Admitted,
     received: Instant,
 ) -> (AckLevel, AckFuture) {
-    let level = AckLevel::from_wire(batch.ack_level);
+    // A batch with dedup ids is answered once applied: which of its messages were stored
+    // before is known then.
+    let dedup = batch.messages.iter().any(|m| !m.dedup_id.is_empty());
+    let level = if dedup {
+        AckLevel::Quorum
+    } else {
+        AckLevel::from_wire(batch.ack_level)
+    };
     let batch_id = batch.batch_id;
     let n = batch.messages.len();
     let metrics = std::sync::Arc::clone(&ctx.metrics);
@@ -256,12 +283,20 @@ fn process(
     let keys: Vec<(u64, u64)> = items.iter().map(|it| (it.topic_hash, it.bucket)).collect();
     let ctx = Rc::clone(ctx);
     let fut = async move {
-        let outcome = store_batch(&ctx, items, level, admitted).await;
+        let outcome = store_batch(&ctx, items, level, dedup, admitted).await;
         let ack = match outcome {
-            Outcome::Stored(first_id) => {
+            Outcome::Stored(Stored { first_id, dups }) => {
                 metrics
                     .messages_published
-                    .add(&[&topics, level.label()], n as u64);
+                    .add(&[&topics, level.label()], (n - dups.len()) as u64);
+                metrics
+                    .messages_deduplicated
+                    .fetch_add(dups.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                let first_of = |id: u64| {
+                    dups.binary_search_by_key(&id, |(i, _)| *i)
+                        .ok()
+                        .map(|at| dups[at].1)
+                };
                 PublishBatchAck {
                     success: true,
                     error_message: String::new(),
@@ -271,14 +306,11 @@ fn process(
                         .iter()
                         .enumerate()
                         .map(|(i, (t, b))| {
-                            Bytes::copy_from_slice(
-                                &EventKey::new(
-                                    TopicHash(*t),
-                                    Bucket(*b),
-                                    EventId(first_id + i as u64),
-                                )
-                                .0,
-                            )
+                            let id = first_id + i as u64;
+                            let key = first_of(id).unwrap_or_else(|| {
+                                EventKey::new(TopicHash(*t), Bucket(*b), EventId(id))
+                            });
+                            Bytes::copy_from_slice(&key.0)
                         })
                         .collect(),
                     leader_address: String::new(),

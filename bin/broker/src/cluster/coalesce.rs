@@ -20,7 +20,8 @@ use std::rc::{Rc, Weak};
 use std::time::Instant;
 
 use crate::budget::Admitted;
-use futureq_core::command::{encode_store, store_len_bound, StoreBatch, StoreItem};
+use crate::replication::Stored;
+use futureq_core::command::{encode_store, store_len_bound, Answer, StoreBatch, StoreItem};
 use futureq_core::AckLevel;
 use futureq_raft::node::{EventWrite, Proposal, WriteError};
 use futures::channel::oneshot;
@@ -46,7 +47,7 @@ pub(crate) struct Pending {
     pub(crate) admitted: Admitted,
     pub(crate) level: AckLevel,
     pub(crate) deadline: Instant,
-    pub(crate) reply: oneshot::Sender<Result<u64, WriteError>>,
+    pub(crate) reply: oneshot::Sender<Result<Stored, WriteError>>,
 }
 
 /// One batch of a group.
@@ -54,7 +55,7 @@ struct Part {
     len: usize,
     _admitted: Admitted,
     level: AckLevel,
-    reply: Option<oneshot::Sender<Result<u64, WriteError>>>,
+    reply: Option<oneshot::Sender<Result<Stored, WriteError>>>,
     /// Left out of the entry (a NO_ACK batch, after the first attempt).
     left_out: bool,
 }
@@ -188,15 +189,20 @@ async fn propose(core: &Rc<Core>, group: Group) {
             Ok(Proposal::store(encode_store(&batch).into(), l.term))
         }
     };
-    let answer = |levels: Option<AckLevel>, r: &Result<(), WriteError>| {
-        // A store answers nothing beyond "applied": each part's reply is its first id.
+    let answer = |levels: Option<AckLevel>, r: &Result<Answer, WriteError>| {
+        // Each part's reply is its first id, and the items of it dedup matched (known at the
+        // apply: QUORUM).
         let firsts = firsts.borrow();
         for (p, first) in parts.borrow_mut().iter_mut().zip(firsts.iter()) {
             if levels.is_some_and(|l| l != p.level) {
                 continue;
             }
             if let Some(tx) = p.reply.take() {
-                let _ = tx.send(r.clone().map(|()| first.unwrap_or(0)));
+                let _ = tx.send(
+                    r.as_ref()
+                        .map(|a| Stored::of(first.unwrap_or(0), p.len, a))
+                        .map_err(Clone::clone),
+                );
             }
         }
     };
@@ -210,18 +216,17 @@ async fn propose(core: &Rc<Core>, group: Group) {
     };
     let has = |level| parts.borrow().iter().any(|p| p.level == level);
     if has(AckLevel::NoAck) && w.submitted.await.is_ok() {
-        answer(Some(AckLevel::NoAck), &Ok(()));
+        answer(Some(AckLevel::NoAck), &Ok(Answer::None));
     }
     if let Some(persisted) = w.persisted {
         if persisted.await.is_ok() {
-            answer(Some(AckLevel::Leader), &Ok(()));
+            answer(Some(AckLevel::Leader), &Ok(Answer::None));
         }
     }
     let r = w
         .done
         .await
-        .unwrap_or_else(|_| Err(WriteError::Failed("raft stopped".into())))
-        .map(drop);
+        .unwrap_or_else(|_| Err(WriteError::Failed("raft stopped".into())));
     answer(None, &r);
 }
 
