@@ -416,6 +416,13 @@ async fn a_repeated_dedup_id_stores_nothing_and_answers_the_first_tag() {
             },
             "messages[0].dead_letter_topic: must not be the message's own topic",
         ),
+        (
+            futureq_bench::pb::PublishMessage {
+                max_attempts: 1,
+                ..msg(&"x".repeat(252), "x", 0, 0)
+            },
+            "messages[0].dead_letter_topic: the default \"<topic>.dlq\" would be 256 bytes",
+        ),
     ] {
         let ack = p.publish(batch(3, QUORUM, vec![m])).await;
         assert!(!ack.success, "{ack:?}");
@@ -435,4 +442,75 @@ async fn a_repeated_dedup_id_stores_nothing_and_answers_the_first_tag() {
         .await;
     assert_eq!(after.delivery_tags, first.delivery_tags);
     assert_eq!(stats(&b, "t").await[0].stored, 2);
+}
+
+/// Dead letters per group: the group that got a message `max_attempts` times without acking
+/// it gives up; one copy goes to `<topic>.dlq` with its origin (topic and group), the other
+/// group is not affected, nothing is delivered to the giving-up group again, and the origin
+/// topic counts it, also after a kill -9.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_that_gives_up_sends_its_copy_to_the_dead_letter_topic() {
+    let mut b = Broker::start("delivery:\n  maxAttempts: 5\n").await;
+    let mut billing = Subscriber::open(b.channel().await, "jobs", "billing", 10).await;
+    let mut audit = Subscriber::open(b.channel().await, "jobs", "audit", 10).await;
+    let mut dlq = Subscriber::open(b.channel().await, "jobs.dlq", "", 10).await;
+    let mut p = Publisher::open(b.channel().await).await;
+    let poison = futureq_bench::pb::PublishMessage {
+        max_attempts: 2,
+        ..msg("jobs", "poison", 0, 0)
+    };
+    let ack = p.publish(batch(1, QUORUM, vec![poison])).await;
+    assert!(ack.success, "{ack:?}");
+    let a = audit
+        .next(Duration::from_secs(5))
+        .await
+        .expect("audit gets it");
+    audit.ack(&a.delivery_tag, true);
+    for attempt in 1..=2 {
+        let m = billing
+            .next(Duration::from_secs(5))
+            .await
+            .expect("billing gets it");
+        assert_eq!(m.attempt, attempt);
+        billing.ack(&m.delivery_tag, false);
+    }
+    let copy = dlq
+        .next(Duration::from_secs(5))
+        .await
+        .expect("the dead-lettered copy");
+    assert_eq!(
+        (
+            &copy.payload[..],
+            copy.topic.as_str(),
+            copy.origin_topic.as_str(),
+            copy.origin_group.as_str(),
+            copy.attempt
+        ),
+        (&b"poison"[..], "jobs.dlq", "jobs", "billing", 1)
+    );
+    assert_ne!(copy.delivery_tag, ack.delivery_tags[0]);
+    assert!(
+        billing.next(Duration::from_millis(500)).await.is_none(),
+        "the group that gave up got it again"
+    );
+    assert!(audit.next(Duration::from_millis(10)).await.is_none());
+    assert_eq!(b.metric("futureq_messages_dead_lettered_total").await, 1.0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = stats(&b, "jobs").await;
+        if (s[0].stored, s[0].dead_lettered_total) == (0, 1) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{s:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    b.kill9();
+    b.spawn().await;
+    let s = stats(&b, "").await;
+    let rows: Vec<(&str, u64, u64)> = s
+        .iter()
+        .map(|t| (t.topic.as_str(), t.stored, t.dead_lettered_total))
+        .collect();
+    assert_eq!(rows, vec![("jobs", 0, 1), ("jobs.dlq", 1, 0)]);
 }

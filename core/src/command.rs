@@ -3,7 +3,7 @@
 //!
 //! | bytes | field |
 //! |---|---|
-//! | 1 | tag: 1 = `StoreBatch` v1, 2 = `DeleteBatch` v1, 3 = `RegisterGroup` v1, 4 = `Cancel` v1, 5 = `Reschedule` v1 |
+//! | 1 | tag: 1 = `StoreBatch` v1, 2 = `DeleteBatch` v1, 3 = `RegisterGroup` v1, 4 = `Cancel` v1, 5 = `Reschedule` v1, 6 = `DeadLetter` v1 |
 //! | 4 | archive length (u32 LE): the rest of the entry, exactly |
 //! | n | rkyv archive of the command |
 //!
@@ -37,6 +37,8 @@ pub const TAG_REGISTER_GROUP_V1: u8 = 3;
 pub const TAG_CANCEL_V1: u8 = 4;
 /// Tag of a v1 [`Reschedule`].
 pub const TAG_RESCHEDULE_V1: u8 = 5;
+/// Tag of a v1 [`DeadLetter`].
+pub const TAG_DEAD_LETTER_V1: u8 = 6;
 
 /// Most keys of one [`Cancel`] (the API's limit per request).
 pub const CANCEL_KEYS_MAX: usize = 1000;
@@ -85,6 +87,67 @@ impl ArchivedReschedule {
     }
 }
 
+/// A recipient gave up on a message (it got it `max_attempts` times without an ACK): the
+/// apply stores a copy on the message's dead-letter topic (its `dead_letter_topic`, or
+/// `<topic>.dlq`), due at `now_ms`, with the origin set, under a new key (that topic's hash,
+/// `bucket`, `event_id`); counts it on the origin topic; and deletes the original when
+/// `delete_original` (the recipient was the last one the message was owed to). The apply
+/// answers the copy's key ([`Answer::DeadLettered`]).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct DeadLetter {
+    /// The message's key.
+    pub key: [u8; KEY_LEN],
+    /// Leader-assigned event id of the copy (above every earlier id).
+    pub event_id: u64,
+    /// Time bucket of `now_ms`.
+    pub bucket: u64,
+    /// The leader's clock (Unix ms): the copy's enqueue and due time.
+    pub now_ms: i64,
+    /// The group that gave up ("" = a universal consumer).
+    pub group: String,
+    /// Delete the original too (no recipient still needs it).
+    pub delete_original: bool,
+}
+
+/// A command that takes one leader-assigned event id, given when it is proposed (so ids
+/// follow log order) and answered with the key it stored, if any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WithId {
+    /// Move a message.
+    Reschedule(Reschedule),
+    /// Copy a message to its dead-letter topic.
+    DeadLetter(DeadLetter),
+}
+
+impl WithId {
+    /// The command with `event_id`, encoded.
+    #[must_use]
+    pub fn encode(&mut self, event_id: u64) -> Vec<u8> {
+        match self {
+            WithId::Reschedule(r) => {
+                r.event_id = event_id;
+                encode_reschedule(r)
+            }
+            WithId::DeadLetter(d) => {
+                d.event_id = event_id;
+                frame(TAG_DEAD_LETTER_V1, &*d, 64 + KEY_LEN + d.group.len())
+            }
+        }
+    }
+
+    /// The key its apply answered (`Some(None)`: nothing stored); `None` when `answer` is not
+    /// this command's kind of answer.
+    #[must_use]
+    pub fn stored_key(&self, answer: &Answer) -> Option<Option<EventKey>> {
+        match (self, answer) {
+            (WithId::Reschedule(_), Answer::Rescheduled(k))
+            | (WithId::DeadLetter(_), Answer::DeadLettered(k)) => Some(*k),
+            _ => None,
+        }
+    }
+}
+
 /// What applying a command answers its proposer beyond "applied" (decided from the entry and
 /// the applied state only, so every replica decides the same).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -100,6 +163,8 @@ pub enum Answer {
     /// A [`StoreBatch`] some of whose items repeated a dedup id still remembered: per such
     /// item, its event id (assigned, not stored) and the key of the message stored first.
     Deduplicated(Vec<(u64, EventKey)>),
+    /// A [`DeadLetter`]: the copy's key, or `None` when the message was not stored.
+    DeadLettered(Option<EventKey>),
 }
 
 /// Records that a consumer group subscribed to a topic: from then on it is a recipient of
@@ -190,6 +255,8 @@ pub enum CommandRef<'a> {
     Cancel(&'a ArchivedCancel),
     /// Move a message to a new due time.
     Reschedule(&'a ArchivedReschedule),
+    /// Copy a message to its dead-letter topic.
+    DeadLetter(&'a ArchivedDeadLetter),
 }
 
 /// Why entry bytes are not a command.
@@ -309,6 +376,9 @@ pub fn decode(bytes: &[u8]) -> Result<CommandRef<'_>, CommandError> {
         TAG_RESCHEDULE_V1 => rkyv::access::<ArchivedReschedule, RkyvError>(archive)
             .map(CommandRef::Reschedule)
             .map_err(|e| CommandError::Invalid(e.to_string())),
+        TAG_DEAD_LETTER_V1 => rkyv::access::<ArchivedDeadLetter, RkyvError>(archive)
+            .map(CommandRef::DeadLetter)
+            .map_err(|e| CommandError::Invalid(e.to_string())),
         t => Err(CommandError::UnknownTag(t)),
     }
 }
@@ -421,6 +491,17 @@ mod tests {
             prop_assert_eq!(&back, &r);
             let old = EventKey(key);
             prop_assert_eq!(a.new_key(), EventKey::new(old.topic_hash(), Bucket(bucket), EventId(event_id)));
+            prop_assert_eq!(first_event_id(&buf[pad..]), None);
+        }
+
+        #[test]
+        fn dead_letter_round_trips(key: [u8; 24], event_id: u64, bucket: u64, now_ms: i64, group in ".{0,20}", delete_original: bool, pad in 0usize..16) {
+            let d = DeadLetter { key, event_id: 0, bucket, now_ms, group, delete_original };
+            let mut buf = vec![0u8; pad];
+            buf.extend(WithId::DeadLetter(d.clone()).encode(event_id));
+            let CommandRef::DeadLetter(a) = decode(&buf[pad..]).unwrap() else { panic!("dead letter") };
+            let back: DeadLetter = rkyv::deserialize::<DeadLetter, RkyvError>(a).unwrap();
+            prop_assert_eq!(back, DeadLetter { event_id, ..d });
             prop_assert_eq!(first_event_id(&buf[pad..]), None);
         }
 

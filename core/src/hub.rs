@@ -29,6 +29,13 @@
 //!   if nobody acked them, released) to make room. The recipient gets them later from its
 //!   catch-up cursor, at its own pace.
 //! - NACK and in-flight timeout make that recipient waiting again (attempt + 1 on resend).
+//! - A recipient that got a message `max_attempts` times (the message's own, else
+//!   [`HubConfig::max_attempts`]; 0 = no limit) without acking it gives up instead of a
+//!   further delivery: it is *dead-lettering* until the dispatcher's replicated command that
+//!   copies the message to its dead-letter topic is answered ([`Hub::take_dead_letters`],
+//!   [`Hub::dead_lettered`]); then it is done (as if acked), or, if the command failed,
+//!   waiting again (it gives up again at its next turn). A dead-lettered copy itself is never
+//!   dead-lettered: nothing loops.
 //!
 //! # Invariants
 //! - A consumer never holds more than its `max_in_flight` unacknowledged deliveries.
@@ -112,6 +119,9 @@ pub struct HubConfig {
     /// that storage latency is off the delivery path: a read-ahead message is sent from
     /// memory when its instant comes.
     pub lookahead_ms: i64,
+    /// Deliveries per recipient before it gives up on a message that sets no limit of its
+    /// own (`delivery.maxAttempts`; 0 = no limit).
+    pub max_attempts: u32,
 }
 
 /// What a subscriber asked for.
@@ -183,6 +193,19 @@ pub struct HubCounters {
     pub expired: u64,
 }
 
+/// A recipient that gave up on a message: what the dispatcher turns into one replicated
+/// command, and hands back to [`Hub::dead_lettered`] with its outcome.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    /// The message.
+    pub key: EventKey,
+    /// The group that gave up ("" = a universal consumer).
+    pub group: String,
+    /// No other recipient still needs the message: the command deletes it too.
+    pub last: bool,
+    recipient: RecipientId,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum RecipientId {
     Group(String),
@@ -196,6 +219,8 @@ enum RState {
         deadline_ms: i64,
     },
     Waiting,
+    /// Gave up: its dead letter's command is in flight.
+    DeadLettering,
     Acked,
     Dropped,
 }
@@ -332,6 +357,8 @@ pub struct Hub<S> {
     counters: HubCounters,
     /// Parked records over all topics.
     parked: usize,
+    /// Recipients that gave up, not yet taken by the dispatcher.
+    dead_letters: Vec<DeadLetter>,
 }
 
 impl<S: Sink> Hub<S> {
@@ -348,6 +375,7 @@ impl<S: Sink> Hub<S> {
             next_consumer: 1,
             counters: HubCounters::default(),
             parked: 0,
+            dead_letters: Vec::new(),
         }
     }
 
@@ -556,11 +584,11 @@ impl<S: Sink> Hub<S> {
                 }
             }
         }
-        if let Some(gone) = gone {
+        if let Some(gone) = &gone {
             for key in &t.waiting {
                 if let Some(e) = self.entries.get_mut(key) {
                     for r in &mut e.recipients {
-                        if r.id == gone && r.state == RState::Waiting {
+                        if r.id == *gone && r.state == RState::Waiting {
                             r.state = RState::Dropped;
                         }
                     }
@@ -574,6 +602,15 @@ impl<S: Sink> Hub<S> {
             .map(|(k, _)| *k)
             .collect();
         for k in keys {
+            if let (Some(gone), Some(e)) = (&gone, self.entries.get_mut(&k)) {
+                // A universal consumer that gave up and went: its dead letter's outcome no
+                // longer matters to the entry.
+                for r in &mut e.recipients {
+                    if r.id == *gone && r.state == RState::DeadLettering {
+                        r.state = RState::Dropped;
+                    }
+                }
+            }
             self.finish_if_done(k, now_ms);
         }
         let last = self
@@ -666,6 +703,37 @@ impl<S: Sink> Hub<S> {
         }
     }
 
+    /// The recipients that gave up since the last call (see the module docs): each one to be
+    /// answered through [`Hub::dead_lettered`].
+    pub fn take_dead_letters(&mut self) -> Vec<DeadLetter> {
+        std::mem::take(&mut self.dead_letters)
+    }
+
+    /// The outcome of a dead letter's command: committed (the copy is stored, or the message
+    /// was gone), the recipient is done; else it waits again and gives up again at its next
+    /// turn. Ignored when the entry or the recipient moved on meanwhile.
+    pub fn dead_lettered(&mut self, dl: &DeadLetter, committed: bool, now_ms: i64) {
+        let Some(e) = self.entries.get_mut(&dl.key) else {
+            return;
+        };
+        let Some(r) = e
+            .recipients
+            .iter_mut()
+            .find(|r| r.id == dl.recipient && r.state == RState::DeadLettering)
+        else {
+            return;
+        };
+        if committed {
+            r.state = RState::Acked;
+        } else {
+            r.state = RState::Waiting;
+            if let Some(t) = self.topics.get_mut(&dl.key.topic_hash()) {
+                t.waiting.push_back(dl.key);
+            }
+        }
+        self.finish_if_done(dl.key, now_ms);
+    }
+
     /// Handles an ACK (`success`) or NACK frame of consumer `id` for `key`.
     pub fn ack(&mut self, id: ConsumerId, key: EventKey, success: bool, now_ms: i64) -> AckOutcome {
         let Some(c) = self.consumers.get_mut(&id) else {
@@ -730,7 +798,8 @@ impl<S: Sink> Hub<S> {
             return;
         };
         let open = e.recipients.iter().any(|r| match r.state {
-            RState::Pending { .. } => true,
+            // Its dead letter's outcome decides (done, or waiting again).
+            RState::Pending { .. } | RState::DeadLettering => true,
             RState::Waiting => t.present(&r.id),
             RState::Acked | RState::Dropped => false,
         });
@@ -822,7 +891,7 @@ impl<S: Sink> Hub<S> {
                 pressed.contains(&k.topic_hash())
                     && e.recipients.iter().any(|r| r.state == RState::Waiting)
                     && e.recipients.iter().all(|r| match r.state {
-                        RState::Pending { .. } => false,
+                        RState::Pending { .. } | RState::DeadLettering => false,
                         RState::Waiting => self.recipient_free(t, &r.id) == 0,
                         RState::Acked | RState::Dropped => true,
                     })
@@ -889,12 +958,41 @@ impl<S: Sink> Hub<S> {
         }
     }
 
-    /// Sends recipient `ri` of `key`'s entry if a consumer has room; true when sent.
+    /// Sends recipient `ri` of `key`'s entry if a consumer has room; true when sent. A
+    /// recipient that had its attempts gives up instead (see the module docs).
     fn try_deliver(&mut self, key: EventKey, ri: usize, now_ms: i64) -> bool {
         let h = key.topic_hash();
         let Some(e) = self.entries.get_mut(&key) else {
             return false;
         };
+        let limit = match e.message.extras.max_attempts {
+            _ if !e.message.extras.origin_topic.is_empty() => 0,
+            0 => self.cfg.max_attempts,
+            n => n,
+        };
+        if limit > 0 && e.recipients[ri].attempts >= limit {
+            let last = e
+                .recipients
+                .iter()
+                .enumerate()
+                .all(|(i, r)| i == ri || matches!(r.state, RState::Acked | RState::Dropped))
+                && self
+                    .topics
+                    .get(&h)
+                    .is_none_or(|t| !t.parked.contains_key(&key));
+            let r = &mut e.recipients[ri];
+            r.state = RState::DeadLettering;
+            self.dead_letters.push(DeadLetter {
+                key,
+                group: match &r.id {
+                    RecipientId::Group(g) => g.clone(),
+                    RecipientId::Universal(_) => String::new(),
+                },
+                last,
+                recipient: r.id.clone(),
+            });
+            return false;
+        }
         let Some(cid) = Self::pick(&mut self.topics, &self.consumers, h, &e.recipients[ri].id)
         else {
             return false;

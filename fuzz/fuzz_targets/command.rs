@@ -26,6 +26,10 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(in_place, None, "a cancel has no first event id");
             let _ = c.keys.iter().map(|k| k[23]).count();
         }
+        Ok(CommandRef::DeadLetter(d)) => {
+            assert_eq!(in_place, None, "a dead letter has no first event id");
+            let _ = (d.group.len(), d.delete_original, d.now_ms.to_native());
+        }
         Ok(CommandRef::Reschedule(r)) => {
             assert_eq!(in_place, None, "a reschedule has no first event id");
             assert_eq!(r.new_key().topic_hash(), futureq_core::EventKey(r.key).topic_hash());

@@ -34,8 +34,8 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use futureq_core::command::{
-    encode_cancel, encode_delete, encode_register_group, encode_reschedule, encode_store, Answer,
-    Cancel, DeleteBatch, RegisterGroup, Reschedule, StoreBatch, StoreItem,
+    encode_cancel, encode_delete, encode_register_group, encode_store, Answer, Cancel, DeleteBatch,
+    RegisterGroup, StoreBatch, StoreItem, WithId,
 };
 use futureq_core::{EventKey, TopicHash};
 use futures::channel::oneshot;
@@ -369,22 +369,20 @@ impl<I: LogIo + 'static> Journal<I> {
         }
     }
 
-    /// Moves a stored message ([`Reschedule`]) durably, under a new key whose id is assigned
-    /// here (`to.event_id` is ignored): the new key, or `None` when the message was not
-    /// stored or its TTL had passed at `to.now_ms`.
+    /// Applies a command that takes one event id ([`WithId`]: a reschedule, a dead letter)
+    /// durably, its id assigned here: the key it stored, or `None` when its message was not
+    /// stored (or, for a reschedule, had expired).
     ///
     /// # Errors
     /// See [`JournalError`].
-    pub async fn reschedule(&self, mut to: Reschedule) -> Result<Option<EventKey>, JournalError> {
+    pub async fn with_id(&self, mut cmd: WithId) -> Result<Option<EventKey>, JournalError> {
         let make = |next_id: &mut u64| {
-            to.event_id = *next_id;
+            let bytes = cmd.encode(*next_id);
             *next_id += 1;
-            encode_reschedule(&to)
+            bytes
         };
-        match self.submit(make, Wait::Applied).await? {
-            Answer::Rescheduled(k) => Ok(k),
-            _ => Err(JournalError::Unanswered),
-        }
+        let answer = self.submit(make, Wait::Applied).await?;
+        cmd.stored_key(&answer).ok_or(JournalError::Unanswered)
     }
 
     /// Adds a consumer group to the durable registry (a no-op when it is there).

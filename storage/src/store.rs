@@ -563,21 +563,10 @@ impl Store {
                             .push((*index, futureq_core::command::Answer::Cancelled(cancelled)));
                     }
                     CommandRef::Reschedule(r) => {
-                        let id = r.event_id.to_native();
-                        if id <= out.max_event_id {
-                            out.refused.push((
-                                *index,
-                                Refusal::StaleIds {
-                                    first: id,
-                                    last: id,
-                                    max: out.max_event_id,
-                                },
-                            ));
+                        if let Err(refusal) = take_id(r.event_id.to_native(), &mut out) {
+                            out.refused.push((*index, refusal));
                             continue;
                         }
-                        // The id is used whether or not the message was found, so ids
-                        // never regress on any replica.
-                        out.max_event_id = id;
                         let moved = t.reschedule(r)?;
                         if let Some(key) = moved {
                             out.deleted.push(EventKey(r.key));
@@ -585,6 +574,21 @@ impl Store {
                         }
                         out.answers
                             .push((*index, futureq_core::command::Answer::Rescheduled(moved)));
+                    }
+                    CommandRef::DeadLetter(d) => {
+                        if let Err(refusal) = take_id(d.event_id.to_native(), &mut out) {
+                            out.refused.push((*index, refusal));
+                            continue;
+                        }
+                        let copy = t.dead_letter(d)?;
+                        if let Some(key) = copy {
+                            stored.push(key);
+                            if d.delete_original {
+                                out.deleted.push(EventKey(d.key));
+                            }
+                        }
+                        out.answers
+                            .push((*index, futureq_core::command::Answer::DeadLettered(copy)));
                     }
                     CommandRef::RegisterGroup(r) => {
                         t.add_group(&group_key(
@@ -1113,6 +1117,20 @@ pub enum Refusal {
     },
 }
 
+/// Takes the one event id of a reschedule or dead letter: refused unless above every id
+/// applied; used whether or not its message is found, so ids never regress on any replica.
+fn take_id(id: u64, out: &mut ApplyOutcome) -> Result<(), Refusal> {
+    if id <= out.max_event_id {
+        return Err(Refusal::StaleIds {
+            first: id,
+            last: id,
+            max: out.max_event_id,
+        });
+    }
+    out.max_event_id = id;
+    Ok(())
+}
+
 /// Checks that a store command's ids are strictly increasing and above `max`.
 fn ids_above(b: &futureq_core::command::ArchivedStoreBatch, max: u64) -> Result<(), Refusal> {
     let mut prev = max;
@@ -1319,6 +1337,59 @@ impl<'t> Tables<'t> {
             self.digest ^= row_hash(table.tag(), key, &[]);
         }
         Ok(())
+    }
+
+    /// Stores a copy of a message on its dead-letter topic ([`futureq_core::command::DeadLetter`]),
+    /// counts it on the origin topic, and deletes the original when asked: the copy's key, or
+    /// `None` when the message is not stored (then nothing changes).
+    fn dead_letter(
+        &mut self,
+        d: &futureq_core::command::ArchivedDeadLetter,
+    ) -> Result<Option<EventKey>, StoreError> {
+        let old = EventKey(d.key);
+        let Some(m) = self
+            .messages
+            .get(old.0.as_slice())?
+            .and_then(|v| StoredMessage::decode(&Bytes::copy_from_slice(v.value())).ok())
+        else {
+            return Ok(None);
+        };
+        let topic = if m.extras.dead_letter_topic.is_empty() {
+            format!("{}.dlq", m.topic)
+        } else {
+            m.extras.dead_letter_topic.clone()
+        };
+        let now_ms = d.now_ms.to_native();
+        let copy = StoredMessage {
+            topic,
+            payload: m.payload.clone(),
+            enqueued_at_ms: now_ms,
+            delay: futureq_core::DelayMs(0),
+            ttl: futureq_core::TtlMs::NEVER,
+            indexes: m.indexes.clone(),
+            extras: futureq_core::Extras {
+                origin_topic: m.topic.clone(),
+                origin_group: d.group.as_str().to_owned(),
+                ..futureq_core::Extras::default()
+            },
+        };
+        let key = EventKey::new(
+            futureq_core::topic_hash(&copy.topic),
+            futureq_core::Bucket(d.bucket.to_native()),
+            futureq_core::EventId(d.event_id.to_native()),
+        );
+        let index_keys: Vec<Vec<u8>> = copy.indexes.iter().map(|i| i.index_key()).collect();
+        self.insert(
+            &key,
+            None,
+            index_keys.iter().map(Vec::as_slice),
+            &copy.encode(),
+        )?;
+        self.topic_delta(old.topic_hash(), &m.topic).1 += 1;
+        if d.delete_original {
+            self.remove(&old)?;
+        }
+        Ok(Some(key))
     }
 
     /// Writes (or replaces) a `dedup` row and its `dedup-expiry` row.

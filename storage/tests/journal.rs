@@ -434,16 +434,18 @@ fn a_reschedule_takes_the_next_id_and_is_replayed() {
         let mut it = item(1, 1);
         it.message = m.encode().to_vec();
         let first = j.publish(vec![it], Wait::Applied).await.unwrap();
-        let to = |key: EventKey| futureq_core::command::Reschedule {
-            key: key.0,
-            event_id: 0,
-            bucket: 9,
-            due_at_ms: 9000,
-            now_ms: 2000,
+        let to = |key: EventKey| {
+            futureq_core::command::WithId::Reschedule(futureq_core::command::Reschedule {
+                key: key.0,
+                event_id: 0,
+                bucket: 9,
+                due_at_ms: 9000,
+                now_ms: 2000,
+            })
         };
-        let moved = j.reschedule(to(key(1, 7, first))).await.unwrap();
+        let moved = j.with_id(to(key(1, 7, first))).await.unwrap();
         assert_eq!(moved, Some(key(1, 9, first + 1)));
-        assert_eq!(j.reschedule(to(key(1, 7, first))).await.unwrap(), None);
+        assert_eq!(j.with_id(to(key(1, 7, first))).await.unwrap(), None);
         let next = j.publish(vec![item(1, 2)], Wait::Applied).await.unwrap();
         assert_eq!(next, first + 3, "each reschedule used an id");
 

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use bytes::Bytes;
 use futureq_core::command::{
     encode_cancel, encode_delete, encode_register_group, encode_reschedule, encode_store, Answer,
-    Cancel, DeleteBatch, RegisterGroup, Reschedule, StoreBatch, StoreItem,
+    Cancel, DeadLetter, DeleteBatch, RegisterGroup, Reschedule, StoreBatch, StoreItem, WithId,
 };
 use futureq_core::hub::ScanRequest;
 use futureq_core::{
@@ -502,6 +502,83 @@ fn a_remembered_dedup_id_stores_nothing_and_answers_the_first_key() {
         out.answers.first(),
         Some((_, Answer::Deduplicated(d))) if d[0].1 == e[0]
     ));
+}
+
+/// A dead letter stores a copy on the dead-letter topic (due at the command's clock, origin
+/// set, no TTL) and counts it on the origin topic, whose row stays while it has dead letters;
+/// the original goes only when asked; the counts travel in the snapshot.
+#[test]
+fn a_dead_letter_copies_the_message_and_counts_it_on_its_topic() {
+    let s = memory();
+    let k = publish(
+        &s,
+        vec![new_message(
+            "t",
+            1000,
+            0,
+            50_000,
+            vec![IndexValue::Int64(3)],
+        )],
+    );
+    let dead_letter = |group: &str, delete_original| {
+        let cmd = WithId::DeadLetter(DeadLetter {
+            key: k[0].0,
+            event_id: 0,
+            bucket: 2000,
+            now_ms: 2000,
+            group: group.into(),
+            delete_original,
+        })
+        .encode(next_id());
+        let out = apply(&s, &cmd);
+        match out.outcome(s.applied().unwrap().unwrap().0).unwrap() {
+            Answer::DeadLettered(copy) => (copy, out.deleted),
+            a => panic!("{a:?}"),
+        }
+    };
+    let (copy, deleted) = dead_letter("g", false);
+    let copy = copy.expect("a copy");
+    assert!(deleted.is_empty());
+    assert_eq!(copy.topic_hash(), topic_hash("t.dlq"));
+    let m = StoredMessage::decode(&s.get(&copy).unwrap().unwrap()).unwrap();
+    assert_eq!(
+        (
+            m.topic.as_str(),
+            m.extras.origin_topic.as_str(),
+            m.extras.origin_group.as_str()
+        ),
+        ("t.dlq", "t", "g")
+    );
+    assert_eq!((m.due_at_ms(), m.expires_at_ms()), (2000, None));
+    assert_eq!(m.indexes, vec![IndexValue::Int64(3)]);
+    let (second, deleted) = dead_letter("", true);
+    assert!(second.is_some());
+    assert_eq!(
+        deleted,
+        vec![k[0]],
+        "the last recipient's dead letter moves it"
+    );
+    assert!(s.get(&k[0]).unwrap().is_none());
+    assert_eq!(dead_letter("h", false).0, None, "gone: nothing copied");
+    let rows = |s: &Store| -> Vec<(String, u64, u64)> {
+        let mut v: Vec<_> = s
+            .topic_stats(None, usize::MAX)
+            .unwrap()
+            .into_iter()
+            .map(|t| (t.row.name, t.row.stored, t.row.dead_lettered))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(rows(&s), vec![("t".into(), 0, 2), ("t.dlq".into(), 2, 0)]);
+    assert_eq!(s.digest(), s.computed_digest().unwrap());
+    let mut snap = Vec::new();
+    s.write_snapshot(&mut snap).unwrap();
+    let dst = memory();
+    dst.install_snapshot(&mut snap.as_slice(), s.applied().unwrap())
+        .unwrap();
+    assert_eq!(rows(&dst), rows(&s));
+    assert_eq!(dst.digest(), s.digest());
 }
 
 /// Peek pages through a topic in key order, from after a tag, bounded by count and bytes;

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futureq_core::command::StoreItem;
 use futureq_core::command::{
-    encode_cancel, encode_delete, encode_register_group, encode_reschedule, Answer, Cancel,
-    DeleteBatch, RegisterGroup, Reschedule,
+    encode_cancel, encode_delete, encode_register_group, Answer, Cancel, DeleteBatch,
+    RegisterGroup, WithId,
 };
 use futureq_core::metadata::{MetaCommand, NodeAddr, ShardTopology};
 use futureq_core::{AckLevel, EventKey, TopicHash};
@@ -500,29 +500,29 @@ impl WriteCore for Rc<Core> {
         }
     }
 
-    async fn reschedule(
+    async fn with_id(
         &self,
-        mut to: Reschedule,
+        cmd: WithId,
         deadline: Instant,
     ) -> Result<Option<EventKey>, WriteError> {
         // Never forwarded, like a cancel.
         self.leading_now()?;
         let core = Rc::clone(self);
+        let mut proposed = cmd.clone();
         let make = move || {
-            // The new key's id is assigned with the proposal, like a store's: ids follow
-            // log order.
+            // The command's id is assigned with the proposal, like a store's: ids follow log
+            // order.
             let l = core.leading_now()?;
-            to.event_id = core
+            let id = core
                 .ids
                 .borrow_mut()
                 .assign(l.leading, l.term, 1)
                 .ok_or(WriteError::NotLeader { leader: l.leader })?;
-            Ok(Proposal::command(encode_reschedule(&to).into()))
+            Ok(Proposal::command(proposed.encode(id).into()))
         };
-        match self.node.write_event(make, Ack::Quorum, deadline).await? {
-            Answer::Rescheduled(k) => Ok(k),
-            _ => Err(unanswered("reschedule")),
-        }
+        let answer = self.node.write_event(make, Ack::Quorum, deadline).await?;
+        cmd.stored_key(&answer)
+            .ok_or_else(|| unanswered("command with an event id"))
     }
 
     async fn register_group(

@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use futureq_core::command::{DeadLetter, WithId};
 use futureq_core::hub::{ConsumerId, Delivery, Hub, HubConfig, Sink, Subscription};
 use futureq_core::EventKey;
 use futureq_net::Shutdown;
@@ -28,6 +29,8 @@ pub const SWEEP_BATCH_MAX: usize = 10_000;
 pub const DELETE_FLUSH_EARLY: usize = 16_384;
 /// Delay before retrying after a failed scan.
 const SCAN_RETRY: Duration = Duration::from_millis(100);
+/// How long a dead letter whose command failed waits before its recipient gives up again.
+const DEAD_LETTER_RETRY: Duration = Duration::from_secs(1);
 /// How long the dispatcher keeps serving acks after shutdown starts, while consumers leave.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
@@ -112,6 +115,13 @@ pub enum HubCmd {
         /// Answered once they are dropped.
         done: oneshot::Sender<()>,
     },
+    /// A dead letter's command ended: committed or not.
+    DeadLettered {
+        /// The recipient that gave up.
+        dl: futureq_core::hub::DeadLetter,
+        /// Whether the command committed.
+        committed: bool,
+    },
     /// Per topic with consumers: its streams and deliveries in flight (`TopicStats`).
     Activity(
         oneshot::Sender<
@@ -136,6 +146,8 @@ struct Dispatcher {
     /// Where deletes go: the Raft core, or the local journal standalone.
     writes: flume::Sender<RaftReq>,
     delete_timeout: Duration,
+    /// `delivery.timeBucket` (the bucket of a dead letter's copy).
+    bucket_ms: u64,
     tx: flume::Sender<HubCmd>,
     metrics: Arc<Metrics>,
     flushing: bool,
@@ -185,6 +197,9 @@ impl Dispatcher {
             HubCmd::Revoke { keys, done } => {
                 self.hub.on_deleted(&keys);
                 let _ = done.send(());
+            }
+            HubCmd::DeadLettered { dl, committed } => {
+                self.hub.dead_lettered(&dl, committed, now_ms());
             }
             HubCmd::Activity(reply) => {
                 let _ = reply.send(self.hub.topic_activity());
@@ -250,6 +265,52 @@ impl Dispatcher {
             let _ = tx.send_async(HubCmd::DeleteFlushed { committed }).await;
         })
         .detach();
+    }
+
+    /// Turns each recipient that gave up into one replicated command on its own task; its
+    /// outcome goes back to the hub. A failed one is reported after [`DEAD_LETTER_RETRY`], so
+    /// a write path that refuses (a lost leadership) is not asked again at once.
+    fn start_dead_letters(&mut self) {
+        for dl in self.hub.take_dead_letters() {
+            let now = now_ms();
+            let cmd = WithId::DeadLetter(DeadLetter {
+                key: dl.key.0,
+                event_id: 0,
+                bucket: futureq_core::bucket_of(now, self.bucket_ms).0,
+                now_ms: now,
+                group: dl.group.clone(),
+                delete_original: dl.last,
+            });
+            let (tx, writes, metrics) = (
+                self.tx.clone(),
+                self.writes.clone(),
+                Arc::clone(&self.metrics),
+            );
+            let deadline = Instant::now() + self.delete_timeout;
+            glommio::spawn_local(async move {
+                let r = crate::replication::request(&writes, |reply| RaftReq::WithId {
+                    cmd,
+                    deadline,
+                    reply,
+                })
+                .await;
+                let committed = match r {
+                    Ok(Some(copy)) => {
+                        metrics.messages_dead_lettered.fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(target: "dispatcher", key = %dl.key, group = %dl.group, copy = %copy, "a recipient gave up on a message: copied to its dead-letter topic");
+                        true
+                    }
+                    Ok(None) => true,
+                    Err(e) => {
+                        tracing::warn!(target: "dispatcher", key = %dl.key, group = %dl.group, error = %e, "dead letter not stored; will retry");
+                        glommio::timer::sleep(DEAD_LETTER_RETRY).await;
+                        false
+                    }
+                };
+                let _ = tx.send_async(HubCmd::DeadLettered { dl, committed }).await;
+            })
+            .detach();
+        }
     }
 
     fn export(&mut self) {
@@ -368,6 +429,7 @@ pub async fn run(
         store,
         writes,
         delete_timeout: cfg.delete_timeout,
+        bucket_ms: cfg.hub.bucket_ms,
         tx,
         metrics,
         flushing: false,
@@ -381,6 +443,7 @@ pub async fn run(
             d.handle(cmd).await;
         }
         let scanned = d.pass().await;
+        d.start_dead_letters();
         if Instant::now() >= next_flush || d.hub.pending_deletes() >= DELETE_FLUSH_EARLY {
             next_flush = Instant::now() + cfg.delete_interval;
             d.start_flush();

@@ -281,12 +281,12 @@ impl<I: LogIo + 'static> WriteCore for LocalCore<I> {
         until(deadline, self.journal.cancel(&keys)).await
     }
 
-    async fn reschedule(
+    async fn with_id(
         &self,
-        to: futureq_core::command::Reschedule,
+        cmd: futureq_core::command::WithId,
         deadline: Instant,
     ) -> Result<Option<EventKey>, WriteError> {
-        until(deadline, self.journal.reschedule(to)).await
+        until(deadline, self.journal.with_id(cmd)).await
     }
 
     async fn register_group(

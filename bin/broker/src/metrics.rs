@@ -150,6 +150,8 @@ pub struct Metrics {
     pub messages_rescheduled: AtomicU64,
     /// Published messages not stored because their dedup id was remembered.
     pub messages_deduplicated: AtomicU64,
+    /// Copies stored on a dead-letter topic.
+    pub messages_dead_lettered: AtomicU64,
     /// Publish bytes in service ([`crate::budget::Budget`] counts here).
     pub publish_bytes_in_service: AtomicU64,
     pub store_commits: AtomicU64,
@@ -198,6 +200,7 @@ impl Default for Metrics {
             messages_cancelled: AtomicU64::new(0),
             messages_rescheduled: AtomicU64::new(0),
             messages_deduplicated: AtomicU64::new(0),
+            messages_dead_lettered: AtomicU64::new(0),
             store_commits: AtomicU64::new(0),
             store_commit_ops: AtomicU64::new(0),
             store_digest: std::sync::Arc::default(),
@@ -446,6 +449,13 @@ impl Metrics {
             "counter",
             "Published messages not stored because their dedup id was remembered (publish.dedupWindow); each answered with the first message's tag.",
             self.messages_deduplicated.load(r),
+        );
+        scalar(
+            &mut o,
+            "futureq_messages_dead_lettered_total",
+            "counter",
+            "Copies stored on a dead-letter topic by recipients that gave up (max_attempts deliveries without an ACK).",
+            self.messages_dead_lettered.load(r),
         );
         scalar(
             &mut o,

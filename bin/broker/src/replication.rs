@@ -55,14 +55,14 @@ pub enum RaftReq {
         /// Per key, in order: whether it was stored.
         reply: oneshot::Sender<Result<Vec<bool>, WriteError>>,
     },
-    /// Move a stored message to a new due time (the `Reschedule` RPC), at QUORUM; replies
-    /// the new key, or `None` when the message was not stored.
-    Reschedule {
-        /// What to move where (`event_id` is assigned by the write core).
-        to: futureq_core::command::Reschedule,
+    /// A command that takes one event id (a reschedule, a dead letter), at QUORUM; replies
+    /// the key it stored, or `None` when its message was not stored.
+    WithId {
+        /// The command (its `event_id` is assigned by the write core).
+        cmd: futureq_core::command::WithId,
         /// When to give up.
         deadline: Instant,
-        /// The new key.
+        /// The key stored.
         reply: oneshot::Sender<Result<Option<EventKey>, WriteError>>,
     },
     /// Add a consumer group to the durable registry (a no-op when it is there).
@@ -176,11 +176,11 @@ pub(crate) trait WriteCore {
     /// stored.
     async fn cancel(&self, keys: Vec<EventKey>, deadline: Instant)
         -> Result<Vec<bool>, WriteError>;
-    /// Moves a stored message through the log (only while leading): the new key, or `None`
-    /// when it was not stored.
-    async fn reschedule(
+    /// Applies a command that takes one event id through the log (only while leading): the
+    /// key it stored, or `None` when its message was not stored.
+    async fn with_id(
         &self,
-        to: futureq_core::command::Reschedule,
+        cmd: futureq_core::command::WithId,
         deadline: Instant,
     ) -> Result<Option<EventKey>, WriteError>;
     /// Adds a consumer group to the durable registry (a no-op when it is there).
@@ -237,12 +237,12 @@ pub(crate) async fn answer(core: &impl WriteCore, req: RaftReq) {
         } => {
             let _ = reply.send(core.cancel(keys, deadline).await);
         }
-        RaftReq::Reschedule {
-            to,
+        RaftReq::WithId {
+            cmd,
             deadline,
             reply,
         } => {
-            let _ = reply.send(core.reschedule(to, deadline).await);
+            let _ = reply.send(core.with_id(cmd, deadline).await);
         }
         RaftReq::RegisterGroup {
             topic_hash,

@@ -589,6 +589,7 @@ async fn core_main(
                 bucket_ms: settings.time_bucket_ms,
                 scan_limit: settings.scan_max_keys,
                 lookahead_ms: i64::try_from(settings.read_ahead.as_millis()).unwrap_or(i64::MAX),
+                max_attempts: settings.max_attempts,
             },
             delete_interval: settings.delete_batch_interval,
             delete_timeout: settings.proposal_timeout,

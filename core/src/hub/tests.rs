@@ -47,6 +47,7 @@ const CFG: HubConfig = HubConfig {
     bucket_ms: 1,
     scan_limit: 7,
     lookahead_ms: 0,
+    max_attempts: 0,
 };
 
 fn msg(topic: &str, enq: i64, delay: i64, ttl: i64) -> Arc<StoredMessage> {
@@ -265,6 +266,170 @@ fn nack_timeout_and_disconnect_redeliver() {
     pass(&mut hub, &mut store, 1005);
     assert!(store.0.is_empty());
     assert_eq!(hub.counters().timeouts, 1);
+}
+
+/// A message with these extras.
+fn msg_with(topic: &str, extras: crate::Extras) -> Arc<StoredMessage> {
+    let mut m = (*msg(topic, 0, 0, 0)).clone();
+    m.extras = extras;
+    Arc::new(m)
+}
+
+/// Delivers `key` to the consumer behind `sink` and NACKs it, `n` times; the attempts seen.
+fn nack_times(
+    hub: &mut Hub<MemSink>,
+    store: &mut Store,
+    id: ConsumerId,
+    sink: &MemSink,
+    n: usize,
+    now: &mut i64,
+) -> Vec<u32> {
+    let mut seen = Vec::new();
+    for _ in 0..n {
+        pass(hub, store, *now);
+        *now += 1;
+        for d in sink.take() {
+            seen.push(d.attempt);
+            hub.ack(id, d.key, false, *now);
+        }
+    }
+    seen
+}
+
+/// A recipient that got a message `max_attempts` times without acking it gives up: one dead
+/// letter, the last recipient's (it moves the message); once committed the entry ends and
+/// the key is deleted; a failed command makes it give up again.
+#[test]
+fn a_recipient_gives_up_after_its_attempts() {
+    let mut hub = Hub::new(HubConfig {
+        max_attempts: 2,
+        ..CFG
+    });
+    let mut store = Store::default();
+    let s = MemSink::new();
+    let id = hub.register(&sub("t", "", 10), s.clone(), 0);
+    let k = store.put(1, msg("t", 0, 0, 0));
+    let mut now = 1;
+    assert_eq!(
+        nack_times(&mut hub, &mut store, id, &s, 3, &mut now),
+        vec![1, 2]
+    );
+    let dl = hub.take_dead_letters();
+    assert_eq!(dl.len(), 1);
+    assert_eq!((dl[0].key, dl[0].group.as_str(), dl[0].last), (k, "", true));
+    assert!(hub.take_dead_letters().is_empty());
+    // The command failed: it gives up again at its next turn (no delivery).
+    hub.dead_lettered(&dl[0], false, now);
+    pass(&mut hub, &mut store, now);
+    assert!(s.take().is_empty());
+    let again = hub.take_dead_letters();
+    assert_eq!(again, dl);
+    hub.dead_lettered(&again[0], true, now);
+    pass(&mut hub, &mut store, now + 1);
+    assert!(store.0.is_empty(), "done: the key is deleted");
+    assert!(s.take().is_empty());
+    assert_eq!(hub.in_flight(), 0);
+}
+
+/// Per group: the group that gives up is the dead letter's origin; it is the last recipient
+/// only when every other one acked; a group still owed the message keeps it.
+#[test]
+fn dead_letters_are_per_group() {
+    let mut hub = Hub::new(CFG);
+    let mut store = Store::default();
+    let (a, b) = (MemSink::new(), MemSink::new());
+    let ida = hub.register(&sub("t", "a", 10), a.clone(), 0);
+    let idb = hub.register(&sub("t", "b", 10), b.clone(), 0);
+    let extras = crate::Extras {
+        max_attempts: 1,
+        ..crate::Extras::default()
+    };
+    let k = store.put(1, msg_with("t", extras));
+    pass(&mut hub, &mut store, 1);
+    let (da, db) = (a.take(), b.take());
+    assert_eq!((da.len(), db.len()), (1, 1));
+    hub.ack(idb, k, false, 2);
+    pass(&mut hub, &mut store, 2);
+    let dl = hub.take_dead_letters();
+    assert_eq!(dl.len(), 1);
+    assert_eq!(
+        (dl[0].group.as_str(), dl[0].last),
+        ("b", false),
+        "a still has it in flight"
+    );
+    hub.dead_lettered(&dl[0], true, 3);
+    assert!(b.take().is_empty());
+    assert_eq!(hub.ack(ida, k, true, 4), AckOutcome::Acked);
+    pass(&mut hub, &mut store, 5);
+    assert!(store.0.is_empty(), "deleted once every group is done");
+    assert!(hub.take_dead_letters().is_empty());
+
+    // Here `a` acked first: `b`'s dead letter is the last one.
+    let k2 = store.put(
+        2,
+        msg_with(
+            "t",
+            crate::Extras {
+                max_attempts: 1,
+                ..crate::Extras::default()
+            },
+        ),
+    );
+    hub.on_published(k2);
+    pass(&mut hub, &mut store, 6);
+    assert_eq!((a.take().len(), b.take().len()), (1, 1));
+    hub.ack(ida, k2, true, 7);
+    hub.ack(idb, k2, false, 7);
+    pass(&mut hub, &mut store, 8);
+    let dl = hub.take_dead_letters();
+    assert_eq!(
+        (dl[0].key, dl[0].group.as_str(), dl[0].last),
+        (k2, "b", true)
+    );
+}
+
+/// A dead-lettered copy is never dead-lettered again, whatever the limits; a universal
+/// consumer that goes away while its dead letter is in flight leaves nothing behind.
+#[test]
+fn dead_letter_copies_never_loop_and_a_gone_consumer_leaves_nothing() {
+    let mut hub = Hub::new(HubConfig {
+        max_attempts: 1,
+        ..CFG
+    });
+    let mut store = Store::default();
+    let s = MemSink::new();
+    let id = hub.register(&sub("t.dlq", "", 10), s.clone(), 0);
+    store.put(
+        1,
+        msg_with(
+            "t.dlq",
+            crate::Extras {
+                origin_topic: "t".into(),
+                max_attempts: 1,
+                ..crate::Extras::default()
+            },
+        ),
+    );
+    let mut now = 1;
+    assert_eq!(
+        nack_times(&mut hub, &mut store, id, &s, 4, &mut now),
+        vec![1, 2, 3, 4]
+    );
+    assert!(hub.take_dead_letters().is_empty());
+    hub.unregister(id, now);
+
+    let u = MemSink::new();
+    let idu = hub.register(&sub("u", "", 10), u.clone(), now);
+    store.put(2, msg("u", 0, 0, 0));
+    assert_eq!(
+        nack_times(&mut hub, &mut store, idu, &u, 2, &mut now),
+        vec![1]
+    );
+    let dl = hub.take_dead_letters();
+    assert_eq!(dl.len(), 1);
+    hub.unregister(idu, now);
+    hub.dead_lettered(&dl[0], true, now);
+    assert_eq!(hub.in_flight(), 0);
 }
 
 #[test]
@@ -712,7 +877,7 @@ proptest! {
     /// or expired, no consumer exceeds its budget, and acked messages leave the store.
     #[test]
     fn random_schedules_keep_the_invariants(ops in proptest::collection::vec((0u8..6, 0u64..40, 0i64..30), 1..120)) {
-        let mut hub = Hub::new(HubConfig { in_flight_timeout_ms: 50, bucket_ms: 10, scan_limit: 3, lookahead_ms: 7 });
+        let mut hub = Hub::new(HubConfig { in_flight_timeout_ms: 50, bucket_ms: 10, scan_limit: 3, lookahead_ms: 7, max_attempts: 0 });
         let mut store = Store::default();
         let mut sinks: Vec<(ConsumerId, MemSink, u32)> = Vec::new();
         let mut now = 0i64;

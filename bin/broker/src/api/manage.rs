@@ -1,6 +1,6 @@
 //! Managing scheduled messages: `FutureQProducer.Cancel` and `Reschedule`.
 
-use futureq_core::command::{Reschedule, CANCEL_KEYS_MAX};
+use futureq_core::command::{Reschedule, WithId, CANCEL_KEYS_MAX};
 use futureq_core::publish::check_delay;
 use futureq_core::{bucket_of, EventKey};
 use futureq_net::grpc::{Call, Code, Outbound, Status};
@@ -172,8 +172,8 @@ pub async fn reschedule(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status
     let deadline = std::time::Instant::now() + ctx.settings.proposal_timeout;
     let moved = match ctx
         .repl
-        .request(|reply| RaftReq::Reschedule {
-            to,
+        .request(|reply| RaftReq::WithId {
+            cmd: WithId::Reschedule(to),
             deadline,
             reply,
         })

@@ -81,6 +81,16 @@ fn prepare(
         validate_message(i, &m.topic, m.delay_ms, m.ttl_ms, m.indexes.len(), &limits)
             .map_err(invalid)?;
         validate_options(i, &m.topic, &m.dedup_id, &m.dead_letter_topic).map_err(invalid)?;
+        let dead_letters = m.max_attempts > 0 || s.max_attempts > 0;
+        if dead_letters && m.dead_letter_topic.is_empty() && m.topic.len() + 4 > TOPIC_LEN_MAX {
+            return Err((
+                Code::InvalidArgument,
+                format!(
+                    "PublishBatch.messages[{i}].dead_letter_topic: the default \"<topic>.dlq\" would be {} bytes, over the limit of {TOPIC_LEN_MAX}; name one",
+                    m.topic.len() + 4
+                ),
+            ));
+        }
         // A message no consumer stream could carry would block its topic forever.
         let delivery = delivery_len(m, enqueued_at_ms);
         if delivery > s.max_send_message_len {
@@ -156,8 +166,15 @@ fn prepare(
 /// widest: a 24-byte tag, the largest attempt counter).
 fn delivery_len(m: &pb::PublishMessage, enqueued_at_ms: i64) -> usize {
     use prost::Message as _;
+    // Delivered on its own topic, or as a dead-lettered copy on a topic of up to
+    // TOPIC_LEN_MAX bytes.
+    let topic_len = m.topic.len().max(
+        TOPIC_LEN_MAX
+            .min(m.topic.len() + 4)
+            .max(m.dead_letter_topic.len()),
+    );
     pb::QueueMessage {
-        topic: m.topic.clone(),
+        topic: "t".repeat(topic_len),
         payload: m.payload.clone(),
         delivery_tag: Bytes::from_static(&[0xff; futureq_core::KEY_LEN]),
         enqueued_at_unix_ms: enqueued_at_ms,
