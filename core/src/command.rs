@@ -90,9 +90,11 @@ impl ArchivedReschedule {
 /// A recipient gave up on a message (it got it `max_attempts` times without an ACK): the
 /// apply stores a copy on the message's dead-letter topic (its `dead_letter_topic`, or
 /// `<topic>.dlq`), due at `now_ms`, with the origin set, under a new key (that topic's hash,
-/// `bucket`, `event_id`); counts it on the origin topic; and deletes the original when
-/// `delete_original` (the recipient was the last one the message was owed to). The apply
-/// answers the copy's key ([`Answer::DeadLettered`]).
+/// `bucket`, `event_id`), and counts it on the origin topic. The original stays for the other
+/// recipients (the recipient's done mark deletes it like an ACK). The copy of a (message,
+/// group) is stored once: a repeated command within [`DEAD_LETTER_ONCE_MS`] answers the first
+/// copy's key. The apply answers the copy's key ([`Answer::DeadLettered`]); `None` when the
+/// message is not stored or expired at `now_ms`.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 #[rkyv(derive(Debug))]
 pub struct DeadLetter {
@@ -106,9 +108,11 @@ pub struct DeadLetter {
     pub now_ms: i64,
     /// The group that gave up ("" = a universal consumer).
     pub group: String,
-    /// Delete the original too (no recipient still needs it).
-    pub delete_original: bool,
 }
+
+/// How long the apply remembers a dead letter's copy (by message and group), so that a
+/// command repeated after an unknown outcome stores no second copy.
+pub const DEAD_LETTER_ONCE_MS: i64 = 10 * 60 * 1000;
 
 /// A command that takes one leader-assigned event id, given when it is proposed (so ids
 /// follow log order) and answered with the key it stored, if any.
@@ -495,8 +499,8 @@ mod tests {
         }
 
         #[test]
-        fn dead_letter_round_trips(key: [u8; 24], event_id: u64, bucket: u64, now_ms: i64, group in ".{0,20}", delete_original: bool, pad in 0usize..16) {
-            let d = DeadLetter { key, event_id: 0, bucket, now_ms, group, delete_original };
+        fn dead_letter_round_trips(key: [u8; 24], event_id: u64, bucket: u64, now_ms: i64, group in ".{0,20}", pad in 0usize..16) {
+            let d = DeadLetter { key, event_id: 0, bucket, now_ms, group };
             let mut buf = vec![0u8; pad];
             buf.extend(WithId::DeadLetter(d.clone()).encode(event_id));
             let CommandRef::DeadLetter(a) = decode(&buf[pad..]).unwrap() else { panic!("dead letter") };

@@ -69,6 +69,10 @@ pub const TOPIC_ENTRIES_MIN: usize = 1024;
 /// connected recipients that fell behind) the hub remembers, over all topics; beyond it such
 /// entries stay in memory under their topic's entry cap, which then holds the topic back.
 pub const PARKED_MAX: usize = 1_000_000;
+/// Most messages whose attempts the hub remembers while they are out of memory (see
+/// `Hub::attempts_kept`); beyond it, such a message's attempts start again when it is read
+/// again.
+pub const ATTEMPTS_KEPT_MAX: usize = 1_000_000;
 
 /// One delivery of a message to a consumer.
 #[derive(Debug, Clone)]
@@ -201,8 +205,6 @@ pub struct DeadLetter {
     pub key: EventKey,
     /// The group that gave up ("" = a universal consumer).
     pub group: String,
-    /// No other recipient still needs the message: the command deletes it too.
-    pub last: bool,
     recipient: RecipientId,
 }
 
@@ -310,6 +312,22 @@ impl Topic {
     }
 }
 
+/// Deliveries per recipient before it gives up on `m`: the message's own limit, else the
+/// configured one; 0 (none) for a dead-lettered copy, and for a message whose default
+/// dead-letter topic (`<topic>.dlq`) would not be a valid topic name.
+fn attempt_limit(cfg: &HubConfig, m: &StoredMessage) -> u32 {
+    let x = &m.extras;
+    let unnamable =
+        x.dead_letter_topic.is_empty() && m.topic.len() + 4 > crate::message::TOPIC_LEN_MAX;
+    if !x.origin_topic.is_empty() || unnamable {
+        return 0;
+    }
+    match x.max_attempts {
+        0 => cfg.max_attempts,
+        n => n,
+    }
+}
+
 /// What [`Hub::dispatch_new`] did with a due message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Dispatch {
@@ -359,6 +377,10 @@ pub struct Hub<S> {
     parked: usize,
     /// Recipients that gave up, not yet taken by the dispatcher.
     dead_letters: Vec<DeadLetter>,
+    /// Attempts of messages with an attempt limit whose entries left memory while they stay
+    /// stored (released, shelved), so that a recipient that never acks, such as a consumer
+    /// that crashes on a message, still reaches its limit; at most [`ATTEMPTS_KEPT_MAX`].
+    attempts_kept: HashMap<EventKey, Vec<(RecipientId, u32)>>,
 }
 
 impl<S: Sink> Hub<S> {
@@ -376,6 +398,7 @@ impl<S: Sink> Hub<S> {
             counters: HubCounters::default(),
             parked: 0,
             dead_letters: Vec::new(),
+            attempts_kept: HashMap::new(),
         }
     }
 
@@ -679,6 +702,7 @@ impl<S: Sink> Hub<S> {
             self.unpark(*key);
         }
         for key in keys {
+            self.attempts_kept.remove(key);
             if let Some(e) = self.entries.remove(key) {
                 self.drop_entry_tracking(*key, &e);
             }
@@ -700,6 +724,27 @@ impl<S: Sink> Hub<S> {
         }
         if let Some(t) = self.topics.get_mut(&key.topic_hash()) {
             t.entries -= 1;
+        }
+    }
+
+    /// Remembers the attempts of `key`'s entry, which leaves memory while the message stays
+    /// stored, if the message has an attempt limit and someone had attempts.
+    fn keep_attempts(&mut self, key: EventKey, e: &Entry) {
+        if attempt_limit(&self.cfg, &e.message) == 0 {
+            return;
+        }
+        let kept: Vec<(RecipientId, u32)> = e
+            .recipients
+            .iter()
+            .filter(|r| r.attempts > 0)
+            .map(|r| (r.id.clone(), r.attempts))
+            .collect();
+        if kept.is_empty() {
+            self.attempts_kept.remove(&key);
+        } else if self.attempts_kept.len() < ATTEMPTS_KEPT_MAX
+            || self.attempts_kept.contains_key(&key)
+        {
+            self.attempts_kept.insert(key, kept);
         }
     }
 
@@ -815,6 +860,11 @@ impl<S: Sink> Hub<S> {
         let e = self.entries.remove(&key).expect("entry present");
         self.drop_entry_tracking(key, &e);
         let acked = !self.unpark(key).is_empty() || acked_now;
+        if acked {
+            self.attempts_kept.remove(&key);
+        } else {
+            self.keep_attempts(key, &e);
+        }
         let t = self.topics.get_mut(&h).expect("checked above");
         if acked {
             self.deletes.push_accepted(key);
@@ -853,6 +903,7 @@ impl<S: Sink> Hub<S> {
         }
         let e = self.entries.remove(&key).expect("entry present");
         self.drop_entry_tracking(key, &e);
+        self.keep_attempts(key, &e);
         let mut acked = self.unpark(key);
         acked.extend(acked_now);
         let t = self.topics.get_mut(&h).expect("checked above");
@@ -965,21 +1016,8 @@ impl<S: Sink> Hub<S> {
         let Some(e) = self.entries.get_mut(&key) else {
             return false;
         };
-        let limit = match e.message.extras.max_attempts {
-            _ if !e.message.extras.origin_topic.is_empty() => 0,
-            0 => self.cfg.max_attempts,
-            n => n,
-        };
+        let limit = attempt_limit(&self.cfg, &e.message);
         if limit > 0 && e.recipients[ri].attempts >= limit {
-            let last = e
-                .recipients
-                .iter()
-                .enumerate()
-                .all(|(i, r)| i == ri || matches!(r.state, RState::Acked | RState::Dropped))
-                && self
-                    .topics
-                    .get(&h)
-                    .is_none_or(|t| !t.parked.contains_key(&key));
             let r = &mut e.recipients[ri];
             r.state = RState::DeadLettering;
             self.dead_letters.push(DeadLetter {
@@ -988,7 +1026,6 @@ impl<S: Sink> Hub<S> {
                     RecipientId::Group(g) => g.clone(),
                     RecipientId::Universal(_) => String::new(),
                 },
-                last,
                 recipient: r.id.clone(),
             });
             return false;
@@ -1078,6 +1115,7 @@ impl<S: Sink> Hub<S> {
     }
 
     fn expire_entry(&mut self, key: EventKey) {
+        self.attempts_kept.remove(&key);
         if let Some(e) = self.entries.remove(&key) {
             self.drop_entry_tracking(key, &e);
         }
@@ -1347,18 +1385,20 @@ impl<S: Sink> Hub<S> {
                 // Every recipient acked it (a group was forgotten meanwhile): delete it.
                 self.deletes.push_accepted(key);
                 self.unpark(key);
+                self.attempts_kept.remove(&key);
             }
             return Dispatch::Passed;
         }
         if self.cap_room(t) == 0 {
             return Dispatch::NoRoom;
         }
+        let kept = self.attempts_kept.remove(&key).unwrap_or_default();
         let recipients: Vec<Recipient> = open
             .into_iter()
             .map(|id| Recipient {
+                attempts: kept.iter().find(|(r, _)| *r == id).map_or(0, |(_, n)| *n),
                 id,
                 state: RState::Waiting,
-                attempts: 0,
             })
             .collect();
         let n = recipients.len();
@@ -1380,9 +1420,14 @@ impl<S: Sink> Hub<S> {
                 unsent_present |= t.present(&self.entries[&key].recipients[ri].id);
             }
         }
-        if sent == 0 {
+        let giving_up = self.entries[&key]
+            .recipients
+            .iter()
+            .any(|r| r.state == RState::DeadLettering);
+        if sent == 0 && !giving_up {
             let e = self.entries.remove(&key).expect("just inserted");
             self.drop_entry_tracking(key, &e);
+            self.keep_attempts(key, &e);
             let t = self.topics.get_mut(&h).expect("present");
             if !t.parked.contains_key(&key) {
                 return Dispatch::NoRoom;

@@ -28,7 +28,7 @@ fuzz_target!(|data: &[u8]| {
         }
         Ok(CommandRef::DeadLetter(d)) => {
             assert_eq!(in_place, None, "a dead letter has no first event id");
-            let _ = (d.group.len(), d.delete_original, d.now_ms.to_native());
+            let _ = (d.group.len(), d.now_ms.to_native());
         }
         Ok(CommandRef::Reschedule(r)) => {
             assert_eq!(in_place, None, "a reschedule has no first event id");

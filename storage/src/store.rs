@@ -580,12 +580,9 @@ impl Store {
                             out.refused.push((*index, refusal));
                             continue;
                         }
-                        let copy = t.dead_letter(d)?;
-                        if let Some(key) = copy {
-                            stored.push(key);
-                            if d.delete_original {
-                                out.deleted.push(EventKey(d.key));
-                            }
+                        let (copy, new) = t.dead_letter(d)?;
+                        if new {
+                            stored.extend(copy);
                         }
                         out.answers
                             .push((*index, futureq_core::command::Answer::DeadLettered(copy)));
@@ -824,10 +821,6 @@ impl Store {
     }
 }
 
-/// Most rows [`Store::peek`] reads per message asked for (expired and undecodable rows are
-/// passed over): a page is O(limit).
-pub const PEEK_ROWS_PER_MESSAGE: usize = 4;
-
 /// Most rows [`next_due`] reads: the first bucket's rows are due within the bucket, so with
 /// `delivery.timeBucket` at 1 ms (the default) they are all due at the same instant.
 const NEXT_DUE_ROWS: usize = 64;
@@ -961,10 +954,10 @@ impl Store {
     }
 
     /// Up to `limit` stored messages of a topic in key order (due order, to the bucket),
-    /// starting after `after` (or at the topic's start), leaving out those expired at `now_ms`
-    /// (never delivered; the TTL sweep deletes them); stops before the message whose value
-    /// would bring the total past `max_bytes` (the first one always comes), and after reading
-    /// [`PEEK_ROWS_PER_MESSAGE`] rows per message asked for. Read only.
+    /// starting after `after` (or at the topic's start); stops before the message whose value
+    /// would bring the total past `max_bytes` (the first one always comes). Messages whose TTL
+    /// passed are stored until the sweep deletes them, and listed (they are never delivered).
+    /// Read only; O(limit) rows.
     ///
     /// # Errors
     /// A storage error. Values that fail to decode are skipped and logged.
@@ -974,7 +967,6 @@ impl Store {
         after: Option<EventKey>,
         limit: usize,
         max_bytes: usize,
-        now_ms: i64,
     ) -> Result<Vec<(EventKey, StoredMessage)>, StoreError> {
         let txn = self.db.begin_read()?;
         let messages = txn.open_table(MESSAGES)?;
@@ -987,8 +979,7 @@ impl Store {
         };
         let mut out = Vec::new();
         let mut bytes = 0usize;
-        let rows = limit.saturating_mul(PEEK_ROWS_PER_MESSAGE);
-        for r in messages.range(from.0.as_slice()..)?.take(rows) {
+        for r in messages.range(from.0.as_slice()..)? {
             let (k, v) = r?;
             let Ok(key) = EventKey::from_slice(k.value()) else {
                 continue;
@@ -1001,7 +992,6 @@ impl Store {
                 break;
             }
             match StoredMessage::decode(&Bytes::copy_from_slice(v.value())) {
-                Ok(m) if m.is_expired(now_ms) => {}
                 Ok(m) => out.push((key, m)),
                 Err(e) => {
                     tracing::error!(target: "storage", key = %key, error = %e, "skipping undecodable message");
@@ -1339,27 +1329,44 @@ impl<'t> Tables<'t> {
         Ok(())
     }
 
-    /// Stores a copy of a message on its dead-letter topic ([`futureq_core::command::DeadLetter`]),
-    /// counts it on the origin topic, and deletes the original when asked: the copy's key, or
-    /// `None` when the message is not stored (then nothing changes).
+    /// Stores a copy of a message on its dead-letter topic ([`futureq_core::command::DeadLetter`])
+    /// and counts it on the origin topic: the copy's key and whether it is new (a repeat of
+    /// the same message and group answers the first copy); `None` when the message is not
+    /// stored or expired (then nothing changes).
     fn dead_letter(
         &mut self,
         d: &futureq_core::command::ArchivedDeadLetter,
-    ) -> Result<Option<EventKey>, StoreError> {
+    ) -> Result<(Option<EventKey>, bool), StoreError> {
         let old = EventKey(d.key);
+        let now_ms = d.now_ms.to_native();
         let Some(m) = self
             .messages
             .get(old.0.as_slice())?
             .and_then(|v| StoredMessage::decode(&Bytes::copy_from_slice(v.value())).ok())
+            .filter(|m| !m.is_expired(now_ms))
         else {
-            return Ok(None);
+            return Ok((None, false));
         };
         let topic = if m.extras.dead_letter_topic.is_empty() {
             format!("{}.dlq", m.topic)
         } else {
             m.extras.dead_letter_topic.clone()
         };
-        let now_ms = d.now_ms.to_native();
+        // Once per message and group: the dedup table remembers the copy under a key that
+        // names the original (a NUL-led id no publish of this topic produces by accident).
+        let once = dedup_key(
+            futureq_core::topic_hash(&topic),
+            &format!("\0dead-letter\0{old}\0{}", d.group.as_str()),
+        );
+        let remembered = self
+            .dedup
+            .get(once.as_slice())?
+            .and_then(|v| parse_dedup_value(v.value()));
+        if let Some((first, until)) = remembered {
+            if until > now_ms {
+                return Ok((Some(first), false));
+            }
+        }
         let copy = StoredMessage {
             topic,
             payload: m.payload.clone(),
@@ -1386,10 +1393,12 @@ impl<'t> Tables<'t> {
             &copy.encode(),
         )?;
         self.topic_delta(old.topic_hash(), &m.topic).1 += 1;
-        if d.delete_original {
-            self.remove(&old)?;
-        }
-        Ok(Some(key))
+        self.remember(
+            &once,
+            &key,
+            now_ms.saturating_add(futureq_core::command::DEAD_LETTER_ONCE_MS),
+        )?;
+        Ok((Some(key), true))
     }
 
     /// Writes (or replaces) a `dedup` row and its `dedup-expiry` row.

@@ -279,7 +279,6 @@ impl Dispatcher {
                 bucket: futureq_core::bucket_of(now, self.bucket_ms).0,
                 now_ms: now,
                 group: dl.group.clone(),
-                delete_original: dl.last,
             });
             let (tx, writes, metrics) = (
                 self.tx.clone(),

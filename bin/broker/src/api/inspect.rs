@@ -189,8 +189,7 @@ pub async fn peek(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
     }
     let max_bytes = ctx.settings.max_send_message_len;
     let limit = req.limit as usize;
-    let now = crate::dispatcher::now_ms();
-    let found = match read(ctx, move |s| s.peek(h, after, limit, max_bytes, now)).await {
+    let found = match read(ctx, move |s| s.peek(h, after, limit, max_bytes)).await {
         Ok(f) => f,
         Err(s) => return s,
     };
