@@ -249,6 +249,7 @@ impl Plan {
             measure: self.measure,
             ack,
             delay_ms,
+            dedup: false,
         }
     }
 

@@ -76,6 +76,7 @@ pub(crate) async fn run(
             measure: Duration::from_secs(3600),
             ack: Ack::Quorum,
             delay_ms: 3_600_000,
+            dedup: false,
         };
         // The load ends with an error when its node dies: that is expected.
         let load = tokio::spawn(async move { crate::publish_run(&addr, &params).await });

@@ -1,20 +1,6 @@
 //! futureq-bench: the load generator, and a tonic client for the futureq API that the
 //! end-to-end tests use as an independent gRPC implementation.
 
-/// Generated tonic client and prost messages for `package futureq`.
-#[allow(clippy::all, clippy::pedantic, missing_docs)]
-pub mod pb {
-    tonic::include_proto!("futureq");
-}
-
-/// Generated client for `grpc.health.v1`.
-#[allow(clippy::all, clippy::pedantic, missing_docs)]
-pub mod health {
-    tonic::include_proto!("grpc.health.v1");
-}
-
-/// Generated client for `grpc.reflection.v1`.
-#[allow(clippy::all, clippy::pedantic, missing_docs)]
-pub mod reflection {
-    tonic::include_proto!("grpc.reflection.v1");
-}
+/// The generated tonic client and prost messages (`package futureq`, `grpc.health.v1`,
+/// `grpc.reflection.v1`), from the client library.
+pub use futureq_client::{health, pb, reflection};

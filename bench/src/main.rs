@@ -79,6 +79,9 @@ enum Cmd {
         /// Delay of every message (ms): far in the future keeps the dispatcher out of the way.
         #[arg(long, default_value_t = 3_600_000)]
         delay_ms: i64,
+        /// Give every message a unique dedup id (idempotent publishes; answered at QUORUM).
+        #[arg(long)]
+        dedup: bool,
     },
     /// Delivery lateness: messages falling due in a burst or at a steady rate.
     Lateness {
@@ -181,6 +184,8 @@ struct PublishParams {
     measure: Duration,
     ack: Ack,
     delay_ms: i64,
+    /// Give every message a unique dedup id (the cost of idempotent publishes).
+    dedup: bool,
 }
 
 /// What a publish measurement found.
@@ -260,6 +265,7 @@ async fn publish_run(addr: &str, p: &PublishParams) -> anyhow::Result<PublishOut
         measure,
         ack,
         delay_ms,
+        dedup,
     } = *p;
     let payload = vec![b'x'; size];
     let level = ack as i32;
@@ -289,6 +295,11 @@ async fn publish_run(addr: &str, p: &PublishParams) -> anyhow::Result<PublishOut
                         delay_ms,
                         ttl_ms: 0,
                         indexes: vec![],
+                        dedup_id: if dedup {
+                            format!("s{s}-b{id}-m{i}")
+                        } else {
+                            String::new()
+                        },
                         ..PublishMessage::default()
                     })
                     .collect(),
@@ -475,6 +486,7 @@ async fn publish(
     seconds: u64,
     ack: Ack,
     delay_ms: i64,
+    dedup: bool,
 ) -> anyhow::Result<()> {
     let level = ack as i32;
     let out = publish_run(
@@ -488,6 +500,7 @@ async fn publish(
             measure: Duration::from_secs(seconds),
             ack,
             delay_ms,
+            dedup,
         },
     )
     .await?;
@@ -646,9 +659,10 @@ async fn main() -> anyhow::Result<()> {
             seconds,
             ack,
             delay_ms,
+            dedup,
         } => {
             publish(
-                &cli.addr, streams, window, batch, size, seconds, ack, delay_ms,
+                &cli.addr, streams, window, batch, size, seconds, ack, delay_ms, dedup,
             )
             .await
         }

@@ -1,7 +1,8 @@
 //! `futureq`: the delayed-message broker.
 //!
 //! `futureq start [-c config.yaml]` runs the broker; `futureq leave --seed host:port` asks a
-//! cluster to remove this node (clustered mode only).
+//! cluster to remove this node (clustered mode only). The client commands (`publish`,
+//! `consume`, `cancel`, `reschedule`, `stats`, `peek`, `cluster info`) are in [`cli`].
 //!
 //! The broker lives in [`futureq_broker`]; this binary parses the command line, loads the
 //! configuration, sets up logging and signals, and runs it.
@@ -12,6 +13,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use futureq_broker::{config, Shutdown};
+
+mod cli;
 
 /// How long shutdown may take before the process gives up waiting.
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(9);
@@ -26,6 +29,8 @@ struct Cli {
     /// Configuration file (YAML, configVersion: 1). Without it: built-in defaults + FUTUREQ_* env.
     #[arg(short = 'c', long = "config", global = true)]
     config: Option<PathBuf>,
+    #[command(flatten)]
+    target: cli::Target,
     #[command(subcommand)]
     cmd: Command,
 }
@@ -44,6 +49,8 @@ enum Command {
         #[arg(long)]
         seed: String,
     },
+    #[command(flatten)]
+    Client(cli::ClientCommand),
 }
 
 fn main() {
@@ -55,7 +62,12 @@ fn main() {
             std::process::exit(2);
         }
     };
-    init_tracing(&settings.log_level, settings.log_format);
+    // A client command reports its own errors on stderr, once; the log shows warnings only.
+    let client = matches!(cli.cmd, Command::Client(_));
+    init_tracing(
+        if client { "warn" } else { &settings.log_level },
+        settings.log_format,
+    );
     for d in &settings.deprecated {
         tracing::warn!(target: "app", "configuration: {d}");
     }
@@ -74,13 +86,23 @@ fn main() {
             }
         }
         Command::Leave { seed } => leave(&settings, &seed),
+        Command::Client(c) => {
+            let server = cli
+                .target
+                .server
+                .clone()
+                .unwrap_or_else(|| cli::default_server(&settings));
+            cli::run(&cli.target, server, c)
+        }
     };
     if let Err(e) = result {
         let status = e
             .downcast_ref::<futureq_broker::ServerError>()
             .map_or(1, futureq_broker::ServerError::exit_status);
         let e = report(&e);
-        tracing::error!(target: "app", "{e}");
+        if !client {
+            tracing::error!(target: "app", "{e}");
+        }
         eprintln!("futureq: {e}");
         std::process::exit(status);
     }

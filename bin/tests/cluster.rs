@@ -1168,3 +1168,68 @@ async fn cancel_reschedule_and_dedup_are_replicated_and_hold_across_a_failover()
     let again = p.publish(batch(4, 0, vec![once()])).await;
     assert_eq!(again.delivery_tags, first.delivery_tags, "{again:?}");
 }
+
+/// The client library follows the leader: connected through a follower it publishes on the
+/// leader; across a kill -9 of the leader its (idempotent) publisher answers every message
+/// with a tag and its consumer subscribes again on the new leader, which delivers every
+/// message published (at least once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_library_follows_the_leader_across_a_failover() {
+    use futureq_client::{Client, Message, PublisherConfig, Subscription};
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start(3, "").await;
+    let leader = c.leader(Duration::from_secs(10)).await;
+    c.wait_topology(leader, 3).await;
+    let follower = (leader + 1) % 3;
+    let mut seeds = vec![format!("127.0.0.1:{}", c.nodes[follower].grpc_port)];
+    seeds.extend(
+        (0..3)
+            .filter(|i| *i != follower)
+            .map(|i| format!("127.0.0.1:{}", c.nodes[i].grpc_port)),
+    );
+    let client = Client::connect(seeds).await.unwrap();
+    let mut consumer = client
+        .subscribe(Subscription::new("f").group("g").max_in_flight(200))
+        .await
+        .unwrap();
+    let publisher = client.publisher(PublisherConfig::default());
+    let mut tags = std::collections::HashSet::new();
+    for i in 0..40 {
+        tags.insert(
+            publisher
+                .publish(Message::new("f", format!("before {i}")))
+                .await
+                .unwrap(),
+        );
+    }
+    c.nodes[leader].kill9();
+    let mut pending = Vec::new();
+    for i in 0..40 {
+        pending.push(
+            publisher
+                .send(Message::new("f", format!("after {i}")))
+                .await
+                .unwrap(),
+        );
+    }
+    for p in pending {
+        tags.insert(p.await.expect("answered after the failover"));
+    }
+    assert_eq!(tags.len(), 80);
+    let mut seen = std::collections::HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen.len() < tags.len() {
+        assert!(
+            Instant::now() < deadline,
+            "delivered {} of {}",
+            seen.len(),
+            tags.len()
+        );
+        if let Some(d) = consumer.next_within(Duration::from_secs(1)).await {
+            seen.insert(d.tag().unwrap());
+            d.ack();
+        }
+    }
+    assert_eq!(seen, tags);
+    publisher.close().await;
+}

@@ -336,7 +336,7 @@ pub enum UnitError {
 }
 
 const DURATION_UNITS: &str = "ns, us, ms, s, m, h, d";
-const SIZE_UNITS: &str = "B, KiB, MiB, GiB";
+const SIZE_UNITS: &str = "B, KiB, MiB, GiB (binary), KB, MB, GB (decimal)";
 
 /// Splits `s` into its digits and its unit.
 fn number_and_unit(
@@ -385,7 +385,8 @@ pub fn parse_duration(s: &str) -> Result<Duration, UnitError> {
     })
 }
 
-/// Parses a size such as `4MiB` (units B, KiB, MiB, GiB; binary).
+/// Parses a size such as `4MiB` or `4MB` (units B, KiB, MiB, GiB: binary; KB, MB, GB:
+/// decimal).
 ///
 /// # Errors
 /// Not a positive integer followed by a known unit.
@@ -397,6 +398,9 @@ pub fn parse_size(s: &str) -> Result<usize, UnitError> {
         "KiB" => 1 << 10,
         "MiB" => 1 << 20,
         "GiB" => 1 << 30,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
         _ => {
             return Err(UnitError::UnknownUnit {
                 input: s.to_owned(),
@@ -1309,6 +1313,8 @@ mod tests {
         assert_eq!(parse_size("4MiB"), Ok(4 << 20));
         assert_eq!(parse_size("100KiB"), Ok(100 << 10));
         assert!(parse_size("0B").is_err());
-        assert!(parse_size("4MB").is_err());
+        assert_eq!(parse_size("4MB"), Ok(4_000_000));
+        assert_eq!(parse_size("64KB"), Ok(64_000));
+        assert!(parse_size("4mb").is_err());
     }
 }

@@ -1,0 +1,334 @@
+//! The consumer: one `Subscribe` stream on the leader, resubscribed on the new leader after a
+//! failover; each message handed out as a [`Delivery`] to ack or nack.
+//!
+//! At least once: a delivery whose ACK did not reach the leader that delivered it (the stream
+//! broke, the leader changed) comes again. An ACK for a delivery of an earlier stream is not
+//! sent (that leader is gone; the message comes again on the new stream).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::channel::mpsc as fmpsc;
+use tokio::sync::mpsc;
+
+use crate::pb::future_q_consumer_client::FutureQConsumerClient;
+use crate::pb::{self, consumer_frame, AckRequest, ConsumerFrame, SubscribeInit};
+use crate::{Client, Error, Tag, LEADER_HEADER};
+
+/// What to subscribe to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subscription {
+    /// The topic.
+    pub topic: String,
+    /// The consumer group ("" = a universal consumer: every message of the topic).
+    pub group: String,
+    /// Most deliveries not yet acked or nacked (0 = the server's default).
+    pub max_in_flight: u32,
+}
+
+impl Subscription {
+    /// A universal consumer of `topic`.
+    #[must_use]
+    pub fn new(topic: impl Into<String>) -> Subscription {
+        Subscription {
+            topic: topic.into(),
+            group: String::new(),
+            max_in_flight: 0,
+        }
+    }
+
+    /// As a member of `group` (each message goes to one member of each group).
+    #[must_use]
+    pub fn group(mut self, group: impl Into<String>) -> Subscription {
+        self.group = group.into();
+        self
+    }
+
+    /// At most `n` deliveries in flight.
+    #[must_use]
+    pub fn max_in_flight(mut self, n: u32) -> Subscription {
+        self.max_in_flight = n;
+        self
+    }
+}
+
+enum Control {
+    Ack {
+        tag: Vec<u8>,
+        success: bool,
+        stream: u64,
+    },
+    Drain,
+}
+
+/// One message delivered: [`Delivery::ack`] deletes it (for this recipient),
+/// [`Delivery::nack`] has it delivered again at once; dropping it unanswered nacks it.
+pub struct Delivery {
+    message: pb::QueueMessage,
+    stream: u64,
+    control: mpsc::UnboundedSender<Control>,
+    outstanding: Arc<AtomicUsize>,
+    answered: bool,
+}
+
+impl Delivery {
+    /// The message.
+    #[must_use]
+    pub fn message(&self) -> &pb::QueueMessage {
+        &self.message
+    }
+
+    /// Its delivery tag (`None` if the server sent a malformed one).
+    #[must_use]
+    pub fn tag(&self) -> Option<Tag> {
+        Tag::from_slice(&self.message.delivery_tag).ok()
+    }
+
+    /// Acknowledges it: never delivered to this recipient again.
+    pub fn ack(mut self) {
+        self.answer(true);
+    }
+
+    /// Refuses it: delivered again (to this recipient) at once.
+    pub fn nack(mut self) {
+        self.answer(false);
+    }
+
+    fn answer(&mut self, success: bool) {
+        if std::mem::replace(&mut self.answered, true) {
+            return;
+        }
+        let _ = self.control.send(Control::Ack {
+            tag: self.message.delivery_tag.clone(),
+            success,
+            stream: self.stream,
+        });
+        self.outstanding.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        self.answer(false);
+    }
+}
+
+impl std::fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Delivery")
+            .field("message", &self.message)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A subscription (see the module docs). Dropping it ends the stream; deliveries not acked
+/// by then come again (to another member of the group, or on the next subscription).
+pub struct Consumer {
+    deliveries: mpsc::Receiver<Delivery>,
+    control: mpsc::UnboundedSender<Control>,
+    outstanding: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+type Opened = (
+    fmpsc::UnboundedSender<ConsumerFrame>,
+    tonic::Streaming<pb::QueueMessage>,
+);
+
+/// Opens a `Subscribe` stream on the leader, following redirects, for up to `retry_for`.
+async fn open(client: &Client, sub: &Subscription) -> Result<Opened, Error> {
+    let started = Instant::now();
+    loop {
+        let ch = client.leader().await?;
+        let (frames, rx) = fmpsc::unbounded();
+        let init = ConsumerFrame {
+            frame: Some(consumer_frame::Frame::Init(SubscribeInit {
+                topic: sub.topic.clone(),
+                group_id: sub.group.clone(),
+                read_from_replica: false,
+                max_in_flight: sub.max_in_flight,
+            })),
+        };
+        frames.unbounded_send(init).map_err(|_| Error::Closed)?;
+        match FutureQConsumerClient::new(ch).subscribe(rx).await {
+            Ok(r) => return Ok((frames, r.into_inner())),
+            Err(s) => {
+                let retry = matches!(
+                    s.code(),
+                    tonic::Code::FailedPrecondition | tonic::Code::Unavailable
+                ) && started.elapsed() < client.config().retry_for;
+                if !retry {
+                    return Err(Error::status(&s));
+                }
+                let next = s
+                    .metadata()
+                    .get(LEADER_HEADER)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned);
+                client.leader_moved(next.as_deref());
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+impl Consumer {
+    pub(crate) async fn start(client: Client, sub: Subscription) -> Result<Consumer, Error> {
+        if sub.topic.is_empty() {
+            return Err(Error::InvalidArgument("the topic must not be empty".into()));
+        }
+        let first = open(&client, &sub).await?;
+        let queue = usize::try_from(sub.max_in_flight)
+            .unwrap_or(1024)
+            .clamp(1, 4096);
+        let (tx, deliveries) = mpsc::channel(queue);
+        let (control, control_rx) = mpsc::unbounded_channel();
+        let outstanding = Arc::new(AtomicUsize::new(0));
+        let task = tokio::spawn(run(
+            client,
+            sub,
+            first,
+            tx,
+            control.clone(),
+            control_rx,
+            Arc::clone(&outstanding),
+        ));
+        Ok(Consumer {
+            deliveries,
+            control,
+            outstanding,
+            task,
+        })
+    }
+
+    /// The next delivery; `None` once the consumer stopped (it was drained, or it could not
+    /// find a leader again within [`crate::ClientConfig::retry_for`]).
+    pub async fn next(&mut self) -> Option<Delivery> {
+        self.deliveries.recv().await
+    }
+
+    /// The next delivery within `within`, or `None`.
+    pub async fn next_within(&mut self, within: Duration) -> Option<Delivery> {
+        tokio::time::timeout(within, self.next())
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// Deliveries handed out and not yet acked or nacked.
+    #[must_use]
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.load(Ordering::Relaxed)
+    }
+
+    /// Stops taking messages (those that arrive from now on are nacked, so another member
+    /// gets them at once), waits up to `within` for the deliveries handed out to be acked or
+    /// nacked, then ends the stream. Returns how many were still unanswered.
+    pub async fn drain(mut self, within: Duration) -> usize {
+        let _ = self.control.send(Control::Drain);
+        // Deliveries already queued for the application are refused as well.
+        self.deliveries.close();
+        while let Some(d) = self.deliveries.recv().await {
+            d.nack();
+        }
+        let until = Instant::now() + within;
+        while self.outstanding() > 0 && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let left = self.outstanding();
+        // Let the last answers reach the stream before it ends.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        self.task.abort();
+        left
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn run(
+    client: Client,
+    sub: Subscription,
+    first: Opened,
+    tx: mpsc::Sender<Delivery>,
+    control: mpsc::UnboundedSender<Control>,
+    mut control_rx: mpsc::UnboundedReceiver<Control>,
+    outstanding: Arc<AtomicUsize>,
+) {
+    let mut opened = Some(first);
+    let mut stream_no = 0u64;
+    let mut draining = false;
+    loop {
+        let (frames, mut messages) = match opened.take() {
+            Some(o) => o,
+            None => match open(&client, &sub).await {
+                Ok(o) => o,
+                Err(e) => {
+                    tracing::warn!(target: "futureq_client", topic = %sub.topic, error = %e, "subscription lost and not renewed");
+                    return;
+                }
+            },
+        };
+        stream_no += 1;
+        let ack_frame = |tag: Vec<u8>, success: bool| ConsumerFrame {
+            frame: Some(consumer_frame::Frame::Ack(AckRequest {
+                success,
+                delivery_tag: tag,
+            })),
+        };
+        loop {
+            tokio::select! {
+                m = messages.message() => match m {
+                    Ok(Some(m)) if draining => {
+                        let _ = frames.unbounded_send(ack_frame(m.delivery_tag, false));
+                    }
+                    Ok(Some(m)) => {
+                        outstanding.fetch_add(1, Ordering::Relaxed);
+                        let d = Delivery {
+                            message: m,
+                            stream: stream_no,
+                            control: control.clone(),
+                            outstanding: Arc::clone(&outstanding),
+                            answered: false,
+                        };
+                        if tx.send(d).await.is_err() {
+                            // The application dropped the consumer.
+                            return;
+                        }
+                    }
+                    Ok(None) | Err(_) => {
+                        if let Err(s) = m {
+                            let next = s
+                                .metadata()
+                                .get(LEADER_HEADER)
+                                .and_then(|v| v.to_str().ok())
+                                .map(str::to_owned);
+                            tracing::debug!(target: "futureq_client", error = %s, "subscription ended; subscribing again");
+                            client.leader_moved(next.as_deref());
+                        } else {
+                            client.leader_moved(None);
+                        }
+                        break;
+                    }
+                },
+                c = control_rx.recv() => match c {
+                    Some(Control::Ack { tag, success, stream }) => {
+                        if stream == stream_no {
+                            let _ = frames.unbounded_send(ack_frame(tag, success));
+                        }
+                    }
+                    Some(Control::Drain) => draining = true,
+                    None => return,
+                },
+            }
+        }
+        if draining {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -1,0 +1,469 @@
+//! futureq-client: a Rust client for the futureq broker (tokio + tonic).
+//!
+//! - [`Client::connect`] takes seed addresses (`host:port`), finds the leader with
+//!   `GetClusterInfo`, and follows it: a call refused by a follower (FAILED_PRECONDITION with
+//!   the leader's address) goes to the leader named; a node that went away makes the client
+//!   ask the seeds and the nodes it knows again, until [`ClientConfig::retry_for`] passes.
+//! - [`Publisher`] batches messages by count, size and linger, keeps several batches in
+//!   flight on one stream, and answers each message with its delivery tag. A message with a
+//!   dedup id (its own, or one the publisher gives it: [`PublisherConfig::idempotent`]) is
+//!   retried after an unknown outcome (a timeout, a lost connection, a failover): the broker
+//!   stores it at most once.
+//! - [`Consumer`] subscribes on the leader, hands out [`Delivery`] handles to ack or nack,
+//!   resubscribes on the new leader after a failover, and drains gracefully.
+//! - [`Client::cancel`], [`Client::reschedule`], [`Client::topic_stats`], [`Client::peek`].
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), futureq_client::Error> {
+//! use std::time::Duration;
+//! use futureq_client::{Client, Message, PublisherConfig, Subscription};
+//!
+//! let client = Client::connect(["127.0.0.1:8443"]).await?;
+//! let publisher = client.publisher(PublisherConfig::default());
+//! let tag = publisher
+//!     .publish(Message::new("orders", "hello").delay(Duration::from_secs(2)))
+//!     .await?;
+//! println!("stored as {tag}");
+//! let mut consumer = client.subscribe(Subscription::new("orders")).await?;
+//! if let Some(d) = consumer.next().await {
+//!     println!("{:?}", d.message().payload);
+//!     d.ack();
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Runnable examples: `cargo run -p futureq-client --example publish` and `--example consume`.
+
+mod consumer;
+mod publisher;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tonic::transport::{Channel, Endpoint};
+
+pub use consumer::{Consumer, Delivery, Subscription};
+pub use futureq_core::EventKey as Tag;
+pub use publisher::{Message, Pending, Publisher, PublisherConfig};
+
+/// Generated tonic client and prost messages for `package futureq`.
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod pb {
+    tonic::include_proto!("futureq");
+}
+
+/// Generated client for `grpc.health.v1`.
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod health {
+    tonic::include_proto!("grpc.health.v1");
+}
+
+/// Generated client for `grpc.reflection.v1`.
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod reflection {
+    tonic::include_proto!("grpc.reflection.v1");
+}
+
+use pb::future_q_admin_client::FutureQAdminClient;
+use pb::future_q_cluster_client::FutureQClusterClient;
+use pb::future_q_producer_client::FutureQProducerClient;
+
+/// The response header naming the leader on a follower's FAILED_PRECONDITION.
+pub const LEADER_HEADER: &str = "futureq-leader-address";
+
+/// What went wrong.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No seed or known node answered with a leader within [`ClientConfig::retry_for`].
+    #[error("no futureq leader found at {addresses} within {waited:?}")]
+    NoLeader {
+        /// The addresses tried.
+        addresses: String,
+        /// How long the client tried.
+        waited: Duration,
+    },
+    /// An address that is not `host:port`.
+    #[error("invalid server address {0:?}: {1}")]
+    Address(String, String),
+    /// The server answered with an error status.
+    #[error("{}: {message}", code.description())]
+    Status {
+        /// The gRPC status code.
+        code: tonic::Code,
+        /// The server's message.
+        message: String,
+    },
+    /// A write's outcome is unknown (the connection was lost or the server timed out before
+    /// answering, and the message has no dedup id to retry it safely): it may be stored.
+    #[error("outcome unknown (the message may be stored): {0}")]
+    OutcomeUnknown(String),
+    /// A request argument the client refuses before sending.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The publisher or consumer was closed.
+    #[error("closed")]
+    Closed,
+}
+
+impl Error {
+    fn status(s: &tonic::Status) -> Error {
+        Error::Status {
+            code: s.code(),
+            message: s.message().to_owned(),
+        }
+    }
+}
+
+/// Connection settings.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// How long one connection attempt may take.
+    pub connect_timeout: Duration,
+    /// How long one request may take.
+    pub request_timeout: Duration,
+    /// How long the client keeps looking for a leader (and retrying what is safe to retry)
+    /// before it reports an error.
+    pub retry_for: Duration,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(10),
+            retry_for: Duration::from_secs(15),
+        }
+    }
+}
+
+/// A client of one futureq cluster (or standalone broker). Cheap to clone.
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cfg: ClientConfig,
+    /// Seeds first, then every node address learned from `GetClusterInfo`.
+    known: Mutex<Vec<String>>,
+    /// The leader's address and a channel to it, once found.
+    leader: Mutex<Option<(String, Channel)>>,
+}
+
+/// Pause between rounds of looking for a leader.
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+impl Client {
+    /// Connects to the cluster's leader through `seeds` (`host:port`, or `http://host:port`).
+    ///
+    /// # Errors
+    /// [`Error::Address`] for a malformed seed; [`Error::NoLeader`] when none answers with a
+    /// leader within [`ClientConfig::retry_for`].
+    pub async fn connect(
+        seeds: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Result<Client, Error> {
+        Client::connect_with(seeds, ClientConfig::default()).await
+    }
+
+    /// [`Client::connect`] with settings.
+    ///
+    /// # Errors
+    /// As [`Client::connect`].
+    pub async fn connect_with(
+        seeds: impl IntoIterator<Item = impl Into<String>>,
+        cfg: ClientConfig,
+    ) -> Result<Client, Error> {
+        let known: Vec<String> = seeds.into_iter().map(Into::into).collect();
+        if known.is_empty() {
+            return Err(Error::Address(String::new(), "no seed given".into()));
+        }
+        for s in &known {
+            endpoint(s, &cfg)?;
+        }
+        let client = Client {
+            inner: Arc::new(Inner {
+                cfg,
+                known: Mutex::new(known),
+                leader: Mutex::new(None),
+            }),
+        };
+        client.leader().await?;
+        Ok(client)
+    }
+
+    /// The settings.
+    #[must_use]
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.cfg
+    }
+
+    /// A channel to the leader (found again when it is not known).
+    pub(crate) async fn leader(&self) -> Result<Channel, Error> {
+        if let Some((_, ch)) = lock(&self.inner.leader).as_ref() {
+            return Ok(ch.clone());
+        }
+        self.discover().await
+    }
+
+    /// Forgets the leader (it went away or stopped leading); `next` is the leader a follower
+    /// named, if any.
+    pub(crate) fn leader_moved(&self, next: Option<&str>) {
+        *lock(&self.inner.leader) = None;
+        if let Some(addr) = next.filter(|a| !a.is_empty()) {
+            let mut known = lock(&self.inner.known);
+            if !known.iter().any(|k| k == addr) {
+                known.insert(0, addr.to_owned());
+            } else {
+                // Asked first next time.
+                known.retain(|k| k != addr);
+                known.insert(0, addr.to_owned());
+            }
+        }
+    }
+
+    /// Asks every known address for the leader until one names a leader that answers.
+    async fn discover(&self) -> Result<Channel, Error> {
+        let started = Instant::now();
+        loop {
+            let candidates = lock(&self.inner.known).clone();
+            for addr in &candidates {
+                let Ok(ch) = self.channel(addr).await else {
+                    continue;
+                };
+                let mut cluster = FutureQClusterClient::new(ch.clone());
+                let Ok(info) = cluster
+                    .get_cluster_info(self.request(pb::ClusterInfoRequest {}))
+                    .await
+                else {
+                    continue;
+                };
+                let info = info.into_inner();
+                {
+                    let mut known = lock(&self.inner.known);
+                    for n in &info.nodes {
+                        if !n.address.is_empty() && !known.contains(&n.address) {
+                            known.push(n.address.clone());
+                        }
+                    }
+                }
+                let leader = info.leader_address;
+                if leader.is_empty() {
+                    continue;
+                }
+                let ch = if leader == *addr {
+                    ch
+                } else {
+                    match self.channel(&leader).await {
+                        Ok(ch) => ch,
+                        Err(_) => continue,
+                    }
+                };
+                tracing::debug!(target: "futureq_client", leader = %leader, "leader found");
+                *lock(&self.inner.leader) = Some((leader, ch.clone()));
+                return Ok(ch);
+            }
+            if started.elapsed() >= self.inner.cfg.retry_for {
+                return Err(Error::NoLeader {
+                    addresses: candidates.join(", "),
+                    waited: started.elapsed(),
+                });
+            }
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
+    }
+
+    async fn channel(&self, addr: &str) -> Result<Channel, Error> {
+        endpoint(addr, &self.inner.cfg)?
+            .connect()
+            .await
+            .map_err(|e| Error::Address(addr.to_owned(), e.to_string()))
+    }
+
+    /// A request with the configured timeout.
+    pub(crate) fn request<T>(&self, m: T) -> tonic::Request<T> {
+        let mut r = tonic::Request::new(m);
+        r.set_timeout(self.inner.cfg.request_timeout);
+        r
+    }
+
+    /// Runs a unary call on the leader, following a follower's redirect; when `safe` (a read,
+    /// or a write refused before it acted), also retries after the leader went away.
+    async fn unary<T, F, Fut>(&self, safe: bool, call: F) -> Result<T, Error>
+    where
+        F: Fn(Channel) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let started = Instant::now();
+        loop {
+            let ch = self.leader().await?;
+            let s = match call(ch).await {
+                Ok(r) => return Ok(r.into_inner()),
+                Err(s) => s,
+            };
+            let retry_left = started.elapsed() < self.inner.cfg.retry_for;
+            match s.code() {
+                tonic::Code::FailedPrecondition if retry_left => {
+                    let next = s
+                        .metadata()
+                        .get(LEADER_HEADER)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned);
+                    if next.is_none() && !s.message().contains("not the cluster leader") {
+                        return Err(Error::status(&s));
+                    }
+                    self.leader_moved(next.as_deref());
+                }
+                tonic::Code::Unavailable | tonic::Code::Unknown if retry_left && safe => {
+                    self.leader_moved(None);
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                _ => return Err(Error::status(&s)),
+            }
+        }
+    }
+
+    /// The cluster's members, leader and liveness (standalone: the one node).
+    ///
+    /// # Errors
+    /// See [`Error`].
+    pub async fn cluster_info(&self) -> Result<pb::ClusterInfoResponse, Error> {
+        self.unary(true, |ch| async move {
+            FutureQClusterClient::new(ch)
+                .get_cluster_info(self.request(pb::ClusterInfoRequest {}))
+                .await
+        })
+        .await
+    }
+
+    /// Cancels stored messages: per tag, in order, whether it was stored. Durable before the
+    /// answer; a cancelled message is never delivered again.
+    ///
+    /// # Errors
+    /// See [`Error`]: an INVALID_ARGUMENT status for 0 or more than 1000 tags.
+    pub async fn cancel(&self, tags: &[Tag]) -> Result<Vec<bool>, Error> {
+        let req = pb::CancelRequest {
+            delivery_tags: tags.iter().map(|t| t.0.to_vec()).collect(),
+        };
+        let r = self
+            .unary(false, |ch| {
+                let req = req.clone();
+                async move {
+                    FutureQProducerClient::new(ch)
+                        .cancel(self.request(req))
+                        .await
+                }
+            })
+            .await?;
+        Ok(r.cancelled)
+    }
+
+    /// Moves a stored message to `delay` from now: its new tag, or `None` when it is not
+    /// stored.
+    ///
+    /// # Errors
+    /// See [`Error`].
+    pub async fn reschedule(&self, tag: &Tag, delay: Duration) -> Result<Option<Tag>, Error> {
+        let req = pb::RescheduleRequest {
+            delivery_tag: tag.0.to_vec(),
+            delay_ms: millis(delay)?,
+        };
+        let r = self
+            .unary(false, |ch| {
+                let req = req.clone();
+                async move {
+                    FutureQProducerClient::new(ch)
+                        .reschedule(self.request(req))
+                        .await
+                }
+            })
+            .await?;
+        if !r.found {
+            return Ok(None);
+        }
+        Tag::from_slice(&r.delivery_tag)
+            .map(Some)
+            .map_err(|e| Error::InvalidArgument(format!("the server answered a bad tag: {e}")))
+    }
+
+    /// Per topic (or only `topic`): stored, in flight, next due time, consumers, dead letters;
+    /// sorted by topic name.
+    ///
+    /// # Errors
+    /// See [`Error`].
+    pub async fn topic_stats(&self, topic: Option<&str>) -> Result<Vec<pb::TopicStats>, Error> {
+        let req = pb::TopicStatsRequest {
+            topic: topic.unwrap_or_default().to_owned(),
+        };
+        let r = self
+            .unary(true, |ch| {
+                let req = req.clone();
+                async move {
+                    FutureQAdminClient::new(ch)
+                        .topic_stats(self.request(req))
+                        .await
+                }
+            })
+            .await?;
+        Ok(r.topics)
+    }
+
+    /// Up to `limit` (1..=1000) stored messages of `topic` in due order, after `after`; read
+    /// only (nothing is delivered). Page on from the last tag returned.
+    ///
+    /// # Errors
+    /// See [`Error`].
+    pub async fn peek(
+        &self,
+        topic: &str,
+        limit: u32,
+        after: Option<&Tag>,
+    ) -> Result<Vec<pb::QueueMessage>, Error> {
+        let req = pb::PeekRequest {
+            topic: topic.to_owned(),
+            limit,
+            after_tag: after.map(|t| t.0.to_vec()).unwrap_or_default(),
+        };
+        let r = self
+            .unary(true, |ch| {
+                let req = req.clone();
+                async move { FutureQAdminClient::new(ch).peek(self.request(req)).await }
+            })
+            .await?;
+        Ok(r.messages)
+    }
+
+    /// A publisher on this client's leader (see [`Publisher`]).
+    #[must_use]
+    pub fn publisher(&self, cfg: PublisherConfig) -> Publisher {
+        Publisher::start(self.clone(), cfg)
+    }
+
+    /// Subscribes (see [`Consumer`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty topic; the first subscription's failure.
+    pub async fn subscribe(&self, sub: Subscription) -> Result<Consumer, Error> {
+        Consumer::start(self.clone(), sub).await
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn endpoint(addr: &str, cfg: &ClientConfig) -> Result<Endpoint, Error> {
+    let url = if addr.contains("://") {
+        addr.to_owned()
+    } else {
+        format!("http://{addr}")
+    };
+    Endpoint::from_shared(url)
+        .map(|e| e.connect_timeout(cfg.connect_timeout).tcp_nodelay(true))
+        .map_err(|e| Error::Address(addr.to_owned(), e.to_string()))
+}
+
+/// A duration in whole milliseconds, as the API takes them.
+pub(crate) fn millis(d: Duration) -> Result<i64, Error> {
+    i64::try_from(d.as_millis()).map_err(|_| Error::InvalidArgument(format!("{d:?} is too long")))
+}

@@ -1,0 +1,115 @@
+//! The Rust client library (futureq-client) against the real broker: batched publishes with
+//! a tag per message, a consumer with ack/nack handles and a drain, dedup ids, and the
+//! management calls. Its failover behaviour is in cluster.rs.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::*;
+use futureq_client::{Client, Message, PublisherConfig, Subscription, Tag};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_client_publishes_in_batches_and_consumes_with_ack_handles() {
+    let b = Broker::start("").await;
+    let client = Client::connect([format!("127.0.0.1:{}", b.grpc_port)])
+        .await
+        .unwrap();
+    let mut consumer = client
+        .subscribe(Subscription::new("jobs").group("w").max_in_flight(64))
+        .await
+        .unwrap();
+    let publisher = client.publisher(PublisherConfig {
+        idempotent: false,
+        ..PublisherConfig::default()
+    });
+    let mut pending = Vec::new();
+    for i in 0..300 {
+        let m = Message::new("jobs", format!("m{i}"));
+        pending.push(publisher.send(m).await.unwrap());
+    }
+    let mut tags = HashSet::new();
+    for p in pending {
+        tags.insert(p.await.unwrap());
+    }
+    assert_eq!(tags.len(), 300, "a tag per message");
+    let batches = b.metric("futureq_publish_batch_size_count").await;
+    assert!(
+        (1.0..300.0).contains(&batches),
+        "300 messages went in fewer batches: {batches}"
+    );
+    let mut seen = HashSet::new();
+    while seen.len() < 300 {
+        let d = consumer.next_within(WAIT).await.expect("every message");
+        seen.insert(d.tag().unwrap());
+        d.ack();
+    }
+    assert_eq!(seen, tags);
+
+    // Dropping a delivery unanswered nacks it: it comes again, attempt 2.
+    let t = publisher
+        .publish(Message::new("jobs", "again"))
+        .await
+        .unwrap();
+    let d = consumer.next_within(WAIT).await.expect("delivered");
+    assert_eq!(d.tag(), Some(t));
+    drop(d);
+    let d = consumer.next_within(WAIT).await.expect("delivered again");
+    assert_eq!((d.tag(), d.message().attempt), (Some(t), 2));
+    assert_eq!(consumer.outstanding(), 1);
+    d.ack();
+    assert_eq!(consumer.drain(Duration::from_secs(5)).await, 0);
+
+    // Dedup, stats, peek, reschedule, cancel.
+    let later = |payload: &str| {
+        Message::new("later", payload)
+            .delay(Duration::from_secs(3600))
+            .dedup_id("k-1")
+    };
+    let first = publisher.publish(later("one")).await.unwrap();
+    assert_eq!(publisher.publish(later("two")).await.unwrap(), first);
+    let stats = client.topic_stats(Some("later")).await.unwrap();
+    assert_eq!(stats[0].stored, 1);
+    let peeked = client.peek("later", 10, None).await.unwrap();
+    assert_eq!(peeked.len(), 1);
+    assert_eq!(Tag::from_slice(&peeked[0].delivery_tag).unwrap(), first);
+    let moved = client
+        .reschedule(&first, Duration::from_secs(7200))
+        .await
+        .unwrap()
+        .expect("found");
+    assert_eq!(
+        client.reschedule(&first, Duration::ZERO).await.unwrap(),
+        None
+    );
+    assert_eq!(
+        client.cancel(&[moved, first]).await.unwrap(),
+        vec![true, false]
+    );
+    let info = client.cluster_info().await.unwrap();
+    assert_eq!(info.nodes.len(), 1);
+    publisher.close().await;
+}
+
+/// Bad input comes back as the server's status; a publisher keeps working after a refused
+/// message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_name_the_problem() {
+    let b = Broker::start("").await;
+    let client = Client::connect([format!("127.0.0.1:{}", b.grpc_port)])
+        .await
+        .unwrap();
+    let publisher = client.publisher(PublisherConfig::default());
+    let e = publisher.publish(Message::new("", "x")).await.unwrap_err();
+    assert!(
+        matches!(&e, futureq_client::Error::Status { code: tonic::Code::InvalidArgument, message } if message.contains("topic")),
+        "{e:?}"
+    );
+    assert!(publisher.publish(Message::new("t", "x")).await.is_ok());
+    let e = client.peek("t", 0, None).await.unwrap_err();
+    assert!(e.to_string().contains("limit: 0"), "{e}");
+    assert!(Client::connect(Vec::<String>::new()).await.is_err());
+}
