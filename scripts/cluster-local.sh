@@ -35,7 +35,7 @@ start_node() {
   FUTUREQ_API_GRPC_ADVERTISE=127.0.0.$i:$GRPC_PORT \
   FUTUREQ_OBSERVABILITY_METRICS_LISTEN=127.0.0.$i:$METRICS_PORT \
   FUTUREQ_STORAGE_DATADIR="$DIR/node-$i/data" \
-  "$BIN" start >>"$DIR/node-$i.log" 2>&1 &
+  setsid "$BIN" start >>"$DIR/node-$i.log" 2>&1 &
   echo $! >"$DIR/node-$i.pid"
 }
 
@@ -44,7 +44,8 @@ stop_node() {
   local f="$DIR/node-$1.pid"
   [ -f "$f" ] || return 0
   local pid; pid=$(cat "$f")
-  if kill "$pid" 2>/dev/null; then
+  # Only a futureq process (the pid file may be stale after a reboot).
+  if grep -q futureq "/proc/$pid/cmdline" 2>/dev/null && kill "$pid" 2>/dev/null; then
     for _ in $(seq 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$pid" 2>/dev/null || true
   fi
@@ -77,7 +78,7 @@ DIR=${DIR:-$(mktemp -d /tmp/futureq-cluster.XXXXXX)}
 stop_all() { for i in 1 2 3; do stop_node "$i"; done; }
 trap stop_all EXIT
 trap "exit 130" INT TERM
-for i in 1 2 3; do start_node "$i"; done
+for i in 1 2 3; do : >"$DIR/node-$i.log"; start_node "$i"; done
 echo "3 nodes starting; data and logs in $DIR (DIR=$DIR for restart/stop)"
 for _ in $(seq 100); do
   for i in 1 2 3; do

@@ -230,11 +230,11 @@ pub fn run(target: &Target, server: String, cmd: ClientCommand) -> anyhow::Resul
                         "{}",
                         json!({ "found": moved.is_some(), "tag": moved.map(|t| t.to_string()) })
                     )?;
-                } else {
-                    match moved {
-                        Some(t) => writeln!(out, "{t}")?,
-                        None => bail!("{tag}: not stored (delivered and acked, cancelled, expired, or never published)"),
-                    }
+                } else if let Some(t) = moved {
+                    writeln!(out, "{t}")?;
+                }
+                if moved.is_none() {
+                    bail!("{tag}: not stored (delivered and acked, cancelled, expired, or never published)");
                 }
             }
             ClientCommand::Stats { topic } => {
@@ -285,7 +285,9 @@ async fn consume(
     nack: bool,
     wait: Option<Duration>,
 ) -> anyhow::Result<()> {
-    let max_in_flight = u32::try_from(count.unwrap_or(64).clamp(1, 64)).unwrap_or(64);
+    // With a count, one at a time: nothing is fetched beyond what is printed (a message
+    // fetched and handed back at the end would spend one of its delivery attempts).
+    let max_in_flight = if count.is_some() { 1 } else { 64 };
     let mut consumer = client
         .subscribe(
             Subscription::new(topic)
@@ -294,6 +296,8 @@ async fn consume(
         )
         .await?;
     let mut got = 0u64;
+    let interrupted = tokio::signal::ctrl_c();
+    tokio::pin!(interrupted);
     while count.is_none_or(|n| got < n) {
         let next = async {
             match wait {
@@ -303,7 +307,7 @@ async fn consume(
         };
         let d = tokio::select! {
             d = next => d,
-            _ = tokio::signal::ctrl_c() => None,
+            _ = &mut interrupted => None,
         };
         let Some(d) = d else { break };
         print_message(out, target.json, d.message())?;
@@ -315,8 +319,12 @@ async fn consume(
         }
         got += 1;
     }
+    let ended = consumer.error();
     consumer.drain(Duration::from_secs(5)).await;
-    Ok(())
+    match ended {
+        Some(e) => Err(anyhow::Error::new(e).context("the subscription ended")),
+        None => Ok(()),
+    }
 }
 
 fn now_ms() -> i64 {

@@ -5,6 +5,7 @@
 //! broke, the leader changed) comes again. An ACK for a delivery of an earlier stream is not
 //! sent (that leader is gone; the message comes again on the new stream).
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,6 +61,8 @@ enum Control {
         stream: u64,
     },
     Drain,
+    /// End the stream once the answers sent before this are on it.
+    Close,
 }
 
 /// One message delivered: [`Delivery::ack`] deletes it (for this recipient),
@@ -128,6 +131,8 @@ pub struct Consumer {
     deliveries: mpsc::Receiver<Delivery>,
     control: mpsc::UnboundedSender<Control>,
     outstanding: Arc<AtomicUsize>,
+    /// Why the subscription ended, if it ended on its own.
+    ended: Arc<std::sync::Mutex<Option<Error>>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -179,33 +184,47 @@ impl Consumer {
             return Err(Error::InvalidArgument("the topic must not be empty".into()));
         }
         let first = open(&client, &sub).await?;
-        let queue = usize::try_from(sub.max_in_flight)
-            .unwrap_or(1024)
-            .clamp(1, 4096);
+        let queue = match sub.max_in_flight {
+            0 => 1024,
+            n => usize::try_from(n).unwrap_or(4096),
+        }
+        .clamp(1, 4096);
         let (tx, deliveries) = mpsc::channel(queue);
         let (control, control_rx) = mpsc::unbounded_channel();
         let outstanding = Arc::new(AtomicUsize::new(0));
+        let ended = Arc::new(std::sync::Mutex::new(None));
         let task = tokio::spawn(run(
-            client,
-            sub,
+            Session {
+                client,
+                sub,
+                tx,
+                control: control.clone(),
+                outstanding: Arc::clone(&outstanding),
+                ended: Arc::clone(&ended),
+            },
             first,
-            tx,
-            control.clone(),
             control_rx,
-            Arc::clone(&outstanding),
         ));
         Ok(Consumer {
             deliveries,
             control,
             outstanding,
+            ended,
             task,
         })
     }
 
-    /// The next delivery; `None` once the consumer stopped (it was drained, or it could not
-    /// find a leader again within [`crate::ClientConfig::retry_for`]).
+    /// The next delivery; `None` once the consumer stopped (it was drained, or the
+    /// subscription ended: see [`Consumer::error`]).
     pub async fn next(&mut self) -> Option<Delivery> {
         self.deliveries.recv().await
+    }
+
+    /// Why the subscription ended on its own (no leader found again within
+    /// [`crate::ClientConfig::retry_for`], or the server refused it), if it did.
+    #[must_use]
+    pub fn error(&self) -> Option<Error> {
+        crate::lock(&self.ended).clone()
     }
 
     /// The next delivery within `within`, or `None`.
@@ -227,19 +246,21 @@ impl Consumer {
     /// nacked, then ends the stream. Returns how many were still unanswered.
     pub async fn drain(mut self, within: Duration) -> usize {
         let _ = self.control.send(Control::Drain);
-        // Deliveries already queued for the application are refused as well.
-        self.deliveries.close();
-        while let Some(d) = self.deliveries.recv().await {
-            d.nack();
-        }
         let until = Instant::now() + within;
-        while self.outstanding() > 0 && Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(10)).await;
+        loop {
+            // Deliveries already queued for the application are refused as well.
+            while let Ok(d) = self.deliveries.try_recv() {
+                d.nack();
+            }
+            if self.outstanding() == 0 || Instant::now() >= until {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let left = self.outstanding();
-        // Let the last answers reach the stream before it ends.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        self.task.abort();
+        // The answers sent so far go out before the stream ends.
+        let _ = self.control.send(Control::Close);
+        let _ = tokio::time::timeout(Duration::from_secs(2), &mut self.task).await;
         left
     }
 }
@@ -250,70 +271,86 @@ impl Drop for Consumer {
     }
 }
 
-async fn run(
+/// What the subscription task works with.
+struct Session {
     client: Client,
     sub: Subscription,
-    first: Opened,
     tx: mpsc::Sender<Delivery>,
     control: mpsc::UnboundedSender<Control>,
-    mut control_rx: mpsc::UnboundedReceiver<Control>,
     outstanding: Arc<AtomicUsize>,
-) {
+    ended: Arc<std::sync::Mutex<Option<Error>>>,
+}
+
+impl Session {
+    fn delivery(&self, message: pb::QueueMessage, stream: u64) -> Delivery {
+        self.outstanding.fetch_add(1, Ordering::Relaxed);
+        Delivery {
+            message,
+            stream,
+            control: self.control.clone(),
+            outstanding: Arc::clone(&self.outstanding),
+            answered: false,
+        }
+    }
+}
+
+fn ack_frame(tag: Vec<u8>, success: bool) -> ConsumerFrame {
+    ConsumerFrame {
+        frame: Some(consumer_frame::Frame::Ack(AckRequest {
+            success,
+            delivery_tag: tag,
+        })),
+    }
+}
+
+/// Runs the subscription: forwards deliveries (held in a backlog while the application is
+/// behind, so answers keep flowing), sends answers on the stream they belong to, subscribes
+/// again after the stream ends, until drained and closed (or the consumer is dropped).
+async fn run(s: Session, first: Opened, mut control_rx: mpsc::UnboundedReceiver<Control>) {
     let mut opened = Some(first);
     let mut stream_no = 0u64;
     let mut draining = false;
     loop {
         let (frames, mut messages) = match opened.take() {
             Some(o) => o,
-            None => match open(&client, &sub).await {
+            None => match open(&s.client, &s.sub).await {
                 Ok(o) => o,
                 Err(e) => {
-                    tracing::warn!(target: "futureq_client", topic = %sub.topic, error = %e, "subscription lost and not renewed");
+                    tracing::warn!(target: "futureq_client", topic = %s.sub.topic, error = %e, "subscription lost and not renewed");
+                    *crate::lock(&s.ended) = Some(e);
                     return;
                 }
             },
         };
         stream_no += 1;
-        let ack_frame = |tag: Vec<u8>, success: bool| ConsumerFrame {
-            frame: Some(consumer_frame::Frame::Ack(AckRequest {
-                success,
-                delivery_tag: tag,
-            })),
-        };
+        let mut backlog: VecDeque<pb::QueueMessage> = VecDeque::new();
         loop {
             tokio::select! {
-                m = messages.message() => match m {
+                m = messages.message(), if backlog.len() < BACKLOG_MAX => match m {
                     Ok(Some(m)) if draining => {
                         let _ = frames.unbounded_send(ack_frame(m.delivery_tag, false));
                     }
-                    Ok(Some(m)) => {
-                        outstanding.fetch_add(1, Ordering::Relaxed);
-                        let d = Delivery {
-                            message: m,
-                            stream: stream_no,
-                            control: control.clone(),
-                            outstanding: Arc::clone(&outstanding),
-                            answered: false,
-                        };
-                        if tx.send(d).await.is_err() {
-                            // The application dropped the consumer.
-                            return;
-                        }
-                    }
+                    Ok(Some(m)) => backlog.push_back(m),
                     Ok(None) | Err(_) => {
-                        if let Err(s) = m {
-                            let next = s
-                                .metadata()
+                        let next = m.err().and_then(|st| {
+                            st.metadata()
                                 .get(LEADER_HEADER)
                                 .and_then(|v| v.to_str().ok())
-                                .map(str::to_owned);
-                            tracing::debug!(target: "futureq_client", error = %s, "subscription ended; subscribing again");
-                            client.leader_moved(next.as_deref());
-                        } else {
-                            client.leader_moved(None);
-                        }
+                                .map(str::to_owned)
+                        });
+                        tracing::debug!(target: "futureq_client", topic = %s.sub.topic, "subscription ended; subscribing again");
+                        s.client.leader_moved(next.as_deref());
                         break;
                     }
+                },
+                permit = s.tx.reserve(), if !backlog.is_empty() && !draining => match permit {
+                    Ok(p) => {
+                        if let Some(m) = backlog.pop_front() {
+                            p.send(s.delivery(m, stream_no));
+                        }
+                    }
+                    // The application dropped the consumer.
+                    Err(_) => return,
                 },
                 c = control_rx.recv() => match c {
                     Some(Control::Ack { tag, success, stream }) => {
@@ -321,14 +358,28 @@ async fn run(
                             let _ = frames.unbounded_send(ack_frame(tag, success));
                         }
                     }
-                    Some(Control::Drain) => draining = true,
-                    None => return,
+                    Some(Control::Drain) => {
+                        draining = true;
+                        for m in backlog.drain(..) {
+                            let _ = frames.unbounded_send(ack_frame(m.delivery_tag, false));
+                        }
+                    }
+                    Some(Control::Close) | None => {
+                        // Half-close, then let the stream send what is queued on it.
+                        drop(frames);
+                        let _ = tokio::time::timeout(Duration::from_millis(200), async {
+                            while let Ok(Some(_)) = messages.message().await {}
+                        })
+                        .await;
+                        return;
+                    }
                 },
             }
-        }
-        if draining {
-            return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// Deliveries a subscription holds while the application is behind, at most (the server sends
+/// no more than `max_in_flight` unanswered ones anyway).
+const BACKLOG_MAX: usize = 65_536;

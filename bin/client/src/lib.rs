@@ -153,6 +153,9 @@ struct Inner {
 
 /// Pause between rounds of looking for a leader.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
+/// How often an idle connection is pinged, and how long a ping may go unanswered.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Client {
     /// Connects to the cluster's leader through `seeds` (`host:port`, or `http://host:port`).
@@ -247,10 +250,10 @@ impl Client {
                         }
                     }
                 }
-                let leader = info.leader_address;
-                if leader.is_empty() {
+                if info.leader_address.is_empty() {
                     continue;
                 }
+                let leader = reachable(&info.leader_address, addr);
                 let ch = if leader == *addr {
                     ch
                 } else {
@@ -313,12 +316,22 @@ impl Client {
                         return Err(Error::status(&s));
                     }
                     self.leader_moved(next.as_deref());
+                    if next.as_deref().is_none_or(str::is_empty) {
+                        // No leader known yet (an election): ask again shortly.
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                    }
                 }
                 tonic::Code::Unavailable | tonic::Code::Unknown if retry_left && safe => {
                     self.leader_moved(None);
                     tokio::time::sleep(RETRY_PAUSE).await;
                 }
-                _ => return Err(Error::status(&s)),
+                code => {
+                    if matches!(code, tonic::Code::Unavailable | tonic::Code::Unknown) {
+                        // Not retried (it may have acted), but the next call looks again.
+                        self.leader_moved(None);
+                    }
+                    return Err(Error::status(&s));
+                }
             }
         }
     }
@@ -448,6 +461,25 @@ impl Client {
     }
 }
 
+/// The leader's address as this client can dial it: a broker listening on a wildcard address
+/// (`0.0.0.0:8443`, standalone without `api.grpc.advertise`) names it; then it is the host
+/// the client asked, at the leader's port.
+fn reachable(leader: &str, asked: &str) -> String {
+    let Ok(l) = leader.parse::<std::net::SocketAddr>() else {
+        return leader.to_owned();
+    };
+    if !l.ip().is_unspecified() {
+        return leader.to_owned();
+    }
+    let host = asked
+        .split("://")
+        .last()
+        .unwrap_or(asked)
+        .rsplit_once(':')
+        .map_or(asked, |(h, _)| h);
+    format!("{host}:{}", l.port())
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -459,7 +491,15 @@ fn endpoint(addr: &str, cfg: &ClientConfig) -> Result<Endpoint, Error> {
         format!("http://{addr}")
     };
     Endpoint::from_shared(url)
-        .map(|e| e.connect_timeout(cfg.connect_timeout).tcp_nodelay(true))
+        .map(|e| {
+            e.connect_timeout(cfg.connect_timeout)
+                .tcp_nodelay(true)
+                // A connection that went silent (a partition, a frozen host) fails within
+                // ~15 s instead of holding streams forever.
+                .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+                .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+                .keep_alive_while_idle(true)
+        })
         .map_err(|e| Error::Address(addr.to_owned(), e.to_string()))
 }
 

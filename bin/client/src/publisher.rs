@@ -10,7 +10,7 @@
 //!   [`Error::OutcomeUnknown`].
 //! - Retries stop after [`crate::ClientConfig::retry_for`] from a message's first send.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -94,7 +94,7 @@ impl From<pb::PublishMessage> for Message {
 pub struct PublisherConfig {
     /// Most messages per batch.
     pub max_batch_messages: usize,
-    /// Most payload bytes per batch (a larger message goes alone).
+    /// Most encoded message bytes per batch (a larger message goes alone).
     pub max_batch_bytes: usize,
     /// How long a batch waits for more messages before it is sent.
     pub linger: Duration,
@@ -106,8 +106,12 @@ pub struct PublisherConfig {
     pub ack_level: AckLevel,
     /// Give each message without a dedup id one (unique to this publisher), so that every
     /// message can be retried after an unknown outcome. Costs a dedup row per message on the
-    /// broker and a QUORUM wait.
+    /// broker and a QUORUM wait (docs/benchmarks.md: about a third of the throughput at 100
+    /// messages per request).
     pub idempotent: bool,
+    /// Largest encoded message sent (the broker's `api.grpc.maxReceiveMessageSize`, 4 MiB by
+    /// default): a larger one is refused here, before it could end the stream.
+    pub max_message_bytes: usize,
 }
 
 impl Default for PublisherConfig {
@@ -120,6 +124,7 @@ impl Default for PublisherConfig {
             queue: 8192,
             ack_level: AckLevel::Quorum,
             idempotent: true,
+            max_message_bytes: (4 << 20) - 1024,
         }
     }
 }
@@ -129,6 +134,39 @@ struct Item {
     reply: oneshot::Sender<Result<Tag, Error>>,
     /// When it was first sent (retries stop `retry_for` after it).
     first_sent: Option<Instant>,
+    /// A send of it may have been stored (its outcome was unknown).
+    maybe_stored: bool,
+    /// Sent in a batch of its own (its shared batch was refused as invalid: the refusal
+    /// belongs to one message of it).
+    alone: bool,
+    /// Its dedup id was given by the publisher (named when its outcome stays unknown).
+    auto_id: bool,
+}
+
+impl Item {
+    /// Answers an item whose last send may have been stored.
+    fn unknown(self, why: &Error) {
+        let hint = if self.auto_id {
+            format!(
+                "; publish it again with dedup id {:?} to store it at most once",
+                self.msg.dedup_id
+            )
+        } else {
+            String::new()
+        };
+        let _ = self
+            .reply
+            .send(Err(Error::OutcomeUnknown(format!("{why}{hint}"))));
+    }
+
+    /// Answers an item that failed: unknown if a send of it may have been stored.
+    fn fail(self, why: &Error) {
+        if self.maybe_stored {
+            self.unknown(why);
+        } else {
+            let _ = self.reply.send(Err(why.clone()));
+        }
+    }
 }
 
 /// A message's answer: its delivery tag once the broker acknowledged it.
@@ -170,6 +208,9 @@ impl Publisher {
                 msg: m.0,
                 reply,
                 first_sent: None,
+                maybe_stored: false,
+                alone: false,
+                auto_id: false,
             })
             .await
             .map_err(|_| Error::Closed)?;
@@ -200,25 +241,34 @@ struct Stream {
     moving: bool,
 }
 
+/// Opens a `PublishStream` on the leader, looking for it again (a node that went away, one
+/// that stopped leading) for up to `retry_for`.
 async fn open(client: &Client) -> Result<Stream, Error> {
-    let ch = client.leader().await?;
-    let (batches, rx) = fmpsc::unbounded();
-    let acks = FutureQProducerClient::new(ch)
-        .publish_stream(rx)
-        .await
-        .map_err(|s| {
-            client.leader_moved(None);
-            Error::status(&s)
-        })?
-        .into_inner();
-    Ok(Stream {
-        batches,
-        acks,
-        moving: false,
-    })
+    let started = Instant::now();
+    loop {
+        let ch = client.leader().await?;
+        let (batches, rx) = fmpsc::unbounded();
+        match FutureQProducerClient::new(ch).publish_stream(rx).await {
+            Ok(r) => {
+                return Ok(Stream {
+                    batches,
+                    acks: r.into_inner(),
+                    moving: false,
+                })
+            }
+            Err(s) => {
+                client.leader_moved(None);
+                if started.elapsed() >= client.config().retry_for {
+                    return Err(Error::status(&s));
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
 }
 
-/// How a batch's messages are answered after a failed ack or a lost stream.
+/// How a batch's messages are answered after a failed ack or a lost stream: sent again (at
+/// the front of the queue, in order) when that is safe and time is left, else answered.
 fn settle(
     items: Vec<Item>,
     stored_nothing: bool,
@@ -227,19 +277,53 @@ fn settle(
     queue: &mut VecDeque<Item>,
 ) {
     let mut retry = Vec::new();
-    for it in items {
+    for mut it in items {
         let in_time = it.first_sent.is_none_or(|t| t.elapsed() < retry_for);
         if in_time && (stored_nothing || !it.msg.dedup_id.is_empty()) {
+            it.maybe_stored |= !stored_nothing;
             retry.push(it);
         } else if stored_nothing {
-            let _ = it.reply.send(Err(why.clone()));
+            it.fail(why);
         } else {
-            let _ = it.reply.send(Err(Error::OutcomeUnknown(why.to_string())));
+            it.unknown(why);
         }
     }
     for it in retry.into_iter().rev() {
         queue.push_front(it);
     }
+}
+
+/// The next batch from the front of the queue: up to the configured count and size (an item
+/// refused in a shared batch goes alone).
+fn next_batch(
+    queue: &mut VecDeque<Item>,
+    cfg: &PublisherConfig,
+    prefix: &str,
+    seq: &mut u64,
+) -> Vec<Item> {
+    let mut items: Vec<Item> = Vec::new();
+    let mut bytes = 0;
+    while let Some(it) = queue.front() {
+        let len = it.msg.encoded_len();
+        if !items.is_empty()
+            && (it.alone
+                || items[0].alone
+                || items.len() >= cfg.max_batch_messages
+                || bytes + len > cfg.max_batch_bytes)
+        {
+            break;
+        }
+        bytes += len;
+        let mut it = queue.pop_front().expect("front exists");
+        if cfg.idempotent && it.msg.dedup_id.is_empty() {
+            *seq += 1;
+            it.msg.dedup_id = format!("{prefix}-{seq}");
+            it.auto_id = true;
+        }
+        it.first_sent.get_or_insert_with(Instant::now);
+        items.push(it);
+    }
+    items
 }
 
 async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>) {
@@ -253,125 +337,141 @@ async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>)
     );
     let mut seq = 0u64;
     let mut queue: VecDeque<Item> = VecDeque::new();
-    let mut in_flight: HashMap<u64, Vec<Item>> = HashMap::new();
-    let mut next_batch = 1u64;
+    // Since when the queue's oldest message waits (a partial batch goes after `linger`).
+    let mut waiting_since: Option<tokio::time::Instant> = None;
+    let mut in_flight: BTreeMap<u64, Vec<Item>> = BTreeMap::new();
+    let mut next_id = 1u64;
     let mut stream: Option<Stream> = None;
     let mut closed = false;
+    // Messages the task holds at most (queued and in flight): the rest wait in the channel,
+    // so `send` waits when the publisher is behind.
+    let hold = cfg.max_batch_messages.max(1) * (cfg.max_in_flight_batches.max(1) + 1);
     loop {
-        if queue.is_empty() && in_flight.is_empty() {
-            if closed {
-                return;
-            }
-            match rx.recv().await {
-                Some(it) => queue.push_back(it),
-                None => return,
-            }
+        if closed && queue.is_empty() && in_flight.is_empty() {
+            return;
         }
-        while let Ok(it) = rx.try_recv() {
-            queue.push_back(it);
-        }
-        if !closed && queue.len() < cfg.max_batch_messages && in_flight.is_empty() {
-            // Linger for more messages before a partial batch goes out.
-            let until = tokio::time::Instant::now() + cfg.linger;
-            while queue.len() < cfg.max_batch_messages {
-                match tokio::time::timeout_at(until, rx.recv()).await {
-                    Ok(Some(it)) => queue.push_back(it),
-                    Ok(None) => {
-                        closed = true;
-                        break;
-                    }
-                    Err(_) => break,
+        let held = queue.len() + in_flight.values().map(Vec::len).sum::<usize>();
+        for _ in held..hold {
+            match rx.try_recv() {
+                Ok(it) => queue.push_back(it),
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => {
+                    closed = true;
+                    break;
                 }
             }
+        }
+        // Refuse what can never be sent (over the server's frame limit) before it can take a
+        // batch down with it.
+        if queue
+            .iter()
+            .any(|it| it.msg.encoded_len() > cfg.max_message_bytes)
+        {
+            for it in std::mem::take(&mut queue) {
+                let len = it.msg.encoded_len();
+                if len > cfg.max_message_bytes {
+                    it.fail(&Error::InvalidArgument(format!(
+                        "the message is {len} bytes encoded, over max_message_bytes ({})",
+                        cfg.max_message_bytes
+                    )));
+                } else {
+                    queue.push_back(it);
+                }
+            }
+        }
+        if queue.is_empty() {
+            waiting_since = None;
+        } else {
+            waiting_since.get_or_insert_with(tokio::time::Instant::now);
         }
         if stream.is_none() && !queue.is_empty() {
             match open(&client).await {
                 Ok(s) => stream = Some(s),
                 Err(e) => {
-                    // The client already looked for a leader for `retry_for`.
                     for it in queue.drain(..) {
-                        let _ = it.reply.send(Err(e.clone()));
+                        it.fail(&e);
                     }
                     continue;
                 }
             }
         }
-        let Some(s) = stream.as_mut() else {
-            continue;
-        };
-        while !s.moving && !queue.is_empty() && in_flight.len() < cfg.max_in_flight_batches {
-            let mut items = Vec::new();
-            let mut bytes = 0;
-            while let Some(it) = queue.front() {
-                let len = it.msg.encoded_len();
-                if !items.is_empty()
-                    && (items.len() >= cfg.max_batch_messages || bytes + len > cfg.max_batch_bytes)
-                {
+        let due = waiting_since.is_some_and(|t| t.elapsed() >= cfg.linger);
+        if let Some(s) = stream.as_mut() {
+            // A partial batch waits for more messages while others are in flight, up to the
+            // linger; a full one (or the last, at close) goes at once.
+            while !s.moving
+                && !queue.is_empty()
+                && in_flight.len() < cfg.max_in_flight_batches
+                && (queue.len() >= cfg.max_batch_messages || in_flight.is_empty() || due || closed)
+            {
+                let items = next_batch(&mut queue, &cfg, &prefix, &mut seq);
+                let batch_id = next_id;
+                next_id += 1;
+                let batch = pb::PublishBatch {
+                    messages: items.iter().map(|it| it.msg.clone()).collect(),
+                    ack_level: cfg.ack_level as i32,
+                    batch_id,
+                };
+                if s.batches.unbounded_send(batch).is_err() {
+                    // The connection went away: nothing of this batch was sent.
+                    settle(items, true, &Error::Closed, retry_for, &mut queue);
+                    s.moving = true;
                     break;
                 }
-                bytes += len;
-                let mut it = queue.pop_front().expect("front exists");
-                if cfg.idempotent && it.msg.dedup_id.is_empty() {
-                    seq += 1;
-                    it.msg.dedup_id = format!("{prefix}-{seq}");
-                }
-                it.first_sent.get_or_insert_with(Instant::now);
-                items.push(it);
+                in_flight.insert(batch_id, items);
             }
-            let batch_id = next_batch;
-            next_batch += 1;
-            let batch = pb::PublishBatch {
-                messages: items.iter().map(|it| it.msg.clone()).collect(),
-                ack_level: cfg.ack_level as i32,
-                batch_id,
-            };
-            if s.batches.unbounded_send(batch).is_err() {
-                settle(
-                    items,
-                    true,
-                    &Error::OutcomeUnknown("stream closed".into()),
-                    retry_for,
-                    &mut queue,
-                );
-                break;
+            if queue.is_empty() {
+                waiting_since = None;
             }
-            in_flight.insert(batch_id, items);
         }
-        if in_flight.is_empty() {
-            if s.moving {
-                stream = None;
-            }
+        if stream.as_ref().is_some_and(|s| s.moving) && in_flight.is_empty() {
+            // Refused by a follower, or the connection went away: reopen on the leader.
+            stream = None;
             continue;
         }
-        let more = !closed && !s.moving && in_flight.len() < cfg.max_in_flight_batches;
+        let linger = waiting_since.map(|t| t + cfg.linger);
+        let room = !closed && held < hold;
+        let ack = async {
+            match stream.as_mut() {
+                Some(s) => Some(s.acks.message().await),
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
-            ack = s.acks.message() => match ack {
-                Ok(Some(ack)) => {
+            ack = ack => match ack {
+                Some(Ok(Some(ack))) => {
                     let Some(items) = in_flight.remove(&ack.batch_id) else {
                         continue;
                     };
-                    answer(&client, ack, items, retry_for, &mut queue, s);
+                    if let Some(s) = stream.as_mut() {
+                        answer(&client, ack, items, retry_for, &mut queue, s);
+                    }
                 }
-                Ok(None) | Err(_) => {
-                    let why = match ack {
+                Some(end) => {
+                    let why = match end {
                         Err(st) => Error::status(&st),
                         _ => Error::OutcomeUnknown("the stream ended".into()),
                     };
                     client.leader_moved(None);
-                    for (_, items) in in_flight.drain() {
+                    // Oldest batch first at the front of the queue.
+                    for (_, items) in std::mem::take(&mut in_flight).into_iter().rev() {
                         settle(items, false, &why, retry_for, &mut queue);
                     }
                     stream = None;
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
+                None => {}
             },
-            it = rx.recv(), if more => match it {
+            it = rx.recv(), if room => match it {
                 Some(it) => queue.push_back(it),
                 None => closed = true,
             },
-        }
-        if stream.as_ref().is_some_and(|s| s.moving) && in_flight.is_empty() {
-            stream = None;
+            () = async {
+                match linger {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            }, if !queue.is_empty() => {}
         }
     }
 }
@@ -386,19 +486,29 @@ fn answer(
     s: &mut Stream,
 ) {
     if ack.success {
-        for (it, tag) in items.into_iter().zip(ack.delivery_tags.iter()) {
-            let _ =
-                it.reply.send(Tag::from_slice(tag).map_err(|e| {
-                    Error::OutcomeUnknown(format!("the server answered a bad tag: {e}"))
-                }));
+        let mut tags = ack.delivery_tags.iter();
+        for it in items {
+            let tag = tags
+                .next()
+                .ok_or_else(|| "no tag".to_owned())
+                .and_then(|t| Tag::from_slice(t).map_err(|e| e.to_string()));
+            match tag {
+                Ok(t) => {
+                    let _ = it.reply.send(Ok(t));
+                }
+                Err(e) => it.unknown(&Error::OutcomeUnknown(format!(
+                    "the server answered a bad tag: {e}"
+                ))),
+            }
         }
         return;
     }
+    let code = tonic::Code::from_i32(i32::try_from(ack.error_code).unwrap_or(2));
     let why = Error::Status {
-        code: tonic::Code::from_i32(i32::try_from(ack.error_code).unwrap_or(2)),
+        code,
         message: ack.error_message.clone(),
     };
-    match tonic::Code::from_i32(i32::try_from(ack.error_code).unwrap_or(2)) {
+    match code {
         tonic::Code::FailedPrecondition
             if !ack.leader_address.is_empty()
                 || ack.error_message.contains("not the cluster leader") =>
@@ -409,12 +519,21 @@ fn answer(
             settle(items, true, &why, retry_for, queue);
         }
         tonic::Code::Aborted => settle(items, true, &why, retry_for, queue),
-        tonic::Code::DeadlineExceeded | tonic::Code::Unavailable => {
+        tonic::Code::DeadlineExceeded | tonic::Code::Unavailable | tonic::Code::Internal => {
             settle(items, false, &why, retry_for, queue);
+        }
+        tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted | tonic::Code::OutOfRange
+            if items.len() > 1 =>
+        {
+            // A batch is refused whole for one message: send each alone to find it.
+            for mut it in items.into_iter().rev() {
+                it.alone = true;
+                queue.push_front(it);
+            }
         }
         _ => {
             for it in items {
-                let _ = it.reply.send(Err(why.clone()));
+                it.fail(&why);
             }
         }
     }
