@@ -27,7 +27,7 @@ if [ -z "$binary" ]; then
   # owned by root. Build as the user who ran sudo, in their checkout.
   if [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ]; then
     echo "install: building as $SUDO_USER"
-    sudo -u "$SUDO_USER" -H bash -lc "cd '$root' && cargo build --release -p futureq"
+    sudo -u "$SUDO_USER" -H bash -lc 'cd "$1" && cargo build --release -p futureq' _ "$root"
   else
     echo "install: not building as root; build first (cargo build --release -p futureq) and pass --binary target/release/futureq, or run this through sudo" >&2
     exit 1

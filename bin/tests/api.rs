@@ -328,6 +328,13 @@ async fn cluster_rpcs_health_and_unknown_methods() {
     let (code, body) = b.http_get("/metrics").await;
     assert_eq!(code, 200);
     assert!(body.contains("futureq_publish_requests_total"));
+    assert!(
+        body.contains(&format!(
+            "futureq_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{body}"
+    );
     assert_eq!(b.http_get("/nope").await.0, 404);
 }
 

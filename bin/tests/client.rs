@@ -167,10 +167,11 @@ async fn a_refused_message_fails_alone_and_a_drain_hands_back_what_was_not_taken
         .await
         .unwrap();
     let publisher = client.publisher(PublisherConfig {
-        linger: Duration::from_millis(50),
+        max_in_flight_batches: 1,
         ..PublisherConfig::default()
     });
-    // Queued within one linger: one shared batch.
+    // Queued while the first batch is in flight: the next three go as one batch.
+    let blocker = publisher.send(Message::new("d0", "first")).await.unwrap();
     let one = publisher.send(Message::new("d", "one")).await.unwrap();
     let bad = publisher
         .send(Message::new("d", "own dlq").dead_letter_topic("d"))
@@ -178,6 +179,7 @@ async fn a_refused_message_fails_alone_and_a_drain_hands_back_what_was_not_taken
         .unwrap();
     let two = publisher.send(Message::new("d", "two")).await.unwrap();
     let (one, bad, two) = (one.await, bad.await, two.await);
+    assert!(blocker.await.is_ok());
     assert!(one.is_ok() && two.is_ok(), "{one:?} {two:?}");
     let e = bad.unwrap_err();
     assert!(e.to_string().contains("dead_letter_topic"), "{e}");

@@ -108,6 +108,9 @@ pub struct DeadLetter {
     pub now_ms: i64,
     /// The group that gave up ("" = a universal consumer).
     pub group: String,
+    /// The universal consumer that gave up (its stream's id + 1 on the leader), 0 for a
+    /// group: universal consumers are recipients each.
+    pub consumer: u64,
 }
 
 /// How long the apply remembers a dead letter's copy (by message and group), so that a
@@ -499,8 +502,8 @@ mod tests {
         }
 
         #[test]
-        fn dead_letter_round_trips(key: [u8; 24], event_id: u64, bucket: u64, now_ms: i64, group in ".{0,20}", pad in 0usize..16) {
-            let d = DeadLetter { key, event_id: 0, bucket, now_ms, group };
+        fn dead_letter_round_trips(key: [u8; 24], event_id: u64, bucket: u64, now_ms: i64, group in ".{0,20}", consumer: u64, pad in 0usize..16) {
+            let d = DeadLetter { key, event_id: 0, bucket, now_ms, group, consumer };
             let mut buf = vec![0u8; pad];
             buf.extend(WithId::DeadLetter(d.clone()).encode(event_id));
             let CommandRef::DeadLetter(a) = decode(&buf[pad..]).unwrap() else { panic!("dead letter") };

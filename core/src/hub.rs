@@ -205,6 +205,8 @@ pub struct DeadLetter {
     pub key: EventKey,
     /// The group that gave up ("" = a universal consumer).
     pub group: String,
+    /// The universal consumer that gave up (its id + 1), 0 for a group.
+    pub consumer: u64,
     recipient: RecipientId,
 }
 
@@ -1025,6 +1027,10 @@ impl<S: Sink> Hub<S> {
                 group: match &r.id {
                     RecipientId::Group(g) => g.clone(),
                     RecipientId::Universal(_) => String::new(),
+                },
+                consumer: match &r.id {
+                    RecipientId::Group(_) => 0,
+                    RecipientId::Universal(c) => c.0 + 1,
                 },
                 recipient: r.id.clone(),
             });

@@ -148,29 +148,29 @@ pub fn validate_options(
             reason,
         })
     };
-    if dedup_id.len() > DEDUP_ID_LEN_MAX {
-        return err(
-            "dedup_id",
-            format!(
-                "is {} bytes, the limit is {DEDUP_ID_LEN_MAX}",
-                dedup_id.len()
-            ),
-        );
+    if dedup_id.starts_with('\0') {
+        // Ids that start with NUL are the broker's own (dead letters' once-rows).
+        return err("dedup_id", "must not start with a NUL character".into());
     }
-    if dead_letter_topic.len() > TOPIC_LEN_MAX {
-        return err(
-            "dead_letter_topic",
-            format!(
-                "is {} bytes, the limit is {TOPIC_LEN_MAX}",
-                dead_letter_topic.len()
-            ),
-        );
+    if let Err(reason) = check_len(dedup_id, DEDUP_ID_LEN_MAX) {
+        return err("dedup_id", reason);
+    }
+    if let Err(reason) = check_len(dead_letter_topic, TOPIC_LEN_MAX) {
+        return err("dead_letter_topic", reason);
     }
     if dead_letter_topic == topic {
         return err(
             "dead_letter_topic",
             "must not be the message's own topic".into(),
         );
+    }
+    Ok(())
+}
+
+/// At most `max` bytes.
+fn check_len(s: &str, max: usize) -> Result<(), String> {
+    if s.len() > max {
+        return Err(format!("is {} bytes, the limit is {max}", s.len()));
     }
     Ok(())
 }
@@ -197,11 +197,8 @@ pub fn validate_message(
     if topic.is_empty() {
         return err("topic", "must not be empty".into());
     }
-    if topic.len() > TOPIC_LEN_MAX {
-        return err(
-            "topic",
-            format!("is {} bytes, the limit is {TOPIC_LEN_MAX}", topic.len()),
-        );
+    if let Err(reason) = check_len(topic, TOPIC_LEN_MAX) {
+        return err("topic", reason);
     }
     if let Err(reason) = check_delay(delay_ms, limits) {
         return err("delay_ms", reason);
@@ -226,6 +223,28 @@ mod tests {
         max_delay_ms: 1000,
         min_ack_level: AckLevel::Leader,
     };
+
+    #[test]
+    fn publish_options_are_checked() {
+        let field = |r: Result<(), ValidationError>| match r {
+            Err(ValidationError::Field { field, .. }) => field,
+            other => panic!("{other:?}"),
+        };
+        assert!(validate_options(0, "t", "order-1", "t.failed").is_ok());
+        assert_eq!(field(validate_options(0, "t", "\0x", "")), "dedup_id");
+        assert_eq!(
+            field(validate_options(0, "t", &"d".repeat(257), "")),
+            "dedup_id"
+        );
+        assert_eq!(
+            field(validate_options(0, "t", "", "t")),
+            "dead_letter_topic"
+        );
+        assert_eq!(
+            field(validate_options(0, "t", "", &"q".repeat(256))),
+            "dead_letter_topic"
+        );
+    }
 
     #[test]
     fn wire_mapping_defaults_to_quorum() {

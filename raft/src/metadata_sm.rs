@@ -97,7 +97,7 @@ impl MetaStateMachine {
             Ok(bytes) => {
                 let (meta, data) = decode_snapshot_meta(&bytes).map_err(io_err)?;
                 sm.restore(&meta, data.to_vec())?;
-                tracing::info!(target: "raft.metadata", last_log_id = ?meta.last_log_id, "metadata restored from its snapshot");
+                tracing::info!(target: "raft.metadata", last_log_id = %meta.last_log_id.map_or_else(|| "none".to_owned(), |l| l.to_string()), "metadata restored from its snapshot");
             }
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),

@@ -272,7 +272,7 @@ impl RaftStateMachine<TypeConfig> for EventStateMachine {
         let bytes = blocking(move || store.install_snapshot(&mut data, expect).map(|()| data.1))
             .await
             .map_err(io_err)?;
-        tracing::info!(target: "raft", last_log_id = ?meta.last_log_id, bytes, "installed a snapshot of the event shard");
+        tracing::info!(target: "raft", last_log_id = %meta.last_log_id.map_or_else(|| "none".to_owned(), |l| l.to_string()), bytes, "installed a snapshot of the event shard");
         Ok(())
     }
 

@@ -1339,6 +1339,9 @@ impl<'t> Tables<'t> {
     ) -> Result<(Option<EventKey>, bool), StoreError> {
         let old = EventKey(d.key);
         let now_ms = d.now_ms.to_native();
+        // Its once-rows are dedup rows: forgotten ones go here too (a store may dead-letter
+        // without ever seeing a dedup id).
+        self.sweep_dedup(now_ms)?;
         let Some(m) = self
             .messages
             .get(old.0.as_slice())?
@@ -1356,7 +1359,11 @@ impl<'t> Tables<'t> {
         // names the original (a NUL-led id no publish of this topic produces by accident).
         let once = dedup_key(
             futureq_core::topic_hash(&topic),
-            &format!("\0dead-letter\0{old}\0{}", d.group.as_str()),
+            &format!(
+                "\0dead-letter\0{old}\0{}\0{}",
+                d.group.as_str(),
+                d.consumer.to_native()
+            ),
         );
         let remembered = self
             .dedup

@@ -521,13 +521,14 @@ fn a_dead_letter_copies_the_message_and_counts_it_on_its_topic() {
             vec![IndexValue::Int64(3)],
         )],
     );
-    let dead_letter = |group: &str, now_ms| {
+    let dead_letter_of = |group: &str, consumer: u64, now_ms| {
         let cmd = WithId::DeadLetter(DeadLetter {
             key: k[0].0,
             event_id: 0,
             bucket: 2000,
             now_ms,
             group: group.into(),
+            consumer,
         })
         .encode(next_id());
         let out = apply(&s, &cmd);
@@ -536,6 +537,7 @@ fn a_dead_letter_copies_the_message_and_counts_it_on_its_topic() {
             a => panic!("{a:?}"),
         }
     };
+    let dead_letter = |group: &str, now_ms| dead_letter_of(group, 0, now_ms);
     let copy = dead_letter("g", 2000).expect("a copy");
     assert_eq!(copy.topic_hash(), topic_hash("t.dlq"));
     let m = StoredMessage::decode(&s.get(&copy).unwrap().unwrap()).unwrap();
@@ -551,8 +553,10 @@ fn a_dead_letter_copies_the_message_and_counts_it_on_its_topic() {
     assert_eq!(m.indexes, vec![IndexValue::Int64(3)]);
     assert!(s.get(&k[0]).unwrap().is_some(), "the original stays");
     assert_eq!(dead_letter("g", 3000), Some(copy), "once per group");
-    let other = dead_letter("", 3000).expect("another recipient's copy");
+    let other = dead_letter_of("", 1, 3000).expect("a universal consumer's copy");
     assert_ne!(other, copy);
+    let third = dead_letter_of("", 2, 3000).expect("another universal consumer's copy");
+    assert_ne!(third, other, "each universal consumer is a recipient");
     assert_eq!(dead_letter("h", 51_000), None, "expired: not copied");
     let rows = |s: &Store| -> Vec<(String, u64, u64)> {
         let mut v: Vec<_> = s
@@ -564,10 +568,10 @@ fn a_dead_letter_copies_the_message_and_counts_it_on_its_topic() {
         v.sort();
         v
     };
-    assert_eq!(rows(&s), vec![("t".into(), 1, 2), ("t.dlq".into(), 2, 0)]);
+    assert_eq!(rows(&s), vec![("t".into(), 1, 3), ("t.dlq".into(), 3, 0)]);
     delete(&s, &k);
     assert_eq!(dead_letter("i", 4000), None, "gone: not copied");
-    assert_eq!(rows(&s), vec![("t".into(), 0, 2), ("t.dlq".into(), 2, 0)]);
+    assert_eq!(rows(&s), vec![("t".into(), 0, 3), ("t.dlq".into(), 3, 0)]);
     assert_eq!(s.digest(), s.computed_digest().unwrap());
     let mut snap = Vec::new();
     s.write_snapshot(&mut snap).unwrap();

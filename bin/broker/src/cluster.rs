@@ -283,8 +283,9 @@ async fn watch_stalls(shutdown: Shutdown) {
 
 /// A command applied without the answer it must give (a defect).
 fn unanswered(what: &str) -> WriteError {
-    WriteError::Refused(format!(
-        "the {what} was applied but its apply gave no answer (a defect)"
+    tracing::error!(target: "raft", command = what, "a command was applied without its answer (a defect)");
+    WriteError::Failed(format!(
+        "the {what} was applied but its apply gave no answer (a defect, logged)"
     ))
 }
 

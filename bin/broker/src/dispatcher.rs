@@ -279,6 +279,7 @@ impl Dispatcher {
                 bucket: futureq_core::bucket_of(now, self.bucket_ms).0,
                 now_ms: now,
                 group: dl.group.clone(),
+                consumer: dl.consumer,
             });
             let (tx, writes, metrics) = (
                 self.tx.clone(),

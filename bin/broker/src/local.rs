@@ -203,8 +203,8 @@ fn write_error(e: JournalError) -> WriteError {
         JournalError::Abandoned => WriteError::Failed(
             "the server stopped before the batch's outcome was known; it may have been stored (outcome unknown)".into(),
         ),
-        JournalError::Unanswered => WriteError::Refused(
-            "the command was applied but its apply gave no answer (a defect)".into(),
+        JournalError::Unanswered => WriteError::Failed(
+            "the command was applied but its apply gave no answer (a defect, logged)".into(),
         ),
         other => WriteError::Failed(other.to_string()),
     }

@@ -236,6 +236,17 @@ impl Metrics {
         let r = Ordering::Relaxed;
         header(
             &mut o,
+            "futureq_build_info",
+            "gauge",
+            "The running build: always 1, with its version as a label.",
+        );
+        let _ = writeln!(
+            o,
+            "futureq_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        );
+        header(
+            &mut o,
             "futureq_publish_requests_total",
             "counter",
             "Publish batches by outcome.",

@@ -365,8 +365,15 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
     tracing::info!(
         target: "app",
         grpc = %settings.grpc_listen,
-        metrics = ?settings.metrics_listen.map(|a| a.to_string()),
-        storage = ?mode,
+        metrics = %settings
+            .metrics_listen
+            .map_or_else(|| "off".to_owned(), |a| a.to_string()),
+        storage = %match &mode {
+            futureq_storage::StoreMode::Disk(dir, cache) => {
+                format!("{} (cache {} MiB)", dir.display(), cache >> 20)
+            }
+            futureq_storage::StoreMode::Memory => "in memory".to_owned(),
+        },
         cores,
         mode = if settings.cluster.is_some() { "clustered" } else { "standalone" },
         "futureq serving"

@@ -297,8 +297,8 @@ fn nack_times(
 }
 
 /// A recipient that got a message `max_attempts` times without acking it gives up: one dead
-/// letter, the last recipient's (it moves the message); once committed the entry ends and
-/// the key is deleted; a failed command makes it give up again.
+/// letter; once committed the entry ends and the key is deleted (as if acked); a failed
+/// command makes it give up again.
 #[test]
 fn a_recipient_gives_up_after_its_attempts() {
     let mut hub = Hub::new(HubConfig {

@@ -42,10 +42,16 @@ async fn read<T: Send + 'static>(
     ctx: &Ctx,
     f: impl FnOnce(&futureq_storage::Store) -> Result<T, futureq_storage::StoreError> + Send + 'static,
 ) -> Result<T, Status> {
-    let _one = ctx.admin_reads.acquire().await;
+    // The permit goes with the read: a handler dropped meanwhile (a client's deadline) does
+    // not free it while the read still runs.
+    let one = ctx.admin_reads.acquire_arc().await;
     let store = ctx.store.clone();
     glommio::executor()
-        .spawn_blocking(move || f(&store))
+        .spawn_blocking(move || {
+            let r = f(&store);
+            drop(one);
+            r
+        })
         .await
         .map_err(|e| {
             tracing::error!(target: "api", error = %e, "reading the store failed");

@@ -54,7 +54,10 @@ pub(super) fn write_failed(ctx: &Ctx, e: WriteError) -> Status {
                 ctx.settings.proposal_timeout.as_millis()
             ),
         ),
-        WriteError::Refused(why) => Status::new(Code::Internal, format!("refused: {why}")),
+        WriteError::Refused(why) => Status::new(
+            Code::Aborted,
+            format!("refused by the state machine, nothing applied ({why}); safe to retry"),
+        ),
         WriteError::Failed(why) => Status::new(Code::Unavailable, why),
     }
 }
