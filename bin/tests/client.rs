@@ -91,7 +91,9 @@ async fn the_client_publishes_in_batches_and_consumes_with_ack_handles() {
     );
     let info = client.cluster_info().await.unwrap();
     assert_eq!(info.nodes.len(), 1);
-    publisher.close().await;
+    tokio::time::timeout(Duration::from_secs(60), publisher.close())
+        .await
+        .expect("the publisher closes once every message is answered");
 }
 
 /// Bad input comes back as the server's status; a publisher keeps working after a refused
@@ -155,7 +157,9 @@ async fn an_idle_publisher_and_a_consumer_survive_a_broker_restart() {
         assert_eq!(tag, Some(first));
     }
     assert!(consumer.error().is_none());
-    publisher.close().await;
+    tokio::time::timeout(Duration::from_secs(60), publisher.close())
+        .await
+        .expect("the publisher closes once every message is answered");
 }
 
 /// One invalid message refused in a shared batch fails alone; the others are stored. A

@@ -1231,5 +1231,7 @@ async fn the_client_library_follows_the_leader_across_a_failover() {
         }
     }
     assert_eq!(seen, tags);
-    publisher.close().await;
+    tokio::time::timeout(Duration::from_secs(60), publisher.close())
+        .await
+        .expect("the publisher closes once every message is answered");
 }

@@ -339,7 +339,11 @@ async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>)
     let mut queue: VecDeque<Item> = VecDeque::new();
     // Since when the queue's oldest message waits (a partial batch goes after `linger`).
     let mut waiting_since: Option<tokio::time::Instant> = None;
-    let mut in_flight: BTreeMap<u64, Vec<Item>> = BTreeMap::new();
+    // Batches sent and not answered, by id (ascending: send order), with when they were sent.
+    let mut in_flight: BTreeMap<u64, (tokio::time::Instant, Vec<Item>)> = BTreeMap::new();
+    // A batch not answered within this is taken for lost with its connection (the server
+    // answers every batch within its publish.proposalTimeout).
+    let ack_timeout = client.config().request_timeout;
     let mut next_id = 1u64;
     let mut stream: Option<Stream> = None;
     let mut closed = false;
@@ -350,7 +354,7 @@ async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>)
         if closed && queue.is_empty() && in_flight.is_empty() {
             return;
         }
-        let held = queue.len() + in_flight.values().map(Vec::len).sum::<usize>();
+        let held = queue.len() + in_flight.values().map(|(_, v)| v.len()).sum::<usize>();
         for _ in held..hold {
             match rx.try_recv() {
                 Ok(it) => queue.push_back(it),
@@ -418,7 +422,7 @@ async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>)
                     s.moving = true;
                     break;
                 }
-                in_flight.insert(batch_id, items);
+                in_flight.insert(batch_id, (tokio::time::Instant::now(), items));
             }
             if queue.is_empty() {
                 waiting_since = None;
@@ -440,7 +444,7 @@ async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>)
         tokio::select! {
             ack = ack => match ack {
                 Some(Ok(Some(ack))) => {
-                    let Some(items) = in_flight.remove(&ack.batch_id) else {
+                    let Some((_, items)) = in_flight.remove(&ack.batch_id) else {
                         continue;
                     };
                     if let Some(s) = stream.as_mut() {
@@ -452,15 +456,22 @@ async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>)
                         Err(st) => Error::status(&st),
                         _ => Error::OutcomeUnknown("the stream ended".into()),
                     };
-                    client.leader_moved(None);
-                    // Oldest batch first at the front of the queue.
-                    for (_, items) in std::mem::take(&mut in_flight).into_iter().rev() {
-                        settle(items, false, &why, retry_for, &mut queue);
-                    }
+                    lost(&client, &why, &mut in_flight, &mut queue, retry_for);
                     stream = None;
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 None => {}
+            },
+            () = async {
+                match in_flight.values().next() {
+                    Some((sent, _)) => tokio::time::sleep_until(*sent + ack_timeout).await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                // The connection went silent: start again on a new one.
+                let why = Error::OutcomeUnknown(format!("no answer within {ack_timeout:?}"));
+                lost(&client, &why, &mut in_flight, &mut queue, retry_for);
+                stream = None;
             },
             it = rx.recv(), if room => match it {
                 Some(it) => queue.push_back(it),
@@ -473,6 +484,21 @@ async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>)
                 }
             }, if !queue.is_empty() => {}
         }
+    }
+}
+
+/// The stream was lost with `in_flight`: each batch's messages are queued again (oldest first
+/// at the front) when that is safe, else answered.
+fn lost(
+    client: &Client,
+    why: &Error,
+    in_flight: &mut BTreeMap<u64, (tokio::time::Instant, Vec<Item>)>,
+    queue: &mut VecDeque<Item>,
+    retry_for: Duration,
+) {
+    client.leader_moved(None);
+    for (_, (_, items)) in std::mem::take(in_flight).into_iter().rev() {
+        settle(items, false, why, retry_for, queue);
     }
 }
 
