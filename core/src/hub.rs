@@ -203,11 +203,27 @@ pub struct HubCounters {
 pub struct DeadLetter {
     /// The message.
     pub key: EventKey,
-    /// The group that gave up ("" = a universal consumer).
-    pub group: String,
-    /// The universal consumer that gave up (its id + 1), 0 for a group.
-    pub consumer: u64,
     recipient: RecipientId,
+}
+
+impl DeadLetter {
+    /// The group that gave up ("" = a universal consumer).
+    #[must_use]
+    pub fn group(&self) -> &str {
+        match &self.recipient {
+            RecipientId::Group(g) => g,
+            RecipientId::Universal(_) => "",
+        }
+    }
+
+    /// The universal consumer that gave up (its id + 1), 0 for a group.
+    #[must_use]
+    pub fn consumer(&self) -> u64 {
+        match &self.recipient {
+            RecipientId::Group(_) => 0,
+            RecipientId::Universal(c) => c.0 + 1,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -1024,14 +1040,6 @@ impl<S: Sink> Hub<S> {
             r.state = RState::DeadLettering;
             self.dead_letters.push(DeadLetter {
                 key,
-                group: match &r.id {
-                    RecipientId::Group(g) => g.clone(),
-                    RecipientId::Universal(_) => String::new(),
-                },
-                consumer: match &r.id {
-                    RecipientId::Group(_) => 0,
-                    RecipientId::Universal(c) => c.0 + 1,
-                },
                 recipient: r.id.clone(),
             });
             return false;

@@ -167,6 +167,17 @@ pub fn validate_options(
     Ok(())
 }
 
+/// Checks a topic name: 1..=[`TOPIC_LEN_MAX`] bytes.
+///
+/// # Errors
+/// What is wrong, for a message naming the field.
+pub fn check_topic(topic: &str) -> Result<(), String> {
+    if topic.is_empty() {
+        return Err("must not be empty".into());
+    }
+    check_len(topic, TOPIC_LEN_MAX)
+}
+
 /// At most `max` bytes.
 fn check_len(s: &str, max: usize) -> Result<(), String> {
     if s.len() > max {
@@ -194,10 +205,7 @@ pub fn validate_message(
             reason,
         })
     };
-    if topic.is_empty() {
-        return err("topic", "must not be empty".into());
-    }
-    if let Err(reason) = check_len(topic, TOPIC_LEN_MAX) {
+    if let Err(reason) = check_topic(topic) {
         return err("topic", reason);
     }
     if let Err(reason) = check_delay(delay_ms, limits) {

@@ -83,6 +83,16 @@ fn delete(s: &Store, keys: &[EventKey]) -> ApplyOutcome {
     )
 }
 
+/// A new in-memory store with `s`'s snapshot installed.
+fn replica(s: &Store) -> Store {
+    let mut snap = Vec::new();
+    s.write_snapshot(&mut snap).unwrap();
+    let dst = memory();
+    dst.install_snapshot(&mut snap.as_slice(), s.applied().unwrap())
+        .unwrap();
+    dst
+}
+
 fn memory() -> Store {
     Store::open(&StoreMode::Memory).unwrap()
 }
@@ -478,11 +488,7 @@ fn a_remembered_dedup_id_stores_nothing_and_answers_the_first_key() {
     assert_eq!(dup("x", 12_000), Some(e[0]));
     assert_eq!(s.digest(), s.computed_digest().unwrap());
 
-    let mut snap = Vec::new();
-    s.write_snapshot(&mut snap).unwrap();
-    let dst = memory();
-    dst.install_snapshot(&mut snap.as_slice(), s.applied().unwrap())
-        .unwrap();
+    let dst = replica(&s);
     assert_eq!(dst.digest(), s.digest());
     assert_eq!(dst.computed_digest().unwrap(), s.digest());
     let out = dst
@@ -573,11 +579,7 @@ fn a_dead_letter_copies_the_message_and_counts_it_on_its_topic() {
     assert_eq!(dead_letter("i", 4000), None, "gone: not copied");
     assert_eq!(rows(&s), vec![("t".into(), 0, 3), ("t.dlq".into(), 3, 0)]);
     assert_eq!(s.digest(), s.computed_digest().unwrap());
-    let mut snap = Vec::new();
-    s.write_snapshot(&mut snap).unwrap();
-    let dst = memory();
-    dst.install_snapshot(&mut snap.as_slice(), s.applied().unwrap())
-        .unwrap();
+    let dst = replica(&s);
     assert_eq!(rows(&dst), rows(&s));
     assert_eq!(dst.digest(), s.digest());
 }

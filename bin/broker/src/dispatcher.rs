@@ -278,8 +278,8 @@ impl Dispatcher {
                 event_id: 0,
                 bucket: futureq_core::bucket_of(now, self.bucket_ms).0,
                 now_ms: now,
-                group: dl.group.clone(),
-                consumer: dl.consumer,
+                group: dl.group().to_owned(),
+                consumer: dl.consumer(),
             });
             let (tx, writes, metrics) = (
                 self.tx.clone(),
@@ -297,12 +297,12 @@ impl Dispatcher {
                 let committed = match r {
                     Ok(Some(copy)) => {
                         metrics.messages_dead_lettered.fetch_add(1, Ordering::Relaxed);
-                        tracing::info!(target: "dispatcher", key = %dl.key, group = %dl.group, copy = %copy, "a recipient gave up on a message: copied to its dead-letter topic");
+                        tracing::info!(target: "dispatcher", key = %dl.key, group = %dl.group(), copy = %copy, "a recipient gave up on a message: copied to its dead-letter topic");
                         true
                     }
                     Ok(None) => true,
                     Err(e) => {
-                        tracing::warn!(target: "dispatcher", key = %dl.key, group = %dl.group, error = %e, "dead letter not stored; will retry");
+                        tracing::warn!(target: "dispatcher", key = %dl.key, group = %dl.group(), error = %e, "dead letter not stored; will retry");
                         glommio::timer::sleep(DEAD_LETTER_RETRY).await;
                         false
                     }

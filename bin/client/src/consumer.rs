@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 
 use crate::pb::future_q_consumer_client::FutureQConsumerClient;
 use crate::pb::{self, consumer_frame, AckRequest, ConsumerFrame, SubscribeInit};
-use crate::{Client, Error, Tag, LEADER_HEADER};
+use crate::{leader_named, Client, Error, Tag};
 
 /// What to subscribe to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -166,12 +166,7 @@ async fn open(client: &Client, sub: &Subscription) -> Result<Opened, Error> {
                 if !retry {
                     return Err(Error::status(&s));
                 }
-                let next = s
-                    .metadata()
-                    .get(LEADER_HEADER)
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_owned);
-                client.leader_moved(next.as_deref());
+                client.leader_moved(leader_named(&s).as_deref());
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
@@ -332,12 +327,7 @@ async fn run(s: Session, first: Opened, mut control_rx: mpsc::UnboundedReceiver<
                     }
                     Ok(Some(m)) => backlog.push_back(m),
                     Ok(None) | Err(_) => {
-                        let next = m.err().and_then(|st| {
-                            st.metadata()
-                                .get(LEADER_HEADER)
-                                .and_then(|v| v.to_str().ok())
-                                .map(str::to_owned)
-                        });
+                        let next = m.err().and_then(|st| leader_named(&st));
                         tracing::debug!(target: "futureq_client", topic = %s.sub.topic, "subscription ended; subscribing again");
                         s.client.leader_moved(next.as_deref());
                         break;

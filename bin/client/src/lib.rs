@@ -307,11 +307,7 @@ impl Client {
             let retry_left = started.elapsed() < self.inner.cfg.retry_for;
             match s.code() {
                 tonic::Code::FailedPrecondition if retry_left => {
-                    let next = s
-                        .metadata()
-                        .get(LEADER_HEADER)
-                        .and_then(|v| v.to_str().ok())
-                        .map(str::to_owned);
+                    let next = leader_named(&s);
                     if next.is_none() && !s.message().contains("not the cluster leader") {
                         return Err(Error::status(&s));
                     }
@@ -459,6 +455,14 @@ impl Client {
     pub async fn subscribe(&self, sub: Subscription) -> Result<Consumer, Error> {
         Consumer::start(self.clone(), sub).await
     }
+}
+
+/// The leader a follower's refusal names (the `futureq-leader-address` header), if any.
+pub(crate) fn leader_named(s: &tonic::Status) -> Option<String> {
+    s.metadata()
+        .get(LEADER_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
 }
 
 /// The leader's address as this client can dial it: a broker listening on a wildcard address

@@ -316,7 +316,7 @@ fn a_recipient_gives_up_after_its_attempts() {
     );
     let dl = hub.take_dead_letters();
     assert_eq!(dl.len(), 1);
-    assert_eq!((dl[0].key, dl[0].group.as_str()), (k, ""));
+    assert_eq!((dl[0].key, dl[0].group()), (k, ""));
     assert!(hub.take_dead_letters().is_empty());
     // The command failed: it gives up again at its next turn (no delivery).
     hub.dead_lettered(&dl[0], false, now);
@@ -352,7 +352,7 @@ fn dead_letters_are_per_group() {
     pass(&mut hub, &mut store, 2);
     let dl = hub.take_dead_letters();
     assert_eq!(dl.len(), 1);
-    assert_eq!(dl[0].group.as_str(), "b");
+    assert_eq!(dl[0].group(), "b");
     hub.dead_lettered(&dl[0], true, 3);
     assert!(b.take().is_empty());
     assert_eq!(hub.ack(ida, k, true, 4), AckOutcome::Acked);

@@ -3,15 +3,14 @@
 
 use std::collections::HashMap;
 
-use futureq_core::message::TOPIC_LEN_MAX;
-use futureq_core::{topic_hash, EventKey, TopicHash};
+use futureq_core::{topic_hash, TopicHash};
 use futureq_net::grpc::{Call, Code, Outbound, Status};
 use futureq_net::pb;
 use futureq_raft::node::WriteError;
 use futures::channel::oneshot;
 use prost::Message as _;
 
-use super::manage::write_failed;
+use super::manage::{tag_of, write_failed};
 use super::{unary_request, Ctx};
 use crate::dispatcher::HubCmd;
 
@@ -23,17 +22,8 @@ const TOPIC_STATS_BYTES_MIN: usize = 16;
 
 /// Checks a topic name as publish does; `field` names it in the error.
 fn check_topic(topic: &str) -> Result<(), Status> {
-    let bad = |why: String| Err(Status::new(Code::InvalidArgument, format!("topic: {why}")));
-    if topic.is_empty() {
-        return bad("must not be empty".into());
-    }
-    if topic.len() > TOPIC_LEN_MAX {
-        return bad(format!(
-            "is {} bytes, the limit is {TOPIC_LEN_MAX}",
-            topic.len()
-        ));
-    }
-    Ok(())
+    futureq_core::publish::check_topic(topic)
+        .map_err(|why| Status::new(Code::InvalidArgument, format!("topic: {why}")))
 }
 
 /// Reads the store off the executor, one such read at a time on the node (they share the
@@ -170,7 +160,7 @@ pub async fn peek(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
     let after = if req.after_tag.is_empty() {
         None
     } else {
-        match EventKey::from_slice(&req.after_tag) {
+        match tag_of("after_tag", &req.after_tag) {
             Ok(k) if k.topic_hash() == h => Some(k),
             Ok(_) => {
                 return Status::new(
@@ -178,16 +168,7 @@ pub async fn peek(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
                     format!("after_tag: not a delivery tag of topic {:?}", req.topic),
                 )
             }
-            Err(_) => {
-                return Status::new(
-                    Code::InvalidArgument,
-                    format!(
-                        "after_tag: {} bytes; a delivery tag is {} bytes, as received",
-                        req.after_tag.len(),
-                        futureq_core::KEY_LEN
-                    ),
-                )
-            }
+            Err(s) => return s,
         }
     };
     if !ctx.repl.leading() {

@@ -25,19 +25,22 @@ fn keys_of(tags: &[bytes::Bytes]) -> Result<Vec<EventKey>, Status> {
     }
     tags.iter()
         .enumerate()
-        .map(|(i, t)| {
-            EventKey::from_slice(t).map_err(|_| {
-                Status::new(
-                    Code::InvalidArgument,
-                    format!(
-                        "delivery_tags[{i}]: {} bytes; a delivery tag is {} bytes, as received",
-                        t.len(),
-                        futureq_core::KEY_LEN
-                    ),
-                )
-            })
-        })
+        .map(|(i, t)| tag_of(&format!("delivery_tags[{i}]"), t))
         .collect()
+}
+
+/// A delivery tag from a request's `field`: 24 bytes, else INVALID_ARGUMENT naming it.
+pub(super) fn tag_of(field: &str, tag: &[u8]) -> Result<EventKey, Status> {
+    EventKey::from_slice(tag).map_err(|_| {
+        Status::new(
+            Code::InvalidArgument,
+            format!(
+                "{field}: {} bytes; a delivery tag is {} bytes, as received",
+                tag.len(),
+                futureq_core::KEY_LEN
+            ),
+        )
+    })
 }
 
 /// A write that did not happen (or whose outcome is unknown), as the client sees it.
@@ -144,18 +147,9 @@ pub async fn reschedule(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status
         Ok(r) => r,
         Err(s) => return s,
     };
-    let key = match EventKey::from_slice(&req.delivery_tag) {
+    let key = match tag_of("delivery_tag", &req.delivery_tag) {
         Ok(k) => k,
-        Err(_) => {
-            return Status::new(
-                Code::InvalidArgument,
-                format!(
-                    "delivery_tag: {} bytes; a delivery tag is {} bytes, as received",
-                    req.delivery_tag.len(),
-                    futureq_core::KEY_LEN
-                ),
-            )
-        }
+        Err(s) => return s,
     };
     if let Err(why) = check_delay(req.delay_ms, &ctx.settings.publish_limits()) {
         return Status::new(Code::InvalidArgument, format!("delay_ms: {why}"));
