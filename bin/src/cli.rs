@@ -265,7 +265,7 @@ pub fn run(target: &Target, server: String, cmd: ClientCommand) -> anyhow::Resul
 fn read_stdin(max: usize) -> anyhow::Result<Vec<u8>> {
     let mut buf = Vec::new();
     std::io::stdin()
-        .take(u64::try_from(max).unwrap_or(u64::MAX) + 1)
+        .take(u64::try_from(max).unwrap_or(u64::MAX).saturating_add(1))
         .read_to_end(&mut buf)
         .context("reading the payload from stdin")?;
     if buf.len() > max {

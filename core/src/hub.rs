@@ -335,8 +335,8 @@ impl Topic {
 /// dead-letter topic (`<topic>.dlq`) would not be a valid topic name.
 fn attempt_limit(cfg: &HubConfig, m: &StoredMessage) -> u32 {
     let x = &m.extras;
-    let unnamable =
-        x.dead_letter_topic.is_empty() && m.topic.len() + 4 > crate::message::TOPIC_LEN_MAX;
+    let unnamable = crate::message::dead_letter_topic(&m.topic, &x.dead_letter_topic).len()
+        > crate::message::TOPIC_LEN_MAX;
     if !x.origin_topic.is_empty() || unnamable {
         return 0;
     }

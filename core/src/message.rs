@@ -97,6 +97,17 @@ impl TtlMs {
     }
 }
 
+/// The topic a message's dead letters go to: the one it names, else `<topic>.dlq` (which may
+/// be longer than [`TOPIC_LEN_MAX`]: callers check).
+#[must_use]
+pub fn dead_letter_topic(topic: &str, named: &str) -> String {
+    if named.is_empty() {
+        format!("{topic}.dlq")
+    } else {
+        named.to_owned()
+    }
+}
+
 /// What a message may carry beyond version 1: publish options and a dead letter's origin.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Extras {

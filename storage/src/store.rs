@@ -1350,11 +1350,7 @@ impl<'t> Tables<'t> {
         else {
             return Ok((None, false));
         };
-        let topic = if m.extras.dead_letter_topic.is_empty() {
-            format!("{}.dlq", m.topic)
-        } else {
-            m.extras.dead_letter_topic.clone()
-        };
+        let topic = futureq_core::message::dead_letter_topic(&m.topic, &m.extras.dead_letter_topic);
         // Once per message and group: the dedup table remembers the copy under a key that
         // names the original (a NUL-led id no publish of this topic produces by accident).
         let once = dedup_key(

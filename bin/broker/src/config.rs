@@ -612,6 +612,13 @@ impl Config {
         if dedup_window > Duration::from_secs(7 * 86_400) {
             return err("publish.dedupWindow", "must be at most 7d");
         }
+        // A retry after an unknown outcome (a timeout, a failover) must still find its id.
+        if dedup_window < Duration::from_secs(60) {
+            return err(
+                "publish.dedupWindow",
+                "must be at least 1m (a publish retried after a timeout must still find its id)",
+            );
+        }
         let d = &self.delivery;
         if !(1..=65_536).contains(&d.consumer_queue_size) {
             return err(
@@ -1154,6 +1161,7 @@ mod tests {
             ("configVersion: 1\nstorage:\n  mode: tape\n", "storage.mode"),
             ("configVersion: 1\npublish:\n  minAckLevel: maybe\n", "publish.minAckLevel"),
             ("configVersion: 1\npublish:\n  maxDelay: 5 parsecs\n", "publish.maxDelay"),
+            ("configVersion: 1\npublish:\n  dedupWindow: 5s\n", "publish.dedupWindow"),
             ("configVersion: 1\ncluster:\n  joinSeeds: [a:1]\n  raft:\n    initialMembers: {1: b:2}\n", "cannot both be set"),
         ];
         for (yaml, want) in cases {

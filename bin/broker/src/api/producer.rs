@@ -82,12 +82,13 @@ fn prepare(
             .map_err(invalid)?;
         validate_options(i, &m.topic, &m.dedup_id, &m.dead_letter_topic).map_err(invalid)?;
         let dead_letters = m.max_attempts > 0 || s.max_attempts > 0;
-        if dead_letters && m.dead_letter_topic.is_empty() && m.topic.len() + 4 > TOPIC_LEN_MAX {
+        let dlq = futureq_core::message::dead_letter_topic(&m.topic, &m.dead_letter_topic);
+        if dead_letters && dlq.len() > TOPIC_LEN_MAX {
             return Err((
                 Code::InvalidArgument,
                 format!(
                     "PublishBatch.messages[{i}].dead_letter_topic: the default \"<topic>.dlq\" would be {} bytes, over the limit of {TOPIC_LEN_MAX}; name one",
-                    m.topic.len() + 4
+                    dlq.len()
                 ),
             ));
         }
@@ -168,11 +169,8 @@ fn delivery_len(m: &pb::PublishMessage, enqueued_at_ms: i64) -> usize {
     use prost::Message as _;
     // Delivered on its own topic, or as a dead-lettered copy on a topic of up to
     // TOPIC_LEN_MAX bytes.
-    let topic_len = m.topic.len().max(
-        TOPIC_LEN_MAX
-            .min(m.topic.len() + 4)
-            .max(m.dead_letter_topic.len()),
-    );
+    let dlq = futureq_core::message::dead_letter_topic(&m.topic, &m.dead_letter_topic);
+    let topic_len = m.topic.len().max(dlq.len().min(TOPIC_LEN_MAX));
     pb::QueueMessage {
         topic: "t".repeat(topic_len),
         payload: m.payload.clone(),
