@@ -85,6 +85,11 @@ impl<I: LogIo + 'static> LogStore<I> {
             Some(b) => decode_log_id(&b).map_err(io_err)?,
             None => None,
         };
+        if let Some(p) = purged {
+            // A purge a crash cut short (the marker is saved first) is finished: the log
+            // never reports a last entry below what it purged.
+            log.purge(LogIndex(p.index)).await.map_err(io_err)?;
+        }
         let (stop, stopped) = futures::channel::oneshot::channel::<()>();
         let shared = Rc::new(Shared {
             log,

@@ -3,14 +3,17 @@
 
 use std::rc::Rc;
 
+use futureq_raft::codec::RaftLogId;
 use futureq_raft::log_store::LogStore;
 use futureq_raft::metadata_sm::MetaStateMachine;
 use futureq_raft::rt::GlommioRuntime;
 use futureq_raft::state_machine::EventStateMachine;
 use futureq_raft::types::TypeConfig;
+use futureq_raft::types::{Entry, LeaderId};
 use futureq_storage::log::io::MemLogIo;
 use futureq_storage::log::LogConfig;
 use futureq_storage::{Store, StoreMode};
+use openraft::storage::{RaftLogReader, RaftLogStorage, RaftLogStorageExt};
 use openraft::testing::log::{StoreBuilder, Suite};
 use openraft::type_config::TypeConfigExt;
 use openraft::StorageError;
@@ -22,7 +25,11 @@ fn storage_error(e: &dyn std::fmt::Display) -> StorageError<TypeConfig> {
 
 /// A fresh log store over in-memory files.
 async fn log_store() -> Result<LogStore<MemLogIo>, StorageError<TypeConfig>> {
-    let io = MemLogIo::new();
+    log_store_on(MemLogIo::new()).await
+}
+
+/// A log store over the in-memory files of `io`.
+async fn log_store_on(io: MemLogIo) -> Result<LogStore<MemLogIo>, StorageError<TypeConfig>> {
     LogStore::open(
         move || io.clone(),
         LogConfig {
@@ -71,5 +78,79 @@ fn openraft_storage_suite_passes_with_the_event_state_machine() {
 fn openraft_storage_suite_passes_with_the_metadata_state_machine() {
     GlommioRuntime::new(1).block_on(async {
         Suite::test_all(MetaBuilder).await.expect("storage suite");
+    });
+}
+
+fn log_id(index: u64) -> RaftLogId {
+    openraft::LogId {
+        leader_id: LeaderId {
+            term: 2,
+            node_id: 1,
+        },
+        index,
+    }
+}
+
+/// CI (the torn-write round of the cluster's disk-fault test refused a restarted node's log:
+/// "index out of sequence" at byte 0 of its first segment): what a follower does installing a
+/// snapshot over a log of which nothing is committed (openraft truncates it all, then purges
+/// up to the snapshot) left the emptied log's segment in place, and the entries after the
+/// snapshot were written into it under its old name. They must survive a restart.
+#[test]
+fn a_log_emptied_for_a_snapshot_reopens_with_the_entries_after_it() {
+    GlommioRuntime::new(1).block_on(async {
+        let io = MemLogIo::new();
+        let mut log = log_store_on(io.clone()).await.unwrap();
+        let blank = |i| Entry {
+            log_id: log_id(i),
+            payload: openraft::EntryPayload::Blank,
+        };
+        log.blocking_append((0..=5).map(blank)).await.unwrap();
+        log.truncate_after(None).await.unwrap();
+        log.purge(log_id(9)).await.unwrap();
+        log.blocking_append((10..=12).map(blank)).await.unwrap();
+        drop(log);
+        let mut log = log_store_on(io.crash()).await.unwrap();
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(
+            (state.last_purged_log_id, state.last_log_id),
+            (Some(log_id(9)), Some(log_id(12)))
+        );
+        let got: Vec<u64> = log
+            .try_get_log_entries(10..=12)
+            .await
+            .unwrap()
+            .iter()
+            .map(|e| e.log_id.index)
+            .collect();
+        assert_eq!(got, vec![10, 11, 12]);
+    });
+}
+
+/// A purge cut short by a crash (its marker saved, some segments not yet removed) is finished
+/// at the next open: the log never reports a last entry below what it purged.
+#[test]
+fn a_purge_cut_short_by_a_crash_is_finished_at_open() {
+    GlommioRuntime::new(1).block_on(async {
+        let io = MemLogIo::new();
+        let mut log = log_store_on(io.clone()).await.unwrap();
+        let blank = |i| Entry {
+            log_id: log_id(i),
+            payload: openraft::EntryPayload::Blank,
+        };
+        log.blocking_append((0..=5).map(blank)).await.unwrap();
+        let segment = format!("{:020}.log", 0);
+        let image = io.file(&segment).unwrap();
+        log.purge(log_id(9)).await.unwrap();
+        drop(log);
+        let crashed = io.crash();
+        crashed.set_file(&segment, image);
+        let mut log = log_store_on(crashed.clone()).await.unwrap();
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(
+            (state.last_purged_log_id, state.last_log_id),
+            (Some(log_id(9)), Some(log_id(9)))
+        );
+        assert!(crashed.file(&segment).is_none(), "the purge was finished");
     });
 }

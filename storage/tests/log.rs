@@ -5,6 +5,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use futureq_storage::log::io::{LogIo, MemLogIo};
+use futureq_storage::log::segmented::MARK_FILE;
 use futureq_storage::log::{Log, LogConfig, LogError, LogIndex, Term};
 use futures::executor::block_on;
 
@@ -463,6 +464,66 @@ fn truncating_everything_then_appending_starts_over() {
         assert_eq!(log.bounds(), None);
         append_the_leaders_entries(&log, &io);
         block_on(log.truncate(LogIndex(0))).unwrap();
+    }
+}
+
+/// CI (a torn-write round of the cluster's disk-fault test): a follower installing a snapshot
+/// truncates its whole log (nothing in it is committed), then purges up to the snapshot; the
+/// log, empty, kept its segment named after the old first index, and the entries after the
+/// snapshot were written into it at offset 0: readable until a restart, which refused the log
+/// ("index out of sequence" at byte 0). An emptied log keeps no segment; the next append, at
+/// any index, starts one named after it.
+#[test]
+fn a_log_emptied_by_truncate_takes_any_next_index_across_a_restart() {
+    for purge_after in [false, true] {
+        let io = MemLogIo::new();
+        let log = open(&io).unwrap();
+        fill(&log, 0..=5);
+        block_on(log.truncate(LogIndex(0))).unwrap();
+        if purge_after {
+            block_on(log.purge(LogIndex(9))).unwrap();
+        }
+        assert_eq!(log.bounds(), None);
+        assert!(segments(&io).is_empty(), "{:?}", segments(&io));
+        fill(&log, 10..=12);
+        check_all(&log, 10..=12);
+        drop(log);
+        let log = open(&io.crash()).unwrap();
+        assert_eq!(log.bounds(), Some((LogIndex(10), LogIndex(12))));
+        check_all(&log, 10..=12);
+    }
+    // The same from a first index other than 0, and from below the first index.
+    let io = MemLogIo::new();
+    let log = open(&io).unwrap();
+    fill(&log, 3..=8);
+    block_on(log.purge(LogIndex(2))).unwrap();
+    block_on(log.truncate(LogIndex(1))).unwrap();
+    assert_eq!(log.bounds(), None);
+    fill(&log, 20..=21);
+    let log = open(&io.crash()).unwrap();
+    assert_eq!(log.bounds(), Some((LogIndex(20), LogIndex(21))));
+}
+
+/// A data directory written before the fix above may hold an emptied log's leftover segment
+/// (and a mark below it): the open drops both, so the next append starts its own segment.
+#[test]
+fn an_empty_leftover_segment_is_dropped_at_open() {
+    let marked = MemLogIo::new();
+    let log = open(&marked).unwrap();
+    fill(&log, 0..=4);
+    assert_eq!(log.durable_mark(), Some(LogIndex(4)));
+    for with_mark in [false, true] {
+        let io = MemLogIo::new();
+        if with_mark {
+            io.set_file(MARK_FILE, marked.file(MARK_FILE).unwrap());
+        }
+        block_on(io.open(&format!("{:020}.log", 5), CFG.segment_bytes)).unwrap();
+        let log = open(&io).unwrap();
+        assert_eq!((log.bounds(), log.durable_mark()), (None, None));
+        assert!(segments(&io).is_empty(), "{:?}", segments(&io));
+        fill(&log, 10..=11);
+        let log = open(&io.crash()).unwrap();
+        assert_eq!(log.bounds(), Some((LogIndex(10), LogIndex(11))));
     }
 }
 

@@ -172,6 +172,15 @@ fn decode_mark(v: &[u8]) -> Option<u64> {
     u64::from_le_bytes(b).checked_sub(1)
 }
 
+/// Writes `mark` into the slot of save `seq` of [`MARK_FILE`] and makes it durable.
+async fn write_mark_file(io: &impl LogIo, seq: u64, mark: Option<u64>) -> Result<(), LogError> {
+    let value = mark.map_or(0, |m| m.saturating_add(1)).to_le_bytes();
+    io.write_at(MARK_FILE, (seq % 2) * BLOCK, slot_image(seq, &value))
+        .await?;
+    io.sync_writes(MARK_FILE).await?;
+    Ok(())
+}
+
 fn segment_name(first: u64) -> String {
     format!("{first:020}.log")
 }
@@ -180,6 +189,10 @@ fn segment_name(first: u64) -> String {
 ///
 /// # Invariants
 /// - Indexes are contiguous from the first kept index to the last.
+/// - A segment named `N` holds entries from index `N` on; an empty log has no segment, so
+///   its next append, at any index, starts a segment named after that index (a segment left
+///   behind would take that entry at its offset 0 under the wrong name, refused or cut at the
+///   next open). Enforced by [`Log::truncate`], [`Log::purge`] and [`Log::open`].
 /// - A flush callback and the persist hook run only after the flush (the `O_DSYNC` write, or
 ///   the write and its fsync) covering the entry.
 /// - After a failed fsync every later append and flush fails (`Poisoned`).
@@ -248,7 +261,7 @@ impl<I: LogIo> Log<I> {
             "segment size"
         );
         io.open(MARK_FILE, 2 * BLOCK).await?;
-        let (mark_seq, mark) =
+        let (mut mark_seq, mut mark) =
             match newest_slot(&io.read_at(MARK_FILE, 0, 2 * BLOCK as usize).await?) {
                 Some((seq, v)) => (seq, decode_mark(&v)),
                 None => (0, None),
@@ -355,8 +368,16 @@ impl<I: LogIo> Log<I> {
                 reason: "entries up to the durable mark are missing",
             });
         }
-        // Empty trailing segments (a crash right after a roll) carry nothing: drop them.
-        while st.segments.len() > 1 && st.segments.last().is_some_and(|s| s.end == 0) {
+        // Empty trailing segments (a crash right after a roll) carry nothing: drop them; a
+        // log without entries keeps no segment at all (see the invariants), nor a mark.
+        if st.locs.is_empty() && mark.is_some() && !st.segments.is_empty() {
+            write_mark_file(&io, mark_seq + 1, None).await?;
+            mark_seq += 1;
+            mark = None;
+        }
+        while st.segments.last().is_some_and(|s| s.end == 0)
+            && (st.segments.len() > 1 || st.locs.is_empty())
+        {
             let s = st.segments.pop().expect("checked");
             io.remove(&s.name).await?;
         }
@@ -437,11 +458,7 @@ impl<I: LogIo> Log<I> {
             return Ok(());
         }
         let seq = self.mark_seq.get() + 1;
-        let value = mark.map_or(0, |m| m.saturating_add(1)).to_le_bytes();
-        self.io
-            .write_at(MARK_FILE, (seq % 2) * BLOCK, slot_image(seq, &value))
-            .await?;
-        self.io.sync_writes(MARK_FILE).await?;
+        write_mark_file(&self.io, seq, mark).await?;
         self.mark_seq.set(seq);
         self.mark.set(mark);
         self.mark_saved_at.set(Some(std::time::Instant::now()));
@@ -776,6 +793,16 @@ impl<I: LogIo> Log<I> {
     pub async fn truncate(&self, LogIndex(from): LogIndex) -> Result<(), LogError> {
         let _io = self.exclusive().await;
         self.flush_once().await?;
+        if self
+            .st
+            .borrow()
+            .locs
+            .keys()
+            .next()
+            .is_some_and(|first| from <= *first)
+        {
+            return self.empty().await;
+        }
         if !self.st.borrow().locs.contains_key(&from) {
             return Ok(());
         }
@@ -869,38 +896,50 @@ impl<I: LogIo> Log<I> {
     /// I/O failure deleting a file.
     pub async fn purge(&self, LogIndex(upto): LogIndex) -> Result<(), LogError> {
         let _io = self.exclusive().await;
-        let empties = {
+        let all = {
             let st = self.st.borrow();
-            st.locs.keys().next_back().is_some_and(|last| *last <= upto) && st.pending.is_empty()
+            st.locs.keys().next_back().is_none_or(|last| *last <= upto) && st.pending.is_empty()
         };
-        if empties {
-            // The mark first: an emptied log must not look like one missing durable entries.
-            self.write_mark(None).await?;
+        if all {
+            return self.empty().await;
         }
         let doomed: Vec<String> = {
             let mut st = self.st.borrow_mut();
-            let all = st.locs.keys().next_back().is_some_and(|last| *last <= upto)
-                && st.pending.is_empty();
-            if all {
-                st.locs.clear();
-                st.cache_clear();
-                st.segments.drain(..).map(|s| s.name).collect()
-            } else {
-                let keep = st
-                    .segments
-                    .iter()
-                    .rposition(|s| s.first <= upto + 1)
-                    .unwrap_or(0);
-                if keep > 0 {
-                    let keep_from = st.segments[keep].first;
-                    st.locs = st.locs.split_off(&keep_from);
-                    st.cache_purge(keep_from);
-                }
-                st.segments.drain(..keep).map(|s| s.name).collect()
+            let keep = st
+                .segments
+                .iter()
+                .rposition(|s| s.first <= upto + 1)
+                .unwrap_or(0);
+            if keep > 0 {
+                let keep_from = st.segments[keep].first;
+                st.locs = st.locs.split_off(&keep_from);
+                st.cache_purge(keep_from);
             }
+            st.segments.drain(..keep).map(|s| s.name).collect()
         };
         for name in doomed {
             self.io.remove(&name).await?;
+        }
+        Ok(())
+    }
+
+    /// Removes every entry and every segment (callers hold the write side, nothing pending).
+    /// The mark is cleared first: an emptied log must not look like one missing durable
+    /// entries. The segments go last to first: a crash in between leaves a log that ends
+    /// early, never one whose segments do not follow each other.
+    async fn empty(&self) -> Result<(), LogError> {
+        if let Err(e) = self.write_mark(None).await {
+            self.st.borrow_mut().poisoned = true;
+            return Err(e);
+        }
+        let doomed: Vec<String> = {
+            let mut st = self.st.borrow_mut();
+            st.locs.clear();
+            st.cache_clear();
+            st.segments.drain(..).map(|s| s.name).collect()
+        };
+        for name in doomed.iter().rev() {
+            self.io.remove(name).await?;
         }
         Ok(())
     }
