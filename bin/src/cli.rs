@@ -494,6 +494,7 @@ fn print_cluster(
             json!({
                 "leader_node_id": info.leader_node_id,
                 "leader_address": info.leader_address,
+                "term": info.term,
                 "nodes": nodes,
             })
         )?;
@@ -518,7 +519,13 @@ fn print_cluster(
         out,
         ["NODE", "ADDRESS", "RAFT", "LEADER", "ALIVE", "VOTER"],
         &rows,
-    )
+    )?;
+    if info.term > 0 {
+        writeln!(out, "term {}", info.term)?;
+    } else {
+        writeln!(out, "standalone (no Raft term)")?;
+    }
+    Ok(())
 }
 
 /// Left-aligned columns, two spaces apart.

@@ -154,6 +154,9 @@ async fn a_shell_session_publishes_inspects_moves_cancels_and_consumes() {
 
     let info = ok(run(&b, &["cluster", "info"], b"").await);
     assert!(info.starts_with("NODE") && info.contains("yes"), "{info}");
+    assert!(info.ends_with("standalone (no Raft term)\n"), "{info}");
+    let info = ok(run(&b, &["cluster", "info", "--json"], b"").await);
+    assert!(info.contains("\"term\":0"), "{info}");
 }
 
 /// Bad input is refused before anything is sent (exit 2, naming the argument); a server

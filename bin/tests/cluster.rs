@@ -261,6 +261,8 @@ async fn three_nodes_serve_on_the_leader_and_fail_over_without_losing_acked_mess
     let info = c.wait_topology(leader, 3).await;
     assert!(info.nodes.iter().all(|n| n.is_voter));
     assert_eq!(info.nodes.iter().filter(|n| n.is_leader).count(), 1);
+    let first_term = info.term;
+    assert!(first_term > 0, "{info:?}");
     let leader_addr = format!("127.0.0.1:{}", c.nodes[leader].grpc_port);
 
     // Followers refuse publishes and consumers, naming the leader.
@@ -347,7 +349,8 @@ async fn three_nodes_serve_on_the_leader_and_fail_over_without_losing_acked_mess
     assert!(failover < FAILOVER_MAX, "failover took {failover:?}");
     // Issue 10.14: the dead node is reported dead, by the leader and through a follower.
     let dead = [leader as u64 + 1];
-    wait_liveness(&c.nodes[new_leader], &dead).await;
+    let info = wait_liveness(&c.nodes[new_leader], &dead).await;
+    assert!(info.term > first_term, "a new term: {info:?}");
     let other = (0..3).find(|i| *i != leader && *i != new_leader).unwrap();
     wait_liveness(&c.nodes[other], &dead).await;
     // Followers log who leads (issue 13: "followers log leader changes").
@@ -1036,6 +1039,90 @@ async fn a_data_directory_is_not_switched_between_modes() {
         s.log().contains("holds a standalone broker's store"),
         "{}",
         s.log()
+    );
+}
+
+/// Every topic's (name, stored, dead-lettered) as `b`'s TopicStats has them.
+async fn topic_rows(b: &Broker) -> Vec<(String, u64, u64)> {
+    use futureq_bench::pb::future_q_admin_client::FutureQAdminClient;
+    FutureQAdminClient::new(b.channel().await)
+        .topic_stats(futureq_bench::pb::TopicStatsRequest::default())
+        .await
+        .expect("topic stats")
+        .into_inner()
+        .topics
+        .into_iter()
+        .map(|t| (t.topic, t.stored, t.dead_lettered_total))
+        .collect()
+}
+
+/// Issue 13: dead letters in a cluster. A group that gives up stores one copy on the
+/// dead-letter topic through the replicated command; after a failover the new leader holds
+/// that copy once and counts it, delivers it once, and never gives the original to the group
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_are_replicated_once_and_hold_across_a_failover() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start(3, "").await;
+    let leader = c.leader(Duration::from_secs(10)).await;
+    c.wait_topology(leader, 3).await;
+    let mut billing =
+        Subscriber::open(c.nodes[leader].channel().await, "jobs", "billing", 10).await;
+    let mut p = Publisher::open(c.nodes[leader].channel().await).await;
+    let poison = futureq_bench::pb::PublishMessage {
+        max_attempts: 1,
+        ..msg("jobs", "poison", 0, 0)
+    };
+    let ack = p.publish(batch(1, 0, vec![poison])).await;
+    assert!(ack.success, "{ack:?}");
+    let m = billing
+        .next(Duration::from_secs(5))
+        .await
+        .expect("billing gets it");
+    assert_eq!(m.attempt, 1);
+    billing.ack(&m.delivery_tag, false);
+    let want = vec![("jobs".to_owned(), 0, 1), ("jobs.dlq".to_owned(), 1, 0)];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while topic_rows(&c.nodes[leader]).await != want {
+        assert!(
+            Instant::now() < deadline,
+            "never dead-lettered: {:?}",
+            topic_rows(&c.nodes[leader]).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let applied = c.nodes[leader].metric("futureq_raft_applied_index").await;
+    for i in (0..3).filter(|i| *i != leader) {
+        c.wait_applied(i, applied, Duration::from_secs(10)).await;
+    }
+    drop(billing);
+    c.nodes[leader].kill9();
+    let new_leader = c.leader(Duration::from_secs(10)).await;
+    assert_ne!(new_leader, leader);
+    assert_eq!(topic_rows(&c.nodes[new_leader]).await, want);
+    let mut billing =
+        Subscriber::open(c.nodes[new_leader].channel().await, "jobs", "billing", 10).await;
+    let mut dlq = Subscriber::open(c.nodes[new_leader].channel().await, "jobs.dlq", "", 10).await;
+    let copy = dlq
+        .next(Duration::from_secs(10))
+        .await
+        .expect("the dead-lettered copy");
+    assert_eq!(
+        (
+            &copy.payload[..],
+            copy.origin_topic.as_str(),
+            copy.origin_group.as_str()
+        ),
+        (&b"poison"[..], "jobs", "billing")
+    );
+    dlq.ack(&copy.delivery_tag, true);
+    assert!(
+        dlq.next(Duration::from_millis(500)).await.is_none(),
+        "a second copy"
+    );
+    assert!(
+        billing.next(Duration::from_millis(10)).await.is_none(),
+        "the group that gave up got it again"
     );
 }
 

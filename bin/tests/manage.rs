@@ -262,10 +262,30 @@ async fn peek(
 /// TopicStats counts what is stored exactly (also after a kill -9), with the dispatcher's
 /// consumers and deliveries in flight; Peek pages through a topic in due order without
 /// delivering anything; bad input is refused naming the field.
+/// Waits (10 s at most) until the metric series has the value `want`.
+async fn metric_reaches(b: &Broker, series: &str, want: f64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = b.metric(series).await;
+        if (got - want).abs() < f64::EPSILON {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{series} is {got}, not {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn topic_stats_count_exactly_and_peek_pages_without_delivering() {
-    // No redelivery of the one in flight during the test (a slow machine).
-    let mut b = Broker::start("delivery:\n  inFlightTimeout: 60s\n").await;
+    // No redelivery of the one in flight during the test (a slow machine); the per-topic
+    // gauges read often.
+    let mut b = Broker::start(
+        "delivery:\n  inFlightTimeout: 60s\nobservability:\n  metrics:\n    topicsInterval: 100ms\n",
+    )
+    .await;
     let mut p = Publisher::open(b.channel().await).await;
     let before = now_ms();
     let ack = p
@@ -298,6 +318,10 @@ async fn topic_stats_count_exactly_and_peek_pages_without_delivering() {
     );
     assert_eq!((all[1].stored, all[1].consumers), (1, 0));
     assert_eq!((all[2].stored, all[2].consumers), (0, 1));
+    // The same counts as gauges of the metrics.
+    metric_reaches(&b, "futureq_topic_messages_stored{topic=\"a\"}", 3.0).await;
+    metric_reaches(&b, "futureq_topic_messages_stored{topic=\"b\"}", 1.0).await;
+    metric_reaches(&b, "futureq_topic_messages_in_flight{topic=\"a\"}", 1.0).await;
     let nope = stats(&b, "nope").await;
     assert_eq!(nope.len(), 1);
     assert_eq!(
@@ -364,6 +388,7 @@ async fn topic_stats_count_exactly_and_peek_pages_without_delivering() {
         .map(|t| (t.topic.as_str(), t.stored, t.in_flight, t.consumers))
         .collect();
     assert_eq!(counts, vec![("a", 2, 0, 0), ("b", 1, 0, 0)]);
+    metric_reaches(&b, "futureq_topic_messages_stored{topic=\"a\"}", 2.0).await;
 }
 
 /// A publish that repeats a remembered `(topic, dedup_id)` stores nothing and answers the

@@ -39,5 +39,6 @@ pub use error::StoreError;
 pub use service::StoreService;
 pub use snapshot::SnapshotReader;
 pub use store::{
-    ApplyOutcome, ApplyStats, Refusal, SnapshotInfo, Store, StoreMode, TopicRow, TopicStat,
+    ApplyOutcome, ApplyStats, Refusal, SnapshotInfo, Store, StoreMode, TopicCounts, TopicRow,
+    TopicStat,
 };

@@ -1,8 +1,10 @@
-//! The store's reader thread: due-range scans off the executors.
+//! The store's reader threads: due-range scans, and the operator's reads, off the executors.
 //!
 //! redb is synchronous, so it never runs on an executor. The dispatcher talks to the reader
 //! over a bounded channel and awaits a oneshot reply; the bound is the back-pressure that keeps
-//! memory bounded. Writes do not come here: they are log entries (the Raft log, or the
+//! memory bounded. The operator's reads (TopicStats, Peek, the per-topic gauges: O(topics) or
+//! O(limit), possibly long) have a thread of their own, one read at a time, so that they
+//! delay neither the dispatcher's scans nor an executor (the write core's applies). Writes do not come here: they are log entries (the Raft log, or the
 //! standalone journal, [`crate::journal`]) applied by [`Store::apply_entries`].
 
 use std::sync::Arc;
@@ -16,6 +18,11 @@ use crate::StoreError;
 
 /// Capacity of the reader's queue.
 pub const READ_QUEUE_MAX: usize = 1024;
+/// Capacity of the admin thread's queue; callers beyond it wait for a place.
+pub const ADMIN_QUEUE_MAX: usize = 16;
+
+/// A read on the admin thread (it answers through a channel of its own).
+type AdminOp = Box<dyn FnOnce(&Store) + Send>;
 
 type Reply<T> = oneshot::Sender<Result<T, Arc<StoreError>>>;
 
@@ -29,6 +36,7 @@ struct ReadOp {
 #[derive(Clone)]
 pub struct StoreService {
     read_tx: flume::Sender<ReadOp>,
+    admin_tx: flume::Sender<AdminOp>,
     store: Store,
 }
 
@@ -47,7 +55,7 @@ impl StoreThreads {
 }
 
 impl StoreService {
-    /// Opens the store and starts its reader thread.
+    /// Opens the store and starts its reader threads.
     ///
     /// # Errors
     /// The store cannot be opened, or the thread cannot be started.
@@ -61,9 +69,31 @@ impl StoreService {
                 .spawn(move || reader(&store, &read_rx))
                 .map_err(StoreError::Thread)?
         };
+        let (admin_tx, admin_rx) = flume::bounded::<AdminOp>(ADMIN_QUEUE_MAX);
+        let a = {
+            let store = store.clone();
+            std::thread::Builder::new()
+                .name("futureq-store-a".into())
+                .spawn(move || {
+                    while let Ok(op) = admin_rx.recv() {
+                        // A read that panicked answers nobody (its caller sees `Closed`);
+                        // the thread serves on.
+                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            op(&store);
+                        }));
+                    }
+                })
+                .map_err(StoreError::Thread)?
+        };
         Ok((
-            StoreService { read_tx, store },
-            StoreThreads { handles: vec![r] },
+            StoreService {
+                read_tx,
+                admin_tx,
+                store,
+            },
+            StoreThreads {
+                handles: vec![r, a],
+            },
         ))
     }
 
@@ -71,6 +101,24 @@ impl StoreService {
     #[must_use]
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// Runs `f` on the admin thread: one such read at a time on the node, on no executor.
+    ///
+    /// # Errors
+    /// [`StoreError::Closed`]: the thread stopped, or `f` panicked.
+    pub async fn admin<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Store) -> T + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let (reply, rx) = oneshot::channel();
+        self.admin_tx
+            .send_async(Box::new(move |store: &Store| {
+                let _ = reply.send(f(store));
+            }))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        rx.await.map_err(|_| StoreError::Closed)
     }
 
     /// Reads a due range.

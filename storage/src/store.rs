@@ -188,6 +188,16 @@ pub struct TopicStat {
     pub next_due_ms: Option<i64>,
 }
 
+/// What [`Store::topic_counts`] reads: the topics with the most stored messages.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TopicCounts {
+    /// Up to the asked number of topics with stored messages: (name, stored), most first
+    /// (ties by name).
+    pub top: Vec<(String, u64)>,
+    /// Messages stored for every other topic.
+    pub rest: u64,
+}
+
 /// One row's share of the digest.
 fn row_hash(table: u64, key: &[u8], value: &[u8]) -> u64 {
     let mut h = xxhash_rust::xxh64::Xxh64::new(table);
@@ -951,6 +961,43 @@ impl Store {
             }
         }
         Ok(out)
+    }
+
+    /// The `top` topics with the most stored messages and the sum over the others (the
+    /// per-topic gauges of the metrics). O(topics) rows read, O(`top`) kept; topics with
+    /// nothing stored are left out.
+    ///
+    /// # Errors
+    /// A storage error.
+    pub fn topic_counts(&self, top: usize) -> Result<TopicCounts, StoreError> {
+        use std::cmp::Reverse;
+        let txn = self.db.begin_read()?;
+        let topics = txn.open_table(TOPICS)?;
+        // The least of the kept on top: it leaves first when a larger one comes.
+        let mut kept: std::collections::BinaryHeap<Reverse<(u64, Reverse<String>)>> =
+            std::collections::BinaryHeap::with_capacity(top.saturating_add(1));
+        let mut rest = 0u64;
+        for r in topics.range::<&[u8]>(..)? {
+            let (_, v) = r?;
+            let Some(row) = TopicRow::decode(v.value()) else {
+                continue;
+            };
+            if row.stored == 0 {
+                continue;
+            }
+            kept.push(Reverse((row.stored, Reverse(row.name))));
+            if kept.len() > top {
+                if let Some(Reverse((n, _))) = kept.pop() {
+                    rest = rest.saturating_add(n);
+                }
+            }
+        }
+        let mut top: Vec<(String, u64)> = kept
+            .into_iter()
+            .map(|Reverse((n, Reverse(name)))| (name, n))
+            .collect();
+        top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        Ok(TopicCounts { top, rest })
     }
 
     /// Up to `limit` stored messages of a topic in key order (due order, to the bucket),

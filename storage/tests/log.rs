@@ -504,6 +504,56 @@ fn a_log_emptied_by_truncate_takes_any_next_index_across_a_restart() {
     assert_eq!(log.bounds(), Some((LogIndex(20), LogIndex(21))));
 }
 
+/// Emptying a log of several segments removes them all, last first: a crash part way leaves
+/// a prefix of them (the mark cleared first), which opens as a shorter log, contiguous.
+#[test]
+fn a_crash_while_a_log_is_emptied_leaves_a_prefix_that_opens() {
+    let io = MemLogIo::new();
+    let log = open(&io).unwrap();
+    fill(&log, 0..=400);
+    let names = segments(&io);
+    assert!(names.len() > 3, "{names:?}");
+    let images: Vec<Vec<u8>> = names.iter().map(|n| io.file(n).unwrap()).collect();
+    block_on(log.truncate(LogIndex(0))).unwrap();
+    assert!(segments(&io).is_empty(), "{:?}", segments(&io));
+    drop(log);
+    // The crash came after the last two removals.
+    let crashed = io.crash();
+    for (n, img) in names.iter().zip(&images).take(2) {
+        crashed.set_file(n, img.clone());
+    }
+    let log = open(&crashed).unwrap();
+    let third: u64 = names[2].trim_end_matches(".log").parse().unwrap();
+    assert_eq!(log.bounds(), Some((LogIndex(0), LogIndex(third - 1))));
+    check_all(&log, 0..=third - 1);
+}
+
+/// Review finding: a torn cut that removes every segment while the mark (lagging) is below
+/// them left the mark behind; with no append before the next stop, that open refused the log
+/// ("entries up to the durable mark are missing").
+#[test]
+fn a_torn_cut_of_every_segment_clears_the_mark() {
+    let io = MemLogIo::new();
+    let log = open(&io).unwrap();
+    fill(&log, 0..=4);
+    // Within MARK_INTERVAL of the first save: the mark stays at 4.
+    fill(&log, 5..=400);
+    assert_eq!(log.durable_mark(), Some(LogIndex(4)));
+    let names = segments(&io);
+    let second: u64 = names[1].trim_end_matches(".log").parse().unwrap();
+    block_on(log.purge(LogIndex(second - 1))).unwrap();
+    assert_eq!(log.bounds().map(|b| b.0), Some(LogIndex(second)));
+    drop(log);
+    let mut img = io.file(&names[1]).unwrap();
+    img[..64].fill(0);
+    let torn = damaged(&io.crash(), &names[1], img);
+    let log = open(&torn).unwrap();
+    assert_eq!((log.bounds(), log.durable_mark()), (None, None));
+    drop(log);
+    let log = open(&torn.crash()).unwrap();
+    assert_eq!(log.bounds(), None);
+}
+
 /// A data directory written before the fix above may hold an emptied log's leftover segment
 /// (and a mark below it): the open drops both, so the next append starts its own segment.
 #[test]

@@ -388,6 +388,14 @@ fn topic_counts_are_exact_and_travel_with_snapshots() {
         stats(&s),
         vec![("a".into(), 3, Some(1100)), ("b".into(), 1, Some(1000))]
     );
+    // The metrics' view: the most stored first, the rest summed.
+    let counts = |top| {
+        let c = s.topic_counts(top).unwrap();
+        (c.top, c.rest)
+    };
+    assert_eq!(counts(5), (vec![("a".into(), 3), ("b".into(), 1)], 0));
+    assert_eq!(counts(1), (vec![("a".into(), 3)], 1));
+    assert_eq!(counts(0), (vec![], 4));
     let only = s.topic_stats(Some(topic_hash("b")), 1).unwrap();
     assert_eq!((only.len(), only[0].row.stored), (1, 1));
     assert!(s.topic_stats(Some(topic_hash("c")), 1).unwrap().is_empty());

@@ -42,10 +42,8 @@ pub(crate) const API_SERVICES: [&str; 4] = [
 pub struct Ctx {
     /// Validated configuration.
     pub settings: Arc<Settings>,
-    /// The store, for reads off the executors (`spawn_blocking`).
-    pub store: futureq_storage::Store,
-    /// One admin read (TopicStats, Peek) at a time on the node.
-    pub admin_reads: Arc<async_lock::Semaphore>,
+    /// The store, for the operator's reads (TopicStats, Peek) on its admin thread.
+    pub store: futureq_storage::StoreService,
     /// The dispatcher's command queue.
     pub hub: flume::Sender<HubCmd>,
     /// Metrics.

@@ -374,6 +374,7 @@ impl Core {
             v.leading = leading;
             v.leader_id = l.leader;
             v.leader_addr = leader_addr;
+            v.term = l.term;
             v.info = info;
             v.alive = if leading { l.alive.clone() } else { None };
         });

@@ -206,6 +206,9 @@ pub struct Logging {
 #[allow(missing_docs)]
 pub struct Metrics {
     pub listen: String,
+    /// How often the per-topic gauges are read (the store's topic counts, the dispatcher's
+    /// deliveries in flight).
+    pub topics_interval: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -277,6 +280,7 @@ impl Default for Config {
                 },
                 metrics: Metrics {
                     listen: "127.0.0.1:9090".into(),
+                    topics_interval: "10s".into(),
                 },
             },
             runtime: Runtime {
@@ -449,6 +453,7 @@ pub struct Settings {
     pub log_level: String,
     pub log_format: LogFormat,
     pub metrics_listen: Option<SocketAddr>,
+    pub metrics_topics_interval: Duration,
     pub cores: u32,
     /// The write core (`None`: the last executor).
     pub raft_core: Option<u32>,
@@ -664,6 +669,10 @@ impl Config {
         } else {
             Some(addr("observability.metrics.listen", ml)?)
         };
+        let metrics_topics_interval = dur(
+            "observability.metrics.topicsInterval",
+            &self.observability.metrics.topics_interval,
+        )?;
         Ok(Settings {
             grpc_listen,
             grpc_advertise: if g.advertise.is_empty() {
@@ -694,6 +703,7 @@ impl Config {
             log_level: level.to_owned(),
             log_format,
             metrics_listen,
+            metrics_topics_interval,
             cores: self.runtime.cores,
             raft_core: self.runtime.raft_core,
             cluster,

@@ -567,6 +567,43 @@ async fn sweep_step(
     Ok(keys)
 }
 
+/// Refreshes the per-topic gauges every `interval` until shutdown: the store's exact topic
+/// counts (read on its admin thread, off every executor) and this dispatcher's deliveries in
+/// flight, each cut to the largest [`crate::metrics::TOPIC_LABELS_MAX`] topics and the rest.
+pub async fn refresh_topic_gauges(
+    interval: Duration,
+    store: StoreService,
+    hub: flume::Sender<HubCmd>,
+    metrics: Arc<Metrics>,
+    shutdown: Shutdown,
+) {
+    loop {
+        match store
+            .admin(|s| s.topic_counts(crate::metrics::TOPIC_LABELS_MAX))
+            .await
+        {
+            Ok(Ok(c)) => metrics.topic_messages_stored.set(c.top, c.rest),
+            Ok(Err(e)) | Err(e) => {
+                tracing::warn!(target: "metrics", error = %e, "reading the topic counts failed");
+            }
+        }
+        let (tx, rx) = oneshot::channel();
+        if hub.send_async(HubCmd::Activity(tx)).await.is_ok() {
+            if let Ok(activity) = rx.await {
+                metrics.topic_messages_in_flight.set_all(
+                    activity
+                        .into_values()
+                        .map(|a| (a.topic.to_string(), a.in_flight))
+                        .collect(),
+                );
+            }
+        }
+        if crate::runtime::sleep_or_shutdown(interval, &shutdown).await {
+            return;
+        }
+    }
+}
+
 /// Deletes expired messages every `interval` (expiry index: no full scan) and tells the
 /// dispatcher which keys went away. Started as [`run`] is.
 pub async fn sweep_ttl(

@@ -1,9 +1,12 @@
 //! Broker metrics in Prometheus text format (`futureq_` prefix), shared by every core.
 //!
 //! Counters and histograms are atomics (lock-free on the hot path) except labelled series,
-//! which take a short mutex keyed by their label values.
+//! which take a short mutex keyed by their label values. Units are Prometheus base units
+//! (`_seconds`, `_bytes`). A `topic` label names at most [`TOPIC_LABELS_MAX`] topics; every
+//! other topic is counted under `topic=""` (no topic is named so), however many topics
+//! clients create.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -63,10 +66,19 @@ impl Histogram {
     }
 }
 
-/// Buckets for latencies in ms.
-pub const LATENCY_MS: &[f64] = &[
-    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 5000.0,
+/// Buckets for latencies in seconds (100 µs to 5 s).
+pub const LATENCY_SECONDS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
 ];
+/// Topics that get a `topic` label value of their own (see the module docs).
+pub const TOPIC_LABELS_MAX: usize = 100;
+
+/// A label value in the text format: backslash, quote and newline escaped.
+fn escaped(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
 /// Buckets for batch sizes.
 pub const SIZES: &[f64] = &[
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0,
@@ -77,25 +89,47 @@ type Labels = Vec<String>;
 /// A counter with labels.
 pub struct LabeledCounter {
     names: &'static [&'static str],
-    series: Mutex<BTreeMap<Labels, u64>>,
+    series: Mutex<Series>,
+}
+
+#[derive(Default)]
+struct Series {
+    counts: BTreeMap<Labels, u64>,
+    /// The topics with a label value of their own (at most [`TOPIC_LABELS_MAX`]).
+    topics: HashSet<String>,
 }
 
 impl LabeledCounter {
     fn new(names: &'static [&'static str]) -> Self {
         LabeledCounter {
             names,
-            series: Mutex::new(BTreeMap::new()),
+            series: Mutex::new(Series::default()),
         }
     }
 
-    /// Adds `n` to the series with these label values.
+    /// Adds `n` to the series with these label values. A `topic` value beyond the first
+    /// [`TOPIC_LABELS_MAX`] ones seen is counted as `""`.
     pub fn add(&self, values: &[&str], n: u64) {
         let mut s = self
             .series
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *s.entry(values.iter().map(|v| (*v).to_owned()).collect())
-            .or_insert(0) += n;
+        let mut labels: Labels = values.iter().map(|v| (*v).to_owned()).collect();
+        if let Some(t) = self
+            .names
+            .iter()
+            .position(|k| *k == "topic")
+            .and_then(|i| labels.get_mut(i))
+        {
+            if !s.topics.contains(t.as_str()) {
+                if s.topics.len() < TOPIC_LABELS_MAX {
+                    s.topics.insert(t.clone());
+                } else {
+                    t.clear();
+                }
+            }
+        }
+        *s.counts.entry(labels).or_insert(0) += n;
     }
 
     fn render(&self, out: &mut String, name: &str) {
@@ -103,21 +137,60 @@ impl LabeledCounter {
             .series
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (vals, n) in s.iter() {
+        for (vals, n) in &s.counts {
             let labels: Vec<String> = self
                 .names
                 .iter()
                 .zip(vals)
-                .map(|(k, v)| {
-                    format!(
-                        "{k}=\"{}\"",
-                        v.replace('\\', "\\\\")
-                            .replace('"', "\\\"")
-                            .replace('\n', "\\n")
-                    )
-                })
+                .map(|(k, v)| format!("{k}=\"{}\"", escaped(v)))
                 .collect();
             let _ = writeln!(out, "{name}{{{}}} {n}", labels.join(","));
+        }
+    }
+}
+
+/// A gauge per topic, set whole by each refresh: the [`TOPIC_LABELS_MAX`] largest topics and
+/// the sum over the others (`topic=""`). Nothing is exported before the first refresh.
+#[derive(Default)]
+pub struct TopicGauge(Mutex<Option<TopicValues>>);
+
+/// The labelled topics (name, value) and the sum over the others.
+type TopicValues = (Vec<(String, u64)>, u64);
+
+impl TopicGauge {
+    /// Sets the gauge: `top` (name, value), and `rest` for every other topic.
+    pub fn set(&self, top: Vec<(String, u64)>, rest: u64) {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((top, rest));
+    }
+
+    /// Sets the gauge from every topic's value: the [`TOPIC_LABELS_MAX`] largest (ties by
+    /// name) and the sum of the others; zeros are left out.
+    pub fn set_all(&self, mut all: Vec<(String, u64)>) {
+        all.retain(|(_, n)| *n > 0);
+        all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let rest = all
+            .get(TOPIC_LABELS_MAX..)
+            .map_or(0, |r| r.iter().map(|(_, n)| n).sum());
+        all.truncate(TOPIC_LABELS_MAX);
+        self.set(all, rest);
+    }
+
+    fn render(&self, out: &mut String, name: &str) {
+        let g = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some((top, rest)) = g.as_ref() else {
+            return;
+        };
+        for (topic, n) in top {
+            let _ = writeln!(out, "{name}{{topic=\"{}\"}} {n}", escaped(topic));
+        }
+        if *rest > 0 {
+            let _ = writeln!(out, "{name}{{topic=\"\"}} {rest}");
         }
     }
 }
@@ -128,15 +201,19 @@ pub struct Metrics {
     pub publish_requests: LabeledCounter,
     pub messages_published: LabeledCounter,
     pub publish_batch_size: Histogram,
-    pub publish_latency_ms: [Histogram; 3],
+    pub publish_latency_seconds: [Histogram; 3],
     pub active_consumers: AtomicI64,
     pub consumer_acks: LabeledCounter,
     pub messages_in_flight: AtomicI64,
+    /// Messages stored per topic (the state machine's exact counts, refreshed periodically).
+    pub topic_messages_stored: TopicGauge,
+    /// Deliveries in flight per topic (this node's dispatcher, refreshed with the above).
+    pub topic_messages_in_flight: TopicGauge,
     pub messages_dispatched: AtomicU64,
     pub messages_redelivered: AtomicU64,
     pub in_flight_timeouts: AtomicU64,
     pub messages_expired: LabeledCounter,
-    pub delivery_send_lateness_ms: Histogram,
+    pub delivery_send_lateness_seconds: Histogram,
     pub delivery_grpc_sends: AtomicU64,
     pub delete_batch_size: Histogram,
     pub delete_failures: AtomicU64,
@@ -177,19 +254,21 @@ impl Default for Metrics {
             publish_requests: LabeledCounter::new(&["topic", "ack_level", "result"]),
             messages_published: LabeledCounter::new(&["topic", "ack_level"]),
             publish_batch_size: Histogram::new(SIZES),
-            publish_latency_ms: [
-                Histogram::new(LATENCY_MS),
-                Histogram::new(LATENCY_MS),
-                Histogram::new(LATENCY_MS),
+            publish_latency_seconds: [
+                Histogram::new(LATENCY_SECONDS),
+                Histogram::new(LATENCY_SECONDS),
+                Histogram::new(LATENCY_SECONDS),
             ],
             active_consumers: AtomicI64::new(0),
             consumer_acks: LabeledCounter::new(&["success"]),
             messages_in_flight: AtomicI64::new(0),
+            topic_messages_stored: TopicGauge::default(),
+            topic_messages_in_flight: TopicGauge::default(),
             messages_dispatched: AtomicU64::new(0),
             messages_redelivered: AtomicU64::new(0),
             in_flight_timeouts: AtomicU64::new(0),
             messages_expired: LabeledCounter::new(&["source"]),
-            delivery_send_lateness_ms: Histogram::new(LATENCY_MS),
+            delivery_send_lateness_seconds: Histogram::new(LATENCY_SECONDS),
             delivery_grpc_sends: AtomicU64::new(0),
             delete_batch_size: Histogram::new(SIZES),
             delete_failures: AtomicU64::new(0),
@@ -271,14 +350,14 @@ impl Metrics {
             .render(&mut o, "futureq_publish_batch_size", "");
         header(
             &mut o,
-            "futureq_publish_latency_ms",
+            "futureq_publish_latency_seconds",
             "histogram",
             "Broker-side batch latency from receipt to ack.",
         );
         for (i, l) in ["quorum", "leader", "no_ack"].iter().enumerate() {
-            self.publish_latency_ms[i].render(
+            self.publish_latency_seconds[i].render(
                 &mut o,
-                "futureq_publish_latency_ms",
+                "futureq_publish_latency_seconds",
                 &format!("ack_level=\"{l}\""),
             );
         }
@@ -360,6 +439,22 @@ impl Metrics {
             "Delivered, not yet acknowledged.",
             self.messages_in_flight.load(r),
         );
+        header(
+            &mut o,
+            "futureq_topic_messages_stored",
+            "gauge",
+            &format!("Messages stored per topic, exact as of the last refresh (observability.metrics.topicsInterval); the {TOPIC_LABELS_MAX} topics with the most, the others summed under topic=\"\"."),
+        );
+        self.topic_messages_stored
+            .render(&mut o, "futureq_topic_messages_stored");
+        header(
+            &mut o,
+            "futureq_topic_messages_in_flight",
+            "gauge",
+            &format!("Deliveries in flight per topic on this node, as of the last refresh; the {TOPIC_LABELS_MAX} topics with the most, the others summed under topic=\"\"."),
+        );
+        self.topic_messages_in_flight
+            .render(&mut o, "futureq_topic_messages_in_flight");
         scalar(
             &mut o,
             "futureq_messages_dispatched_total",
@@ -391,12 +486,15 @@ impl Metrics {
             .render(&mut o, "futureq_messages_expired_total");
         header(
             &mut o,
-            "futureq_delivery_send_lateness_ms",
+            "futureq_delivery_send_lateness_seconds",
             "histogram",
             "Send time minus due time.",
         );
-        self.delivery_send_lateness_ms
-            .render(&mut o, "futureq_delivery_send_lateness_ms", "");
+        self.delivery_send_lateness_seconds.render(
+            &mut o,
+            "futureq_delivery_send_lateness_seconds",
+            "",
+        );
         scalar(
             &mut o,
             "futureq_delivery_grpc_sends_total",
@@ -511,11 +609,92 @@ mod tests {
     fn renders_prometheus_text() {
         let m = Metrics::default();
         m.publish_requests.add(&["a\"b", "quorum", "success"], 2);
-        m.publish_latency_ms[0].observe(0.3);
+        m.publish_latency_seconds[0].observe(0.0003);
         let t = m.render();
         assert!(t.contains("futureq_publish_requests_total{topic=\"a\\\"b\",ack_level=\"quorum\",result=\"success\"} 2"), "{t}");
-        assert!(t.contains("futureq_publish_latency_ms_bucket{ack_level=\"quorum\",le=\"0.5\"} 1"));
-        assert!(t.contains("futureq_publish_latency_ms_bucket{ack_level=\"quorum\",le=\"0.25\"} 0"));
-        assert!(t.contains("futureq_publish_latency_ms_count{ack_level=\"quorum\"} 1"));
+        assert!(
+            t.contains(
+                "futureq_publish_latency_seconds_bucket{ack_level=\"quorum\",le=\"0.0005\"} 1"
+            ),
+            "{t}"
+        );
+        assert!(t.contains(
+            "futureq_publish_latency_seconds_bucket{ack_level=\"quorum\",le=\"0.00025\"} 0"
+        ));
+        assert!(t.contains("futureq_publish_latency_seconds_count{ack_level=\"quorum\"} 1"));
+        assert!(
+            t.contains("futureq_publish_latency_seconds_sum{ack_level=\"quorum\"} 0.0003"),
+            "{t}"
+        );
+    }
+
+    /// However many topics clients create, a `topic` label takes at most TOPIC_LABELS_MAX
+    /// values (and ""): the first topics seen keep theirs, the others count under "".
+    #[test]
+    fn topic_labels_are_bounded() {
+        let m = Metrics::default();
+        for i in 0..TOPIC_LABELS_MAX + 50 {
+            m.messages_published.add(&[&format!("t{i}"), "quorum"], 1);
+        }
+        m.messages_published.add(&["t0", "quorum"], 1);
+        m.messages_published.add(&["t7", "leader"], 1);
+        m.messages_published.add(&["late", "leader"], 2);
+        let t = m.render();
+        let series = |p: &str| t.lines().filter(|l| l.starts_with(p)).count();
+        assert_eq!(
+            series("futureq_messages_published_total{"),
+            TOPIC_LABELS_MAX + 3
+        );
+        assert!(t.contains("futureq_messages_published_total{topic=\"t0\",ack_level=\"quorum\"} 2"));
+        assert!(t.contains("futureq_messages_published_total{topic=\"t7\",ack_level=\"leader\"} 1"));
+        assert!(t.contains("futureq_messages_published_total{topic=\"\",ack_level=\"quorum\"} 50"));
+        assert!(t.contains("futureq_messages_published_total{topic=\"\",ack_level=\"leader\"} 2"));
+    }
+
+    #[test]
+    fn topic_gauges_render_their_last_refresh() {
+        let m = Metrics::default();
+        let t = m.render();
+        assert!(
+            !t.contains("futureq_topic_messages_stored{"),
+            "none before a refresh"
+        );
+        m.topic_messages_stored
+            .set(vec![("a".into(), 5), ("b\"".into(), 3)], 0);
+        m.topic_messages_in_flight.set(vec![("a".into(), 1)], 4);
+        let t = m.render();
+        assert!(t.contains("futureq_topic_messages_stored{topic=\"a\"} 5\nfutureq_topic_messages_stored{topic=\"b\\\"\"} 3\n"), "{t}");
+        assert!(
+            !t.contains("futureq_topic_messages_stored{topic=\"\"}"),
+            "no rest: {t}"
+        );
+        assert!(t.contains("futureq_topic_messages_in_flight{topic=\"a\"} 1\nfutureq_topic_messages_in_flight{topic=\"\"} 4\n"), "{t}");
+        m.topic_messages_stored.set(vec![], 0);
+        assert!(
+            !m.render().contains("futureq_topic_messages_stored{"),
+            "{t}"
+        );
+        // From every topic: the largest keep their label, the rest is summed.
+        let all: Vec<(String, u64)> = (0..TOPIC_LABELS_MAX as u64 + 2)
+            .map(|i| (format!("t{i}"), i))
+            .collect();
+        m.topic_messages_in_flight.set_all(all);
+        let t = m.render();
+        let series = |p: &str| t.lines().filter(|l| l.starts_with(p)).count();
+        assert_eq!(
+            series("futureq_topic_messages_in_flight{"),
+            TOPIC_LABELS_MAX + 1
+        );
+        let last = TOPIC_LABELS_MAX + 1;
+        assert!(
+            t.contains(&format!(
+                "futureq_topic_messages_in_flight{{topic=\"t{last}\"}} {last}\n"
+            )),
+            "{t}"
+        );
+        assert!(
+            t.contains("futureq_topic_messages_in_flight{topic=\"\"} 1\n"),
+            "t1 (t0 is 0): {t}"
+        );
     }
 }

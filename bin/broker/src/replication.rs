@@ -336,6 +336,8 @@ pub struct View {
     pub leader_id: Option<u64>,
     /// The leader's client address ("" if unknown).
     pub leader_addr: String,
+    /// The event shard's current Raft term as this node knows it (standalone: 0).
+    pub term: u64,
     /// What `GetClusterInfo` answers (`None` before the topology is known).
     pub info: Option<ClusterView>,
     /// On the leader: the members it heard from within an election timeout (`None`: only
@@ -379,6 +381,7 @@ impl Replication {
             leading: true,
             leader_id: Some(node_id),
             leader_addr: grpc_advertise.to_owned(),
+            term: 0,
             info: Some(info),
             alive: None,
             lost: Shutdown::new(),

@@ -211,7 +211,6 @@ fn metrics_handler(
 /// what is durable). Other failures are logged.
 pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
     let reflection = Arc::new(api::reflection_index()?);
-    let admin_reads = Arc::new(async_lock::Semaphore::new(1));
     let settings = Arc::new(settings);
     let cpus = runtime::allowed_cpus();
     let cores = if settings.cores == 0 {
@@ -321,7 +320,6 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
             stopped: StoppedGuard(exits.clone()),
             publish_budget: Arc::clone(&publish_budget),
             reflection: Arc::clone(&reflection),
-            admin_reads: Arc::clone(&admin_reads),
         };
         let hub_rx = if core == 0 { hub_rx.take() } else { None };
         let ready = Ready(exits.clone());
@@ -453,8 +451,6 @@ struct CtxParts {
     publish_budget: Arc<crate::budget::Budget>,
     /// Server reflection's index of the API descriptors (built once).
     reflection: Arc<futureq_net::reflection::Reflection>,
-    /// One admin read at a time on the node.
-    admin_reads: Arc<async_lock::Semaphore>,
 }
 
 /// One executor: its gRPC listener; on core 0 the dispatcher, TTL sweeper and metrics; on the
@@ -480,7 +476,6 @@ async fn core_main(
         stopped: _stopped,
         publish_budget,
         reflection,
-        admin_reads,
     } = parts;
     let _awake = match runtime::keep_awake() {
         Ok(a) => a,
@@ -578,6 +573,19 @@ async fn core_main(
                         h,
                         shutdown.clone(),
                     )));
+                    let gauges = dispatcher::refresh_topic_gauges(
+                        settings.metrics_topics_interval,
+                        store.clone(),
+                        hub.clone(),
+                        Arc::clone(&metrics),
+                        shutdown.clone(),
+                    );
+                    let open = opened(writes_open.clone(), shutdown.clone());
+                    background.push(glommio::spawn_local(async move {
+                        if open.await {
+                            gauges.await;
+                        }
+                    }));
                 }
                 Err(e) => {
                     ready.send(Err(ServerError::Listen {
@@ -646,8 +654,7 @@ async fn core_main(
     };
     let ctx = Rc::new(Ctx {
         settings,
-        store: store.store().clone(),
-        admin_reads,
+        store: store.clone(),
         hub,
         publish_budget,
         reflection,

@@ -239,6 +239,26 @@ struct Stream {
     /// A batch was refused by a follower: send nothing more here, reopen on the leader once
     /// the batches in flight are answered.
     moving: bool,
+    /// A batch was refused ABORTED (the leader refused its command, e.g. while its leadership
+    /// changes): send nothing more before then.
+    paused_until: Option<tokio::time::Instant>,
+}
+
+/// How long a publisher waits after an ABORTED refusal before it sends again.
+const ABORTED_PAUSE: Duration = Duration::from_millis(100);
+
+/// Whether a failure to open a stream may pass (the node went away, an election, a refusal
+/// naming the leader): then opening is tried again; any other answer (a server without the
+/// API, a refused credential) is final.
+fn transient(code: tonic::Code) -> bool {
+    matches!(
+        code,
+        tonic::Code::Unavailable
+            | tonic::Code::Unknown
+            | tonic::Code::DeadlineExceeded
+            | tonic::Code::FailedPrecondition
+            | tonic::Code::Aborted
+    )
 }
 
 /// Opens a `PublishStream` on the leader, looking for it again (a node that went away, one
@@ -254,13 +274,14 @@ async fn open(client: &Client) -> Result<Stream, Error> {
                     batches,
                     acks: r.into_inner(),
                     moving: false,
+                    paused_until: None,
                 })
             }
             Err(s) => {
-                client.leader_moved(None);
-                if started.elapsed() >= client.config().retry_for {
+                if !transient(s.code()) || started.elapsed() >= client.config().retry_for {
                     return Err(Error::status(&s));
                 }
+                client.leader_moved(None);
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
@@ -403,7 +424,13 @@ async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>)
         if let Some(s) = stream.as_mut() {
             // A partial batch waits for more messages while others are in flight, up to the
             // linger; a full one (or the last, at close) goes at once.
+            if s.paused_until
+                .is_some_and(|t| t <= tokio::time::Instant::now())
+            {
+                s.paused_until = None;
+            }
             while !s.moving
+                && s.paused_until.is_none()
                 && !queue.is_empty()
                 && in_flight.len() < cfg.max_in_flight_batches
                 && (queue.len() >= cfg.max_batch_messages || in_flight.is_empty() || due || closed)
@@ -433,7 +460,11 @@ async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>)
             stream = None;
             continue;
         }
-        let linger = waiting_since.map(|t| t + cfg.linger);
+        // Wake at the end of a pause, else at the linger (a partial batch goes then).
+        let linger = stream
+            .as_ref()
+            .and_then(|s| s.paused_until)
+            .or(waiting_since.map(|t| t + cfg.linger));
         let room = !closed && held < hold;
         let ack = async {
             match stream.as_mut() {
@@ -544,7 +575,10 @@ fn answer(
             s.moving = true;
             settle(items, true, &why, retry_for, queue);
         }
-        tonic::Code::Aborted => settle(items, true, &why, retry_for, queue),
+        tonic::Code::Aborted => {
+            s.paused_until = Some(tokio::time::Instant::now() + ABORTED_PAUSE);
+            settle(items, true, &why, retry_for, queue);
+        }
         tonic::Code::DeadlineExceeded | tonic::Code::Unavailable | tonic::Code::Internal => {
             settle(items, false, &why, retry_for, queue);
         }

@@ -901,15 +901,29 @@ fn read_ahead_messages_deleted_or_expired_are_never_sent() {
 }
 
 proptest! {
-    /// Random schedules of publishes, acks, nacks, disconnects and time: no delivery is early
-    /// or expired, no consumer exceeds its budget, and acked messages leave the store.
+    /// Random schedules of publishes, acks, nacks, disconnects, dead letters (committed or
+    /// failed) and time: no delivery is early or expired or beyond the attempts, no consumer
+    /// exceeds its budget, a recipient's dead letter commits at most once, and acked or
+    /// dead-lettered messages leave the store.
     #[test]
-    fn random_schedules_keep_the_invariants(ops in proptest::collection::vec((0u8..6, 0u64..40, 0i64..30), 1..120)) {
-        let mut hub = Hub::new(HubConfig { in_flight_timeout_ms: 50, bucket_ms: 10, scan_limit: 3, lookahead_ms: 7, max_attempts: 0 });
+    fn random_schedules_keep_the_invariants(ops in proptest::collection::vec((0u8..7, 0u64..40, 0i64..30), 1..120)) {
+        const MAX_ATTEMPTS: u32 = 3;
+        let mut hub = Hub::new(HubConfig { in_flight_timeout_ms: 50, bucket_ms: 10, scan_limit: 3, lookahead_ms: 7, max_attempts: MAX_ATTEMPTS });
         let mut store = Store::default();
         let mut sinks: Vec<(ConsumerId, MemSink, u32)> = Vec::new();
         let mut now = 0i64;
         let mut id = 0u64;
+        let mut dead = std::collections::HashSet::new();
+        let mut answer = |hub: &mut Hub<MemSink>, committed: bool, now: i64| -> Result<(), TestCaseError> {
+            for dl in hub.take_dead_letters() {
+                if committed {
+                    let once = dead.insert((dl.key, dl.group().to_owned(), dl.consumer()));
+                    prop_assert!(once, "{dl:?} committed twice");
+                }
+                hub.dead_lettered(&dl, committed, now);
+            }
+            Ok(())
+        };
         for (op, a, b) in ops {
             match op {
                 0 => { id += 1; store.put(id, msg("t", now, b * 3, if a % 4 == 0 { b } else { 0 })); }
@@ -926,6 +940,7 @@ proptest! {
                     hub.unregister(c, now);
                 }
                 3 => now += b,
+                4 => answer(&mut hub, a % 3 != 0, now)?,
                 _ => {}
             }
             pass(&mut hub, &mut store, now);
@@ -933,6 +948,7 @@ proptest! {
                 for d in s.take() {
                     prop_assert!(d.message.due_at_ms() <= now, "early delivery");
                     prop_assert!(!d.message.is_expired(now), "expired delivery");
+                    prop_assert!(d.attempt <= MAX_ATTEMPTS, "attempt {} of {MAX_ATTEMPTS}", d.attempt);
                     if (d.key.event_id().0 + u64::from(d.attempt)) % 3 != 0 {
                         hub.ack(*c, d.key, true, now);
                     } else {
@@ -943,8 +959,10 @@ proptest! {
             }
         }
         // Everyone leaves; then one consumer per group and a universal one come back, time
-        // passes, they ack everything: everything drains (groups got what was owed to them).
+        // passes, they ack everything and every dead letter commits: everything drains
+        // (groups got what was owed to them, or gave up).
         for (c, s, _) in sinks.drain(..) { s.take(); hub.unregister(c, now); }
+        answer(&mut hub, true, now)?;
         prop_assert_eq!(hub.in_flight(), 0);
         prop_assert!(hub.entries.is_empty());
         let back: Vec<(ConsumerId, MemSink)> = ["", "g", "h"]
@@ -957,6 +975,7 @@ proptest! {
         now += 10_000;
         for step in 0..3 {
             pass(&mut hub, &mut store, now + step);
+            answer(&mut hub, true, now + step)?;
             for (c, s) in &back {
                 for d in s.take() { hub.ack(*c, d.key, true, now + step); }
             }

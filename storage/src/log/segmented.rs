@@ -162,7 +162,7 @@ fn ceil(x: u64) -> u64 {
 /// flush (under load beside the next group's write, naming the groups before it) or by an
 /// idle saver, so it lags the log a little: damage after it is taken for a torn write, which
 /// may cut acknowledged entries of the last interval. Lowered before a truncate removes
-/// entries below it, cleared before a purge empties the log.
+/// entries below it, cleared before a truncate or a purge empties the log.
 pub const MARK_FILE: &str = "durable.mark";
 /// Least time between two saves of the durable mark after flushes.
 pub const MARK_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
@@ -370,7 +370,9 @@ impl<I: LogIo> Log<I> {
         }
         // Empty trailing segments (a crash right after a roll) carry nothing: drop them; a
         // log without entries keeps no segment at all (see the invariants), nor a mark.
-        if st.locs.is_empty() && mark.is_some() && !st.segments.is_empty() {
+        // (A mark with no segment left at all was refused above, unless the torn cut just
+        // removed them: it must go too.)
+        if st.locs.is_empty() && mark.is_some() {
             write_mark_file(&io, mark_seq + 1, None).await?;
             mark_seq += 1;
             mark = None;
@@ -934,12 +936,23 @@ impl<I: LogIo> Log<I> {
         }
         let doomed: Vec<String> = {
             let mut st = self.st.borrow_mut();
+            if !st.pending.is_empty() {
+                // An append while the mark was written (callers serialise their log calls,
+                // so this is a bug): emptying would drop it unwritten yet acknowledged.
+                st.poisoned = true;
+                return Err(LogError::Poisoned);
+            }
             st.locs.clear();
             st.cache_clear();
             st.segments.drain(..).map(|s| s.name).collect()
         };
         for name in doomed.iter().rev() {
-            self.io.remove(name).await?;
+            if let Err(e) = self.io.remove(name).await {
+                // A file left behind would take the next append of its first index at its
+                // old bytes: no more writes (a restart finishes the removal).
+                self.st.borrow_mut().poisoned = true;
+                return Err(e.into());
+            }
         }
         Ok(())
     }

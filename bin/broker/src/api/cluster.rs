@@ -66,6 +66,7 @@ pub async fn get_cluster_info(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> 
         pb::ClusterInfoResponse {
             leader_node_id: leader,
             leader_address: view.leader_addr.clone(),
+            term: view.term,
             nodes: info
                 .nodes
                 .iter()

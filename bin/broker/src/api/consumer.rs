@@ -248,8 +248,8 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
                         let lateness = now - d.message.due_at_ms();
                         #[allow(clippy::cast_precision_loss)]
                         ctx.metrics
-                            .delivery_send_lateness_ms
-                            .observe(lateness.max(0) as f64);
+                            .delivery_send_lateness_seconds
+                            .observe(lateness.max(0) as f64 / 1e3);
                         queue_message(&d.key, &d.message, d.attempt)
                     })
                     .collect();

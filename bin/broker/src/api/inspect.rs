@@ -26,27 +26,16 @@ fn check_topic(topic: &str) -> Result<(), Status> {
         .map_err(|why| Status::new(Code::InvalidArgument, format!("topic: {why}")))
 }
 
-/// Reads the store off the executor, one such read at a time on the node (they share the
-/// executors' blocking threads with the applies).
+/// Reads the store on its admin thread (one such read at a time on the node, on no
+/// executor: see [`futureq_storage::StoreService::admin`]).
 async fn read<T: Send + 'static>(
     ctx: &Ctx,
     f: impl FnOnce(&futureq_storage::Store) -> Result<T, futureq_storage::StoreError> + Send + 'static,
 ) -> Result<T, Status> {
-    // The permit goes with the read: a handler dropped meanwhile (a client's deadline) does
-    // not free it while the read still runs.
-    let one = ctx.admin_reads.acquire_arc().await;
-    let store = ctx.store.clone();
-    glommio::executor()
-        .spawn_blocking(move || {
-            let r = f(&store);
-            drop(one);
-            r
-        })
-        .await
-        .map_err(|e| {
-            tracing::error!(target: "api", error = %e, "reading the store failed");
-            Status::new(Code::Internal, format!("reading the store failed: {e}"))
-        })
+    ctx.store.admin(f).await.and_then(|r| r).map_err(|e| {
+        tracing::error!(target: "api", error = %e, "reading the store failed");
+        Status::new(Code::Internal, format!("reading the store failed: {e}"))
+    })
 }
 
 /// `TopicStats`: per topic (or the one asked for) its stored count (exact, kept by the state

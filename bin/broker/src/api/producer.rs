@@ -342,7 +342,7 @@ fn process(
             .add(&[&topics, level.label(), result], 1);
         #[allow(clippy::cast_precision_loss)]
         metrics.publish_batch_size.observe(n as f64);
-        metrics.publish_latency_ms[level as usize].observe(received.elapsed().as_secs_f64() * 1e3);
+        metrics.publish_latency_seconds[level as usize].observe(received.elapsed().as_secs_f64());
         ack
     };
     (level, Box::pin(fut))
