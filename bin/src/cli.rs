@@ -522,8 +522,10 @@ fn print_cluster(
     )?;
     if info.term > 0 {
         writeln!(out, "term {}", info.term)?;
-    } else {
+    } else if info.nodes.iter().all(|n| n.raft_address.is_empty()) {
         writeln!(out, "standalone (no Raft term)")?;
+    } else {
+        writeln!(out, "term not known yet")?;
     }
     Ok(())
 }

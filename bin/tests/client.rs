@@ -162,6 +162,22 @@ async fn an_idle_publisher_and_a_consumer_survive_a_broker_restart() {
         .expect("the publisher closes once every message is answered");
 }
 
+/// CI (twice, in the test above): a close that came while the publisher's task was between
+/// its exit check and its wait (its last message just answered) was seen by the task's
+/// queue read but not acted on: the task then waited on nothing, and `close()` never
+/// returned. On one thread the task first runs after the close, every time.
+#[tokio::test(flavor = "current_thread")]
+async fn a_publisher_closed_before_its_task_runs_stops() {
+    let b = Broker::start("").await;
+    let client = Client::connect([format!("127.0.0.1:{}", b.grpc_port)])
+        .await
+        .unwrap();
+    let publisher = client.publisher(PublisherConfig::default());
+    tokio::time::timeout(Duration::from_secs(10), publisher.close())
+        .await
+        .expect("the publisher closes");
+}
+
 /// One invalid message refused in a shared batch fails alone; the others are stored. A
 /// drain nacks what the application did not take, so another member gets it at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -259,9 +259,6 @@ async fn peek(
         .map(|r| r.into_inner().messages)
 }
 
-/// TopicStats counts what is stored exactly (also after a kill -9), with the dispatcher's
-/// consumers and deliveries in flight; Peek pages through a topic in due order without
-/// delivering anything; bad input is refused naming the field.
 /// Waits (10 s at most) until the metric series has the value `want`.
 async fn metric_reaches(b: &Broker, series: &str, want: f64) {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -278,6 +275,10 @@ async fn metric_reaches(b: &Broker, series: &str, want: f64) {
     }
 }
 
+/// TopicStats counts what is stored exactly (also after a kill -9), with the dispatcher's
+/// consumers and deliveries in flight; Peek pages through a topic in due order without
+/// delivering anything; bad input is refused naming the field;
+/// the per-topic gauges of the metrics show the same counts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn topic_stats_count_exactly_and_peek_pages_without_delivering() {
     // No redelivery of the one in flight during the test (a slow machine); the per-topic

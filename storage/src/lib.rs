@@ -4,7 +4,7 @@
 //! - [`store`]: the synchronous store: schema, the apply of log entries (publishes, deletes,
 //!   group registrations), expiry lookups, due-range scans, snapshots.
 //! - [`snapshot`]: the snapshot stream, read piece by piece from one read transaction.
-//! - [`service`]: the store's reader thread with an async, channel-based API, so that no
+//! - [`service`]: the store's reader and admin threads with an async, channel-based API, so that no
 //!   redb read ever runs on an executor's reactor.
 //! - [`log`]: the segmented log on io_uring (record format, group commit, recovery, the
 //!   persist hook): the Raft log, and the journal's.

@@ -7,8 +7,10 @@
 //! delay neither the dispatcher's scans nor an executor (the write core's applies). Writes do not come here: they are log entries (the Raft log, or the
 //! standalone journal, [`crate::journal`]) applied by [`Store::apply_entries`].
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use futureq_core::hub::{ScanRequest, ScanResult};
 use futures::channel::oneshot;
@@ -31,8 +33,8 @@ struct ReadOp {
     reply: Reply<Vec<Result<ScanResult, StoreError>>>,
 }
 
-/// Handle to the store and its reader thread. Clone it freely; the thread stops when every
-/// handle is dropped.
+/// Handle to the store and its threads. Clone it freely; the threads stop when every handle
+/// is dropped, or at [`StoreThreads::join`].
 #[derive(Clone)]
 pub struct StoreService {
     read_tx: flume::Sender<ReadOp>,
@@ -40,16 +42,34 @@ pub struct StoreService {
     store: Store,
 }
 
-/// Join handle of the reader thread.
+/// Join handle of the store's threads.
 pub struct StoreThreads {
     handles: Vec<JoinHandle<()>>,
+    stop: Arc<AtomicBool>,
 }
 
 impl StoreThreads {
-    /// Waits for the thread to finish (after every [`StoreService`] is dropped).
+    /// Stops the threads once their queues are empty (a handle still held somewhere then
+    /// gets [`StoreError::Closed`]) and waits for them.
     pub fn join(self) {
+        self.stop.store(true, Ordering::Relaxed);
         for h in self.handles {
             let _ = h.join();
+        }
+    }
+}
+
+/// How often an idle store thread looks at its stop flag.
+const STOP_POLL: Duration = Duration::from_millis(100);
+
+/// Serves `rx` on this thread until every sender is gone, or `stop` is set and the queue is
+/// empty.
+fn serve<T>(rx: &flume::Receiver<T>, stop: &AtomicBool, mut each: impl FnMut(T)) {
+    loop {
+        match rx.recv_timeout(STOP_POLL) {
+            Ok(op) => each(op),
+            Err(flume::RecvTimeoutError::Timeout) if !stop.load(Ordering::Relaxed) => {}
+            Err(_) => return,
         }
     }
 }
@@ -61,27 +81,32 @@ impl StoreService {
     /// The store cannot be opened, or the thread cannot be started.
     pub fn start(mode: &StoreMode) -> Result<(Self, StoreThreads), StoreError> {
         let store = Store::open(mode)?;
-        let (read_tx, read_rx) = flume::bounded(READ_QUEUE_MAX);
+        let stop = Arc::new(AtomicBool::new(false));
+        let (read_tx, read_rx) = flume::bounded::<ReadOp>(READ_QUEUE_MAX);
         let r = {
-            let store = store.clone();
+            let (store, stop) = (store.clone(), Arc::clone(&stop));
             std::thread::Builder::new()
                 .name("futureq-store-r".into())
-                .spawn(move || reader(&store, &read_rx))
+                .spawn(move || {
+                    serve(&read_rx, &stop, |op| {
+                        let _ = op.reply.send(store.scan_all(&op.reqs).map_err(Arc::new));
+                    });
+                })
                 .map_err(StoreError::Thread)?
         };
         let (admin_tx, admin_rx) = flume::bounded::<AdminOp>(ADMIN_QUEUE_MAX);
         let a = {
-            let store = store.clone();
+            let (store, stop) = (store.clone(), Arc::clone(&stop));
             std::thread::Builder::new()
                 .name("futureq-store-a".into())
                 .spawn(move || {
-                    while let Ok(op) = admin_rx.recv() {
+                    serve(&admin_rx, &stop, |op| {
                         // A read that panicked answers nobody (its caller sees `Closed`);
                         // the thread serves on.
                         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                             op(&store);
                         }));
-                    }
+                    });
                 })
                 .map_err(StoreError::Thread)?
         };
@@ -93,6 +118,7 @@ impl StoreService {
             },
             StoreThreads {
                 handles: vec![r, a],
+                stop,
             },
         ))
     }
@@ -151,8 +177,35 @@ impl StoreService {
     }
 }
 
-fn reader(store: &Store, rx: &flume::Receiver<ReadOp>) {
-    while let Ok(op) = rx.recv() {
-        let _ = op.reply.send(store.scan_all(&op.reqs).map_err(Arc::new));
+#[cfg(test)]
+mod tests {
+    use futures::executor::block_on;
+
+    use super::*;
+
+    /// The admin thread answers reads, survives one that panics, and `join` stops the threads
+    /// even while a handle is still held (which then gets `Closed`).
+    #[test]
+    fn admin_reads_and_a_join_with_a_handle_still_held() {
+        let (svc, threads) = StoreService::start(&StoreMode::Memory).unwrap();
+        let n = block_on(svc.admin(|s| s.topic_counts(10).map(|c| c.rest))).unwrap();
+        assert_eq!(n.unwrap(), 0);
+        let panicked = block_on(svc.admin(|_| -> u8 { panic!("a bad read") }));
+        assert!(matches!(panicked, Err(StoreError::Closed)), "{panicked:?}");
+        assert_eq!(block_on(svc.admin(|_| 7)).unwrap(), 7, "serves on");
+        let kept = svc.clone();
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            threads.join();
+            let _ = done_tx.send(());
+        });
+        done_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("join returned with a handle held");
+        assert!(matches!(
+            block_on(kept.admin(|_| 1)),
+            Err(StoreError::Closed)
+        ));
+        drop(svc);
     }
 }

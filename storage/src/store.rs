@@ -30,7 +30,7 @@
 //! the same log have the same digest ([`Store::digest`]).
 //!
 //! Every method is blocking: call them only off the executors (the write core's blocking
-//! threads, the reader thread in [`crate::service`]).
+//! threads, the reader and admin threads in [`crate::service`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;

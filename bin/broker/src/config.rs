@@ -673,6 +673,13 @@ impl Config {
             "observability.metrics.topicsInterval",
             &self.observability.metrics.topics_interval,
         )?;
+        if metrics_topics_interval < Duration::from_millis(100) {
+            // Each refresh reads every topic's row.
+            return err(
+                "observability.metrics.topicsInterval",
+                "must be at least 100ms",
+            );
+        }
         Ok(Settings {
             grpc_listen,
             grpc_advertise: if g.advertise.is_empty() {
@@ -1172,6 +1179,7 @@ mod tests {
             ("configVersion: 1\npublish:\n  minAckLevel: maybe\n", "publish.minAckLevel"),
             ("configVersion: 1\npublish:\n  maxDelay: 5 parsecs\n", "publish.maxDelay"),
             ("configVersion: 1\npublish:\n  dedupWindow: 5s\n", "publish.dedupWindow"),
+            ("configVersion: 1\nobservability:\n  metrics:\n    topicsInterval: 10ms\n", "topicsInterval: must be at least 100ms"),
             ("configVersion: 1\ncluster:\n  joinSeeds: [a:1]\n  raft:\n    initialMembers: {1: b:2}\n", "cannot both be set"),
         ];
         for (yaml, want) in cases {

@@ -2,9 +2,11 @@
 //!
 //! Counters and histograms are atomics (lock-free on the hot path) except labelled series,
 //! which take a short mutex keyed by their label values. Units are Prometheus base units
-//! (`_seconds`, `_bytes`). A `topic` label names at most [`TOPIC_LABELS_MAX`] topics; every
-//! other topic is counted under `topic=""` (no topic is named so), however many topics
-//! clients create.
+//! (`_seconds`, `_bytes`). A `topic` label names at most [`TOPIC_LABELS_MAX`] topics, the
+//! same ones in every counter (the first seen since the start; for the gauges, the largest at
+//! each refresh); everything else is counted under `topic=""` (no topic is named so: other
+//! topics, publish batches of several topics, refused ones), however many topics clients
+//! create.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Write;
@@ -86,50 +88,70 @@ pub const SIZES: &[f64] = &[
 
 type Labels = Vec<String>;
 
+/// The topics the counters label (at most [`TOPIC_LABELS_MAX`], the first seen), shared by
+/// every counter with a `topic` label.
+#[derive(Default)]
+struct TopicLabels(Mutex<HashSet<String>>);
+
+impl TopicLabels {
+    /// `topic` if it has a label value of its own (taking one while there are places), else
+    /// "".
+    fn label(&self, topic: &mut String) {
+        if topic.is_empty() {
+            return;
+        }
+        let mut known = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !known.contains(topic.as_str()) {
+            if known.len() < TOPIC_LABELS_MAX {
+                known.insert(topic.clone());
+            } else {
+                topic.clear();
+            }
+        }
+    }
+}
+
 /// A counter with labels.
 pub struct LabeledCounter {
     names: &'static [&'static str],
-    series: Mutex<Series>,
-}
-
-#[derive(Default)]
-struct Series {
-    counts: BTreeMap<Labels, u64>,
-    /// The topics with a label value of their own (at most [`TOPIC_LABELS_MAX`]).
-    topics: HashSet<String>,
+    /// For a counter with a `topic` label: the topics it may name.
+    topics: Option<std::sync::Arc<TopicLabels>>,
+    series: Mutex<BTreeMap<Labels, u64>>,
 }
 
 impl LabeledCounter {
     fn new(names: &'static [&'static str]) -> Self {
         LabeledCounter {
             names,
-            series: Mutex::new(Series::default()),
+            topics: None,
+            series: Mutex::new(BTreeMap::new()),
         }
     }
 
-    /// Adds `n` to the series with these label values. A `topic` value beyond the first
-    /// [`TOPIC_LABELS_MAX`] ones seen is counted as `""`.
+    /// A counter whose first label is `topic`, named from `topics`.
+    fn with_topic(names: &'static [&'static str], topics: &std::sync::Arc<TopicLabels>) -> Self {
+        debug_assert_eq!(names.first(), Some(&"topic"));
+        LabeledCounter {
+            topics: Some(std::sync::Arc::clone(topics)),
+            ..LabeledCounter::new(names)
+        }
+    }
+
+    /// Adds `n` to the series with these label values (a topic without a label value of its
+    /// own counts under `topic=""`).
     pub fn add(&self, values: &[&str], n: u64) {
+        let mut labels: Labels = values.iter().map(|v| (*v).to_owned()).collect();
+        if let (Some(topics), Some(t)) = (&self.topics, labels.first_mut()) {
+            topics.label(t);
+        }
         let mut s = self
             .series
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut labels: Labels = values.iter().map(|v| (*v).to_owned()).collect();
-        if let Some(t) = self
-            .names
-            .iter()
-            .position(|k| *k == "topic")
-            .and_then(|i| labels.get_mut(i))
-        {
-            if !s.topics.contains(t.as_str()) {
-                if s.topics.len() < TOPIC_LABELS_MAX {
-                    s.topics.insert(t.clone());
-                } else {
-                    t.clear();
-                }
-            }
-        }
-        *s.counts.entry(labels).or_insert(0) += n;
+        *s.entry(labels).or_insert(0) += n;
     }
 
     fn render(&self, out: &mut String, name: &str) {
@@ -137,7 +159,7 @@ impl LabeledCounter {
             .series
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (vals, n) in &s.counts {
+        for (vals, n) in s.iter() {
             let labels: Vec<String> = self
                 .names
                 .iter()
@@ -250,9 +272,13 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
+        let topics = std::sync::Arc::new(TopicLabels::default());
         Metrics {
-            publish_requests: LabeledCounter::new(&["topic", "ack_level", "result"]),
-            messages_published: LabeledCounter::new(&["topic", "ack_level"]),
+            publish_requests: LabeledCounter::with_topic(
+                &["topic", "ack_level", "result"],
+                &topics,
+            ),
+            messages_published: LabeledCounter::with_topic(&["topic", "ack_level"], &topics),
             publish_batch_size: Histogram::new(SIZES),
             publish_latency_seconds: [
                 Histogram::new(LATENCY_SECONDS),
@@ -639,7 +665,13 @@ mod tests {
         m.messages_published.add(&["t0", "quorum"], 1);
         m.messages_published.add(&["t7", "leader"], 1);
         m.messages_published.add(&["late", "leader"], 2);
+        m.messages_published.add(&["", "leader"], 1);
+        // The same topics in every counter.
+        m.publish_requests.add(&["late", "leader", "success"], 1);
+        m.publish_requests.add(&["t9", "leader", "success"], 1);
         let t = m.render();
+        assert!(t.contains("futureq_publish_requests_total{topic=\"\",ack_level=\"leader\",result=\"success\"} 1"), "{t}");
+        assert!(t.contains("futureq_publish_requests_total{topic=\"t9\",ack_level=\"leader\",result=\"success\"} 1"), "{t}");
         let series = |p: &str| t.lines().filter(|l| l.starts_with(p)).count();
         assert_eq!(
             series("futureq_messages_published_total{"),
@@ -648,7 +680,7 @@ mod tests {
         assert!(t.contains("futureq_messages_published_total{topic=\"t0\",ack_level=\"quorum\"} 2"));
         assert!(t.contains("futureq_messages_published_total{topic=\"t7\",ack_level=\"leader\"} 1"));
         assert!(t.contains("futureq_messages_published_total{topic=\"\",ack_level=\"quorum\"} 50"));
-        assert!(t.contains("futureq_messages_published_total{topic=\"\",ack_level=\"leader\"} 2"));
+        assert!(t.contains("futureq_messages_published_total{topic=\"\",ack_level=\"leader\"} 3"));
     }
 
     #[test]

@@ -247,17 +247,16 @@ struct Stream {
 /// How long a publisher waits after an ABORTED refusal before it sends again.
 const ABORTED_PAUSE: Duration = Duration::from_millis(100);
 
-/// Whether a failure to open a stream may pass (the node went away, an election, a refusal
-/// naming the leader): then opening is tried again; any other answer (a server without the
-/// API, a refused credential) is final.
-fn transient(code: tonic::Code) -> bool {
+/// Whether a failure to open a stream is final: a server without the API, a refused
+/// credential or request. Anything else (the node went away or is restarting, an election, a
+/// refusal naming the leader; h2 resets come as INTERNAL or CANCELLED) is tried again.
+fn refused_for_good(code: tonic::Code) -> bool {
     matches!(
         code,
-        tonic::Code::Unavailable
-            | tonic::Code::Unknown
-            | tonic::Code::DeadlineExceeded
-            | tonic::Code::FailedPrecondition
-            | tonic::Code::Aborted
+        tonic::Code::Unimplemented
+            | tonic::Code::Unauthenticated
+            | tonic::Code::PermissionDenied
+            | tonic::Code::InvalidArgument
     )
 }
 
@@ -278,7 +277,7 @@ async fn open(client: &Client) -> Result<Stream, Error> {
                 })
             }
             Err(s) => {
-                if !transient(s.code()) || started.elapsed() >= client.config().retry_for {
+                if refused_for_good(s.code()) || started.elapsed() >= client.config().retry_for {
                     return Err(Error::status(&s));
                 }
                 client.leader_moved(None);
@@ -372,9 +371,6 @@ async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>)
     // so `send` waits when the publisher is behind.
     let hold = cfg.max_batch_messages.max(1) * (cfg.max_in_flight_batches.max(1) + 1);
     loop {
-        if closed && queue.is_empty() && in_flight.is_empty() {
-            return;
-        }
         let held = queue.len() + in_flight.values().map(|(_, v)| v.len()).sum::<usize>();
         for _ in held..hold {
             match rx.try_recv() {
@@ -385,6 +381,11 @@ async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>)
                     break;
                 }
             }
+        }
+        // After the queue read: a close it saw is acted on here (the wait below would not
+        // see it again, and could wait on nothing).
+        if closed && queue.is_empty() && in_flight.is_empty() {
+            return;
         }
         // Refuse what can never be sent (over the server's frame limit) before it can take a
         // batch down with it.
@@ -460,11 +461,15 @@ async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>)
             stream = None;
             continue;
         }
-        // Wake at the end of a pause, else at the linger (a partial batch goes then).
-        let linger = stream
-            .as_ref()
-            .and_then(|s| s.paused_until)
-            .or(waiting_since.map(|t| t + cfg.linger));
+        // Wake at the end of a pause, else at the linger (a partial batch goes then) when a
+        // batch could go: not while the window is full or the stream moves (an ack wakes).
+        let can_send = stream.as_ref().is_some_and(|s| !s.moving)
+            && in_flight.len() < cfg.max_in_flight_batches;
+        let linger = match stream.as_ref().and_then(|s| s.paused_until) {
+            Some(t) => Some(t),
+            None if can_send => waiting_since.map(|t| t + cfg.linger),
+            None => None,
+        };
         let room = !closed && held < hold;
         let ack = async {
             match stream.as_mut() {

@@ -913,8 +913,10 @@ proptest! {
         let mut sinks: Vec<(ConsumerId, MemSink, u32)> = Vec::new();
         let mut now = 0i64;
         let mut id = 0u64;
-        let mut dead = std::collections::HashSet::new();
-        let mut answer = |hub: &mut Hub<MemSink>, committed: bool, now: i64| -> Result<(), TestCaseError> {
+        // Per (message, recipient): its dead letter committed.
+        type Dead = std::collections::HashSet<(EventKey, String, u64)>;
+        let mut dead = Dead::new();
+        fn answer(hub: &mut Hub<MemSink>, dead: &mut Dead, committed: bool, now: i64) -> Result<(), TestCaseError> {
             for dl in hub.take_dead_letters() {
                 if committed {
                     let once = dead.insert((dl.key, dl.group().to_owned(), dl.consumer()));
@@ -923,7 +925,7 @@ proptest! {
                 hub.dead_lettered(&dl, committed, now);
             }
             Ok(())
-        };
+        }
         for (op, a, b) in ops {
             match op {
                 0 => { id += 1; store.put(id, msg("t", now, b * 3, if a % 4 == 0 { b } else { 0 })); }
@@ -940,7 +942,7 @@ proptest! {
                     hub.unregister(c, now);
                 }
                 3 => now += b,
-                4 => answer(&mut hub, a % 3 != 0, now)?,
+                4 => answer(&mut hub, &mut dead, a % 3 != 0, now)?,
                 _ => {}
             }
             pass(&mut hub, &mut store, now);
@@ -949,20 +951,20 @@ proptest! {
                     prop_assert!(d.message.due_at_ms() <= now, "early delivery");
                     prop_assert!(!d.message.is_expired(now), "expired delivery");
                     prop_assert!(d.attempt <= MAX_ATTEMPTS, "attempt {} of {MAX_ATTEMPTS}", d.attempt);
-                    if (d.key.event_id().0 + u64::from(d.attempt)) % 3 != 0 {
-                        hub.ack(*c, d.key, true, now);
-                    } else {
-                        hub.ack(*c, d.key, false, now);
-                    }
+                    // Every fifth message is a poison one (always NACKed: its recipients give
+                    // up), others are NACKed now and then.
+                    let poison = d.key.event_id().0 % 5 == 0;
+                    let ok = !poison && (d.key.event_id().0 + u64::from(d.attempt)) % 3 != 0;
+                    hub.ack(*c, d.key, ok, now);
                 }
                 prop_assert!(hub.consumers[c].in_flight.len() <= *max as usize);
             }
         }
         // Everyone leaves; then one consumer per group and a universal one come back, time
-        // passes, they ack everything and every dead letter commits: everything drains
-        // (groups got what was owed to them, or gave up).
+        // passes, they ack everything but the poison messages, and every dead letter commits:
+        // everything drains (each recipient got what was owed to it, or gave up).
         for (c, s, _) in sinks.drain(..) { s.take(); hub.unregister(c, now); }
-        answer(&mut hub, true, now)?;
+        answer(&mut hub, &mut dead, true, now)?;
         prop_assert_eq!(hub.in_flight(), 0);
         prop_assert!(hub.entries.is_empty());
         let back: Vec<(ConsumerId, MemSink)> = ["", "g", "h"]
@@ -973,15 +975,31 @@ proptest! {
             })
             .collect();
         now += 10_000;
-        for step in 0..3 {
+        let poisoned = store
+            .0
+            .iter()
+            .filter(|(k, m)| {
+                k.event_id().0 % 5 == 0
+                    && !m.is_expired(now)
+                    && !dead.iter().any(|(d, _, _)| d == *k)
+            })
+            .count();
+        let dead_before = dead.len();
+        for step in 0..8 {
             pass(&mut hub, &mut store, now + step);
-            answer(&mut hub, true, now + step)?;
+            answer(&mut hub, &mut dead, true, now + step)?;
             for (c, s) in &back {
-                for d in s.take() { hub.ack(*c, d.key, true, now + step); }
+                for d in s.take() {
+                    prop_assert!(d.attempt <= MAX_ATTEMPTS, "attempt {} of {MAX_ATTEMPTS}", d.attempt);
+                    hub.ack(*c, d.key, d.key.event_id().0 % 5 != 0, now + step);
+                }
             }
         }
-        pass(&mut hub, &mut store, now + 3);
+        pass(&mut hub, &mut store, now + 8);
         prop_assert!(store.0.is_empty(), "left: {:?}", store.0.keys().collect::<Vec<_>>());
+        // A poison message still deliverable then, and given up by nobody yet, was given up
+        // by its recipients (poison messages are never acked).
+        prop_assert!(dead.len() - dead_before >= poisoned.min(1), "{poisoned} poison messages, no dead letter");
         prop_assert_eq!(hub.parked(), 0);
     }
 }

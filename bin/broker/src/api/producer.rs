@@ -66,7 +66,8 @@ fn index_value(i: usize, j: usize, idx: pb::Index) -> Result<IndexValue, Validat
 }
 
 /// Validates a batch and encodes its messages as store items without ids (ids are assigned
-/// only to a valid batch, by the write core as the batch enters its log).
+/// only to a valid batch, by the write core as the batch enters its log). Also returns the
+/// metrics' `topic` label: the batch's topic, or "" for a batch of several.
 fn prepare(
     ctx: &Ctx,
     batch: pb::PublishBatch,
@@ -104,8 +105,8 @@ fn prepare(
             ));
         }
     }
-    // Distinct topics of the batch for the metrics label (bounded to keep labels small).
-    let mut topics: Vec<String> = Vec::new();
+    // The batch's one topic for the metrics label ("" once a second one shows).
+    let mut label: Option<String> = None;
     let mut items = Vec::with_capacity(batch.messages.len());
     for (i, m) in batch.messages.into_iter().enumerate() {
         let indexes = m
@@ -136,8 +137,10 @@ fn prepare(
                 ..Extras::default()
             },
         };
-        if topics.len() < 8 && !topics.contains(&stored.topic) {
-            topics.push(stored.topic.clone());
+        match &label {
+            None => label = Some(stored.topic.clone()),
+            Some(t) if !t.is_empty() && *t != stored.topic => label = Some(String::new()),
+            Some(_) => {}
         }
         items.push(StoreItem {
             event_id: 0,
@@ -160,7 +163,7 @@ fn prepare(
             ),
         ));
     }
-    Ok((items, topics.join("|")))
+    Ok((items, label.unwrap_or_default()))
 }
 
 /// The encoded size of the largest `QueueMessage` that delivers `m` (every field at its
