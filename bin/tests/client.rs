@@ -178,6 +178,29 @@ async fn a_publisher_closed_before_its_task_runs_stops() {
         .expect("the publisher closes");
 }
 
+/// Review finding: the same with a message too large to send, refused by the task after its
+/// exit check: the queue emptied with the close already seen, and the task waited on nothing.
+#[tokio::test(flavor = "current_thread")]
+async fn a_publisher_closed_with_only_a_refused_message_stops() {
+    let b = Broker::start("").await;
+    let client = Client::connect([format!("127.0.0.1:{}", b.grpc_port)])
+        .await
+        .unwrap();
+    let publisher = client.publisher(PublisherConfig {
+        max_message_bytes: 100,
+        ..PublisherConfig::default()
+    });
+    let pending = publisher
+        .send(Message::new("t", vec![0u8; 1000]))
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), publisher.close())
+        .await
+        .expect("the publisher closes");
+    let e = pending.await.unwrap_err();
+    assert!(e.to_string().contains("over max_message_bytes"), "{e}");
+}
+
 /// One invalid message refused in a shared batch fails alone; the others are stored. A
 /// drain nacks what the application did not take, so another member gets it at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -40,6 +40,8 @@ pub struct StoreService {
     read_tx: flume::Sender<ReadOp>,
     admin_tx: flume::Sender<AdminOp>,
     store: Store,
+    /// Set by [`StoreThreads::join`]: a request sent after it may never be served.
+    stop: Arc<AtomicBool>,
 }
 
 /// Join handle of the store's threads.
@@ -52,7 +54,7 @@ impl StoreThreads {
     /// Stops the threads once their queues are empty (a handle still held somewhere then
     /// gets [`StoreError::Closed`]) and waits for them.
     pub fn join(self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::SeqCst);
         for h in self.handles {
             let _ = h.join();
         }
@@ -62,15 +64,30 @@ impl StoreThreads {
 /// How often an idle store thread looks at its stop flag.
 const STOP_POLL: Duration = Duration::from_millis(100);
 
-/// Serves `rx` on this thread until every sender is gone, or `stop` is set and the queue is
-/// empty.
+/// Serves `rx` on this thread until every sender is gone, or `stop` is set: then what is
+/// queued is served and the thread ends. A sender that finds `stop` set after its send
+/// answers [`StoreError::Closed`] itself (its request may have come after this last drain).
 fn serve<T>(rx: &flume::Receiver<T>, stop: &AtomicBool, mut each: impl FnMut(T)) {
     loop {
         match rx.recv_timeout(STOP_POLL) {
             Ok(op) => each(op),
-            Err(flume::RecvTimeoutError::Timeout) if !stop.load(Ordering::Relaxed) => {}
-            Err(_) => return,
+            Err(flume::RecvTimeoutError::Timeout) if !stop.load(Ordering::SeqCst) => {}
+            Err(flume::RecvTimeoutError::Timeout) => {
+                while let Ok(op) = rx.try_recv() {
+                    each(op);
+                }
+                return;
+            }
+            Err(flume::RecvTimeoutError::Disconnected) => return,
         }
+    }
+}
+
+impl StoreService {
+    /// After a send: whether the threads were told to stop (the request may never be
+    /// served, see [`serve`]).
+    fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
     }
 }
 
@@ -115,6 +132,7 @@ impl StoreService {
                 read_tx,
                 admin_tx,
                 store,
+                stop: Arc::clone(&stop),
             },
             StoreThreads {
                 handles: vec![r, a],
@@ -144,6 +162,9 @@ impl StoreService {
             }))
             .await
             .map_err(|_| StoreError::Closed)?;
+        if self.stopping() {
+            return Err(StoreError::Closed);
+        }
         rx.await.map_err(|_| StoreError::Closed)
     }
 
@@ -173,6 +194,9 @@ impl StoreService {
             .send_async(ReadOp { reqs, reply })
             .await
             .map_err(|_| Arc::new(StoreError::Closed))?;
+        if self.stopping() {
+            return Err(Arc::new(StoreError::Closed));
+        }
         rx.await.map_err(|_| Arc::new(StoreError::Closed))?
     }
 }

@@ -123,7 +123,9 @@ pub struct LabeledCounter {
 }
 
 impl LabeledCounter {
+    /// A counter without a `topic` label (see [`LabeledCounter::with_topic`]).
     fn new(names: &'static [&'static str]) -> Self {
+        debug_assert!(!names.contains(&"topic"), "a topic label is bounded");
         LabeledCounter {
             names,
             topics: None,
@@ -135,8 +137,9 @@ impl LabeledCounter {
     fn with_topic(names: &'static [&'static str], topics: &std::sync::Arc<TopicLabels>) -> Self {
         debug_assert_eq!(names.first(), Some(&"topic"));
         LabeledCounter {
+            names,
             topics: Some(std::sync::Arc::clone(topics)),
-            ..LabeledCounter::new(names)
+            series: Mutex::new(BTreeMap::new()),
         }
     }
 

@@ -369,7 +369,8 @@ async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>)
     let mut closed = false;
     // Messages the task holds at most (queued and in flight): the rest wait in the channel,
     // so `send` waits when the publisher is behind.
-    let hold = cfg.max_batch_messages.max(1) * (cfg.max_in_flight_batches.max(1) + 1);
+    let window = cfg.max_in_flight_batches.max(1);
+    let hold = cfg.max_batch_messages.max(1) * (window + 1);
     loop {
         let held = queue.len() + in_flight.values().map(|(_, v)| v.len()).sum::<usize>();
         for _ in held..hold {
@@ -381,11 +382,6 @@ async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>)
                     break;
                 }
             }
-        }
-        // After the queue read: a close it saw is acted on here (the wait below would not
-        // see it again, and could wait on nothing).
-        if closed && queue.is_empty() && in_flight.is_empty() {
-            return;
         }
         // Refuse what can never be sent (over the server's frame limit) before it can take a
         // batch down with it.
@@ -404,6 +400,11 @@ async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>)
                     queue.push_back(it);
                 }
             }
+        }
+        // After the queue read and the refusals: a close the read saw is acted on here (the
+        // wait below would not see it again, and could wait on nothing).
+        if closed && queue.is_empty() && in_flight.is_empty() {
+            return;
         }
         if queue.is_empty() {
             waiting_since = None;
@@ -433,7 +434,7 @@ async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>)
             while !s.moving
                 && s.paused_until.is_none()
                 && !queue.is_empty()
-                && in_flight.len() < cfg.max_in_flight_batches
+                && in_flight.len() < window
                 && (queue.len() >= cfg.max_batch_messages || in_flight.is_empty() || due || closed)
             {
                 let items = next_batch(&mut queue, &cfg, &prefix, &mut seq);
@@ -463,8 +464,7 @@ async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>)
         }
         // Wake at the end of a pause, else at the linger (a partial batch goes then) when a
         // batch could go: not while the window is full or the stream moves (an ack wakes).
-        let can_send = stream.as_ref().is_some_and(|s| !s.moving)
-            && in_flight.len() < cfg.max_in_flight_batches;
+        let can_send = stream.as_ref().is_some_and(|s| !s.moving) && in_flight.len() < window;
         let linger = match stream.as_ref().and_then(|s| s.paused_until) {
             Some(t) => Some(t),
             None if can_send => waiting_since.map(|t| t + cfg.linger),
