@@ -12,12 +12,17 @@ use futureq_client::{Client, Message, PublisherConfig, Subscription, Tag};
 
 const WAIT: Duration = Duration::from_secs(10);
 
+/// A client of the broker `b`.
+async fn connect(b: &Broker) -> Client {
+    Client::connect([format!("127.0.0.1:{}", b.grpc_port)])
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_client_publishes_in_batches_and_consumes_with_ack_handles() {
     let b = Broker::start("").await;
-    let client = Client::connect([format!("127.0.0.1:{}", b.grpc_port)])
-        .await
-        .unwrap();
+    let client = connect(&b).await;
     let mut consumer = client
         .subscribe(Subscription::new("jobs").group("w").max_in_flight(64))
         .await
@@ -101,9 +106,7 @@ async fn the_client_publishes_in_batches_and_consumes_with_ack_handles() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_name_the_problem() {
     let b = Broker::start("").await;
-    let client = Client::connect([format!("127.0.0.1:{}", b.grpc_port)])
-        .await
-        .unwrap();
+    let client = connect(&b).await;
     let publisher = client.publisher(PublisherConfig::default());
     let e = publisher.publish(Message::new("", "x")).await.unwrap_err();
     assert!(
@@ -121,9 +124,7 @@ async fn refusals_name_the_problem() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_publisher_and_a_consumer_survive_a_broker_restart() {
     let mut b = Broker::start("").await;
-    let client = Client::connect([format!("127.0.0.1:{}", b.grpc_port)])
-        .await
-        .unwrap();
+    let client = connect(&b).await;
     let publisher = client.publisher(PublisherConfig::default());
     let mut consumer = client
         .subscribe(Subscription::new("r").group("g"))
@@ -169,9 +170,7 @@ async fn an_idle_publisher_and_a_consumer_survive_a_broker_restart() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_publisher_closed_before_its_task_runs_stops() {
     let b = Broker::start("").await;
-    let client = Client::connect([format!("127.0.0.1:{}", b.grpc_port)])
-        .await
-        .unwrap();
+    let client = connect(&b).await;
     let publisher = client.publisher(PublisherConfig::default());
     tokio::time::timeout(Duration::from_secs(10), publisher.close())
         .await
@@ -183,9 +182,7 @@ async fn a_publisher_closed_before_its_task_runs_stops() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_publisher_closed_with_only_a_refused_message_stops() {
     let b = Broker::start("").await;
-    let client = Client::connect([format!("127.0.0.1:{}", b.grpc_port)])
-        .await
-        .unwrap();
+    let client = connect(&b).await;
     let publisher = client.publisher(PublisherConfig {
         max_message_bytes: 100,
         ..PublisherConfig::default()
@@ -206,9 +203,7 @@ async fn a_publisher_closed_with_only_a_refused_message_stops() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_message_fails_alone_and_a_drain_hands_back_what_was_not_taken() {
     let b = Broker::start("").await;
-    let client = Client::connect([format!("127.0.0.1:{}", b.grpc_port)])
-        .await
-        .unwrap();
+    let client = connect(&b).await;
     let publisher = client.publisher(PublisherConfig {
         max_in_flight_batches: 1,
         ..PublisherConfig::default()

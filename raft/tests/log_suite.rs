@@ -91,6 +91,14 @@ fn log_id(index: u64) -> RaftLogId {
     }
 }
 
+/// A blank entry of term 2 at `index`.
+fn blank(index: u64) -> Entry {
+    Entry {
+        log_id: log_id(index),
+        payload: openraft::EntryPayload::Blank,
+    }
+}
+
 /// CI (the torn-write round of the cluster's disk-fault test refused a restarted node's log:
 /// "index out of sequence" at byte 0 of its first segment): what a follower does installing a
 /// snapshot over a log of which nothing is committed (openraft truncates it all, then purges
@@ -101,10 +109,6 @@ fn a_log_emptied_for_a_snapshot_reopens_with_the_entries_after_it() {
     GlommioRuntime::new(1).block_on(async {
         let io = MemLogIo::new();
         let mut log = log_store_on(io.clone()).await.unwrap();
-        let blank = |i| Entry {
-            log_id: log_id(i),
-            payload: openraft::EntryPayload::Blank,
-        };
         log.blocking_append((0..=5).map(blank)).await.unwrap();
         log.truncate_after(None).await.unwrap();
         log.purge(log_id(9)).await.unwrap();
@@ -134,10 +138,6 @@ fn a_purge_cut_short_by_a_crash_is_finished_at_open() {
     GlommioRuntime::new(1).block_on(async {
         let io = MemLogIo::new();
         let mut log = log_store_on(io.clone()).await.unwrap();
-        let blank = |i| Entry {
-            log_id: log_id(i),
-            payload: openraft::EntryPayload::Blank,
-        };
         log.blocking_append((0..=5).map(blank)).await.unwrap();
         let segment = format!("{:020}.log", 0);
         let image = io.file(&segment).unwrap();

@@ -83,6 +83,21 @@ fn serve<T>(rx: &flume::Receiver<T>, stop: &AtomicBool, mut each: impl FnMut(T))
     }
 }
 
+/// Starts a store thread named `name` serving `rx` (see [`serve`]).
+fn spawn<T: Send + 'static>(
+    name: &str,
+    rx: flume::Receiver<T>,
+    stop: &Arc<AtomicBool>,
+    store: Store,
+    each: impl Fn(&Store, T) + Send + 'static,
+) -> Result<JoinHandle<()>, StoreError> {
+    let stop = Arc::clone(stop);
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || serve(&rx, &stop, |op| each(&store, op)))
+        .map_err(StoreError::Thread)
+}
+
 impl StoreService {
     /// After a send: whether the threads were told to stop (the request may never be
     /// served, see [`serve`]).
@@ -100,33 +115,27 @@ impl StoreService {
         let store = Store::open(mode)?;
         let stop = Arc::new(AtomicBool::new(false));
         let (read_tx, read_rx) = flume::bounded::<ReadOp>(READ_QUEUE_MAX);
-        let r = {
-            let (store, stop) = (store.clone(), Arc::clone(&stop));
-            std::thread::Builder::new()
-                .name("futureq-store-r".into())
-                .spawn(move || {
-                    serve(&read_rx, &stop, |op| {
-                        let _ = op.reply.send(store.scan_all(&op.reqs).map_err(Arc::new));
-                    });
-                })
-                .map_err(StoreError::Thread)?
-        };
+        let r = spawn(
+            "futureq-store-r",
+            read_rx,
+            &stop,
+            store.clone(),
+            |store, op| {
+                let _ = op.reply.send(store.scan_all(&op.reqs).map_err(Arc::new));
+            },
+        )?;
         let (admin_tx, admin_rx) = flume::bounded::<AdminOp>(ADMIN_QUEUE_MAX);
-        let a = {
-            let (store, stop) = (store.clone(), Arc::clone(&stop));
-            std::thread::Builder::new()
-                .name("futureq-store-a".into())
-                .spawn(move || {
-                    serve(&admin_rx, &stop, |op| {
-                        // A read that panicked answers nobody (its caller sees `Closed`);
-                        // the thread serves on.
-                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            op(&store);
-                        }));
-                    });
-                })
-                .map_err(StoreError::Thread)?
-        };
+        let a = spawn(
+            "futureq-store-a",
+            admin_rx,
+            &stop,
+            store.clone(),
+            |store, op| {
+                // A read that panicked answers nobody (its caller sees `Closed`); the thread
+                // serves on.
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| op(store)));
+            },
+        )?;
         Ok((
             StoreService {
                 read_tx,
