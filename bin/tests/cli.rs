@@ -57,34 +57,17 @@ async fn a_shell_session_publishes_inspects_moves_cancels_and_consumes() {
     .await);
     let tag = tag.trim().to_owned();
     assert_eq!(tag.len(), 48, "{tag:?}");
-    let second = ok(run(
-        &b,
-        &[
-            "publish",
-            "-t",
-            "orders",
-            "--delay",
-            "2h",
-            "--dedup-id",
-            "o-2",
-        ],
-        b"from stdin",
-    )
-    .await);
-    let again = ok(run(
-        &b,
-        &[
-            "publish",
-            "-t",
-            "orders",
-            "--delay",
-            "2h",
-            "--dedup-id",
-            "o-2",
-        ],
-        b"retried",
-    )
-    .await);
+    let with_dedup_id = [
+        "publish",
+        "-t",
+        "orders",
+        "--delay",
+        "2h",
+        "--dedup-id",
+        "o-2",
+    ];
+    let second = ok(run(&b, &with_dedup_id, b"from stdin").await);
+    let again = ok(run(&b, &with_dedup_id, b"retried").await);
     assert_eq!(second, again, "the dedup id answers the first tag");
     let second = second.trim().to_owned();
 
