@@ -335,7 +335,7 @@ impl Topic {
 /// dead-letter topic (`<topic>.dlq`) would not be a valid topic name.
 fn attempt_limit(cfg: &HubConfig, m: &StoredMessage) -> u32 {
     let x = &m.extras;
-    let unnamable = crate::message::dead_letter_topic(&m.topic, &x.dead_letter_topic).len()
+    let unnamable = crate::message::dead_letter_topic_len(&m.topic, &x.dead_letter_topic)
         > crate::message::TOPIC_LEN_MAX;
     if !x.origin_topic.is_empty() || unnamable {
         return 0;

@@ -97,14 +97,28 @@ impl TtlMs {
     }
 }
 
+/// Suffix of a message's default dead-letter topic.
+const DEAD_LETTER_SUFFIX: &str = ".dlq";
+
 /// The topic a message's dead letters go to: the one it names, else `<topic>.dlq` (which may
-/// be longer than [`TOPIC_LEN_MAX`]: callers check).
+/// be longer than [`TOPIC_LEN_MAX`]: callers check, with [`dead_letter_topic_len`]).
 #[must_use]
 pub fn dead_letter_topic(topic: &str, named: &str) -> String {
     if named.is_empty() {
-        format!("{topic}.dlq")
+        format!("{topic}{DEAD_LETTER_SUFFIX}")
     } else {
         named.to_owned()
+    }
+}
+
+/// The length of [`dead_letter_topic`], without building it (the dispatcher asks on every
+/// delivery).
+#[must_use]
+pub fn dead_letter_topic_len(topic: &str, named: &str) -> usize {
+    if named.is_empty() {
+        topic.len() + DEAD_LETTER_SUFFIX.len()
+    } else {
+        named.len()
     }
 }
 
@@ -422,6 +436,16 @@ impl Reader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dead_letter_topics_length_is_known_without_building_it() {
+        for (topic, named) in [("orders", ""), ("orders", "poison"), ("", "")] {
+            assert_eq!(
+                dead_letter_topic_len(topic, named),
+                dead_letter_topic(topic, named).len()
+            );
+        }
+    }
     use proptest::prelude::*;
 
     fn arb_index() -> impl Strategy<Value = IndexValue> {

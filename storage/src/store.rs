@@ -586,6 +586,20 @@ impl Store {
                             .push((*index, futureq_core::command::Answer::Rescheduled(moved)));
                     }
                     CommandRef::DeadLetter(d) => {
+                        // A leader never builds a longer group (consumers' group ids are
+                        // checked); the copy could not be encoded: refused, never fatal.
+                        if d.group.len() > futureq_core::message::TOPIC_LEN_MAX {
+                            out.refused.push((
+                                *index,
+                                Refusal::Undecodable {
+                                    reason: format!(
+                                        "a dead letter's group of {} bytes",
+                                        d.group.len()
+                                    ),
+                                },
+                            ));
+                            continue;
+                        }
                         if let Err(refusal) = take_id(d.event_id.to_native(), &mut out) {
                             out.refused.push((*index, refusal));
                             continue;

@@ -572,6 +572,25 @@ fn a_dead_letter_copies_the_message_and_counts_it_on_its_topic() {
     let third = dead_letter_of("", 2, 3000).expect("another universal consumer's copy");
     assert_ne!(third, other, "each universal consumer is a recipient");
     assert_eq!(dead_letter("h", 51_000), None, "expired: not copied");
+    // Review finding: a group too long to encode in the copy was a panic on every replica;
+    // the command is refused and changes nothing.
+    let digest = s.digest();
+    let long = WithId::DeadLetter(DeadLetter {
+        key: k[0].0,
+        event_id: 0,
+        bucket: 2000,
+        now_ms: 3000,
+        group: "g".repeat(70_000),
+        consumer: 0,
+    })
+    .encode(next_id());
+    let out = apply(&s, &long);
+    assert!(
+        matches!(out.refused.as_slice(), [(_, Refusal::Undecodable { .. })]),
+        "{:?}",
+        out.refused
+    );
+    assert_eq!(s.digest(), digest);
     let rows = |s: &Store| -> Vec<(String, u64, u64)> {
         let mut v: Vec<_> = s
             .topic_stats(None, usize::MAX)

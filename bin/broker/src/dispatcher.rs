@@ -31,6 +31,10 @@ pub const DELETE_FLUSH_EARLY: usize = 16_384;
 const SCAN_RETRY: Duration = Duration::from_millis(100);
 /// How long a dead letter whose command failed waits before its recipient gives up again.
 const DEAD_LETTER_RETRY: Duration = Duration::from_secs(1);
+/// Dead-letter commands in flight at most; more recipients that gave up wait their turn (a
+/// burst, such as a group member crashing with many poison messages in flight, does not
+/// crowd out publishes).
+const DEAD_LETTERS_IN_FLIGHT_MAX: usize = 64;
 /// How long the dispatcher keeps serving acks after shutdown starts, while consumers leave.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 
@@ -148,6 +152,10 @@ struct Dispatcher {
     delete_timeout: Duration,
     /// `delivery.timeBucket` (the bucket of a dead letter's copy).
     bucket_ms: u64,
+    /// Recipients that gave up, waiting for a place among the dead letters in flight.
+    dead_letters_waiting: std::collections::VecDeque<futureq_core::hub::DeadLetter>,
+    /// Dead-letter commands not answered yet (at most [`DEAD_LETTERS_IN_FLIGHT_MAX`]).
+    dead_letters_in_flight: usize,
     tx: flume::Sender<HubCmd>,
     metrics: Arc<Metrics>,
     flushing: bool,
@@ -199,6 +207,7 @@ impl Dispatcher {
                 let _ = done.send(());
             }
             HubCmd::DeadLettered { dl, committed } => {
+                self.dead_letters_in_flight = self.dead_letters_in_flight.saturating_sub(1);
                 self.hub.dead_lettered(&dl, committed, now_ms());
             }
             HubCmd::Activity(reply) => {
@@ -267,11 +276,18 @@ impl Dispatcher {
         .detach();
     }
 
-    /// Turns each recipient that gave up into one replicated command on its own task; its
-    /// outcome goes back to the hub. A failed one is reported after [`DEAD_LETTER_RETRY`], so
+    /// Turns each recipient that gave up into one replicated command on its own task (at most
+    /// [`DEAD_LETTERS_IN_FLIGHT_MAX`] at a time, the others wait in order); its outcome goes
+    /// back to the hub. A failed one is reported after [`DEAD_LETTER_RETRY`], so
     /// a write path that refuses (a lost leadership) is not asked again at once.
     fn start_dead_letters(&mut self) {
-        for dl in self.hub.take_dead_letters() {
+        self.dead_letters_waiting
+            .extend(self.hub.take_dead_letters());
+        while self.dead_letters_in_flight < DEAD_LETTERS_IN_FLIGHT_MAX {
+            let Some(dl) = self.dead_letters_waiting.pop_front() else {
+                break;
+            };
+            self.dead_letters_in_flight += 1;
             let now = now_ms();
             let cmd = WithId::DeadLetter(DeadLetter {
                 key: dl.key.0,
@@ -430,6 +446,8 @@ pub async fn run(
         writes,
         delete_timeout: cfg.delete_timeout,
         bucket_ms: cfg.hub.bucket_ms,
+        dead_letters_waiting: std::collections::VecDeque::new(),
+        dead_letters_in_flight: 0,
         tx,
         metrics,
         flushing: false,

@@ -346,7 +346,8 @@ impl Client {
     }
 
     /// Cancels stored messages: per tag, in order, whether it was stored. Durable before the
-    /// answer; a cancelled message is never delivered again.
+    /// answer; a cancelled message is never delivered again (a dead-lettered copy stored
+    /// before is a message of its own, with its own tag).
     ///
     /// # Errors
     /// See [`Error`]: an INVALID_ARGUMENT status for 0 or more than 1000 tags.

@@ -846,9 +846,7 @@ impl<I: LogIo> Log<I> {
         };
         // Later segments go before the cut: a crash in between leaves a log that ends early
         // (the truncate is redone), never one whose segments do not follow each other.
-        for name in doomed.iter().rev() {
-            self.io.remove(name).await?;
-        }
+        self.remove_segments(&doomed).await?;
         if let Some((name, start, offset, old_end, prefix)) = cut {
             let mut buf = match prefix {
                 Some(mut p) => {
@@ -946,10 +944,15 @@ impl<I: LogIo> Log<I> {
             st.cache_clear();
             st.segments.drain(..).map(|s| s.name).collect()
         };
-        for name in doomed.iter().rev() {
+        self.remove_segments(&doomed).await
+    }
+
+    /// Removes segment files the state no longer holds, last first. A file left behind
+    /// would take the next append of its first index at its old bytes: a failure poisons the
+    /// log (no more writes; a restart finishes the removal).
+    async fn remove_segments(&self, names: &[String]) -> Result<(), LogError> {
+        for name in names.iter().rev() {
             if let Err(e) = self.io.remove(name).await {
-                // A file left behind would take the next append of its first index at its
-                // old bytes: no more writes (a restart finishes the removal).
                 self.st.borrow_mut().poisoned = true;
                 return Err(e.into());
             }

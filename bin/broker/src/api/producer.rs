@@ -83,13 +83,12 @@ fn prepare(
             .map_err(invalid)?;
         validate_options(i, &m.topic, &m.dedup_id, &m.dead_letter_topic).map_err(invalid)?;
         let dead_letters = m.max_attempts > 0 || s.max_attempts > 0;
-        let dlq = futureq_core::message::dead_letter_topic(&m.topic, &m.dead_letter_topic);
-        if dead_letters && dlq.len() > TOPIC_LEN_MAX {
+        let dlq = futureq_core::message::dead_letter_topic_len(&m.topic, &m.dead_letter_topic);
+        if dead_letters && dlq > TOPIC_LEN_MAX {
             return Err((
                 Code::InvalidArgument,
                 format!(
-                    "PublishBatch.messages[{i}].dead_letter_topic: the default \"<topic>.dlq\" would be {} bytes, over the limit of {TOPIC_LEN_MAX}; name one",
-                    dlq.len()
+                    "PublishBatch.messages[{i}].dead_letter_topic: the default \"<topic>.dlq\" would be {dlq} bytes, over the limit of {TOPIC_LEN_MAX}; name one"
                 ),
             ));
         }
@@ -172,8 +171,8 @@ fn delivery_len(m: &pb::PublishMessage, enqueued_at_ms: i64) -> usize {
     use prost::Message as _;
     // Delivered on its own topic, or as a dead-lettered copy on a topic of up to
     // TOPIC_LEN_MAX bytes.
-    let dlq = futureq_core::message::dead_letter_topic(&m.topic, &m.dead_letter_topic);
-    let topic_len = m.topic.len().max(dlq.len().min(TOPIC_LEN_MAX));
+    let dlq = futureq_core::message::dead_letter_topic_len(&m.topic, &m.dead_letter_topic);
+    let topic_len = m.topic.len().max(dlq.min(TOPIC_LEN_MAX));
     pb::QueueMessage {
         topic: "t".repeat(topic_len),
         payload: m.payload.clone(),
@@ -254,8 +253,9 @@ async fn store_batch(
         }
         Ok(Err(WriteError::Failed(e))) => {
             tracing::warn!(target: "producer", error = %e, "batch failed");
+            // `e` says whether the batch may have been stored.
             let message = if ctx.repl.is_clustered() {
-                format!("replication failure, batch not stored: {e}")
+                format!("replication failure: {e}")
             } else {
                 format!("storage failure: {e}")
             };
