@@ -511,3 +511,165 @@ async fn reflection_lists_and_describes_the_services() {
         "the stream ends"
     );
 }
+
+async fn health(ch: tonic::transport::Channel) -> Result<i32, tonic::Status> {
+    let mut h = HealthClient::new(ch);
+    let req = tonic::Request::new(HealthCheckRequest {
+        service: String::new(),
+    });
+    tokio::time::timeout(Duration::from_secs(5), h.check(req))
+        .await
+        .map_err(|_| tonic::Status::deadline_exceeded("no answer within 5 s"))
+        .map(|r| r.map(|r| r.into_inner().status))?
+}
+
+/// Issue 26: with the defaults, an application with a few dozen consumers on one connection
+/// (tonic's channel is one HTTP/2 connection) is served, and so are its other calls. The
+/// default limit was 10 streams: the 11th call waited in the client's HTTP/2 queue, silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dozens_of_streams_share_one_connection_with_the_defaults() {
+    let b = Broker::start("").await;
+    let ch = b.channel().await;
+    let mut subs = Vec::new();
+    for i in 0..40 {
+        subs.push(Subscriber::open(ch.clone(), &format!("t{i}"), "", 0).await);
+    }
+    let mut p = Publisher::open(ch.clone()).await;
+    assert!(
+        p.publish(batch(1, QUORUM, vec![msg("t39", "x", 0, 0)]))
+            .await
+            .success
+    );
+    let got = subs[39]
+        .next(Duration::from_secs(5))
+        .await
+        .expect("delivered");
+    assert_eq!(&got.payload[..], b"x");
+    assert_eq!(health(ch).await.expect("health answers"), 1);
+}
+
+/// Issue 26: a stream past `api.grpc.maxConcurrentStreams` is refused at once with
+/// RESOURCE_EXHAUSTED naming the limit (not queued by the client's HTTP/2 layer until its
+/// deadline), the connection's open streams go on, and a slot that frees is used again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_past_the_limit_are_refused_with_a_reason() {
+    let b = Broker::start("api:\n  grpc:\n    maxConcurrentStreams: 8\n").await;
+    let ch = b.channel().await;
+    let mut subs = Vec::new();
+    for i in 0..8 {
+        subs.push(Subscriber::open(ch.clone(), &format!("t{i}"), "", 0).await);
+    }
+    let t = std::time::Instant::now();
+    let refused = health(ch.clone())
+        .await
+        .expect_err("a ninth stream is refused");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("api.grpc.maxConcurrentStreams")
+            && refused.message().contains('8'),
+        "{refused:?}"
+    );
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "refused after {:?}",
+        t.elapsed()
+    );
+    // More than the advertised slack: each refusal ends its stream at once.
+    for _ in 0..40 {
+        let s = health(ch.clone()).await.expect_err("still full");
+        assert_eq!(s.code(), Code::ResourceExhausted, "{s:?}");
+    }
+    // The open streams are still served, on the same connection.
+    let mut other = Publisher::open(b.channel().await).await;
+    assert!(
+        other
+            .publish(batch(1, QUORUM, vec![msg("t7", "y", 0, 0)]))
+            .await
+            .success
+    );
+    let got = subs[7]
+        .next(Duration::from_secs(5))
+        .await
+        .expect("delivered");
+    assert_eq!(&got.payload[..], b"y");
+    // One stream ends: its slot serves the next call.
+    drop(subs.pop());
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        match health(ch.clone()).await {
+            Ok(status) => {
+                assert_eq!(status, 1);
+                break;
+            }
+            Err(s)
+                if s.code() == Code::ResourceExhausted && std::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(s) => panic!("the freed slot was not reused: {s:?}"),
+        }
+    }
+    assert!(
+        b.log().contains("refusing the excess"),
+        "{}",
+        b.log_tail(20)
+    );
+}
+
+/// Issue 26: a connection that never sends its HTTP/2 preface is closed after
+/// `api.grpc.handshakeTimeout`, not held for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_without_a_handshake_is_closed() {
+    use tokio::io::AsyncReadExt;
+    let b = Broker::start("api:\n  grpc:\n    handshakeTimeout: 500ms\n").await;
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", b.grpc_port))
+        .await
+        .unwrap();
+    let t = std::time::Instant::now();
+    let mut buf = [0u8; 1024];
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "a silent connection still open after 10 s");
+    assert!(
+        t.elapsed() >= Duration::from_millis(400),
+        "closed after {:?}",
+        t.elapsed()
+    );
+    assert_eq!(health(b.channel().await).await.expect("serving"), 1);
+}
+
+/// Issue 26: a PublishStream with nothing outstanding ends after `publish.streamIdleTimeout`
+/// (UNAVAILABLE, saying why), so an abandoned stream frees its slot; a busy one does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_publish_stream_ends() {
+    let b = Broker::start("publish:\n  streamIdleTimeout: 1s\n").await;
+    let mut p = Publisher::open(b.channel().await).await;
+    for i in 0..6 {
+        // Busy for longer than the timeout in all.
+        assert!(
+            p.publish(batch(i, QUORUM, vec![msg("t", "x", 0, 0)]))
+                .await
+                .success
+        );
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    let t = std::time::Instant::now();
+    let end = p.end_status().await;
+    assert_eq!(end.code(), Code::Unavailable, "{end:?}");
+    assert!(
+        end.message().contains("publish.streamIdleTimeout"),
+        "{end:?}"
+    );
+    assert!(
+        t.elapsed() >= Duration::from_millis(400),
+        "ended after {:?}",
+        t.elapsed()
+    );
+}

@@ -1322,3 +1322,63 @@ async fn the_client_library_follows_the_leader_across_a_failover() {
         .await
         .expect("the publisher closes once every message is answered");
 }
+
+/// Issue 26: a PublishStream on a leader that is deposed with a batch in flight answers the
+/// batch (stored, not stored or outcome unknown) and then ends with FAILED_PRECONDITION naming
+/// the new leader. It used to stay open for good: a client that gave up on it without
+/// cancelling kept one of its connection's stream slots taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_stream_ends_when_its_leader_is_deposed_mid_batch() {
+    let _serial = SERIAL.lock().await;
+    let c = Cluster::start(3, "").await;
+    for attempt in 1..=3u64 {
+        let old = c.leader(Duration::from_secs(10)).await;
+        let mut p = Publisher::open(c.nodes[old].channel().await).await;
+        assert!(
+            p.publish(batch(100, 0, vec![msg("dep", "warm", 0, 0)]))
+                .await
+                .success
+        );
+        let followers: Vec<usize> = (0..3).filter(|&i| i != old).collect();
+        for &f in &followers {
+            common::signal(&c.nodes[f], "-STOP");
+        }
+        // Within the leader's lease the batch is taken; nothing can commit it.
+        p.send(batch(attempt, 0, vec![msg("dep", "in flight", 0, 0)]));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        common::signal(&c.nodes[old], "-STOP");
+        for &f in &followers {
+            common::signal(&c.nodes[f], "-CONT");
+        }
+        let new = c
+            .leader_except(Some(old), FAILOVER_MAX + Duration::from_secs(5))
+            .await;
+        common::signal(&c.nodes[old], "-CONT");
+        let ack = p.ack().await;
+        assert_eq!(ack.batch_id, attempt);
+        if !ack.success && ack.error_code == tonic::Code::FailedPrecondition as u32 {
+            // The lease had run out before the batch came (a slow machine): not mid-batch.
+            eprintln!("attempt {attempt}: the batch was refused before it was taken; again");
+            continue;
+        }
+        let end = p.end_status().await;
+        assert_eq!(
+            end.code(),
+            tonic::Code::FailedPrecondition,
+            "{end:?}; old leader's log:\n{}",
+            c.nodes[old].log_tail(40)
+        );
+        let leader = end
+            .metadata()
+            .get("futureq-leader-address")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        assert_eq!(
+            leader,
+            Some(format!("127.0.0.1:{}", c.nodes[new].grpc_port)),
+            "{end:?}"
+        );
+        return;
+    }
+    panic!("the leader's lease never outlasted the pause of its followers");
+}

@@ -494,14 +494,20 @@ impl Node {
                     let _ = tx.send(());
                 }
                 let attempt = async { Some(write.await) };
+                // The deadline runs whether or not the persist key ever fires (an entry cut
+                // from this log, a hook that never sees it): the write and its permit are
+                // never held past it.
                 let early = async {
-                    if let Some(p) = on_disk {
-                        p.await;
-                        if let Some(tx) = persisted_tx.take() {
-                            let _ = tx.send(());
+                    let persist = async {
+                        if let Some(p) = on_disk {
+                            p.await;
+                            if let Some(tx) = persisted_tx.take() {
+                                let _ = tx.send(());
+                            }
                         }
-                    }
-                    glommio::timer::sleep(left).await;
+                        future::pending::<()>().await;
+                    };
+                    future::or(persist, glommio::timer::sleep(left)).await;
                     None
                 };
                 match future::or(attempt, early).await {

@@ -309,3 +309,86 @@ fn the_event_log_is_bounded_in_bytes() {
         node.shutdown().await;
     });
 }
+
+/// Issue 26.4: a write whose LEADER persist key never fires (here: a key of another term) and
+/// whose entry never commits (the leader lost its quorum after appending it) ends at its
+/// deadline. It used to wait for the key before starting its timer: the write, and its place
+/// among the leader's outstanding proposals, were held for good.
+#[test]
+fn a_write_whose_persist_key_never_fires_ends_at_its_deadline() {
+    use futureq_core::command::{encode_store, StoreBatch, StoreItem};
+    use futureq_raft::node::{Proposal, WriteError};
+    let mut rt = GlommioRuntime::new(1);
+    rt.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let members: std::collections::BTreeMap<u64, String> = (1..=2)
+            .map(|id| {
+                let port = std::net::TcpListener::bind("127.0.0.1:0")
+                    .unwrap()
+                    .local_addr()
+                    .unwrap()
+                    .port();
+                (id, format!("127.0.0.1:{port}"))
+            })
+            .collect();
+        let mut nodes = Vec::new();
+        for (id, addr) in &members {
+            let cfg = node_config(*id, addr, &dir.path().join(id.to_string()));
+            let store = Store::open(&StoreMode::Memory).unwrap();
+            nodes.push(Node::start(&cfg, store, Rc::new(|_, _| {})).await.unwrap());
+        }
+        for n in &nodes {
+            n.bootstrap(&members).await.unwrap();
+        }
+        let mut leader = None;
+        for _ in 0..500 {
+            leader = nodes.iter().position(|n| n.leadership().leading);
+            if leader.is_some() {
+                break;
+            }
+            GlommioRuntime::sleep(Duration::from_millis(10)).await;
+        }
+        let leader = leader.expect("a leader within 5 s");
+        let follower = 1 - leader;
+        let (term, before) = {
+            let l = nodes[leader].leadership();
+            (l.term, l.last_log)
+        };
+        // The quorum goes; the leader's lease still lets it append.
+        nodes[follower].shutdown().await;
+        let cmd = encode_store(&StoreBatch {
+            items: vec![StoreItem {
+                event_id: 1,
+                bucket: 0,
+                topic_hash: 0,
+                expires_at_ms: 0,
+                index_keys: vec![],
+                message: vec![7; 16],
+            }],
+        });
+        let deadline = std::time::Instant::now() + Duration::from_millis(500);
+        let write = nodes[leader]
+            .propose_event(
+                move || Ok(Proposal::store(cmd.clone().into(), term + 1000)),
+                true,
+                deadline,
+            )
+            .await
+            .expect("a place among the proposals");
+        let done = futures_lite::future::or(async { Some(write.done.await) }, async {
+            GlommioRuntime::sleep(Duration::from_secs(10)).await;
+            None
+        })
+        .await;
+        assert!(
+            nodes[leader].leadership().last_log > before,
+            "the entry was appended (the write was taken, not refused)"
+        );
+        match done {
+            Some(Ok(Err(WriteError::Timeout))) => {}
+            Some(other) => panic!("expected a timeout, got {other:?}"),
+            None => panic!("the write outlived its deadline by 9.5 s"),
+        }
+        nodes[leader].shutdown().await;
+    });
+}

@@ -111,6 +111,38 @@ def check_health(b):
         assert e.code() == grpc.StatusCode.NOT_FOUND, e
 
 
+def check_many_channels_share_one_connection(b):
+    """Issue 26: grpcio's channels to one target share one HTTP/2 connection (its global
+    subchannel pool). A dozen consumers, each on its own channel, and then a health check on a
+    channel of its own: all answered (with the old default of 10 streams per connection the
+    check waited in grpcio's queue until its deadline)."""
+    target = f"127.0.0.1:{b.port}"
+    channels = [grpc.insecure_channel(target) for _ in range(13)]
+    consumers = []
+    try:
+        for i, ch in enumerate(channels[:12]):
+            c = Consumer.__new__(Consumer)
+            c.q = queue.Queue()
+            c.q.put(pb.ConsumerFrame(init=pb.SubscribeInit(topic=f"py-many-{i}")))
+            c.stream = pbg.FutureQConsumerStub(ch).Subscribe(c._frames(), timeout=30)
+            c.got = queue.Queue()
+            threading.Thread(target=c._read, daemon=True).start()
+            consumers.append(c)
+        time.sleep(0.3)
+        stub = health_pb2_grpc.HealthStub(channels[12])
+        r = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        assert r.status == health_pb2.HealthCheckResponse.SERVING, r
+        acks = publish(b, [batch(1, [pb.PublishMessage(topic="py-many-11", payload=b"x")])])
+        assert acks[0].success, acks
+        m = consumers[11].next(5)
+        assert isinstance(m, pb.QueueMessage) and m.payload == b"x", m
+    finally:
+        for c in consumers:
+            c.close()
+        for ch in channels:
+            ch.close()
+
+
 def check_publish_and_subscribe(b):
     c = Consumer(b, "py-orders")
     time.sleep(0.2)
@@ -259,7 +291,7 @@ def main():
     binary = sys.argv[1]
     b = Broker(binary)
     passed = failed = 0
-    checks = [check_health, check_publish_and_subscribe, check_cancel, check_topic_stats_and_peek,
+    checks = [check_health, check_many_channels_share_one_connection, check_publish_and_subscribe, check_cancel, check_topic_stats_and_peek,
               check_publish_errors,
               check_subscribe_error, check_undecodable_frame, check_cluster_info, check_reflection, check_sigterm]
     try:

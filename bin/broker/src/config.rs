@@ -54,6 +54,7 @@ pub struct Grpc {
     pub max_receive_message_size: String,
     pub max_send_message_size: String,
     pub keepalive_timeout: String,
+    pub handshake_timeout: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -99,6 +100,7 @@ pub struct Publish {
     pub proposal_timeout: String,
     pub max_delay: String,
     pub dedup_window: String,
+    pub stream_idle_timeout: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -229,10 +231,11 @@ impl Default for Config {
                 grpc: Grpc {
                     listen: "127.0.0.1:8443".into(),
                     advertise: String::new(),
-                    max_concurrent_streams: 10,
+                    max_concurrent_streams: 1024,
                     max_receive_message_size: "4MiB".into(),
                     max_send_message_size: "4MiB".into(),
                     keepalive_timeout: "5s".into(),
+                    handshake_timeout: "10s".into(),
                 },
             },
             cluster: Cluster {
@@ -262,6 +265,7 @@ impl Default for Config {
                 proposal_timeout: "5s".into(),
                 max_delay: "365d".into(),
                 dedup_window: "10m".into(),
+                stream_idle_timeout: "5m".into(),
             },
             delivery: Delivery {
                 consumer_queue_size: 1024,
@@ -431,6 +435,8 @@ pub struct Settings {
     pub max_recv_message_len: usize,
     pub max_send_message_len: usize,
     pub keepalive_timeout: Duration,
+    /// How long a new connection may take for its HTTP/2 handshake.
+    pub handshake_timeout: Duration,
     pub node_id: u64,
     pub data_dir: PathBuf,
     pub memory_storage: bool,
@@ -440,6 +446,9 @@ pub struct Settings {
     pub max_delay: Duration,
     /// How long a dedup id is remembered after its message was stored.
     pub dedup_window: Duration,
+    /// A PublishStream with nothing outstanding and no batch for this long is ended
+    /// (UNAVAILABLE), and so is one whose client reads no ack for this long.
+    pub stream_idle_timeout: Duration,
     /// Deliveries per recipient before a message is dead-lettered (0 = unlimited), for
     /// messages that do not set their own.
     pub max_attempts: u32,
@@ -557,6 +566,10 @@ impl Config {
         )?;
         let max_send_message_len = size("api.grpc.maxSendMessageSize", &g.max_send_message_size)?;
         let keepalive_timeout = dur("api.grpc.keepaliveTimeout", &g.keepalive_timeout)?;
+        let handshake_timeout = dur("api.grpc.handshakeTimeout", &g.handshake_timeout)?;
+        if handshake_timeout < Duration::from_millis(100) {
+            return err("api.grpc.handshakeTimeout", "must be at least 100ms");
+        }
         let c = &self.cluster;
         if !c.join_seeds.is_empty() && !c.raft.initial_members.is_empty() {
             return err(
@@ -623,6 +636,10 @@ impl Config {
                 "publish.dedupWindow",
                 "must be at least 1m (a publish retried after a timeout must still find its id)",
             );
+        }
+        let stream_idle_timeout = dur("publish.streamIdleTimeout", &p.stream_idle_timeout)?;
+        if stream_idle_timeout < Duration::from_secs(1) {
+            return err("publish.streamIdleTimeout", "must be at least 1s");
         }
         let d = &self.delivery;
         if !(1..=65_536).contains(&d.consumer_queue_size) {
@@ -691,6 +708,7 @@ impl Config {
             max_recv_message_len,
             max_send_message_len,
             keepalive_timeout,
+            handshake_timeout,
             node_id: c.node_id,
             data_dir: PathBuf::from(&self.storage.data_dir),
             memory_storage,
@@ -699,6 +717,7 @@ impl Config {
             proposal_timeout,
             max_delay,
             dedup_window,
+            stream_idle_timeout,
             max_attempts: d.max_attempts,
             consumer_queue_size: d.consumer_queue_size,
             time_bucket_ms: u64::try_from(tb.as_millis()).unwrap_or(u64::MAX),

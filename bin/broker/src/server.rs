@@ -650,6 +650,7 @@ async fn core_main(
         max_send_message_len: settings.max_send_message_len,
         max_concurrent_streams: settings.max_concurrent_streams,
         keepalive_timeout: settings.keepalive_timeout,
+        handshake_timeout: settings.handshake_timeout,
         ..ServerConfig::default()
     };
     let ctx = Rc::new(Ctx {

@@ -367,6 +367,8 @@ async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>)
     let ack_timeout = client.config().request_timeout;
     let mut next_id = 1u64;
     let mut stream: Option<Stream> = None;
+    // The pause before the next reopen after a refusal (zero after a stored batch).
+    let mut reopen_pause = Duration::ZERO;
     let mut closed = false;
     // Messages the task holds at most (queued and in flight): the rest wait in the channel,
     // so `send` waits when the publisher is behind.
@@ -459,8 +461,12 @@ async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>)
             }
         }
         if stream.as_ref().is_some_and(|s| s.moving) && in_flight.is_empty() {
-            // Refused by a follower, or the connection went away: reopen on the leader.
+            // Refused by a follower, or the connection went away: reopen on the leader, after
+            // a pause that grows while refusals go on (a leader that has not confirmed its term
+            // yet refuses naming itself: without it, open and refusal would spin).
             stream = None;
+            reopen_pause = next_reopen_pause(reopen_pause);
+            tokio::time::sleep(reopen_pause).await;
             continue;
         }
         // Wake at the end of a pause, else at the linger (a partial batch goes then) when a
@@ -484,16 +490,23 @@ async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>)
                     let Some((_, items)) = in_flight.remove(&ack.batch_id) else {
                         continue;
                     };
+                    if ack.success {
+                        reopen_pause = Duration::ZERO;
+                    }
                     if let Some(s) = stream.as_mut() {
                         answer(&client, ack, items, retry_for, &mut queue, s);
                     }
                 }
                 Some(end) => {
-                    let why = match end {
-                        Err(st) => Error::status(&st),
+                    let why = match &end {
+                        Err(st) => Error::status(st),
                         _ => Error::OutcomeUnknown("the stream ended".into()),
                     };
                     lost(&client, &why, &mut in_flight, &mut queue, retry_for);
+                    // A deposed leader ends its streams naming the new one.
+                    if let Err(st) = &end {
+                        client.leader_moved(crate::leader_named(st).as_deref());
+                    }
                     stream = None;
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
@@ -522,6 +535,14 @@ async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>)
             }, if !queue.is_empty() => {}
         }
     }
+}
+
+/// Shortest and longest pause before reopening a stream after a refusal.
+const REOPEN_PAUSE: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(1));
+
+/// The pause after `last` (zero: none yet): doubled, within [`REOPEN_PAUSE`].
+fn next_reopen_pause(last: Duration) -> Duration {
+    (last * 2).clamp(REOPEN_PAUSE.0, REOPEN_PAUSE.1)
 }
 
 /// The stream was lost with `in_flight`: each batch's messages are queued again (oldest first

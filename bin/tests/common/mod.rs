@@ -117,7 +117,6 @@ impl Broker {
                 "FUTUREQ_API_GRPC_LISTEN",
                 format!("127.0.0.1:{}", self.grpc_port),
             )
-            .env("FUTUREQ_API_GRPC_MAXCONCURRENTSTREAMS", "100")
             .env(
                 "FUTUREQ_OBSERVABILITY_METRICS_LISTEN",
                 format!("127.0.0.1:{}", self.metrics_port),

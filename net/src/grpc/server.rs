@@ -6,6 +6,7 @@
 //! messages, and returns the final [`Status`]; the server writes it as trailers (or as a
 //! Trailers-Only response when nothing was sent) and enforces `grpc-timeout`.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -30,7 +31,10 @@ pub struct ServerConfig {
     pub max_recv_message_len: usize,
     /// Largest message sent to a client.
     pub max_send_message_len: usize,
-    /// Concurrent streams per connection.
+    /// Streams served at once per connection. HTTP/2's SETTINGS advertise twice as many
+    /// (see [`advertised_streams`]), so a client that opens more is never queued silently by its
+    /// own HTTP/2 layer: each stream past this limit is answered at once with
+    /// RESOURCE_EXHAUSTED naming it.
     pub max_concurrent_streams: u32,
     /// Initial per-stream receive window.
     pub stream_window: u32,
@@ -41,6 +45,18 @@ pub struct ServerConfig {
     /// How long a ping may go unanswered before the connection is closed as dead
     /// (`api.grpc.keepaliveTimeout`). Its streams then end, releasing their deliveries.
     pub keepalive_timeout: Duration,
+    /// How long a new connection may take to send the HTTP/2 preface and settings before it
+    /// is closed (a connection that sends nothing holds no task beyond it).
+    pub handshake_timeout: Duration,
+}
+
+/// The SETTINGS_MAX_CONCURRENT_STREAMS advertised for a served limit of `served` streams:
+/// twice as many, so that a stream past the limit reaches the server and is refused with a
+/// status instead of waiting in the client's queue (refused streams end at once, so the
+/// slack is never held for long).
+#[must_use]
+pub fn advertised_streams(served: u32) -> u32 {
+    served.saturating_mul(2)
 }
 
 impl Default for ServerConfig {
@@ -53,6 +69,7 @@ impl Default for ServerConfig {
             connection_window: 4 << 20,
             keepalive_interval: Some(Duration::from_secs(10)),
             keepalive_timeout: Duration::from_secs(5),
+            handshake_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -377,6 +394,15 @@ enum ConnEvent {
     Dead,
 }
 
+/// One request being served on a connection; counted until dropped (also when its task is).
+struct StreamSlot(Rc<Cell<u32>>);
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
+}
+
 async fn serve_connection(
     stream: TcpStream,
     handler: Handler,
@@ -389,18 +415,29 @@ async fn serve_connection(
     builder
         .initial_window_size(cfg.stream_window)
         .initial_connection_window_size(cfg.connection_window)
-        .max_concurrent_streams(cfg.max_concurrent_streams)
+        .max_concurrent_streams(advertised_streams(cfg.max_concurrent_streams))
         .max_frame_size(1 << 20)
         .max_header_list_size(64 << 10);
-    let mut conn = match builder.handshake::<_, Bytes>(stream.compat()).await {
-        Ok(c) => c,
-        Err(e) => {
+    let handshake = async { Some(builder.handshake::<_, Bytes>(stream.compat()).await) };
+    let timeout = async {
+        glommio::timer::sleep(cfg.handshake_timeout).await;
+        None
+    };
+    let mut conn = match future::or(handshake, timeout).await {
+        Some(Ok(c)) => c,
+        Some(Err(e)) => {
             if !is_quiet_disconnect(&e) {
                 tracing::debug!(target: "net.grpc", ?peer, error = %e, "HTTP/2 handshake failed");
             }
             return;
         }
+        None => {
+            tracing::info!(target: "net.grpc", ?peer, timeout_ms = cfg.handshake_timeout.as_millis() as u64, "closing connection: no HTTP/2 handshake within the timeout");
+            return;
+        }
     };
+    let streams = Rc::new(Cell::new(0u32)); // requests being served on this connection
+    let mut refused_logged = false;
     // Keepalive: a peer that stops answering pings (half-open TCP, frozen client) is dropped.
     let dead = Shutdown::new(); // set when a keepalive ping goes unanswered
     if let (Some(interval), Some(mut pings)) = (cfg.keepalive_interval, conn.ping_pong()) {
@@ -452,13 +489,30 @@ async fn serve_connection(
             }
         };
         match next {
-            Some(Ok((req, respond))) => {
-                glommio::spawn_local(handle_request(
-                    req,
-                    respond,
-                    Rc::clone(&handler),
-                    Rc::clone(&cfg),
-                ))
+            Some(Ok((req, mut respond))) => {
+                if streams.get() >= cfg.max_concurrent_streams {
+                    // Refused at once (Trailers-Only): the client sees why, and the stream
+                    // ends, so the refusal holds no slot.
+                    let limit = cfg.max_concurrent_streams;
+                    if !refused_logged {
+                        refused_logged = true;
+                        tracing::warn!(target: "net.grpc", ?peer, limit, "a connection opened more streams than api.grpc.maxConcurrentStreams; refusing the excess with RESOURCE_EXHAUSTED");
+                    }
+                    let status = Status::new(
+                        Code::ResourceExhausted,
+                        format!("this connection has {limit} streams open, the server's limit (api.grpc.maxConcurrentStreams); end some streams or open another connection"),
+                    );
+                    let _ = respond.send_response(grpc_response(Some(&status)), true);
+                    drop(req);
+                    continue;
+                }
+                streams.set(streams.get() + 1);
+                let open = StreamSlot(Rc::clone(&streams));
+                let (handler, cfg) = (Rc::clone(&handler), Rc::clone(&cfg));
+                glommio::spawn_local(async move {
+                    handle_request(req, respond, handler, cfg).await;
+                    drop(open);
+                })
                 .detach();
             }
             Some(Err(e)) => {

@@ -358,6 +358,10 @@ enum Event {
     NotAdmitted,
     Ack(PublishBatchAck),
     Stop,
+    /// The leadership this stream was opened under ended.
+    Lost,
+    /// Nothing outstanding and no batch for `publish.streamIdleTimeout`.
+    Idle,
 }
 
 /// The queues of one stream: its bytes outstanding, its durable and its NO_ACK acks.
@@ -393,17 +397,21 @@ fn serve(
     }
 }
 
-/// Acks a batch that was read but not served (nothing of it stored), in its level's order.
+/// Acks a batch that was read but not served (nothing of it stored), in its level's order,
+/// naming `leader` (its client address, or "").
 fn refuse(
     b: &pb::PublishBatch,
-    code: Code,
-    message: String,
+    (code, message, leader): (Code, String, String),
     (durable, no_ack): (
         &mut FuturesOrdered<AckFuture>,
         &mut FuturesOrdered<AckFuture>,
     ),
 ) {
-    let ack: AckFuture = Box::pin(future::ready(reject(b.batch_id, code, message)));
+    let ack = PublishBatchAck {
+        leader_address: leader,
+        ..reject(b.batch_id, code, message)
+    };
+    let ack: AckFuture = Box::pin(future::ready(ack));
     if AckLevel::from_wire(b.ack_level).is_durable() {
         durable.push_back(ack);
     } else {
@@ -411,7 +419,32 @@ fn refuse(
     }
 }
 
-/// Serves one PublishStream until the client half-closes (OK), a protocol fault, or shutdown.
+/// How long a deposed leader's stream waits to learn who leads before it ends without
+/// naming anyone.
+const LEADER_UNKNOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The leader's client address once known, within [`LEADER_UNKNOWN_WAIT`] ("" after it or at
+/// shutdown).
+async fn known_leader(ctx: &Ctx) -> String {
+    let until = Instant::now() + LEADER_UNKNOWN_WAIT;
+    loop {
+        let leader = ctx.repl.leader_addr();
+        if !leader.is_empty() || Instant::now() >= until || ctx.shutdown.is_triggered() {
+            return leader;
+        }
+        glommio::timer::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Serves one PublishStream until the client half-closes (OK), a protocol fault, shutdown
+/// (UNAVAILABLE), the end of the leadership it was opened under (FAILED_PRECONDITION naming
+/// the leader), or `publish.streamIdleTimeout` (UNAVAILABLE).
+///
+/// # Invariants
+/// - Every batch read is answered before the stream ends (stored, not stored, or outcome
+///   unknown), except when the client stops reading its acks for the idle timeout.
+/// - Every wait is bounded: a write by `publish.proposalTimeout` (the write core answers by
+///   then), an ack's send and an idle stream by `publish.streamIdleTimeout`.
 pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -> Status {
     let mut durable: FuturesOrdered<AckFuture> = FuturesOrdered::new();
     let mut no_ack: FuturesOrdered<AckFuture> = FuturesOrdered::new();
@@ -420,6 +453,15 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
     let mut admitting: Option<(pb::PublishBatch, usize, Instant)> = None;
     let mut reading = true;
     let mut end = Status::ok();
+    let idle_timeout = ctx.settings.stream_idle_timeout;
+    let mut last_read = Instant::now();
+    let mut deposed = false;
+    // A stream opened on the leader ends with its leadership (on a follower, each batch is
+    // refused naming the leader).
+    let lost = {
+        let view = ctx.repl.view();
+        view.leading.then(|| view.lost.clone())
+    };
     // Response headers go out at once: clients such as tonic wait for them before sending.
     if let Err(s) = out.start() {
         return s;
@@ -430,6 +472,16 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
             && outstanding < PIPELINE_MAX
             && outstanding_bytes.get() < PIPELINE_BYTES_MAX;
         if !reading && outstanding == 0 && admitting.is_none() {
+            if deposed {
+                // Named as late as possible: right after the loss the new leader may not be
+                // known yet.
+                let leader = known_leader(ctx).await;
+                return Status::new(
+                    Code::FailedPrecondition,
+                    "this node is no longer the cluster leader; every batch read was answered; publish to the leader",
+                )
+                .with_leader(&leader);
+            }
             return end;
         }
         let event = {
@@ -458,22 +510,76 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
                 }
             };
             let stop = async {
-                if reading {
+                if !reading {
+                    future::pending::<()>().await;
+                }
+                let lost = async {
+                    match &lost {
+                        Some(l) => l.wait().await,
+                        None => future::pending().await,
+                    }
+                    Event::Lost
+                };
+                let shutdown = async {
                     ctx.shutdown.wait().await;
                     Event::Stop
-                } else {
-                    future::pending().await
-                }
+                };
+                future::or(shutdown, lost).await
             };
-            future::or(future::or(acks, recv), stop).await
+            let idle = async {
+                if outstanding > 0 || admitting.is_some() {
+                    future::pending::<()>().await;
+                }
+                let end = last_read + idle_timeout;
+                glommio::timer::sleep(end.saturating_duration_since(Instant::now())).await;
+                Event::Idle
+            };
+            future::or(future::or(acks, recv), future::or(stop, idle)).await
         };
         match event {
             Event::Ack(a) => {
-                if let Err(s) = out.send(&a).await {
-                    return s;
+                // Bounded: a client that reads no ack holds no stream for good.
+                let sent = future::or(async { Some(out.send(&a).await) }, async {
+                    glommio::timer::sleep(idle_timeout).await;
+                    None
+                })
+                .await;
+                match sent {
+                    Some(Ok(())) => {}
+                    Some(Err(s)) => return s,
+                    None => {
+                        return Status::new(
+                            Code::Unavailable,
+                            format!(
+                                "the client read no ack for publish.streamIdleTimeout ({} ms); stream ended",
+                                idle_timeout.as_millis()
+                            ),
+                        )
+                    }
+                }
+            }
+            Event::Idle => {
+                return Status::new(
+                    Code::Unavailable,
+                    format!(
+                        "no batch for publish.streamIdleTimeout ({} ms) and nothing outstanding; stream ended (open a new one)",
+                        idle_timeout.as_millis()
+                    ),
+                );
+            }
+            Event::Lost => {
+                reading = false;
+                deposed = true;
+                let leader = ctx.repl.leader_addr();
+                tracing::debug!(target: "producer", leader = %leader, outstanding, "leadership lost: ending a publish stream once its batches are answered");
+                if let Some((b, _, _)) = admitting.take() {
+                    let message = "node is not the cluster leader; batch not stored".into();
+                    let refusal = (Code::FailedPrecondition, message, leader);
+                    refuse(&b, refusal, (&mut durable, &mut no_ack));
                 }
             }
             Event::Batch(Ok(Some(b))) => {
+                last_read = Instant::now();
                 let batch = (prost::Message::encoded_len(&b), Instant::now());
                 match ctx.publish_budget.try_admit(batch.0) {
                     Some(admitted) => {
@@ -495,12 +601,8 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
                         "the node's publish budget had no room within publish.proposalTimeout ({} ms); batch not stored",
                         ctx.settings.proposal_timeout.as_millis()
                     );
-                    refuse(
-                        &b,
-                        Code::DeadlineExceeded,
-                        message,
-                        (&mut durable, &mut no_ack),
-                    );
+                    let refusal = (Code::DeadlineExceeded, message, String::new());
+                    refuse(&b, refusal, (&mut durable, &mut no_ack));
                 }
             }
             Event::Batch(Ok(None)) => reading = false,
@@ -515,7 +617,8 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
                 // than wait for bytes that a stopping write core may never return.
                 if let Some((b, _, _)) = admitting.take() {
                     let message = "server is shutting down; batch not stored".into();
-                    refuse(&b, Code::Unavailable, message, (&mut durable, &mut no_ack));
+                    let refusal = (Code::Unavailable, message, String::new());
+                    refuse(&b, refusal, (&mut durable, &mut no_ack));
                 }
             }
         }
