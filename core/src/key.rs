@@ -210,6 +210,18 @@ impl fmt::Debug for EventKey {
     }
 }
 
+/// The smallest key per topic of `keys` (what a scan cursor needs to hear of new keys).
+#[must_use]
+pub fn min_key_per_topic(keys: impl IntoIterator<Item = EventKey>) -> Vec<EventKey> {
+    let mut m: std::collections::HashMap<TopicHash, EventKey> = std::collections::HashMap::new();
+    for k in keys {
+        m.entry(k.topic_hash())
+            .and_modify(|v| *v = (*v).min(k))
+            .or_insert(k);
+    }
+    m.into_values().collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,6 +27,10 @@
 //! - The log is never purged past the store's durably applied index.
 //! - Event ids never regress: the first id handed out is above the store's `last-id` after
 //!   the replay, and each entry's ids are above the previous entry's.
+//! - **A tag names one message, across crashes.** Ids are handed out at most
+//!   [`futureq_core::command::IDS_UNAPPLIED_MAX`] above the store's applied `last-id`, and
+//!   open reserves that many above the replayed mark ([`Store::reserve_ids`]) before the
+//!   first: an id handed out for an entry a crash cut (a NO_ACK write) is never reused.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -51,6 +55,13 @@ use crate::StoreError;
 pub const UNAPPLIED_MAX: usize = 4096;
 /// Most bytes of entries appended and not yet applied.
 pub const UNAPPLIED_BYTES_MAX: usize = 128 << 20;
+/// Most ids handed out above the store's applied `last-id` before a write waits. With the
+/// ids of one entry (far fewer than this) the ids handed out stay within
+/// [`futureq_core::command::IDS_UNAPPLIED_MAX`] of the applied mark, which the reservation at
+/// open skips.
+const IDS_AHEAD_MAX: u64 = futureq_core::command::IDS_UNAPPLIED_MAX / 2;
+/// How often a long replay logs its progress.
+const REPLAY_PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// Most entries (and bytes) in one apply transaction.
 const APPLY_ENTRIES_MAX: usize = 4096;
 const APPLY_BYTES_MAX: usize = 64 << 20;
@@ -220,11 +231,17 @@ impl<I: LogIo + 'static> Journal<I> {
         let s = store.clone();
         let applied = blocking(move || s.applied()).await?.map_or(0, |(i, _)| i);
         let mut replayed = 0u64;
+        let started = std::time::Instant::now();
+        let mut logged = started;
         if let Some((LogIndex(first), LogIndex(last))) = log.bounds() {
             if first > applied + 1 {
                 return Err(OpenError::Gap { first, applied });
             }
             let mut index = first.max(applied + 1);
+            let total = (last + 1).saturating_sub(index);
+            if total > 0 {
+                tracing::info!(target: "storage", entries = total, "replaying the journal (the API answers reads once it is done)");
+            }
             while index <= last {
                 let mut chunk: Vec<(u64, u64, Vec<u8>)> = Vec::new();
                 let mut bytes = 0;
@@ -245,12 +262,19 @@ impl<I: LogIo + 'static> Journal<I> {
                     on_applied(&out.published, &out.deleted);
                 }
                 replayed += n;
+                if logged.elapsed() >= REPLAY_PROGRESS_EVERY {
+                    logged = std::time::Instant::now();
+                    tracing::info!(target: "storage", replayed, of = total, "replaying the journal");
+                }
             }
         }
         let s = store.clone();
+        // Ids above the replayed mark are reserved before any is handed out: the writes
+        // this journal answered before a crash without making them durable (NO_ACK) used
+        // ids up to IDS_UNAPPLIED_MAX above it, and none of them may name a second message.
         let (applied, last_id) = blocking(move || {
             s.sync()?;
-            Ok::<_, StoreError>((s.applied()?.map_or(0, |(i, _)| i), s.last_id()?))
+            Ok::<_, StoreError>((s.applied()?.map_or(0, |(i, _)| i), s.reserve_ids()?))
         })
         .await?;
         let log_last = log.bounds().map(|(_, LogIndex(l))| l);
@@ -263,7 +287,7 @@ impl<I: LogIo + 'static> Journal<I> {
             purge_behind(&log, last).await?;
         }
         if replayed > 0 {
-            tracing::info!(target: "storage", entries = replayed, "replayed the journal");
+            tracing::info!(target: "storage", entries = replayed, ms = started.elapsed().as_millis() as u64, "replayed the journal");
         }
         Ok(Journal(Rc::new(Inner {
             log,
@@ -425,7 +449,11 @@ impl<I: LogIo + 'static> Journal<I> {
             self.check()?;
             let listener = {
                 let st = self.0.st.borrow();
-                if st.queue.len() < UNAPPLIED_MAX && st.queue_bytes < UNAPPLIED_BYTES_MAX {
+                let ids_ahead = st.next_id.saturating_sub(self.0.store.applied_last_id());
+                if st.queue.len() < UNAPPLIED_MAX
+                    && st.queue_bytes < UNAPPLIED_BYTES_MAX
+                    && ids_ahead < IDS_AHEAD_MAX
+                {
                     break;
                 }
                 self.0.changed.listen()

@@ -96,6 +96,9 @@ pub struct Store {
     /// Held from a commit until its digest is published.
     commit_order: Arc<std::sync::Mutex<()>>,
     stats: Arc<ApplyStats>,
+    /// `last-id` as of the last commit that wrote it (read without I/O by the writers that
+    /// bound the ids they hand out beyond it).
+    last_id: Arc<AtomicU64>,
 }
 
 /// What [`Store::apply_entries`] committed since the store was opened (for the metrics).
@@ -281,6 +284,7 @@ impl Store {
             digest: Arc::new(AtomicU64::new(0)),
             commit_order: Arc::default(),
             stats: Arc::default(),
+            last_id: Arc::default(),
         };
         let kept = store
             .db
@@ -300,6 +304,7 @@ impl Store {
             }
         };
         store.digest.store(digest, Ordering::Relaxed);
+        store.last_id.store(store.last_id()?, Ordering::Relaxed);
         store.count_topics()?;
         Ok(store)
     }
@@ -414,7 +419,39 @@ impl Store {
         Ok(txn)
     }
 
-    /// The highest event id ever stored (0 for a new store).
+    /// `last-id` as of the last commit, without I/O: the highest event id applied or
+    /// reserved ([`futureq_core::command::ReserveIds`]).
+    #[must_use]
+    pub fn applied_last_id(&self) -> u64 {
+        self.last_id.load(Ordering::Acquire)
+    }
+
+    /// Reserves [`futureq_core::command::IDS_UNAPPLIED_MAX`] ids above `last-id` in one
+    /// durable commit and returns the new `last-id`: the journal's writer hands out ids from
+    /// above it only, so that no id it handed out before a crash (for an entry the crash cut)
+    /// is handed out again. A replicated store is raised by a committed `ReserveIds` instead.
+    ///
+    /// # Errors
+    /// A storage error; then nothing changed.
+    pub fn reserve_ids(&self) -> Result<u64, StoreError> {
+        let txn = self.begin_write(true)?;
+        let floor = {
+            let mut meta = txn.open_table(META)?;
+            let last = meta.get(LAST_ID)?.map_or(0, |v| v.value());
+            let floor = last.saturating_add(futureq_core::command::IDS_UNAPPLIED_MAX);
+            meta.insert(LAST_ID, floor)?;
+            floor
+        };
+        let _order = self
+            .commit_order
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        txn.commit()?;
+        self.last_id.store(floor, Ordering::Release);
+        Ok(floor)
+    }
+
+    /// The highest event id ever stored or reserved (0 for a new store).
     ///
     /// # Errors
     /// A storage error.
@@ -611,6 +648,9 @@ impl Store {
                         out.answers
                             .push((*index, futureq_core::command::Answer::DeadLettered(copy)));
                     }
+                    CommandRef::ReserveIds(r) => {
+                        out.max_event_id = out.max_event_id.max(r.floor.to_native());
+                    }
                     CommandRef::RegisterGroup(r) => {
                         t.add_group(&group_key(
                             TopicHash(r.topic_hash.to_native()),
@@ -629,13 +669,14 @@ impl Store {
             }
         }
         self.commit_with_digest(txn, digest)?;
+        self.last_id.store(out.max_event_id, Ordering::Release);
         self.stats.transactions.fetch_add(1, Ordering::Relaxed);
         self.stats
             .entries
             .fetch_add(fresh.len() as u64, Ordering::Relaxed);
         out.refused.sort_by_key(|(i, _)| *i);
         out.applied = Some((last_index, last_term));
-        out.published = min_key_per_topic(stored);
+        out.published = futureq_core::key::min_key_per_topic(stored);
         Ok(out)
     }
 
@@ -817,6 +858,7 @@ impl Store {
         }
         // An error above drops `txn` uncommitted: nothing of the snapshot is visible.
         self.commit_with_digest(txn, digest)?;
+        self.last_id.store(last, Ordering::Release);
         Ok(())
     }
 
@@ -1201,17 +1243,6 @@ fn ids_above(b: &futureq_core::command::ArchivedStoreBatch, max: u64) -> Result<
         prev = id;
     }
     Ok(())
-}
-
-/// The smallest key per topic of `keys`.
-fn min_key_per_topic(keys: impl IntoIterator<Item = EventKey>) -> Vec<EventKey> {
-    let mut m: HashMap<futureq_core::TopicHash, EventKey> = HashMap::new();
-    for k in keys {
-        m.entry(k.topic_hash())
-            .and_modify(|v| *v = (*v).min(k))
-            .or_insert(k);
-    }
-    m.into_values().collect()
 }
 
 /// The data tables and `meta` of one write transaction. Every change to the data tables goes

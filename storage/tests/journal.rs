@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use futureq_core::command::StoreItem;
+use futureq_core::command::{StoreItem, IDS_UNAPPLIED_MAX as W};
 use futureq_core::{EventKey, TopicHash};
 use futureq_storage::journal::{Journal, JournalConfig, JournalError, OpenError, Wait};
 use futureq_storage::log::io::MemLogIo;
@@ -92,6 +92,8 @@ fn writes_are_applied_and_a_crash_replays_what_was_acknowledged() {
         let io = MemLogIo::new();
         let store = memory();
         let (j, seen) = open(&io, KEEP, &store).await;
+        // A new store: the ids up to W are reserved at open, the first handed out is W + 1.
+        assert_eq!(store.last_id().unwrap(), W);
         let (_stop, _task) = serve(&j);
         let a = j
             .publish(vec![item(1, 1), item(1, 2)], Wait::Applied)
@@ -99,30 +101,32 @@ fn writes_are_applied_and_a_crash_replays_what_was_acknowledged() {
             .unwrap();
         // Acknowledged once durable: the apply follows, in log order.
         let b = j.publish(vec![item(2, 3)], Wait::Durable).await.unwrap();
-        assert_eq!((a, b), (1, 3), "ids are consecutive in log order");
-        j.delete(&[key(1, 7, 2)]).await.unwrap();
-        for (t, id) in [(1, 1), (2, 3)] {
+        assert_eq!((a, b), (W + 1, W + 3), "ids are consecutive in log order");
+        j.delete(&[key(1, 7, W + 2)]).await.unwrap();
+        for (t, id) in [(1, W + 1), (2, W + 3)] {
             assert!(store.get(&key(t, 7, id)).unwrap().is_some());
         }
         let mut published = seen.borrow().0.clone();
         published.sort();
         assert_eq!(
             published,
-            vec![key(1, 7, 1), key(2, 7, 3)],
+            vec![key(1, 7, W + 1), key(2, 7, W + 3)],
             "the dispatcher hears of each apply's smallest key per topic"
         );
-        assert!(store.get(&key(1, 7, 2)).unwrap().is_none());
-        assert_eq!(seen.borrow().1, vec![key(1, 7, 2)]);
+        assert!(store.get(&key(1, 7, W + 2)).unwrap().is_none());
+        assert_eq!(seen.borrow().1, vec![key(1, 7, W + 2)]);
         // A cancel answers per key whether it was stored, once applied (the replay below
         // applies it again: the replica ends with the same rows).
         assert_eq!(
-            j.cancel(&[key(1, 7, 1), key(1, 7, 2)]).await.unwrap(),
+            j.cancel(&[key(1, 7, W + 1), key(1, 7, W + 2)])
+                .await
+                .unwrap(),
             vec![true, false]
         );
-        assert!(store.get(&key(1, 7, 1)).unwrap().is_none());
+        assert!(store.get(&key(1, 7, W + 1)).unwrap().is_none());
         assert_eq!(
             seen.borrow().1,
-            vec![key(1, 7, 2), key(1, 7, 1), key(1, 7, 2)]
+            vec![key(1, 7, W + 2), key(1, 7, W + 1), key(1, 7, W + 2)]
         );
         j.register_group(TopicHash(1), "g".into()).await.unwrap();
         assert_eq!(store.groups_of(TopicHash(1)).unwrap(), vec!["g".to_owned()]);
@@ -136,14 +140,15 @@ fn writes_are_applied_and_a_crash_replays_what_was_acknowledged() {
             replica.computed_digest().unwrap(),
             store.computed_digest().unwrap()
         );
-        assert_eq!(replica.last_id().unwrap(), 3);
+        // Replayed up to W + 3, then W more reserved.
+        assert_eq!(replica.last_id().unwrap(), 2 * W + 3);
         assert_eq!(
             replica.groups_of(TopicHash(1)).unwrap(),
             vec!["g".to_owned()]
         );
         let (_stop2, _task2) = serve(&j2);
         let c = j2.publish(vec![item(1, 4)], Wait::Applied).await.unwrap();
-        assert_eq!(c, 4, "ids never regress across a restart");
+        assert_eq!(c, 2 * W + 4, "ids never regress across a restart");
     });
 }
 
@@ -206,7 +211,7 @@ fn a_clean_stop_leaves_nothing_to_replay() {
         assert!(matches!(e, JournalError::Stopped), "{e}");
         assert_eq!(
             store.last_id().unwrap(),
-            50,
+            W + 50,
             "NO_ACK writes were applied before the stop"
         );
         // The next start applies nothing: every entry left in the log is at or below the
@@ -225,7 +230,7 @@ fn a_clean_stop_leaves_nothing_to_replay() {
             entries,
             "nothing was applied again"
         );
-        assert_eq!(store.last_id().unwrap(), 50);
+        assert_eq!(store.last_id().unwrap(), 2 * W + 50, "W more reserved");
     });
 }
 
@@ -310,7 +315,7 @@ fn concurrent_publishes_share_fsyncs_and_applies() {
         firsts.sort_unstable();
         assert_eq!(
             firsts,
-            (1..=200).collect::<Vec<u64>>(),
+            (W + 1..=W + 200).collect::<Vec<u64>>(),
             "one id each, none twice"
         );
         let syncs = io.syncs();
@@ -338,7 +343,7 @@ fn the_journal_on_disk_survives_restarts() {
             },
         };
         let mode = StoreMode::Disk(path.join("db"), 1 << 20);
-        let mut next = 1;
+        let mut next = 0;
         for round in 0..3u8 {
             let store = Store::open(&mode).unwrap();
             let io = futureq_storage::log::uring::DmaLogIo::new(path.join("journal")).unwrap();
@@ -355,6 +360,8 @@ fn the_journal_on_disk_survives_restarts() {
                     .await;
                 })
             };
+            // Each open reserves W ids above the last: the next goes on above them.
+            next += W + 1;
             for n in 0..30u8 {
                 // Large enough to roll the 1 MiB segments.
                 let mut it = item(u64::from(round) + 1, n);
@@ -363,6 +370,7 @@ fn the_journal_on_disk_survives_restarts() {
                 assert_eq!(first, next, "ids go on across restarts");
                 next += 1;
             }
+            next -= 1;
             drop(tx);
             task.await;
             assert_eq!(
@@ -373,10 +381,10 @@ fn the_journal_on_disk_survives_restarts() {
                 30,
                 "this round's entries applied once each; the kept segment's older ones skipped"
             );
-            assert_eq!(store.last_id().unwrap(), next - 1);
+            assert_eq!(store.last_id().unwrap(), next);
             assert_eq!(
                 store.counts().unwrap().0,
-                next - 1,
+                30 * (u64::from(round) + 1),
                 "every message stored once"
             );
         }
@@ -407,7 +415,7 @@ fn a_store_ahead_of_the_journal_empties_it() {
         let (j2, _) = open(&io.crash(), KEEP, &store).await;
         let (_stop2, _task2) = serve(&j2);
         let first = j2.publish(vec![item(1, 9)], Wait::Applied).await.unwrap();
-        assert_eq!(first, 4);
+        assert_eq!(first, 2 * W + 4);
         assert_eq!(store.applied().unwrap(), Some((11, 1)));
     });
 }
@@ -465,4 +473,39 @@ fn key(topic: u64, bucket: u64, id: u64) -> EventKey {
         futureq_core::Bucket(bucket),
         futureq_core::EventId(id),
     )
+}
+
+/// Issue 26.1: an id handed out for a write that a crash cut before its fsync (a NO_ACK write
+/// is answered at append) is never handed out again: the next start reserves the ids above
+/// the replayed mark. It used to go on at `last-id + 1`, and the next message took the lost
+/// message's tag.
+#[test]
+fn an_id_handed_out_for_a_write_a_crash_cut_is_never_handed_out_again() {
+    run(|| async {
+        let io = MemLogIo::new();
+        // The store stands for what is durable: the crash below loses none of its commits.
+        let store = memory();
+        let (j, _) = open(&io, KEEP, &store).await;
+        // Not served: no fsync ever comes, as with a crash right after the answers.
+        let mut lost = Vec::new();
+        for n in 0..100u8 {
+            let first = j
+                .publish(vec![item(1, n), item(1, n)], Wait::Appended)
+                .await
+                .unwrap();
+            lost.extend([first, first + 1]);
+        }
+        drop(j);
+        let (j2, _) = open(&io.crash(), KEEP, &store).await;
+        let (_stop, _task) = serve(&j2);
+        for n in 0..100u8 {
+            let first = j2
+                .publish(vec![item(1, n), item(1, n)], Wait::Applied)
+                .await
+                .unwrap();
+            for id in [first, first + 1] {
+                assert!(!lost.contains(&id), "id {id} named a lost write before");
+            }
+        }
+    });
 }

@@ -99,6 +99,34 @@ pub fn handler(ctx: Rc<Ctx>) -> Handler {
     })
 }
 
+/// Waits until the write path is open (the journal replayed, the Raft groups started), at
+/// most `publish.proposalTimeout`: an answer read from a store still being replayed (a
+/// partial Peek, a stats count, a cancel's "not found") would be wrong, not just late.
+///
+/// # Errors
+/// UNAVAILABLE while recovery goes on past the bound, or at shutdown.
+async fn recovered(ctx: &Ctx) -> Result<(), Status> {
+    if ctx.writes_open.is_triggered() {
+        return Ok(());
+    }
+    let wait = async {
+        futures_lite::future::or(ctx.writes_open.wait(), ctx.shutdown.wait()).await;
+    };
+    let timeout = glommio::timer::sleep(ctx.settings.proposal_timeout);
+    futures_lite::future::or(wait, async {
+        timeout.await;
+    })
+    .await;
+    if ctx.writes_open.is_triggered() && !ctx.shutdown.is_triggered() {
+        Ok(())
+    } else {
+        Err(Status::new(
+            Code::Unavailable,
+            "the broker is recovering (replaying its journal or starting its Raft groups); retry shortly",
+        ))
+    }
+}
+
 /// Reads the single request message of a unary call.
 async fn unary_request<M: prost::Message + Default>(call: &mut Call) -> Result<M, Status> {
     match call.inbound.next::<M>().await? {

@@ -253,6 +253,15 @@ pub async fn serve(
         v.lost.trigger();
     });
     node.shutdown().await;
+    // A clean stop leaves the store durable as applied (applies commit without fsync between
+    // their periodic durable commits): the next start replays nothing from the Raft log.
+    let s = core.store.clone();
+    match glommio::executor().spawn_blocking(move || s.sync()).await {
+        Ok(()) => tracing::info!(target: "raft", "store synced"),
+        Err(e) => {
+            tracing::warn!(target: "raft", error = %e, "the store could not be synced at the stop; the next start replays from the Raft log")
+        }
+    }
     // A log that failed once the shutdown had begun (the watcher no longer looks).
     if let Some(e) = node.fatal() {
         core.fatal.fail("a Raft group", &e);
@@ -304,6 +313,26 @@ impl Core {
             Ok(Proposal::command(cmd.clone()))
         };
         self.node.write_event(make, Ack::Quorum, deadline).await
+    }
+
+    /// Assigns `n` ids for a proposal made now (see `ids`); the first.
+    ///
+    /// # Errors
+    /// [`WriteError::NotLeader`] when this node does not take writes; [`WriteError::Refused`]
+    /// (nothing proposed, safe to send again) while the ids in flight are a full window ahead
+    /// of the apply.
+    fn assign(&self, n: u64) -> Result<u64, WriteError> {
+        let l = self.node.leadership();
+        self.ids
+            .borrow_mut()
+            .assign(l.leading, l.term, n, self.store.applied_last_id())
+            .map_err(|r| match r {
+                ids::Refused::NotReady => WriteError::NotLeader { leader: l.leader },
+                ids::Refused::TooFarAhead => WriteError::Refused(format!(
+                    "more than {} event ids are in entries not yet applied; the leader takes more once they are",
+                    futureq_core::command::IDS_UNAPPLIED_MAX
+                )),
+            })
     }
 
     fn leading_now(&self) -> Result<Leadership, WriteError> {
@@ -422,7 +451,10 @@ impl Core {
                     .spawn_blocking(move || store.last_id())
                     .await
                 {
-                    Ok(last) => Some((term, last)),
+                    Ok(last) => self
+                        .reserve_ids(term, last)
+                        .await
+                        .map(|floor| (term, floor)),
                     Err(e) => {
                         tracing::error!(target: "raft", error = %e, "cannot read the id high-water mark; not taking writes");
                         None
@@ -438,6 +470,38 @@ impl Core {
         ids.confirmed(outcome);
         if let Some((term, _)) = outcome {
             tracing::info!(target: "raft", term, next_id = ids.next(), "leadership confirmed; taking writes");
+        }
+    }
+}
+
+impl Core {
+    /// Commits a reservation of the ids up to `last + IDS_UNAPPLIED_MAX` in `term` (see
+    /// `ids`): the floor, once applied here, or `None` (logged) when it did not commit.
+    async fn reserve_ids(&self, term: u64, last: u64) -> Option<u64> {
+        use futureq_core::command::{encode_reserve_ids, ReserveIds, IDS_UNAPPLIED_MAX};
+        let floor = last.saturating_add(IDS_UNAPPLIED_MAX);
+        let cmd = Bytes::from(encode_reserve_ids(&ReserveIds { floor }));
+        let node = self.node.clone();
+        let make = move || {
+            let l = node.leadership();
+            if l.leading && l.term == term {
+                Ok(Proposal::command(cmd.clone()))
+            } else {
+                Err(WriteError::NotLeader { leader: l.leader })
+            }
+        };
+        let deadline =
+            Instant::now() + self.cfg.rtt.saturating_mul(100).max(Duration::from_secs(5));
+        match self.node.write_event(make, Ack::Quorum, deadline).await {
+            Ok(_) if self.store.applied_last_id() >= floor => Some(floor),
+            Ok(_) => {
+                tracing::error!(target: "raft", floor, "an id reservation was committed but not applied (a defect); not taking writes");
+                None
+            }
+            Err(e) => {
+                tracing::debug!(target: "raft", error = %e, "id reservation not committed; leadership not confirmed");
+                None
+            }
         }
     }
 }
@@ -514,12 +578,7 @@ impl WriteCore for Rc<Core> {
         let make = move || {
             // The command's id is assigned with the proposal, like a store's: ids follow log
             // order.
-            let l = core.leading_now()?;
-            let id = core
-                .ids
-                .borrow_mut()
-                .assign(l.leading, l.term, 1)
-                .ok_or(WriteError::NotLeader { leader: l.leader })?;
+            let id = core.assign(1)?;
             Ok(Proposal::command(proposed.encode(id).into()))
         };
         let answer = self.node.write_event(make, Ack::Quorum, deadline).await?;

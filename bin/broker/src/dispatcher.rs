@@ -5,6 +5,9 @@
 //! command arrives (a consumer, an ack, a commit that stored an earlier message). Topics
 //! without consumers are never scanned, and a scan reads only keys of due buckets.
 
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -37,6 +40,12 @@ const DEAD_LETTER_RETRY: Duration = Duration::from_secs(1);
 const DEAD_LETTERS_IN_FLIGHT_MAX: usize = 64;
 /// How long the dispatcher keeps serving acks after shutdown starts, while consumers leave.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+/// When, after shutdown starts, the last delete flush gives up: before the write core stops
+/// serving (5 s after shutdown: `local::STOP_GRACE`, the Raft core's drain), so that a delete
+/// still failing (no leader while an election runs) is tried until then.
+const FINAL_FLUSH_BY: Duration = Duration::from_millis(4500);
+/// Pause between attempts of the last delete flush.
+const FINAL_FLUSH_RETRY: Duration = Duration::from_millis(100);
 
 /// Current wall clock in Unix ms.
 #[must_use]
@@ -159,6 +168,8 @@ struct Dispatcher {
     tx: flume::Sender<HubCmd>,
     metrics: Arc<Metrics>,
     flushing: bool,
+    /// The last delete flush failed (its keys are queued again).
+    flush_failed: bool,
     last_counters: futureq_core::hub::HubCounters,
 }
 
@@ -216,6 +227,7 @@ impl Dispatcher {
             HubCmd::DeleteFlushed { committed } => {
                 self.hub.finish_delete_batch(committed);
                 self.flushing = false;
+                self.flush_failed = !committed;
                 if !committed {
                     self.metrics.delete_failures.fetch_add(1, Ordering::Relaxed);
                 }
@@ -244,7 +256,9 @@ impl Dispatcher {
         }
     }
 
-    fn start_flush(&mut self) {
+    /// Starts a delete flush of the pending deletes, its write bounded by `delete_timeout`
+    /// or `by`, whichever comes first.
+    fn start_flush(&mut self, by: Option<Instant>) {
         if self.flushing {
             return;
         }
@@ -256,11 +270,12 @@ impl Dispatcher {
         self.metrics.delete_batch_size.observe(batch.len() as f64);
         let tx = self.tx.clone();
         let writes = self.writes.clone();
-        let timeout = self.delete_timeout;
+        let deadline = Instant::now() + self.delete_timeout;
+        let deadline = by.map_or(deadline, |by| deadline.min(by));
         let metrics = Arc::clone(&self.metrics);
         glommio::spawn_local(async move {
             let keys = batch.len() as u64;
-            let result = delete_logged(&writes, batch, timeout).await;
+            let result = delete_logged(&writes, batch, deadline).await;
             let committed = match result {
                 Ok(()) => {
                     metrics.deletes_committed.fetch_add(keys, Ordering::Relaxed);
@@ -392,9 +407,8 @@ impl Dispatcher {
 async fn delete_logged(
     writes: &flume::Sender<RaftReq>,
     keys: Vec<EventKey>,
-    timeout: Duration,
+    deadline: Instant,
 ) -> Result<(), WriteError> {
-    let deadline = Instant::now() + timeout;
     crate::replication::request(writes, |reply| RaftReq::Delete {
         keys,
         deadline,
@@ -405,26 +419,84 @@ async fn delete_logged(
 
 /// What an apply tells the dispatcher (on every replica, and standalone): the smallest new
 /// key per topic (a scan cursor that passed it moves back) and the deleted keys (never
-/// delivered again).
+/// delivered again). Called on the write core's executor, never blocking it (see
+/// [`HubFeed`]).
 pub fn applied_to_hub(hub: flume::Sender<HubCmd>) -> impl Fn(&[EventKey], &[EventKey]) {
+    let feed = HubFeed::new(hub);
     move |published: &[EventKey], deleted: &[EventKey]| {
         if !published.is_empty() {
-            send_to_hub(&hub, HubCmd::Published(published.to_vec()));
+            feed.send(HubCmd::Published(published.to_vec()));
         }
         if !deleted.is_empty() {
-            send_to_hub(&hub, HubCmd::Expired(deleted.to_vec()));
+            feed.send(HubCmd::Expired(deleted.to_vec()));
         }
     }
 }
 
-fn send_to_hub(hub: &flume::Sender<HubCmd>, cmd: HubCmd) {
-    // Never block the write core: when the queue is full, hand the send to a task.
-    if let Err(flume::TrySendError::Full(cmd)) = hub.try_send(cmd) {
-        let hub = hub.clone();
-        glommio::spawn_local(async move {
-            let _ = hub.send_async(cmd).await;
-        })
-        .detach();
+/// Sends the applies' notices to the dispatcher in order without blocking the write core:
+/// when the hub's queue is full they wait in an overflow queue that one task forwards (never
+/// one task per notice). A notice is never dropped (a deleted key must not be delivered
+/// again). The overflow holds what the applies produced while the dispatcher was behind:
+/// consecutive `Published` notices are merged into one (only the smallest key per topic
+/// matters), so it grows with the deleted keys alone, which the applies bound.
+pub(crate) struct HubFeed {
+    hub: flume::Sender<HubCmd>,
+    overflow: Rc<RefCell<VecDeque<HubCmd>>>,
+    forwarding: Rc<Cell<bool>>,
+}
+
+impl HubFeed {
+    pub(crate) fn new(hub: flume::Sender<HubCmd>) -> Self {
+        HubFeed {
+            hub,
+            overflow: Rc::default(),
+            forwarding: Rc::default(),
+        }
+    }
+
+    /// Sends `cmd` after every notice sent before it.
+    pub(crate) fn send(&self, cmd: HubCmd) {
+        if self.overflow.borrow().is_empty() {
+            match self.hub.try_send(cmd) {
+                Ok(()) | Err(flume::TrySendError::Disconnected(_)) => return,
+                Err(flume::TrySendError::Full(cmd)) => self.overflow.borrow_mut().push_back(cmd),
+            }
+        } else {
+            let mut q = self.overflow.borrow_mut();
+            match (q.back_mut(), cmd) {
+                (Some(HubCmd::Published(keys)), HubCmd::Published(more)) => {
+                    keys.extend(more);
+                    *keys = futureq_core::key::min_key_per_topic(std::mem::take(keys));
+                }
+                (_, cmd) => q.push_back(cmd),
+            }
+        }
+        if !self.forwarding.replace(true) {
+            let (hub, overflow, forwarding) = (
+                self.hub.clone(),
+                Rc::clone(&self.overflow),
+                Rc::clone(&self.forwarding),
+            );
+            glommio::spawn_local(async move {
+                loop {
+                    let Some(cmd) = overflow.borrow_mut().pop_front() else {
+                        break;
+                    };
+                    if hub.send_async(cmd).await.is_err() {
+                        overflow.borrow_mut().clear();
+                        break;
+                    }
+                }
+                forwarding.set(false);
+            })
+            .detach();
+        }
+    }
+
+    /// Notices waiting for room in the hub's queue.
+    #[cfg(test)]
+    fn waiting(&self) -> usize {
+        self.overflow.borrow().len()
     }
 }
 
@@ -451,11 +523,13 @@ pub async fn run(
         tx,
         metrics,
         flushing: false,
+        flush_failed: false,
         last_counters: futureq_core::hub::HubCounters::default(),
     };
     tracing::info!(target: "dispatcher", "dispatcher started");
     let mut next_flush = Instant::now() + cfg.delete_interval;
     let mut stop_by: Option<Instant> = None;
+    let mut stopping_at: Option<Instant> = None;
     loop {
         while let Ok(cmd) = rx.try_recv() {
             d.handle(cmd).await;
@@ -464,10 +538,11 @@ pub async fn run(
         d.start_dead_letters();
         if Instant::now() >= next_flush || d.hub.pending_deletes() >= DELETE_FLUSH_EARLY {
             next_flush = Instant::now() + cfg.delete_interval;
-            d.start_flush();
+            d.start_flush(None);
         }
         d.export();
         if stop_by.is_none() && shutdown.is_triggered() {
+            stopping_at = Some(Instant::now());
             stop_by = Some(Instant::now() + SHUTDOWN_GRACE);
         }
         if let Some(t) = stop_by {
@@ -519,21 +594,37 @@ pub async fn run(
             d.handle(cmd).await;
         }
     }
-    // Final flush: wait for a running one, then flush the rest (a few retries).
-    for _ in 0..50 {
+    // Final flush: wait for a running one, then flush the rest, again after each failure (a
+    // pause between) until FINAL_FLUSH_BY after the stop began: an ACK the client was told
+    // was taken is not dropped while the write core could still take its delete.
+    let by = stopping_at.unwrap_or_else(Instant::now) + FINAL_FLUSH_BY;
+    loop {
         while let Ok(cmd) = rx.try_recv() {
             d.handle(cmd).await;
         }
         if !d.flushing && d.hub.pending_deletes() == 0 {
             break;
         }
-        d.start_flush();
-        if d.flushing {
-            if let Ok(cmd) = rx.recv_async().await {
-                d.handle(cmd).await;
-            }
-        } else {
-            glommio::timer::sleep(Duration::from_millis(20)).await;
+        let now = Instant::now();
+        if now >= by {
+            tracing::warn!(target: "dispatcher", pending_deletes = d.hub.pending_deletes(), "acknowledged deletes not made durable before the stop: those messages are delivered again after the restart");
+            break;
+        }
+        if d.flush_failed && !d.flushing {
+            d.flush_failed = false;
+            glommio::timer::sleep(FINAL_FLUSH_RETRY.min(by - now)).await;
+            continue;
+        }
+        d.start_flush(Some(by));
+        let answer = future::or(async { rx.recv_async().await.ok() }, async {
+            glommio::timer::sleep(by.saturating_duration_since(Instant::now())).await;
+            None
+        })
+        .await;
+        match answer {
+            Some(cmd) => d.handle(cmd).await,
+            None if !d.flushing => glommio::timer::sleep(FINAL_FLUSH_RETRY).await,
+            None => {}
         }
     }
     d.export();
@@ -580,7 +671,7 @@ async fn sweep_step(
         .spawn_blocking(move || s.expired_keys(now, SWEEP_BATCH_MAX))
         .await?;
     if !keys.is_empty() {
-        delete_logged(repl.writes(), keys.clone(), timeout).await?;
+        delete_logged(repl.writes(), keys.clone(), Instant::now() + timeout).await?;
     }
     Ok(keys)
 }
@@ -656,5 +747,67 @@ pub async fn sweep_ttl(
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futureq_core::{Bucket, EventId, TopicHash};
+
+    fn key(topic: u64, id: u64) -> EventKey {
+        EventKey::new(TopicHash(topic), Bucket(0), EventId(id))
+    }
+
+    /// Issue 26.8: notices sent while the hub's queue is full wait in one overflow queue (no
+    /// task per notice), merged where they may be, and arrive in order, none lost.
+    #[test]
+    fn notices_past_a_full_hub_queue_wait_in_order_in_one_queue() {
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .spawn(|| async {
+                let (tx, rx) = flume::bounded::<HubCmd>(1);
+                let feed = HubFeed::new(tx);
+                for i in 0..1000u64 {
+                    feed.send(HubCmd::Published(vec![key(i % 3, 10_000 - i)]));
+                    if i % 100 == 99 {
+                        feed.send(HubCmd::Expired(vec![key(1, i)]));
+                    }
+                }
+                // The first went into the queue, the forwarder may hold the next; the rest
+                // wait, each run of Published merged into one notice of the smallest key per
+                // topic.
+                assert!(feed.waiting() <= 20, "{} waiting", feed.waiting());
+                let mut got = Vec::new();
+                let mut deletes = 0;
+                while deletes < 10 {
+                    let cmd = rx.recv_async().await.expect("forwarded");
+                    deletes += usize::from(matches!(cmd, HubCmd::Expired(_)));
+                    got.push(cmd);
+                }
+                assert!(got.len() <= 22, "{} notices", got.len());
+                assert_eq!(feed.waiting(), 0);
+                assert!(rx.is_empty(), "nothing after the last delete");
+                let mut deleted = Vec::new();
+                let mut smallest = std::collections::BTreeMap::new();
+                for cmd in got {
+                    match cmd {
+                        HubCmd::Published(keys) => {
+                            for k in keys {
+                                let m = smallest.entry(k.topic_hash()).or_insert(k);
+                                *m = (*m).min(k);
+                            }
+                        }
+                        HubCmd::Expired(keys) => deleted.extend(keys),
+                        _ => panic!("unexpected notice"),
+                    }
+                }
+                let want: Vec<EventKey> = (0..10).map(|n| key(1, n * 100 + 99)).collect();
+                assert_eq!(deleted, want, "every delete, in order");
+                assert_eq!(smallest.len(), 3);
+                assert_eq!(smallest[&TopicHash(0)], key(0, 10_000 - 999));
+            })
+            .expect("executor")
+            .join()
+            .expect("test body");
     }
 }

@@ -621,17 +621,17 @@ impl<I: LogIo> Log<I> {
             .get()
             .is_none_or(|t| t.elapsed() >= MARK_INTERVAL);
         if !due {
-            return self.flush_once().await;
+            return self.flush_once(u64::MAX).await;
         }
         let earlier = self.last_flushed();
         // Every flushed entry is durable (records found at open were synced by `open`).
         let saved = if earlier > self.mark.get() {
             let (flushed, saved) =
-                futures::future::join(self.flush_once(), self.write_mark(earlier)).await;
+                futures::future::join(self.flush_once(u64::MAX), self.write_mark(earlier)).await;
             flushed?;
             saved
         } else {
-            self.flush_once().await?;
+            self.flush_once(u64::MAX).await?;
             self.write_mark(self.last_flushed()).await
         };
         if let Err(e) = saved {
@@ -655,7 +655,8 @@ impl<I: LogIo> Log<I> {
         WriteGuard(self)
     }
 
-    async fn flush_once(&self) -> Result<(), LogError> {
+    /// Writes everything pending; the persist hook sees the entries below `hook_below`.
+    async fn flush_once(&self, hook_below: u64) -> Result<(), LogError> {
         let (pending_count, callbacks, plan) = {
             let mut st = self.st.borrow_mut();
             if st.poisoned {
@@ -738,7 +739,7 @@ impl<I: LogIo> Log<I> {
             .collect();
         if let Some(hook) = &self.on_persisted {
             // The records were encoded by this process: the payload follows the header.
-            for p in &flushed {
+            for p in flushed.iter().filter(|p| p.index < hook_below) {
                 hook(&p.bytes[HEADER_LEN..]);
             }
         }
@@ -794,7 +795,9 @@ impl<I: LogIo> Log<I> {
     /// I/O failure; the log is poisoned if the zeroing cannot be made durable.
     pub async fn truncate(&self, LogIndex(from): LogIndex) -> Result<(), LogError> {
         let _io = self.exclusive().await;
-        self.flush_once().await?;
+        // The entries from `from` on are written and then cut: the persist hook never hears
+        // of them (a LEADER ack must not answer an entry this truncation removes).
+        self.flush_once(from).await?;
         if self
             .st
             .borrow()

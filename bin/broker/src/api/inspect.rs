@@ -52,6 +52,9 @@ pub async fn topic_stats(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Statu
             return s;
         }
     }
+    if let Err(s) = super::recovered(ctx).await {
+        return s;
+    }
     if !ctx.repl.leading() {
         return write_failed(ctx, WriteError::NotLeader { leader: None });
     }
@@ -160,6 +163,9 @@ pub async fn peek(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
             Err(s) => return s,
         }
     };
+    if let Err(s) = super::recovered(ctx).await {
+        return s;
+    }
     if !ctx.repl.leading() {
         return write_failed(ctx, WriteError::NotLeader { leader: None });
     }

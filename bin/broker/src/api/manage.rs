@@ -100,6 +100,9 @@ pub async fn cancel(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
     let mut keys = asked.clone();
     keys.sort_unstable();
     keys.dedup();
+    if let Err(s) = super::recovered(ctx).await {
+        return s;
+    }
     if !ctx.repl.leading() {
         return write_failed(ctx, WriteError::NotLeader { leader: None });
     }
@@ -153,6 +156,9 @@ pub async fn reschedule(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status
     };
     if let Err(why) = check_delay(req.delay_ms, &ctx.settings.publish_limits()) {
         return Status::new(Code::InvalidArgument, format!("delay_ms: {why}"));
+    }
+    if let Err(s) = super::recovered(ctx).await {
+        return s;
     }
     if !ctx.repl.leading() {
         return write_failed(ctx, WriteError::NotLeader { leader: None });

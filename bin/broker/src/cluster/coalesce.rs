@@ -171,11 +171,7 @@ async fn propose(core: &Rc<Core>, group: Group) {
             if batch.items.is_empty() {
                 return Err(WriteError::NotLeader { leader: l.leader });
             }
-            let start = core
-                .ids
-                .borrow_mut()
-                .assign(l.leading, l.term, batch.items.len() as u64)
-                .ok_or(WriteError::NotLeader { leader: l.leader })?;
+            let start = core.assign(batch.items.len() as u64)?;
             for (i, it) in batch.items.iter_mut().enumerate() {
                 it.event_id = start + i as u64;
             }

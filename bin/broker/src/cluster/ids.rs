@@ -2,11 +2,29 @@
 //! term and the leadership are passed in).
 //!
 //! # Invariants
-//! - Ids are assigned only in a term this node confirmed (its log applied up to its own first
-//!   entry of the term, so the store's high-water mark covers every earlier leader's ids),
-//!   starting above that mark: ids never regress across failovers and restarts.
+//! - Ids are assigned only in a term this node confirmed: its log applied up to its own first
+//!   entry of the term (so the store's high-water mark `h` covers every id an earlier leader
+//!   had committed), and then a committed `ReserveIds` raised the mark to
+//!   `h + IDS_UNAPPLIED_MAX`. Ids start above it: they never regress across failovers and
+//!   restarts.
+//! - **A tag names one message.** A leader hands out no id more than `IDS_UNAPPLIED_MAX`
+//!   above the mark its own store applied. Everything a former leader applied was committed,
+//!   so is at most `h`; whatever it handed out and lost (a NO_ACK or LEADER entry cut by the
+//!   new leader) is at most `h + IDS_UNAPPLIED_MAX`, below every id handed out from then on.
 //! - Ids ascend in the order they are assigned (the order of the proposals in the log).
 //! - At most one confirmation runs at a time.
+
+use futureq_core::command::IDS_UNAPPLIED_MAX;
+
+/// Why no ids were assigned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// This node does not take writes in the term (not leading, or not confirmed).
+    NotReady,
+    /// The ids would go more than [`IDS_UNAPPLIED_MAX`] above the applied mark: the entries
+    /// before them must apply first.
+    TooFarAhead,
+}
 
 /// The id allocator of one node.
 #[derive(Debug)]
@@ -45,8 +63,9 @@ impl Ids {
         true
     }
 
-    /// The running confirmation ended: `Some((term, high_water))` when it confirmed `term`
-    /// with the store's largest applied id, `None` when it did not.
+    /// The running confirmation ended: `Some((term, floor))` when it confirmed `term` and
+    /// committed a reservation of the ids up to `floor` (see the module docs), `None` when it
+    /// did not.
     pub fn confirmed(&mut self, outcome: Option<(u64, u64)>) {
         self.confirming = false;
         if let Some((term, high_water)) = outcome {
@@ -55,14 +74,29 @@ impl Ids {
         }
     }
 
-    /// Assigns `n` consecutive ids if this node takes writes in `term`; the first one.
-    pub fn assign(&mut self, leading: bool, term: u64, n: u64) -> Option<u64> {
+    /// Assigns `n` consecutive ids if this node takes writes in `term` and the last of them
+    /// is at most [`IDS_UNAPPLIED_MAX`] above `applied` (the highest id its store applied);
+    /// the first one.
+    ///
+    /// # Errors
+    /// [`Refused::NotReady`], [`Refused::TooFarAhead`] (nothing assigned).
+    pub fn assign(
+        &mut self,
+        leading: bool,
+        term: u64,
+        n: u64,
+        applied: u64,
+    ) -> Result<u64, Refused> {
         if !self.ready(leading, term) {
-            return None;
+            return Err(Refused::NotReady);
         }
         let first = self.next;
+        let last = first.saturating_add(n.saturating_sub(1));
+        if last > applied.saturating_add(IDS_UNAPPLIED_MAX) {
+            return Err(Refused::TooFarAhead);
+        }
         self.next = first.saturating_add(n);
-        Some(first)
+        Ok(first)
     }
 
     /// The next id to assign (for logs).
@@ -76,15 +110,22 @@ impl Ids {
 mod tests {
     use super::*;
 
+    /// An applied mark that never limits.
+    const FAR: u64 = u64::MAX;
+
     #[test]
     fn nothing_is_assigned_before_the_term_is_confirmed() {
         let mut ids = Ids::default();
-        assert_eq!(ids.assign(true, 1, 1), None);
+        assert_eq!(ids.assign(true, 1, 1, FAR).ok(), None);
         assert!(ids.start_confirming(true, 1));
-        assert_eq!(ids.assign(true, 1, 1), None, "confirmation still running");
+        assert_eq!(
+            ids.assign(true, 1, 1, FAR).ok(),
+            None,
+            "confirmation still running"
+        );
         ids.confirmed(Some((1, 0)));
-        assert_eq!(ids.assign(true, 1, 3), Some(1));
-        assert_eq!(ids.assign(true, 1, 2), Some(4));
+        assert_eq!(ids.assign(true, 1, 3, FAR).ok(), Some(1));
+        assert_eq!(ids.assign(true, 1, 2, FAR).ok(), Some(4));
         assert_eq!(ids.next(), 6);
     }
 
@@ -111,9 +152,9 @@ mod tests {
         let mut ids = Ids::default();
         assert!(ids.start_confirming(true, 3));
         ids.confirmed(Some((3, 10)));
-        assert_eq!(ids.assign(true, 3, 1), Some(11));
-        assert_eq!(ids.assign(false, 3, 1), None);
-        assert_eq!(ids.assign(true, 4, 1), None);
+        assert_eq!(ids.assign(true, 3, 1, FAR).ok(), Some(11));
+        assert_eq!(ids.assign(false, 3, 1, FAR).ok(), None);
+        assert_eq!(ids.assign(true, 4, 1, FAR).ok(), None);
         assert!(ids.start_confirming(true, 4));
     }
 
@@ -135,7 +176,7 @@ mod tests {
                     }
                     2 => ids.confirmed(None),
                     _ => {
-                        if let Some(first) = ids.assign(true, term, n) {
+                        if let Ok(first) = ids.assign(true, term, n, FAR) {
                             proptest::prop_assert!(first > last_end.max(mark));
                             last_end = first + n - 1;
                         }
@@ -150,14 +191,78 @@ mod tests {
         let mut ids = Ids::default();
         assert!(ids.start_confirming(true, 1));
         ids.confirmed(Some((1, 100)));
-        assert_eq!(ids.assign(true, 1, 50), Some(101));
+        assert_eq!(ids.assign(true, 1, 50, FAR).ok(), Some(101));
         // A later term whose store mark is lower (this node's own ids were not applied
         // anywhere yet) keeps the counter where it was.
         assert!(ids.start_confirming(true, 2));
         ids.confirmed(Some((2, 120)));
-        assert_eq!(ids.assign(true, 2, 1), Some(151));
+        assert_eq!(ids.assign(true, 2, 1, FAR).ok(), Some(151));
         assert!(ids.start_confirming(true, 3));
         ids.confirmed(Some((3, 500)));
-        assert_eq!(ids.assign(true, 3, 1), Some(501));
+        assert_eq!(ids.assign(true, 3, 1, FAR).ok(), Some(501));
+    }
+
+    #[test]
+    fn ids_stay_within_the_window_above_the_applied_mark() {
+        let mut ids = Ids::default();
+        assert!(ids.start_confirming(true, 1));
+        ids.confirmed(Some((1, 100)));
+        let w = IDS_UNAPPLIED_MAX;
+        assert_eq!(ids.assign(true, 1, w, 100), Ok(101), "up to 100 + w");
+        assert_eq!(ids.assign(true, 1, 1, 100), Err(Refused::TooFarAhead));
+        assert_eq!(ids.next(), 101 + w, "nothing assigned by a refusal");
+        assert_eq!(
+            ids.assign(true, 1, 1, 101),
+            Ok(101 + w),
+            "once one more applied"
+        );
+        assert_eq!(ids.assign(false, 1, 1, FAR), Err(Refused::NotReady));
+    }
+
+    proptest::proptest! {
+        /// Issue 26.1: leaders one after another, each confirming over what the ones before it
+        /// applied (`ReserveIds` at the mark + the window) and handing out batches, some of
+        /// which are applied and some lost (cut by the next leader): no id is handed out twice.
+        #[test]
+        fn no_id_is_handed_out_twice_across_leaders(
+            terms in proptest::collection::vec(
+                proptest::collection::vec((1u64..(1 << 22), proptest::bool::ANY), 1..30),
+                1..8,
+            )
+        ) {
+            // Ranges handed out, by first id.
+            let mut handed: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
+            // The committed mark every leader's confirmation sees (ids applied or reserved).
+            let mut committed = 0u64;
+            for (t, batches) in terms.into_iter().enumerate() {
+                let term = t as u64 + 1;
+                // Each term on a new node: its own counter starts from nothing.
+                let mut ids = Ids::default();
+                proptest::prop_assert!(ids.start_confirming(true, term));
+                let floor = committed + IDS_UNAPPLIED_MAX;
+                committed = floor;
+                ids.confirmed(Some((term, floor)));
+                let mut applied = floor;
+                for (n, commits) in batches {
+                    let Ok(first) = ids.assign(true, term, n, applied) else {
+                        // Full window: what is in flight must apply first; this leader ends.
+                        break;
+                    };
+                    let last = first + n - 1;
+                    let before = handed.range(..=last).next_back();
+                    proptest::prop_assert!(
+                        before.is_none_or(|(_, &end)| end < first),
+                        "ids {}..={} overlap {:?}", first, last, before
+                    );
+                    handed.insert(first, last);
+                    if commits {
+                        // Applied here, and committed for the next leader (entries commit in
+                        // order: what was lost before it is not in any log).
+                        applied = first + n - 1;
+                        committed = committed.max(applied);
+                    }
+                }
+            }
+        }
     }
 }
