@@ -8,7 +8,8 @@
 //! - **tag reuse**: one delivery tag for two payloads;
 //! - **resurrected**: delivered again after its ACK had [`ACK_SETTLE`] of fault-free time to
 //!   commit;
-//! - **liveness**: soon after the faults heal every node answers and all agree on the leader;
+//! - **liveness**: soon after the faults heal every node answers on a fresh connection, all
+//!   agree on the leader, and the leader acks a QUORUM write within a few seconds;
 //! - **convergence**: after healing every node reports the same applied index and the same
 //!   store digest (a hash of every stored row: same messages, indexes and groups).
 //!
@@ -49,6 +50,10 @@ use crate::procs::Cluster;
 const ACK_SETTLE: Duration = Duration::from_secs(5);
 /// How long after the faults heal every node must answer and agree on the leader.
 const LIVENESS_WITHIN: Duration = Duration::from_secs(20);
+/// How long the liveness check's write may take to be acked.
+const WRITE_WITHIN: Duration = Duration::from_secs(5);
+/// The topic of the liveness check's write (nothing consumes it).
+const LIVENESS_TOPIC: &str = "nemesis-liveness";
 /// Longest delay of a published message.
 const DELAY_MAX_MS: u64 = 3_000;
 /// Messages per published batch.
@@ -700,14 +705,51 @@ async fn liveness(c: &Cluster) -> Result<Duration, String> {
         if leaders.iter().all(|l| l.is_some_and(|l| l != 0))
             && leaders.windows(2).all(|w| w[0] == w[1])
         {
-            return Ok(t0.elapsed());
+            // And the leader takes a write, on a connection of its own.
+            let addrs: Vec<String> = c.nodes.iter().map(|n| n.addr.clone()).collect();
+            match write_accepted(&addrs).await {
+                Ok(()) => return Ok(t0.elapsed()),
+                Err(e) => last = format!("{leaders:?}; a write on the leader: {e}"),
+            }
+        } else {
+            last = format!("{leaders:?}");
         }
-        last = format!("{leaders:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Err(format!(
         "nodes did not all answer and agree on a leader within {LIVENESS_WITHIN:?} of healing (leader per node: {last})"
     ))
+}
+
+/// One QUORUM batch on a topic the history does not read, acked by the leader within
+/// [`WRITE_WITHIN`].
+async fn write_accepted(addrs: &[String]) -> Result<(), String> {
+    let (_, ch) = leader_channel(addrs).await.ok_or("no leader reachable")?;
+    let batch = PublishBatch {
+        messages: vec![PublishMessage {
+            topic: LIVENESS_TOPIC.into(),
+            payload: b"liveness".to_vec(),
+            ..PublishMessage::default()
+        }],
+        ack_level: 0,
+        batch_id: 1,
+    };
+    let call = async {
+        let mut acks = FutureQProducerClient::new(ch)
+            .publish_stream(futures::stream::iter([batch]))
+            .await
+            .map_err(|s| s.to_string())?
+            .into_inner();
+        match acks.message().await {
+            Ok(Some(a)) if a.success => Ok(()),
+            Ok(Some(a)) => Err(format!("refused: {}", a.error_message)),
+            Ok(None) => Err("the stream ended without an ack".to_owned()),
+            Err(s) => Err(s.to_string()),
+        }
+    };
+    tokio::time::timeout(WRITE_WITHIN, call)
+        .await
+        .map_err(|_| format!("no ack within {WRITE_WITHIN:?}"))?
 }
 
 /// Every node reports the same applied index and the same store digest (the cluster is idle

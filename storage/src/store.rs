@@ -64,6 +64,15 @@ pub(crate) const DEDUP: TableDefinition<&[u8], &[u8]> = TableDefinition::new("de
 pub(crate) const DEDUP_EXPIRY: TableDefinition<&[u8], ()> = TableDefinition::new("dedup-expiry");
 /// Most expired `dedup` rows one item with a dedup id removes.
 const DEDUP_SWEEP: usize = 8;
+/// How far a writer's clock may run ahead of another's (or step forward and back) without
+/// making a dedup id forgotten early: the check judges each message by its own enqueue
+/// time, and the sweep removes a row only once a message's clock passed its window's end by
+/// this much more. The rule: a message is a duplicate when a message with the same
+/// `(topic, dedup id)` was stored and `its enqueue time < that message's enqueue time +
+/// publish.dedupWindow`. A clock stepped back keeps ids longer; one ahead by up to this much
+/// forgets none early; ahead by more, ids whose window would still be open by the other
+/// clocks can be forgotten (they are then stored again).
+pub const DEDUP_CLOCK_SKEW_MAX_MS: i64 = 60_000;
 /// Opaque state of the replication layer (applied log id, membership), written with the
 /// data it describes.
 pub(crate) const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft-meta");
@@ -1551,8 +1560,11 @@ impl<'t> Tables<'t> {
         Ok(None)
     }
 
-    /// Removes up to [`DEDUP_SWEEP`] `dedup` rows forgotten at `now_ms`, oldest first.
+    /// Removes up to [`DEDUP_SWEEP`] `dedup` rows whose window ended
+    /// [`DEDUP_CLOCK_SKEW_MAX_MS`] or more before `now_ms` (a clock reading one message
+    /// carries), oldest first.
     fn sweep_dedup(&mut self, now_ms: i64) -> Result<(), StoreError> {
+        let now_ms = now_ms.saturating_sub(DEDUP_CLOCK_SKEW_MAX_MS);
         let mut gone = Vec::new();
         for r in self.dedup_expiry.range::<&[u8]>(..)?.take(DEDUP_SWEEP) {
             let (k, _) = r?;

@@ -687,3 +687,49 @@ fn scan_stops_at_the_byte_bound() {
         r.items.len()
     );
 }
+
+/// Issue 26.5: a writer whose clock runs ahead (a leader with a skewed clock, a clock stepped
+/// forward and back) makes no dedup id forgotten within its window as the other writers'
+/// clocks see it: each message is judged by its own enqueue time, and the sweep lags by
+/// `DEDUP_CLOCK_SKEW_MAX_MS`. It used to sweep by the newest message's clock, so a retry on a
+/// correct clock was stored twice.
+#[test]
+fn a_clock_ahead_makes_no_dedup_id_forgotten_early() {
+    use futureq_storage::store::DEDUP_CLOCK_SKEW_MAX_MS as SKEW;
+    let s = memory();
+    let dup = |id: &str, enq| {
+        let out = apply(
+            &s,
+            &encode_store(&StoreBatch {
+                items: vec![deduped(id, enq)],
+            }),
+        );
+        match out.outcome(s.applied().unwrap().unwrap().0).unwrap() {
+            Answer::Deduplicated(d) => Some(d[0].1),
+            _ => None,
+        }
+    };
+    // "x" is remembered from 1 s to 11 s (a 10 s window).
+    let first = publish(&s, vec![deduped("x", 1000)])[0];
+    // Messages from a writer 30 s ahead (more than the window, less than the allowance).
+    for n in 0..20 {
+        assert_eq!(dup(&format!("ahead-{n}"), 41_000), None);
+    }
+    // A retry on a correct clock within the window is a duplicate.
+    assert_eq!(dup("x", 9_000), Some(first));
+    // At the window's end it is a new message (the window is [enqueue, enqueue + window)).
+    let again = dup("x", 11_000);
+    assert_eq!(again, None);
+    // A clock ahead by more than the allowance may make an id forgotten early: stated, not
+    // hidden (the retry is then stored again).
+    publish(&s, vec![deduped("z", 50_000)]);
+    for n in 0..20 {
+        dup(&format!("far-{n}"), 60_000 + 2 * SKEW);
+    }
+    assert_eq!(
+        dup("z", 55_000),
+        None,
+        "forgotten by a clock {SKEW} ms ahead and more"
+    );
+    assert_eq!(s.digest(), s.computed_digest().unwrap());
+}

@@ -60,6 +60,9 @@ pub struct Ctx {
     pub publish_budget: Arc<crate::budget::Budget>,
     /// Server reflection's index of the API descriptors.
     pub reflection: Arc<futureq_net::reflection::Reflection>,
+    /// The data disk's free space (`None`: memory storage): publishes are refused below
+    /// `storage.minFreeBytes`.
+    pub disk: Option<Arc<crate::disk::DiskSpace>>,
 }
 
 pub use reflection::index as reflection_index;

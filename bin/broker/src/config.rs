@@ -90,6 +90,7 @@ pub struct Storage {
     pub data_dir: String,
     pub mode: String,
     pub cache_size: String,
+    pub min_free_bytes: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -259,6 +260,7 @@ impl Default for Config {
                 data_dir: "./data".into(),
                 mode: "disk".into(),
                 cache_size: "64MiB".into(),
+                min_free_bytes: "256MiB".into(),
             },
             publish: Publish {
                 min_ack_level: "quorum".into(),
@@ -441,6 +443,8 @@ pub struct Settings {
     pub data_dir: PathBuf,
     pub memory_storage: bool,
     pub cache_bytes: usize,
+    /// Below this many free bytes on a data directory's disk, publishes are refused.
+    pub min_free_bytes: u64,
     pub min_ack_level: AckLevel,
     pub proposal_timeout: Duration,
     pub max_delay: Duration,
@@ -612,6 +616,7 @@ impl Config {
             return err("storage.dataDir", "is required when storage.mode is disk");
         }
         let cache_bytes = size("storage.cacheSize", &self.storage.cache_size)?;
+        let min_free_bytes = size("storage.minFreeBytes", &self.storage.min_free_bytes)? as u64;
         let p = &self.publish;
         let min_ack_level = match p.min_ack_level.as_str() {
             "quorum" => AckLevel::Quorum,
@@ -713,6 +718,7 @@ impl Config {
             data_dir: PathBuf::from(&self.storage.data_dir),
             memory_storage,
             cache_bytes,
+            min_free_bytes,
             min_ack_level,
             proposal_timeout,
             max_delay,

@@ -20,6 +20,7 @@ mod api;
 mod budget;
 mod cluster;
 pub mod config;
+mod disk;
 mod dispatcher;
 mod local;
 pub mod metrics;

@@ -260,6 +260,8 @@ pub struct Metrics {
     pub store_commit_ops: AtomicU64,
     /// The store's digest ([`futureq_storage::Store::digest_cell`]).
     pub store_digest: std::sync::Arc<AtomicU64>,
+    /// The data disk's free space (on disk storage).
+    pub disk: Option<std::sync::Arc<crate::disk::DiskSpace>>,
     /// Clustered mode: the Raft gauges below are exported.
     pub clustered: std::sync::atomic::AtomicBool,
     pub raft_term: AtomicU64,
@@ -312,6 +314,7 @@ impl Default for Metrics {
             store_commits: AtomicU64::new(0),
             store_commit_ops: AtomicU64::new(0),
             store_digest: std::sync::Arc::default(),
+            disk: None,
             clustered: std::sync::atomic::AtomicBool::new(false),
             raft_term: AtomicU64::new(0),
             raft_is_leader: AtomicU64::new(0),
@@ -626,6 +629,31 @@ impl Metrics {
             "Digest of the stored messages, indexes and groups (its low 52 bits, exact as a float): equal on replicas that applied the same log (compare at equal futureq_raft_applied_index).",
             self.store_digest.load(r) & ((1 << 52) - 1),
         );
+        if let Some(d) = &self.disk {
+            if d.free_bytes() != u64::MAX {
+                scalar(
+                    &mut o,
+                    "futureq_disk_free_bytes",
+                    "gauge",
+                    "Free bytes of the fullest data directory's file system, read every 500 ms.",
+                    d.free_bytes(),
+                );
+            }
+            scalar(
+                &mut o,
+                "futureq_disk_min_free_bytes",
+                "gauge",
+                "storage.minFreeBytes: below it publishes are refused.",
+                d.min_free(),
+            );
+            scalar(
+                &mut o,
+                "futureq_disk_low",
+                "gauge",
+                "1 while the data disk is below storage.minFreeBytes and publishes are refused (deliveries, ACKs and cancels go on).",
+                u8::from(d.low()),
+            );
+        }
         o
     }
 }

@@ -74,6 +74,9 @@ pub enum ServerError {
     /// An executor ended before it reported, or before the shutdown (a panic).
     #[error("an executor stopped unexpectedly (during start-up, or a panic while serving)")]
     ExecutorLost,
+    /// The disk-space thread did not start.
+    #[error("starting the disk-space thread: {0}")]
+    Thread(std::io::Error),
     /// A listener could not be opened.
     #[error("cannot listen on {key} {addr}: {reason}")]
     Listen {
@@ -286,8 +289,22 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
     let mut raft_rx = Some(write_rx);
     let dispatcher_done = Shutdown::new();
     let writes_open = Shutdown::new();
+    // The data disk's free space (on disk storage): below storage.minFreeBytes publishes
+    // are refused.
+    let disk = match &mode {
+        StoreMode::Disk(dir, _) => {
+            let space = Arc::new(crate::disk::DiskSpace::new(settings.min_free_bytes));
+            let mut dirs = vec![dir.clone()];
+            dirs.extend(settings.cluster.as_ref().map(|c| c.data_dir.clone()));
+            let thread = crate::disk::watch(Arc::clone(&space), dirs, shutdown.clone())
+                .map_err(ServerError::Thread)?;
+            Some((space, thread))
+        }
+        StoreMode::Memory => None,
+    };
     let metrics = Arc::new(Metrics {
         store_digest: store.store().digest_cell(),
+        disk: disk.as_ref().map(|(d, _)| Arc::clone(d)),
         ..Metrics::default()
     });
 
@@ -320,6 +337,7 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
             stopped: StoppedGuard(exits.clone()),
             publish_budget: Arc::clone(&publish_budget),
             reflection: Arc::clone(&reflection),
+            disk: disk.as_ref().map(|(d, _)| Arc::clone(d)),
         };
         let hub_rx = if core == 0 { hub_rx.take() } else { None };
         let ready = Ready(exits.clone());
@@ -402,6 +420,9 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
     }
     drop(store);
     store_threads.join();
+    if let Some((_, thread)) = disk {
+        let _ = thread.join();
+    }
     tracing::info!(target: "app", "stopped");
     if lost {
         return Err(ServerError::ExecutorLost);
@@ -451,6 +472,8 @@ struct CtxParts {
     publish_budget: Arc<crate::budget::Budget>,
     /// Server reflection's index of the API descriptors (built once).
     reflection: Arc<futureq_net::reflection::Reflection>,
+    /// The data disk's free space (`None`: memory storage).
+    disk: Option<Arc<crate::disk::DiskSpace>>,
 }
 
 /// One executor: its gRPC listener; on core 0 the dispatcher, TTL sweeper and metrics; on the
@@ -476,6 +499,7 @@ async fn core_main(
         stopped: _stopped,
         publish_budget,
         reflection,
+        disk,
     } = parts;
     let _awake = match runtime::keep_awake() {
         Ok(a) => a,
@@ -663,6 +687,7 @@ async fn core_main(
         shutdown: shutdown.clone(),
         repl,
         writes_open,
+        disk,
     });
     ready.send(Ok(()));
     tracing::debug!(target: "app", core, "executor serving");

@@ -286,7 +286,11 @@ fn process(
     let batch_id = batch.batch_id;
     let n = batch.messages.len();
     let metrics = std::sync::Arc::clone(&ctx.metrics);
-    let (items, topics) = match prepare(ctx, batch, level, now_ms()) {
+    let prepared = match ctx.disk.as_deref().filter(|d| d.low()) {
+        Some(d) => Err((Code::ResourceExhausted, d.refusal())),
+        None => prepare(ctx, batch, level, now_ms()),
+    };
+    let (items, topics) = match prepared {
         Ok(x) => x,
         Err((code, message)) => {
             metrics
