@@ -159,6 +159,7 @@ struct Dispatcher {
     /// Where deletes go: the Raft core, or the local journal standalone.
     writes: flume::Sender<RaftReq>,
     delete_timeout: Duration,
+    delete_interval: Duration,
     /// `delivery.timeBucket` (the bucket of a dead letter's copy).
     bucket_ms: u64,
     /// Recipients that gave up, waiting for a place among the dead letters in flight.
@@ -256,8 +257,8 @@ impl Dispatcher {
         }
     }
 
-    /// Starts a delete flush of the pending deletes, its write bounded by `delete_timeout`
-    /// or `by`, whichever comes first.
+    /// Starts a delete flush of the pending deletes, its write bounded by
+    /// [`flush_attempt_deadline`].
     fn start_flush(&mut self, by: Option<Instant>) {
         if self.flushing {
             return;
@@ -270,8 +271,12 @@ impl Dispatcher {
         self.metrics.delete_batch_size.observe(batch.len() as f64);
         let tx = self.tx.clone();
         let writes = self.writes.clone();
-        let deadline = Instant::now() + self.delete_timeout;
-        let deadline = by.map_or(deadline, |by| deadline.min(by));
+        let deadline = flush_attempt_deadline(
+            Instant::now(),
+            self.delete_timeout,
+            self.delete_interval,
+            by,
+        );
         let metrics = Arc::clone(&self.metrics);
         glommio::spawn_local(async move {
             let keys = batch.len() as u64;
@@ -401,6 +406,26 @@ impl Dispatcher {
     }
 }
 
+/// When one delete flush gives up (its keys are then queued again and the next flush tries,
+/// on whichever node leads by then): `delete_timeout`, but at most
+/// `max(1 s, 2 × delete_interval)`, and never after `by`. Only one flush runs at a time, so
+/// one held longer (a proposal on a leader that lost its quorum, kept until it learns the
+/// new term) would hold every later ACK's delete while a new leader delivers them again.
+fn flush_attempt_deadline(
+    now: Instant,
+    delete_timeout: Duration,
+    delete_interval: Duration,
+    by: Option<Instant>,
+) -> Instant {
+    let attempt = delete_timeout.min(
+        delete_interval
+            .saturating_mul(2)
+            .max(Duration::from_secs(1)),
+    );
+    let deadline = now + attempt;
+    by.map_or(deadline, |by| deadline.min(by))
+}
+
 /// Deletes keys through the log (the Raft log, or the journal standalone); a node that no
 /// longer leads forwards them to the leader. A failure (no leader known, timeout) keeps them
 /// queued for the next flush: deletes are idempotent, and an ACKed key is never dropped.
@@ -517,6 +542,7 @@ pub async fn run(
         store,
         writes,
         delete_timeout: cfg.delete_timeout,
+        delete_interval: cfg.delete_interval,
         bucket_ms: cfg.hub.bucket_ms,
         dead_letters_waiting: std::collections::VecDeque::new(),
         dead_letters_in_flight: 0,
@@ -757,6 +783,33 @@ mod tests {
 
     fn key(topic: u64, id: u64) -> EventKey {
         EventKey::new(TopicHash(topic), Bucket(0), EventId(id))
+    }
+
+    /// Issue 26, late redelivery: one delete flush (only one runs at a time) gives up within
+    /// max(1 s, 2 × the interval), not after publish.proposalTimeout: a flush held by a
+    /// leader that lost its quorum held every later ACK's delete for 5 s while the new leader
+    /// delivered them again.
+    #[test]
+    fn a_delete_flush_gives_up_soon_enough_for_the_next_to_go_elsewhere() {
+        let now = Instant::now();
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        assert_eq!(flush_attempt_deadline(now, s(5), ms(500), None), now + s(1));
+        assert_eq!(flush_attempt_deadline(now, s(5), s(2), None), now + s(4));
+        assert_eq!(
+            flush_attempt_deadline(now, s(5), s(10), None),
+            now + s(5),
+            "never past the timeout"
+        );
+        assert_eq!(
+            flush_attempt_deadline(now, ms(300), ms(100), None),
+            now + ms(300)
+        );
+        assert_eq!(
+            flush_attempt_deadline(now, s(5), ms(500), Some(now + ms(200))),
+            now + ms(200),
+            "never past the stop's last moment"
+        );
     }
 
     /// Issue 26.8: notices sent while the hub's queue is full wait in one overflow queue (no
