@@ -598,6 +598,7 @@ async fn reads_after_a_restart_wait_for_the_replay() {
             Err(s) => panic!("{s:?}"),
         }
     }
+    // The restart had a replay to wait for (else the reads above proved nothing).
     let log = b.log();
     assert!(log.contains("replaying the journal"), "{}", b.log_tail(20));
 }

@@ -3,7 +3,7 @@
 //!
 //! | bytes | field |
 //! |---|---|
-//! | 1 | tag: 1 = `StoreBatch` v1, 2 = `DeleteBatch` v1, 3 = `RegisterGroup` v1, 4 = `Cancel` v1, 5 = `Reschedule` v1, 6 = `DeadLetter` v1, 7 = `ReserveIds` v1 |
+//! | 1 | tag: 1 = `StoreBatch` v1, 2 = `DeleteBatch` v1, 3 = `RegisterGroup` v1, 4 = `Cancel` v1, 5 = `Reschedule` v1, 6 = `DeadLetter` v1 |
 //! | 4 | archive length (u32 LE): the rest of the entry, exactly |
 //! | n | rkyv archive of the command |
 //!
@@ -39,27 +39,48 @@ pub const TAG_CANCEL_V1: u8 = 4;
 pub const TAG_RESCHEDULE_V1: u8 = 5;
 /// Tag of a v1 [`DeadLetter`].
 pub const TAG_DEAD_LETTER_V1: u8 = 6;
-/// Tag of a v1 [`ReserveIds`].
-pub const TAG_RESERVE_IDS_V1: u8 = 7;
 
 /// Event ids a writer (a leader, the journal) may have handed out beyond the highest id
 /// applied on it: ids in entries written and not yet applied. The writer refuses (or waits)
 /// before going further, so whatever it handed out and lost (entries cut by a crash or by a
 /// new leader) lies at most this far above the highest id applied anywhere: a writer that
 /// takes over first reserves this many ids above that mark ([`ReserveIds`]) and never hands
-/// any of them out. 2^24: a pipeline far deeper than any load keeps, and 2^40 takeovers before
-/// the id space ends.
-pub const IDS_UNAPPLIED_MAX: u64 = 1 << 24;
+/// any of them out. 2^32: a pipeline far deeper than any load keeps (also with the ids that
+/// proposals refused while leadership settles use up), and 2^32 takeovers before the id
+/// space ends.
+pub const IDS_UNAPPLIED_MAX: u64 = 1 << 32;
 
 /// Raises the store's highest event id (`last-id`) to `floor`: the ids up to it are never
-/// handed out again. A new leader (or the journal at open) writes one before it assigns ids,
-/// [`IDS_UNAPPLIED_MAX`] above the mark it found, so that no id a former writer handed out
-/// for an entry that was lost can name a second message.
-#[derive(Archive, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
-#[rkyv(derive(Debug))]
+/// handed out again. A new leader commits one before it assigns ids, [`IDS_UNAPPLIED_MAX`]
+/// above the mark it found, so that no id a former leader handed out for an entry that was
+/// lost can name a second message (the journal raises its store directly).
+///
+/// It is written as a [`Reschedule`] of [`RESERVATION_KEY`] with `floor` as its event id:
+/// every version that applies Reschedule takes its id as the new `last-id` and finds nothing
+/// to move, so replicas of the previous version apply it alike during a rolling upgrade (a
+/// command of its own would be refused by them, and their `last-id` would stay behind: an
+/// old leader would then hand out ids the upgraded replicas refuse as stale).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReserveIds {
     /// The new lowest bound of the ids to assign (exclusive).
     pub floor: u64,
+}
+
+/// The key a [`ReserveIds`] "moves": event id 0, which no message has (ids start at 1).
+pub const RESERVATION_KEY: [u8; KEY_LEN] = [0; KEY_LEN];
+
+impl ReserveIds {
+    /// The command's bytes.
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        encode_reschedule(&Reschedule {
+            key: RESERVATION_KEY,
+            event_id: self.floor,
+            bucket: 0,
+            due_at_ms: 0,
+            now_ms: 0,
+        })
+    }
 }
 
 /// Most keys of one [`Cancel`] (the API's limit per request).
@@ -286,8 +307,6 @@ pub enum CommandRef<'a> {
     Reschedule(&'a ArchivedReschedule),
     /// Copy a message to its dead-letter topic.
     DeadLetter(&'a ArchivedDeadLetter),
-    /// Raise the highest event id.
-    ReserveIds(&'a ArchivedReserveIds),
 }
 
 /// Why entry bytes are not a command.
@@ -353,15 +372,6 @@ pub fn encode_register_group(r: &RegisterGroup) -> Vec<u8> {
     frame(TAG_REGISTER_GROUP_V1, r, 64 + r.group.len())
 }
 
-/// Encodes an id reservation.
-///
-/// # Panics
-/// Only if rkyv cannot serialize plain data (it always can).
-#[must_use]
-pub fn encode_reserve_ids(r: &ReserveIds) -> Vec<u8> {
-    frame(TAG_RESERVE_IDS_V1, r, 32)
-}
-
 /// The first event id of a store command, read at fixed offsets without validating the
 /// archive (O(1), for the leader-persist tracker): `None` for other commands, an empty batch
 /// or bytes too short for the positions read.
@@ -418,9 +428,6 @@ pub fn decode(bytes: &[u8]) -> Result<CommandRef<'_>, CommandError> {
             .map_err(|e| CommandError::Invalid(e.to_string())),
         TAG_DEAD_LETTER_V1 => rkyv::access::<ArchivedDeadLetter, RkyvError>(archive)
             .map(CommandRef::DeadLetter)
-            .map_err(|e| CommandError::Invalid(e.to_string())),
-        TAG_RESERVE_IDS_V1 => rkyv::access::<ArchivedReserveIds, RkyvError>(archive)
-            .map(CommandRef::ReserveIds)
             .map_err(|e| CommandError::Invalid(e.to_string())),
         t => Err(CommandError::UnknownTag(t)),
     }
@@ -566,12 +573,12 @@ mod tests {
         }
 
         #[test]
-        fn reserve_ids_round_trips(floor: u64, pad in 0usize..16) {
-            let mut buf = vec![0u8; pad];
-            buf.extend(encode_reserve_ids(&ReserveIds { floor }));
-            let CommandRef::ReserveIds(a) = decode(&buf[pad..]).unwrap() else { panic!("reserve") };
-            prop_assert_eq!(a.floor.to_native(), floor);
-            prop_assert_eq!(first_event_id(&buf[pad..]), None);
+        fn a_reservation_is_a_reschedule_of_the_key_no_message_has(floor: u64) {
+            let enc = ReserveIds { floor }.encode();
+            let CommandRef::Reschedule(a) = decode(&enc).unwrap() else { panic!("reserve") };
+            prop_assert_eq!(a.event_id.to_native(), floor);
+            prop_assert_eq!(a.key, RESERVATION_KEY);
+            prop_assert_eq!(EventKey(a.key).event_id().0, 0);
         }
 
         #[test]

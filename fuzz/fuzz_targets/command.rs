@@ -35,10 +35,6 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(r.new_key().topic_hash(), futureq_core::EventKey(r.key).topic_hash());
             let _ = (r.due_at_ms.to_native(), r.now_ms.to_native());
         }
-        Ok(CommandRef::ReserveIds(r)) => {
-            assert_eq!(in_place, None, "a reservation has no first event id");
-            let _ = r.floor.to_native();
-        }
         Err(_) => {}
     }
     if let Ok(c) = futureq_core::metadata::MetaCommand::decode(data) {

@@ -461,10 +461,11 @@ impl<I: LogIo + 'static> Journal<I> {
             listener.await;
         }
         // No await from here to the append: ids and indexes are taken in log order.
-        let (index, bytes) = {
+        let (index, bytes, first_id) = {
             let mut st = self.0.st.borrow_mut();
+            let first_id = st.next_id;
             let bytes = make(&mut st.next_id);
-            (st.next_index, bytes)
+            (st.next_index, bytes, first_id)
         };
         let (durable_tx, durable_rx) = match wait {
             Wait::Durable => {
@@ -503,6 +504,9 @@ impl<I: LogIo + 'static> Journal<I> {
             vec![(Term::JOURNAL, LogIndex(index), bytes.as_slice())],
             done,
         ) {
+            // Nothing was written: its ids were never handed out, and are given back (no
+            // await since they were taken), so failed appends cannot use up the window.
+            self.0.st.borrow_mut().next_id = first_id;
             return Err(match e {
                 LogError::Poisoned => {
                     self.fail(&e.to_string());

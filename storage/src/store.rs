@@ -429,7 +429,7 @@ impl Store {
     }
 
     /// `last-id` as of the last commit, without I/O: the highest event id applied or
-    /// reserved ([`futureq_core::command::ReserveIds`]).
+    /// reserved ([`futureq_core::command::ReserveIds`], [`Store::reserve_ids`]).
     #[must_use]
     pub fn applied_last_id(&self) -> u64 {
         self.last_id.load(Ordering::Acquire)
@@ -656,9 +656,6 @@ impl Store {
                         }
                         out.answers
                             .push((*index, futureq_core::command::Answer::DeadLettered(copy)));
-                    }
-                    CommandRef::ReserveIds(r) => {
-                        out.max_event_id = out.max_event_id.max(r.floor.to_native());
                     }
                     CommandRef::RegisterGroup(r) => {
                         t.add_group(&group_key(

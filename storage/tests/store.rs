@@ -733,3 +733,28 @@ fn a_clock_ahead_makes_no_dedup_id_forgotten_early() {
     );
     assert_eq!(s.digest(), s.computed_digest().unwrap());
 }
+
+/// Issue 26.1: the mark that bounds the ids a writer hands out (`applied_last_id`, read
+/// without I/O) follows every commit that moves `last-id`: an apply, a reservation, a
+/// snapshot install.
+#[test]
+fn the_applied_mark_follows_applies_reservations_and_snapshots() {
+    let s = memory();
+    publish(&s, vec![new_message("t", 1000, 0, 0, vec![])]);
+    assert_eq!(s.applied_last_id(), s.last_id().unwrap());
+    let floor = s.reserve_ids().unwrap();
+    assert_eq!(floor, s.last_id().unwrap());
+    assert_eq!(s.applied_last_id(), floor);
+    let dst = replica(&s);
+    assert_eq!(dst.applied_last_id(), floor, "installed from the snapshot");
+    // A reservation committed through the log (a leader's) moves it too.
+    let out = apply(
+        &s,
+        &futureq_core::command::ReserveIds { floor: floor + 10 }.encode(),
+    );
+    assert!(out.refused.is_empty(), "{:?}", out.refused);
+    assert_eq!(
+        (s.last_id().unwrap(), s.applied_last_id()),
+        (floor + 10, floor + 10)
+    );
+}

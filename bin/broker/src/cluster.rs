@@ -478,9 +478,9 @@ impl Core {
     /// Commits a reservation of the ids up to `last + IDS_UNAPPLIED_MAX` in `term` (see
     /// `ids`): the floor, once applied here, or `None` (logged) when it did not commit.
     async fn reserve_ids(&self, term: u64, last: u64) -> Option<u64> {
-        use futureq_core::command::{encode_reserve_ids, ReserveIds, IDS_UNAPPLIED_MAX};
+        use futureq_core::command::{ReserveIds, IDS_UNAPPLIED_MAX};
         let floor = last.saturating_add(IDS_UNAPPLIED_MAX);
-        let cmd = Bytes::from(encode_reserve_ids(&ReserveIds { floor }));
+        let cmd = Bytes::from(ReserveIds { floor }.encode());
         let node = self.node.clone();
         let make = move || {
             let l = node.leadership();

@@ -502,11 +502,17 @@ async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>)
                         Err(st) => Error::status(st),
                         _ => Error::OutcomeUnknown("the stream ended".into()),
                     };
-                    lost(&client, &why, &mut in_flight, &mut queue, retry_for);
-                    // A deposed leader ends its streams naming the new one.
-                    if let Err(st) = &end {
-                        client.leader_moved(crate::leader_named(st).as_deref());
-                    }
+                    // A deposed leader answers every batch it read, then ends its stream
+                    // FAILED_PRECONDITION naming the new leader: what is still unanswered was
+                    // never read, so nothing of it was stored.
+                    let named = end.as_ref().err().and_then(|st| {
+                        (st.code() == tonic::Code::FailedPrecondition)
+                            .then(|| crate::leader_named(st))
+                            .flatten()
+                    });
+                    let unread = named.is_some();
+                    lost(&client, &why, unread, &mut in_flight, &mut queue, retry_for);
+                    client.leader_moved(named.as_deref());
                     stream = None;
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
@@ -520,7 +526,7 @@ async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>)
             } => {
                 // The connection went silent: start again on a new one.
                 let why = Error::OutcomeUnknown(format!("no answer within {ack_timeout:?}"));
-                lost(&client, &why, &mut in_flight, &mut queue, retry_for);
+                lost(&client, &why, false, &mut in_flight, &mut queue, retry_for);
                 stream = None;
             },
             it = rx.recv(), if room => match it {
@@ -546,17 +552,19 @@ fn next_reopen_pause(last: Duration) -> Duration {
 }
 
 /// The stream was lost with `in_flight`: each batch's messages are queued again (oldest first
-/// at the front) when that is safe, else answered.
+/// at the front) when that is safe (`stored_nothing`: the server read none of them), else
+/// answered.
 fn lost(
     client: &Client,
     why: &Error,
+    stored_nothing: bool,
     in_flight: &mut BTreeMap<u64, (tokio::time::Instant, Vec<Item>)>,
     queue: &mut VecDeque<Item>,
     retry_for: Duration,
 ) {
     client.leader_moved(None);
     for (_, (_, items)) in std::mem::take(in_flight).into_iter().rev() {
-        settle(items, false, why, retry_for, queue);
+        settle(items, stored_nothing, why, retry_for, queue);
     }
 }
 

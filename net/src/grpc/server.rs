@@ -45,8 +45,9 @@ pub struct ServerConfig {
     /// How long a ping may go unanswered before the connection is closed as dead
     /// (`api.grpc.keepaliveTimeout`). Its streams then end, releasing their deliveries.
     pub keepalive_timeout: Duration,
-    /// How long a new connection may take to send the HTTP/2 preface and settings before it
-    /// is closed (a connection that sends nothing holds no task beyond it).
+    /// How long a new connection may take to send the HTTP/2 preface before it is closed (a
+    /// connection that sends nothing holds no task beyond it; one silent after its preface
+    /// is dropped by the keepalive pings).
     pub handshake_timeout: Duration,
 }
 

@@ -458,7 +458,8 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
     let mut reading = true;
     let mut end = Status::ok();
     let idle_timeout = ctx.settings.stream_idle_timeout;
-    let mut last_read = Instant::now();
+    // The last batch read or ack sent: the idle timeout counts from it.
+    let mut last_activity = Instant::now();
     let mut deposed = false;
     // A stream opened on the leader ends with its leadership (on a follower, each batch is
     // refused naming the leader).
@@ -534,7 +535,7 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
                 if outstanding > 0 || admitting.is_some() {
                     future::pending::<()>().await;
                 }
-                let end = last_read + idle_timeout;
+                let end = last_activity + idle_timeout;
                 glommio::timer::sleep(end.saturating_duration_since(Instant::now())).await;
                 Event::Idle
             };
@@ -549,7 +550,7 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
                 })
                 .await;
                 match sent {
-                    Some(Ok(())) => {}
+                    Some(Ok(())) => last_activity = Instant::now(),
                     Some(Err(s)) => return s,
                     None => {
                         return Status::new(
@@ -583,7 +584,7 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
                 }
             }
             Event::Batch(Ok(Some(b))) => {
-                last_read = Instant::now();
+                last_activity = Instant::now();
                 let batch = (prost::Message::encoded_len(&b), Instant::now());
                 match ctx.publish_budget.try_admit(batch.0) {
                     Some(admitted) => {
