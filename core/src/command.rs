@@ -135,8 +135,9 @@ impl ArchivedReschedule {
 /// `<topic>.dlq`), due at `now_ms`, with the origin set, under a new key (that topic's hash,
 /// `bucket`, `event_id`), and counts it on the origin topic. The original stays for the other
 /// recipients (the recipient's done mark deletes it like an ACK). The copy of a (message,
-/// group) is stored once: a repeated command within [`DEAD_LETTER_ONCE_MS`] answers the first
-/// copy's key. The apply answers the copy's key ([`Answer::DeadLettered`]); `None` when the
+/// recipient) is stored once for as long as the original is stored: a repeated command (a
+/// retry after an unknown outcome, the same recipient giving up again after a failover)
+/// answers the first copy's key. The apply answers the copy's key ([`Answer::DeadLettered`]); `None` when the
 /// message is not stored or expired at `now_ms`.
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 #[rkyv(derive(Debug))]
@@ -151,14 +152,11 @@ pub struct DeadLetter {
     pub now_ms: i64,
     /// The group that gave up ("" = a universal consumer).
     pub group: String,
-    /// The universal consumer that gave up (its stream's id + 1 on the leader), 0 for a
-    /// group: universal consumers are recipients each.
+    /// The universal consumer that gave up (its stream's id + 1 on the leader; ids are unique
+    /// across processes, see `Hub::first_consumer_id`), 0 for a group: universal consumers
+    /// are recipients each.
     pub consumer: u64,
 }
-
-/// How long the apply remembers a dead letter's copy (by message and group), so that a
-/// command repeated after an unknown outcome stores no second copy.
-pub const DEAD_LETTER_ONCE_MS: i64 = 10 * 60 * 1000;
 
 /// A command that takes one leader-assigned event id, given when it is proposed (so ids
 /// follow log order) and answered with the key it stored, if any.

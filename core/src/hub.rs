@@ -402,6 +402,16 @@ pub struct Hub<S> {
 }
 
 impl<S: Sink> Hub<S> {
+    /// The first consumer id this hub gives (default 1). Universal consumers are dead-letter
+    /// recipients by id, remembered by the store as long as the message is: a hub started
+    /// later (a restart, another leader) must not give an id an earlier hub gave, or its
+    /// consumer would be taken for one that already dead-lettered (and get no copy).
+    #[must_use]
+    pub fn first_consumer_id(mut self, first: u64) -> Self {
+        self.next_consumer = first.max(1);
+        self
+    }
+
     /// An empty hub.
     #[must_use]
     pub fn new(cfg: HubConfig) -> Self {

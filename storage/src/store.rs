@@ -135,6 +135,15 @@ fn dedup_key(topic_hash: TopicHash, dedup_id: &str) -> Vec<u8> {
     k
 }
 
+/// The start of the dedup keys that remember the dead letters of `original` (on its
+/// dead-letter topic `dlq`), one per recipient after it.
+fn once_prefix(dlq: &str, original: &EventKey) -> Vec<u8> {
+    dedup_key(
+        futureq_core::topic_hash(dlq),
+        &format!("\0dead-letter\0{original}\0"),
+    )
+}
+
 fn dedup_value(first: &EventKey, until_ms: i64) -> [u8; KEY_LEN + 8] {
     let mut v = [0u8; KEY_LEN + 8];
     v[..KEY_LEN].copy_from_slice(&first.0);
@@ -1110,6 +1119,14 @@ impl Store {
         Ok(out)
     }
 
+    /// Number of `dedup` rows (dedup ids and dead letters remembered).
+    ///
+    /// # Errors
+    /// A storage error.
+    pub fn dedup_rows(&self) -> Result<u64, StoreError> {
+        Ok(self.db.begin_read()?.open_table(DEDUP)?.len()?)
+    }
+
     /// Number of stored messages, index entries and expiry entries.
     ///
     /// # Errors
@@ -1449,15 +1466,13 @@ impl<'t> Tables<'t> {
             return Ok((None, false));
         };
         let topic = futureq_core::message::dead_letter_topic(&m.topic, &m.extras.dead_letter_topic);
-        // Once per message and group: the dedup table remembers the copy under a key that
-        // names the original (a NUL-led id no publish of this topic produces by accident).
-        let once = dedup_key(
-            futureq_core::topic_hash(&topic),
-            &format!(
-                "\0dead-letter\0{old}\0{}\0{}",
-                d.group.as_str(),
-                d.consumer.to_native()
-            ),
+        // Once per message and recipient, for as long as the original is stored: the dedup
+        // table remembers the copy under a key that names the original (a NUL-led id no
+        // publish of this topic produces by accident), never swept; `take` forgets it with
+        // the original.
+        let mut once = once_prefix(&topic, &old);
+        once.extend_from_slice(
+            format!("{}\0{}", d.group.as_str(), d.consumer.to_native()).as_bytes(),
         );
         let remembered = self
             .dedup
@@ -1494,11 +1509,7 @@ impl<'t> Tables<'t> {
             &copy.encode(),
         )?;
         self.topic_delta(old.topic_hash(), &m.topic).1 += 1;
-        self.remember(
-            &once,
-            &key,
-            now_ms.saturating_add(futureq_core::command::DEAD_LETTER_ONCE_MS),
-        )?;
+        self.remember(&once, &key, i64::MAX)?;
         Ok((Some(key), true))
     }
 
@@ -1612,6 +1623,21 @@ impl<'t> Tables<'t> {
                 }
                 if let Some(e) = m.expires_at_ms() {
                     self.remove_row(KeyTable::Expiry, &expiry_key(e, key))?;
+                }
+                // Its dead letters' once-rows go with it (one seek when it has none).
+                let dlq =
+                    futureq_core::message::dead_letter_topic(&m.topic, &m.extras.dead_letter_topic);
+                let prefix = once_prefix(&dlq, key);
+                let mut gone = Vec::new();
+                for r in self.dedup.range::<&[u8]>(prefix.as_slice()..)? {
+                    let (k, _) = r?;
+                    if !k.value().starts_with(&prefix) {
+                        break;
+                    }
+                    gone.push(k.value().to_vec());
+                }
+                for k in gone {
+                    self.forget(&k)?;
                 }
             }
             Err(e) => {

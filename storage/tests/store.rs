@@ -758,3 +758,60 @@ fn the_applied_mark_follows_applies_reservations_and_snapshots() {
         (floor + 10, floor + 10)
     );
 }
+
+/// Issue 26.2: a dead letter is remembered per (message, recipient) for as long as the
+/// original is stored, not 10 minutes: the same recipient giving up again much later (after a
+/// failover reset its attempts) or a command retried late answers the first copy; the
+/// remembering row goes with the original.
+#[test]
+fn a_dead_letter_is_remembered_as_long_as_its_original() {
+    let s = memory();
+    // No TTL: stored until every recipient is done.
+    let k = publish(&s, vec![new_message("t", 1000, 0, 0, vec![])]);
+    let dead_letter = |group: &str, consumer: u64, now_ms| {
+        let cmd = WithId::DeadLetter(DeadLetter {
+            key: k[0].0,
+            event_id: 0,
+            bucket: 2000,
+            now_ms,
+            group: group.into(),
+            consumer,
+        })
+        .encode(next_id());
+        let out = apply(&s, &cmd);
+        match out.outcome(s.applied().unwrap().unwrap().0).unwrap() {
+            Answer::DeadLettered(copy) => copy,
+            a => panic!("{a:?}"),
+        }
+    };
+    let copy = dead_letter("g", 0, 2000).expect("a copy");
+    let hour = 3_600_000;
+    assert_eq!(
+        dead_letter("g", 0, 2000 + 11 * 60_000),
+        Some(copy),
+        "11 min later"
+    );
+    assert_eq!(
+        dead_letter("g", 0, 2000 + 24 * hour),
+        Some(copy),
+        "a day later"
+    );
+    // Later dedup publishes sweep forgotten rows: never this one.
+    for n in 0..20 {
+        publish(&s, vec![deduped(&format!("sweep-{n}"), 2000 + 48 * hour)]);
+    }
+    assert_eq!(dead_letter("g", 0, 2000 + 49 * hour), Some(copy));
+    let universal = dead_letter("", 7, 3000).expect("a universal consumer's copy");
+    assert_ne!(universal, copy);
+    let rows = s.dedup_rows().unwrap();
+    // The original goes (the last recipient done): its once-rows with it.
+    delete(&s, &k);
+    assert_eq!(
+        s.dedup_rows().unwrap(),
+        rows - 2,
+        "both once-rows forgotten"
+    );
+    assert_eq!(s.digest(), s.computed_digest().unwrap());
+    let dst = replica(&s);
+    assert_eq!(dst.digest(), s.digest());
+}

@@ -406,6 +406,16 @@ impl Dispatcher {
     }
 }
 
+/// Consumer ids this process gives start at its start time in ms shifted left by
+/// [`CONSUMER_ID_BITS`]: unique across restarts and nodes unless a process gives more than
+/// 2^22 (4M) universal consumer ids and another starts within as many ms after it.
+const CONSUMER_ID_BITS: u32 = 22;
+
+fn consumer_id_base() -> u64 {
+    let ms = u64::try_from(now_ms()).unwrap_or(0) & ((1 << (64 - CONSUMER_ID_BITS)) - 1);
+    (ms << CONSUMER_ID_BITS) | 1
+}
+
 /// When one delete flush gives up (its keys are then queued again and the next flush tries,
 /// on whichever node leads by then): `delete_timeout`, but at most
 /// `max(1 s, 2 × delete_interval)`, and never after `by`. Only one flush runs at a time, so
@@ -538,7 +548,7 @@ pub async fn run(
     shutdown: Shutdown,
 ) {
     let mut d = Dispatcher {
-        hub: Hub::new(cfg.hub),
+        hub: Hub::new(cfg.hub).first_consumer_id(consumer_id_base()),
         store,
         writes,
         delete_timeout: cfg.delete_timeout,

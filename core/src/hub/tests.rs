@@ -1101,3 +1101,20 @@ fn an_accepted_ack_keeps_its_delete_when_the_queue_fills_meanwhile() {
         "the acked message's delete was dropped"
     );
 }
+
+/// Issue 26.2: a hub gives consumer ids from the first one it is told (a restarted process or
+/// another leader starts above every id an earlier one gave: universal consumers are
+/// dead-letter recipients by id).
+#[test]
+fn consumer_ids_start_where_the_hub_is_told() {
+    let mut hub = Hub::new(CFG).first_consumer_id((7 << 22) | 1);
+    let a = hub.register(&sub("t", "", 10), MemSink::new(), 0);
+    let b = hub.register(&sub("t", "", 10), MemSink::new(), 0);
+    assert_eq!((a.0, b.0), ((7 << 22) | 1, (7 << 22) | 2));
+    let mut hub = Hub::new(CFG).first_consumer_id(0);
+    assert_eq!(
+        hub.register(&sub("t", "", 10), MemSink::new(), 0).0,
+        1,
+        "never 0"
+    );
+}
