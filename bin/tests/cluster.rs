@@ -164,6 +164,19 @@ impl Cluster {
         }
     }
 
+    /// The leader, a publish stream on it that has stored a first batch on `topic` (its
+    /// leadership confirmed), and the other nodes.
+    async fn warm_leader(&self, topic: &str) -> (usize, Publisher, Vec<usize>) {
+        let leader = self.leader(Duration::from_secs(10)).await;
+        let mut p = Publisher::open(self.nodes[leader].channel().await).await;
+        let ack = p
+            .publish(batch(100, 0, vec![msg(topic, "warm", 0, 0)]))
+            .await;
+        assert!(ack.success, "{ack:?}");
+        let others = (0..self.nodes.len()).filter(|&i| i != leader).collect();
+        (leader, p, others)
+    }
+
     /// Waits until node `i` applied at least `index`.
     async fn wait_applied(&self, i: usize, index: f64, within: Duration) {
         let deadline = Instant::now() + within;
@@ -1332,14 +1345,7 @@ async fn a_publish_stream_ends_when_its_leader_is_deposed_mid_batch() {
     let _serial = SERIAL.lock().await;
     let c = Cluster::start(3, "").await;
     for attempt in 1..=3u64 {
-        let old = c.leader(Duration::from_secs(10)).await;
-        let mut p = Publisher::open(c.nodes[old].channel().await).await;
-        assert!(
-            p.publish(batch(100, 0, vec![msg("dep", "warm", 0, 0)]))
-                .await
-                .success
-        );
-        let followers: Vec<usize> = (0..3).filter(|&i| i != old).collect();
+        let (old, mut p, followers) = c.warm_leader("dep").await;
         for &f in &followers {
             common::signal(&c.nodes[f], "-STOP");
         }
@@ -1393,14 +1399,7 @@ async fn tags_of_a_lost_no_ack_batch_are_never_handed_out_again() {
     let mut c = Cluster::start(3, "").await;
     let id_of = |tag: &[u8]| u64::from_be_bytes(tag[16..24].try_into().unwrap());
     for attempt in 1..=3u64 {
-        let old = c.leader(Duration::from_secs(10)).await;
-        let mut p = Publisher::open(c.nodes[old].channel().await).await;
-        assert!(
-            p.publish(batch(100, 0, vec![msg("ids", "warm", 0, 0)]))
-                .await
-                .success
-        );
-        let followers: Vec<usize> = (0..3).filter(|&i| i != old).collect();
+        let (old, mut p, followers) = c.warm_leader("ids").await;
         // Killed, not paused: a paused follower would still read the entry from its socket.
         for &f in &followers {
             c.nodes[f].kill9();

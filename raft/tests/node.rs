@@ -119,30 +119,7 @@ fn a_metadata_request_outlives_a_metadata_leader_that_is_down() {
     let mut rt = GlommioRuntime::new(1);
     rt.block_on(async {
         let dir = tempfile::tempdir().unwrap();
-        let addrs: Vec<String> = (0..3)
-            .map(|_| {
-                let port = std::net::TcpListener::bind("127.0.0.1:0")
-                    .unwrap()
-                    .local_addr()
-                    .unwrap()
-                    .port();
-                format!("127.0.0.1:{port}")
-            })
-            .collect();
-        let members: std::collections::BTreeMap<u64, String> = addrs
-            .iter()
-            .enumerate()
-            .map(|(i, a)| (i as u64 + 1, a.clone()))
-            .collect();
-        let mut nodes = Vec::new();
-        for (id, addr) in &members {
-            let cfg = node_config(*id, addr, &dir.path().join(id.to_string()));
-            let store = Store::open(&StoreMode::Memory).unwrap();
-            nodes.push(Node::start(&cfg, store, Rc::new(|_, _| {})).await.unwrap());
-        }
-        for n in &nodes {
-            n.bootstrap(&members).await.unwrap();
-        }
+        let nodes = bootstrapped(3, dir.path()).await;
         // Node 1 leads the event shard, node 2 the metadata group.
         let meta_leader = |n: &Node| n.meta.metrics().borrow_watched().current_leader;
         for round in 0..100 {
@@ -214,6 +191,31 @@ fn node_config(id: u64, addr: &str, dir: &std::path::Path) -> NodeConfig {
         log_bytes_max: futureq_raft::node::EVENT_LOG_BYTES_MAX,
         segment_bytes: futureq_raft::node::SEGMENT_BYTES,
     }
+}
+
+/// Starts `n` nodes (ids 1..=n, memory stores, data under `dir`) on free loopback ports and
+/// bootstraps them as one cluster.
+async fn bootstrapped(n: u64, dir: &std::path::Path) -> Vec<Node> {
+    let members: std::collections::BTreeMap<u64, String> = (1..=n)
+        .map(|id| {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            (id, format!("127.0.0.1:{port}"))
+        })
+        .collect();
+    let mut nodes = Vec::new();
+    for (id, addr) in &members {
+        let cfg = node_config(*id, addr, &dir.join(id.to_string()));
+        let store = Store::open(&StoreMode::Memory).unwrap();
+        nodes.push(Node::start(&cfg, store, Rc::new(|_, _| {})).await.unwrap());
+    }
+    for n in &nodes {
+        n.bootstrap(&members).await.unwrap();
+    }
+    nodes
 }
 
 /// Starts a one-node cluster on `cfg` and waits until it leads.
@@ -321,25 +323,7 @@ fn a_write_whose_persist_key_never_fires_ends_at_its_deadline() {
     let mut rt = GlommioRuntime::new(1);
     rt.block_on(async {
         let dir = tempfile::tempdir().unwrap();
-        let members: std::collections::BTreeMap<u64, String> = (1..=2)
-            .map(|id| {
-                let port = std::net::TcpListener::bind("127.0.0.1:0")
-                    .unwrap()
-                    .local_addr()
-                    .unwrap()
-                    .port();
-                (id, format!("127.0.0.1:{port}"))
-            })
-            .collect();
-        let mut nodes = Vec::new();
-        for (id, addr) in &members {
-            let cfg = node_config(*id, addr, &dir.path().join(id.to_string()));
-            let store = Store::open(&StoreMode::Memory).unwrap();
-            nodes.push(Node::start(&cfg, store, Rc::new(|_, _| {})).await.unwrap());
-        }
-        for n in &nodes {
-            n.bootstrap(&members).await.unwrap();
-        }
+        let nodes = bootstrapped(2, dir.path()).await;
         let mut leader = None;
         for _ in 0..500 {
             leader = nodes.iter().position(|n| n.leadership().leading);

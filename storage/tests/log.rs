@@ -22,6 +22,21 @@ fn open(io: &MemLogIo) -> Result<Log<MemLogIo>, LogError> {
     block_on(Log::open(io.clone(), CFG, Box::new(|_| {})))
 }
 
+/// A log whose persist hook records each payload it hears of.
+type Persisted = Rc<RefCell<Vec<Vec<u8>>>>;
+
+fn open_recording(io: &MemLogIo) -> (Log<MemLogIo>, Persisted) {
+    let persisted: Persisted = Rc::default();
+    let p = Rc::clone(&persisted);
+    let log = block_on(Log::open(
+        io.clone(),
+        CFG,
+        Box::new(move |b: &[u8]| p.borrow_mut().push(b.to_vec())),
+    ))
+    .unwrap();
+    (log, persisted)
+}
+
 fn fill(log: &Log<MemLogIo>, range: std::ops::RangeInclusive<u64>) {
     for i in range {
         log.append(
@@ -94,14 +109,7 @@ fn entries_round_trip_across_segments_and_restarts() {
 #[test]
 fn group_commit_one_fsync_for_many_appends_and_callbacks_after_it() {
     let io = MemLogIo::new();
-    let persisted = Rc::new(RefCell::new(Vec::new()));
-    let p = Rc::clone(&persisted);
-    let log = block_on(Log::open(
-        io.clone(),
-        CFG,
-        Box::new(move |b: &[u8]| p.borrow_mut().push(b.to_vec())),
-    ))
-    .unwrap();
+    let (log, persisted) = open_recording(&io);
     for i in 1..=50 {
         let io2 = io.clone();
         log.append(
@@ -1004,14 +1012,7 @@ fn a_due_mark_is_saved_while_the_next_group_is_written() {
 #[test]
 fn truncate_reports_no_entry_it_cuts_as_persisted() {
     let io = MemLogIo::new();
-    let persisted = Rc::new(RefCell::new(Vec::new()));
-    let p = Rc::clone(&persisted);
-    let log = block_on(Log::open(
-        io.clone(),
-        CFG,
-        Box::new(move |b: &[u8]| p.borrow_mut().push(b.to_vec())),
-    ))
-    .unwrap();
+    let (log, persisted) = open_recording(&io);
     for i in 1..=10 {
         log.append(
             vec![(Term(1), LogIndex(i), payload(i))],

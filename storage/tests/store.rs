@@ -74,6 +74,31 @@ fn publish(s: &Store, items: Vec<StoreItem>) -> Vec<EventKey> {
     keys
 }
 
+/// Applies a dead letter of `key` by `group` (or universal `consumer`) at `now_ms`: the
+/// copy's key, `None` when nothing was copied.
+fn dead_letter(
+    s: &Store,
+    key: EventKey,
+    group: &str,
+    consumer: u64,
+    now_ms: i64,
+) -> Option<EventKey> {
+    let cmd = WithId::DeadLetter(DeadLetter {
+        key: key.0,
+        event_id: 0,
+        bucket: 2000,
+        now_ms,
+        group: group.into(),
+        consumer,
+    })
+    .encode(next_id());
+    let out = apply(s, &cmd);
+    match out.outcome(s.applied().unwrap().unwrap().0).unwrap() {
+        Answer::DeadLettered(copy) => copy,
+        a => panic!("{a:?}"),
+    }
+}
+
 fn delete(s: &Store, keys: &[EventKey]) -> ApplyOutcome {
     apply(
         s,
@@ -535,22 +560,8 @@ fn a_dead_letter_copies_the_message_and_counts_it_on_its_topic() {
             vec![IndexValue::Int64(3)],
         )],
     );
-    let dead_letter_of = |group: &str, consumer: u64, now_ms| {
-        let cmd = WithId::DeadLetter(DeadLetter {
-            key: k[0].0,
-            event_id: 0,
-            bucket: 2000,
-            now_ms,
-            group: group.into(),
-            consumer,
-        })
-        .encode(next_id());
-        let out = apply(&s, &cmd);
-        match out.outcome(s.applied().unwrap().unwrap().0).unwrap() {
-            Answer::DeadLettered(copy) => copy,
-            a => panic!("{a:?}"),
-        }
-    };
+    let dead_letter_of =
+        |group: &str, consumer: u64, now_ms| dead_letter(&s, k[0], group, consumer, now_ms);
     let dead_letter = |group: &str, now_ms| dead_letter_of(group, 0, now_ms);
     let copy = dead_letter("g", 2000).expect("a copy");
     assert_eq!(copy.topic_hash(), topic_hash("t.dlq"));
@@ -768,22 +779,8 @@ fn a_dead_letter_is_remembered_as_long_as_its_original() {
     let s = memory();
     // No TTL: stored until every recipient is done.
     let k = publish(&s, vec![new_message("t", 1000, 0, 0, vec![])]);
-    let dead_letter = |group: &str, consumer: u64, now_ms| {
-        let cmd = WithId::DeadLetter(DeadLetter {
-            key: k[0].0,
-            event_id: 0,
-            bucket: 2000,
-            now_ms,
-            group: group.into(),
-            consumer,
-        })
-        .encode(next_id());
-        let out = apply(&s, &cmd);
-        match out.outcome(s.applied().unwrap().unwrap().0).unwrap() {
-            Answer::DeadLettered(copy) => copy,
-            a => panic!("{a:?}"),
-        }
-    };
+    let dead_letter =
+        |group: &str, consumer: u64, now_ms| dead_letter(&s, k[0], group, consumer, now_ms);
     let copy = dead_letter("g", 0, 2000).expect("a copy");
     let hour = 3_600_000;
     assert_eq!(
