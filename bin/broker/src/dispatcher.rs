@@ -151,6 +151,8 @@ pub struct DispatcherConfig {
     pub delete_interval: Duration,
     /// How long a replicated delete may take (`publish.proposalTimeout`).
     pub delete_timeout: Duration,
+    /// `cluster.nodeId`: part of the consumer ids this process gives.
+    pub node_id: u64,
 }
 
 struct Dispatcher {
@@ -160,6 +162,8 @@ struct Dispatcher {
     writes: flume::Sender<RaftReq>,
     delete_timeout: Duration,
     delete_interval: Duration,
+    /// How long the next delete flush may take (see [`next_flush_attempt`]).
+    flush_attempt: Duration,
     /// `delivery.timeBucket` (the bucket of a dead letter's copy).
     bucket_ms: u64,
     /// Recipients that gave up, waiting for a place among the dead letters in flight.
@@ -229,6 +233,12 @@ impl Dispatcher {
                 self.hub.finish_delete_batch(committed);
                 self.flushing = false;
                 self.flush_failed = !committed;
+                self.flush_attempt = next_flush_attempt(
+                    self.flush_attempt,
+                    committed,
+                    self.delete_interval,
+                    self.delete_timeout,
+                );
                 if !committed {
                     self.metrics.delete_failures.fetch_add(1, Ordering::Relaxed);
                 }
@@ -257,8 +267,8 @@ impl Dispatcher {
         }
     }
 
-    /// Starts a delete flush of the pending deletes, its write bounded by
-    /// [`flush_attempt_deadline`].
+    /// Starts a delete flush of the pending deletes, its write bounded by `flush_attempt`
+    /// and `by`.
     fn start_flush(&mut self, by: Option<Instant>) {
         if self.flushing {
             return;
@@ -271,12 +281,8 @@ impl Dispatcher {
         self.metrics.delete_batch_size.observe(batch.len() as f64);
         let tx = self.tx.clone();
         let writes = self.writes.clone();
-        let deadline = flush_attempt_deadline(
-            Instant::now(),
-            self.delete_timeout,
-            self.delete_interval,
-            by,
-        );
+        let deadline = Instant::now() + self.flush_attempt;
+        let deadline = by.map_or(deadline, |by| deadline.min(by));
         let metrics = Arc::clone(&self.metrics);
         glommio::spawn_local(async move {
             let keys = batch.len() as u64;
@@ -406,34 +412,36 @@ impl Dispatcher {
     }
 }
 
-/// Consumer ids this process gives start at its start time in ms shifted left by
-/// [`CONSUMER_ID_BITS`]: unique across restarts and nodes unless a process gives more than
-/// 2^22 (4M) universal consumer ids and another starts within as many ms after it.
-const CONSUMER_ID_BITS: u32 = 22;
-
-fn consumer_id_base() -> u64 {
-    let ms = u64::try_from(now_ms()).unwrap_or(0) & ((1 << (64 - CONSUMER_ID_BITS)) - 1);
-    (ms << CONSUMER_ID_BITS) | 1
+/// The first consumer id of a process started at `now_ms` on node `node_id`: its start time
+/// (ms, modulo 2^34: 198 days), then the node id's low 8 bits, then 22 bits of sequence.
+/// Unique across restarts and nodes unless a process gives more than 2^22 (4M) universal
+/// consumer ids, or two nodes whose ids agree in their low 8 bits start in the same ms.
+fn consumer_id_base(now_ms: i64, node_id: u64) -> u64 {
+    let ms = u64::try_from(now_ms).unwrap_or(0) & ((1 << 34) - 1);
+    (ms << 30) | ((node_id & 0xff) << 22) | 1
 }
 
-/// When one delete flush gives up (its keys are then queued again and the next flush tries,
-/// on whichever node leads by then): `delete_timeout`, but at most
-/// `max(1 s, 2 × delete_interval)`, and never after `by`. Only one flush runs at a time, so
-/// one held longer (a proposal on a leader that lost its quorum, kept until it learns the
-/// new term) would hold every later ACK's delete while a new leader delivers them again.
-fn flush_attempt_deadline(
-    now: Instant,
-    delete_timeout: Duration,
+/// How long the next delete flush may take: `max(1 s, 2 × delete_interval)` after a
+/// committed one (so that a flush held by a leader that lost its quorum gives up soon, and the
+/// next goes to whichever node leads by then: only one flush runs at a time, and a held one
+/// held every later ACK's delete while a new leader delivered them again), doubled after each
+/// failure (a cluster slow to commit is not asked again and again at the same pace), never
+/// more than `delete_timeout`.
+fn next_flush_attempt(
+    last: Duration,
+    committed: bool,
     delete_interval: Duration,
-    by: Option<Instant>,
-) -> Instant {
-    let attempt = delete_timeout.min(
-        delete_interval
-            .saturating_mul(2)
-            .max(Duration::from_secs(1)),
-    );
-    let deadline = now + attempt;
-    by.map_or(deadline, |by| deadline.min(by))
+    delete_timeout: Duration,
+) -> Duration {
+    let base = delete_interval
+        .saturating_mul(2)
+        .max(Duration::from_secs(1));
+    let next = if committed {
+        base
+    } else {
+        last.saturating_mul(2).max(base)
+    };
+    next.min(delete_timeout)
 }
 
 /// Deletes keys through the log (the Raft log, or the journal standalone); a node that no
@@ -548,11 +556,17 @@ pub async fn run(
     shutdown: Shutdown,
 ) {
     let mut d = Dispatcher {
-        hub: Hub::new(cfg.hub).first_consumer_id(consumer_id_base()),
+        hub: Hub::new(cfg.hub).first_consumer_id(consumer_id_base(now_ms(), cfg.node_id)),
         store,
         writes,
         delete_timeout: cfg.delete_timeout,
         delete_interval: cfg.delete_interval,
+        flush_attempt: next_flush_attempt(
+            Duration::ZERO,
+            true,
+            cfg.delete_interval,
+            cfg.delete_timeout,
+        ),
         bucket_ms: cfg.hub.bucket_ms,
         dead_letters_waiting: std::collections::VecDeque::new(),
         dead_letters_in_flight: 0,
@@ -796,30 +810,38 @@ mod tests {
     }
 
     /// Issue 26, late redelivery: one delete flush (only one runs at a time) gives up within
-    /// max(1 s, 2 × the interval), not after publish.proposalTimeout: a flush held by a
-    /// leader that lost its quorum held every later ACK's delete for 5 s while the new leader
-    /// delivered them again.
+    /// max(1 s, 2 × the interval) after a committed one, not after publish.proposalTimeout:
+    /// a flush held by a leader that lost its quorum held every later ACK's delete for 5 s
+    /// while the new leader delivered them again. Failures back off to the timeout.
     #[test]
-    fn a_delete_flush_gives_up_soon_enough_for_the_next_to_go_elsewhere() {
-        let now = Instant::now();
+    fn a_delete_flush_gives_up_soon_and_backs_off_while_flushes_fail() {
         let s = Duration::from_secs;
         let ms = Duration::from_millis;
-        assert_eq!(flush_attempt_deadline(now, s(5), ms(500), None), now + s(1));
-        assert_eq!(flush_attempt_deadline(now, s(5), s(2), None), now + s(4));
+        let next = |last, ok| next_flush_attempt(last, ok, ms(500), s(5));
+        assert_eq!(next(Duration::ZERO, true), s(1));
+        assert_eq!(next(s(1), false), s(2));
+        assert_eq!(next(s(2), false), s(4));
+        assert_eq!(next(s(4), false), s(5), "never past the timeout");
+        assert_eq!(next(s(5), true), s(1), "reset by a committed flush");
+        assert_eq!(next_flush_attempt(Duration::ZERO, true, s(2), s(5)), s(4));
         assert_eq!(
-            flush_attempt_deadline(now, s(5), s(10), None),
-            now + s(5),
-            "never past the timeout"
+            next_flush_attempt(Duration::ZERO, true, ms(100), ms(300)),
+            ms(300)
         );
-        assert_eq!(
-            flush_attempt_deadline(now, ms(300), ms(100), None),
-            now + ms(300)
-        );
-        assert_eq!(
-            flush_attempt_deadline(now, s(5), ms(500), Some(now + ms(200))),
-            now + ms(200),
-            "never past the stop's last moment"
-        );
+    }
+
+    /// Issue 26.2: consumer ids of processes started at different times, or on different
+    /// nodes in the same ms, never meet (within 2^22 ids each).
+    #[test]
+    fn consumer_ids_of_two_processes_do_not_meet() {
+        let t = 1_796_000_000_000;
+        let a = consumer_id_base(t, 1);
+        let b = consumer_id_base(t, 2);
+        let c = consumer_id_base(t + 1, 1);
+        for (x, y) in [(a, b), (a, c), (b, c)] {
+            assert!(x.abs_diff(y) >= 1 << 22, "{x} {y}");
+        }
+        assert_eq!(a & ((1 << 22) - 1), 1, "the sequence starts at 1");
     }
 
     /// Issue 26.8: notices sent while the hub's queue is full wait in one overflow queue (no

@@ -631,6 +631,10 @@ async fn core_main(
                 max_attempts: settings.max_attempts,
             },
             delete_interval: settings.delete_batch_interval,
+            node_id: settings
+                .cluster
+                .as_ref()
+                .map_or(settings.node_id, |c| c.node_id),
             delete_timeout: settings.proposal_timeout,
         };
         // The store is read once the write path replayed what it holds (on another core
