@@ -11,9 +11,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
-use futureq_bench::pb::future_q_admin_client::FutureQAdminClient;
 use futureq_bench::pb::future_q_producer_client::FutureQProducerClient;
-use futureq_bench::pb::{CancelRequest, TopicStatsRequest};
+use futureq_bench::pb::CancelRequest;
 
 /// A loop-mounted ext4 file system, unmounted when dropped.
 struct SmallDisk {
@@ -61,18 +60,6 @@ fn fill(file: &Path, bytes: u64) {
         .unwrap()
         .success();
     assert!(ok, "fallocate {bytes} bytes");
-}
-
-async fn stored(b: &Broker, topic: &str) -> u64 {
-    FutureQAdminClient::new(b.channel().await)
-        .topic_stats(TopicStatsRequest {
-            topic: topic.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .topics[0]
-        .stored
 }
 
 /// Waits until `f` holds, polling, for at most 10 s.
@@ -160,7 +147,7 @@ async fn a_full_disk_refuses_publishes_and_serves_the_rest() {
         .cancelled;
     assert_eq!(cancelled, vec![true]);
     eventually("the ACK's delete is applied", || async {
-        stored(&b, "disk").await == 0
+        topic_stats(&b, "disk").await[0].stored == 0
     })
     .await;
     assert!(

@@ -9,8 +9,7 @@ use common::*;
 use futureq_bench::pb::future_q_admin_client::FutureQAdminClient;
 use futureq_bench::pb::future_q_producer_client::FutureQProducerClient;
 use futureq_bench::pb::{
-    CancelRequest, PeekRequest, RescheduleRequest, RescheduleResponse, TopicStats,
-    TopicStatsRequest,
+    CancelRequest, PeekRequest, RescheduleRequest, RescheduleResponse, TopicStatsRequest,
 };
 use tonic::Code;
 
@@ -232,17 +231,6 @@ async fn a_reschedule_revokes_a_delivery_in_flight() {
     assert!(sub.next(Duration::from_millis(1500)).await.is_none());
 }
 
-async fn stats(b: &Broker, topic: &str) -> Vec<TopicStats> {
-    FutureQAdminClient::new(b.channel().await)
-        .topic_stats(TopicStatsRequest {
-            topic: topic.into(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .topics
-}
-
 async fn peek(
     b: &Broker,
     topic: &str,
@@ -308,7 +296,7 @@ async fn topic_stats_count_exactly_and_peek_pages_without_delivering() {
     assert_eq!(&m.payload[..], b"now");
     let _idle = Subscriber::open(b.channel().await, "idle", "", 0).await;
 
-    let all = stats(&b, "").await;
+    let all = topic_stats(&b, "").await;
     let names: Vec<&str> = all.iter().map(|t| t.topic.as_str()).collect();
     assert_eq!(names, vec!["a", "b", "idle"], "sorted by name: {all:?}");
     let a = &all[0];
@@ -323,7 +311,7 @@ async fn topic_stats_count_exactly_and_peek_pages_without_delivering() {
     metric_reaches(&b, "futureq_topic_messages_stored{topic=\"a\"}", 3.0).await;
     metric_reaches(&b, "futureq_topic_messages_stored{topic=\"b\"}", 1.0).await;
     metric_reaches(&b, "futureq_topic_messages_in_flight{topic=\"a\"}", 1.0).await;
-    let nope = stats(&b, "nope").await;
+    let nope = topic_stats(&b, "nope").await;
     assert_eq!(nope.len(), 1);
     assert_eq!(
         (
@@ -374,7 +362,7 @@ async fn topic_stats_count_exactly_and_peek_pages_without_delivering() {
     // Exact after a crash: the counts are the state machine's.
     sub.ack(&m.delivery_tag, true);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while stats(&b, "a").await[0].stored != 2 {
+    while topic_stats(&b, "a").await[0].stored != 2 {
         assert!(
             std::time::Instant::now() < deadline,
             "the ACK never counted"
@@ -383,7 +371,7 @@ async fn topic_stats_count_exactly_and_peek_pages_without_delivering() {
     }
     b.kill9();
     b.spawn().await;
-    let all = stats(&b, "").await;
+    let all = topic_stats(&b, "").await;
     let counts: Vec<(&str, u64, u64, u32)> = all
         .iter()
         .map(|t| (t.topic.as_str(), t.stored, t.in_flight, t.consumers))
@@ -429,7 +417,7 @@ async fn a_repeated_dedup_id_stores_nothing_and_answers_the_first_tag() {
     assert_ne!(tags[1], first.delivery_tags[0], "dedup ids are per topic");
     assert_eq!(tags[3], tags[2], "also within one batch");
     assert_eq!(b.metric("futureq_messages_deduplicated_total").await, 2.0);
-    assert_eq!(stats(&b, "t").await[0].stored, 2);
+    assert_eq!(topic_stats(&b, "t").await[0].stored, 2);
 
     for (m, what) in [
         (
@@ -468,7 +456,7 @@ async fn a_repeated_dedup_id_stores_nothing_and_answers_the_first_tag() {
         ))
         .await;
     assert_eq!(after.delivery_tags, first.delivery_tags);
-    assert_eq!(stats(&b, "t").await[0].stored, 2);
+    assert_eq!(topic_stats(&b, "t").await[0].stored, 2);
 }
 
 /// Dead letters per group: the group that got a message `max_attempts` times without acking
@@ -525,7 +513,7 @@ async fn a_group_that_gives_up_sends_its_copy_to_the_dead_letter_topic() {
     loop {
         // The metric is counted when the command's answer reaches the dispatcher, which can
         // come after the copy's delivery; the original's delete follows the done mark.
-        let s = stats(&b, "jobs").await;
+        let s = topic_stats(&b, "jobs").await;
         let counted = b.metric("futureq_messages_dead_lettered_total").await;
         if (s[0].stored, s[0].dead_lettered_total, counted) == (0, 1, 1.0) {
             break;
@@ -536,7 +524,7 @@ async fn a_group_that_gives_up_sends_its_copy_to_the_dead_letter_topic() {
 
     b.kill9();
     b.spawn().await;
-    let s = stats(&b, "").await;
+    let s = topic_stats(&b, "").await;
     let rows: Vec<(&str, u64, u64)> = s
         .iter()
         .map(|t| (t.topic.as_str(), t.stored, t.dead_lettered_total))

@@ -460,3 +460,15 @@ impl Subscriber {
         }
     }
 }
+
+/// TopicStats of `topic` (all topics when empty).
+pub async fn topic_stats(b: &Broker, topic: &str) -> Vec<futureq_bench::pb::TopicStats> {
+    futureq_bench::pb::future_q_admin_client::FutureQAdminClient::new(b.channel().await)
+        .topic_stats(futureq_bench::pb::TopicStatsRequest {
+            topic: topic.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .topics
+}
