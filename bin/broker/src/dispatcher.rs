@@ -499,7 +499,9 @@ impl HubFeed {
 
     /// Sends `cmd` after every notice sent before it.
     pub(crate) fn send(&self, cmd: HubCmd) {
-        if self.overflow.borrow().is_empty() {
+        // While the forwarder runs (it may hold a notice in its send), later ones queue
+        // behind it: the order does not rest on how the channel admits waiting senders.
+        if self.overflow.borrow().is_empty() && !self.forwarding.get() {
             match self.hub.try_send(cmd) {
                 Ok(()) | Err(flume::TrySendError::Disconnected(_)) => return,
                 Err(flume::TrySendError::Full(cmd)) => self.overflow.borrow_mut().push_back(cmd),
