@@ -1,5 +1,5 @@
 //! The client commands of the `futureq` binary: publish, consume, cancel, reschedule, stats,
-//! peek, cluster info. They talk gRPC through [`futureq_client`] (which finds and follows
+//! peek, groups (list, delete), cluster info. They talk gRPC through [`futureq_client`] (which finds and follows
 //! the leader). Tags are printed and read as 48 hex digits; durations and sizes take units
 //! (`5s`, `1h`; `64KiB`, `64KB`); `--json` prints one JSON object per line.
 
@@ -104,10 +104,33 @@ pub enum ClientCommand {
         #[arg(long, value_parser = tag)]
         after: Option<Tag>,
     },
+    /// Consumer groups of a topic: list, delete.
+    Groups {
+        #[command(subcommand)]
+        cmd: GroupCommand,
+    },
     /// Cluster commands.
     Cluster {
         #[command(subcommand)]
         cmd: ClusterCommand,
+    },
+}
+
+/// `futureq groups ...`
+#[derive(Subcommand, Debug)]
+pub enum GroupCommand {
+    /// The topic's consumer groups: messages pending for each, in flight, connected members.
+    List {
+        /// Topic.
+        topic: String,
+    },
+    /// Delete a consumer group: its members' subscriptions end, and what only it still needed
+    /// is deleted (a member that subscribes again starts a new group, owed the backlog).
+    Delete {
+        /// Topic.
+        topic: String,
+        /// The group.
+        group: String,
     },
 }
 
@@ -249,6 +272,34 @@ pub fn run(target: &Target, server: String, cmd: ClientCommand) -> anyhow::Resul
                 let msgs = client.peek(&topic, limit, after.as_ref()).await?;
                 for m in &msgs {
                     print_message(out, target.json, m)?;
+                }
+            }
+            ClientCommand::Groups {
+                cmd: GroupCommand::List { topic },
+            } => {
+                let stats = client.topic_stats(Some(&topic)).await?;
+                let groups = stats.into_iter().flat_map(|t| t.groups).collect::<Vec<_>>();
+                print_groups(out, target.json, &groups)?;
+            }
+            ClientCommand::Groups {
+                cmd: GroupCommand::Delete { topic, group },
+            } => {
+                let r = client.delete_group(&topic, &group).await?;
+                if target.json {
+                    writeln!(
+                        out,
+                        "{}",
+                        json!({ "found": r.found, "consumers_ended": r.consumers_ended })
+                    )?;
+                } else if r.found {
+                    writeln!(
+                        out,
+                        "deleted group {group:?} of topic {topic:?} ({} consumer streams ended)",
+                        r.consumers_ended
+                    )?;
+                }
+                if !r.found {
+                    bail!("group {group:?} of topic {topic:?}: not found");
                 }
             }
             ClientCommand::Cluster {
@@ -432,6 +483,7 @@ fn print_stats(
                     "consumers": t.consumers,
                     "dead_lettered_total": t.dead_lettered_total,
                     "next_due_unix_ms": t.next_due_unix_ms,
+                    "groups": t.groups.iter().map(group_json).collect::<Vec<_>>(),
                 })
             )?;
         }
@@ -466,6 +518,40 @@ fn print_stats(
         ],
         &rows,
     )
+}
+
+fn group_json(g: &pb::GroupStats) -> serde_json::Value {
+    json!({
+        "group": g.group,
+        "pending": g.pending,
+        "in_flight": g.in_flight,
+        "consumers": g.consumers,
+    })
+}
+
+fn print_groups(
+    out: &mut impl Write,
+    as_json: bool,
+    groups: &[pb::GroupStats],
+) -> anyhow::Result<()> {
+    if as_json {
+        for g in groups {
+            writeln!(out, "{}", group_json(g))?;
+        }
+        return Ok(());
+    }
+    let rows: Vec<[String; 4]> = groups
+        .iter()
+        .map(|g| {
+            [
+                g.group.clone(),
+                g.pending.to_string(),
+                g.in_flight.to_string(),
+                g.consumers.to_string(),
+            ]
+        })
+        .collect();
+    table(out, ["GROUP", "PENDING", "IN FLIGHT", "CONSUMERS"], &rows)
 }
 
 fn print_cluster(

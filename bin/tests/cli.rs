@@ -5,6 +5,7 @@ mod common;
 
 use std::io::Write;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use common::*;
 
@@ -171,4 +172,83 @@ async fn bad_input_and_refusals_are_errors_that_say_why() {
     let (code, _, err) = run_on(free_port(), &["stats"], b"").await;
     assert_eq!(code, 1, "{err}");
     assert!(err.contains("no futureq leader found"), "{err}");
+}
+
+/// Issue 26 (group lifecycle), from the shell: `groups list` shows each group's pending
+/// messages, deliveries in flight and members; `groups delete` ends the group's members
+/// (NOT_FOUND), deletes what only it still needed, and is replicated state: the group is gone
+/// from the list, and a second delete says it is not found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn groups_are_listed_and_deleted_from_the_shell() {
+    let b = Broker::start("").await;
+    for i in 0..3 {
+        ok(run(&b, &["publish", "-t", "jobs", &format!("job {i}")], b"").await);
+    }
+    let mut stale = Subscriber::open(b.channel().await, "jobs", "stale", 1).await;
+    stale
+        .next(Duration::from_secs(10))
+        .await
+        .expect("stale gets one");
+    let mut fast = Subscriber::open(b.channel().await, "jobs", "fast", 10).await;
+    for _ in 0..3 {
+        let m = fast
+            .next(Duration::from_secs(10))
+            .await
+            .expect("fast gets each job");
+        fast.ack(&m.delivery_tag, true);
+    }
+    let want_before = [
+        r#"{"consumers":1,"group":"fast","in_flight":0,"pending":0}"#,
+        r#"{"consumers":1,"group":"stale","in_flight":1,"pending":3}"#,
+    ];
+    let mut listed = String::new();
+    for _ in 0..100 {
+        listed = ok(run(&b, &["groups", "list", "jobs", "--json"], b"").await);
+        if listed.lines().eq(want_before) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(listed.lines().eq(want_before), "{listed}");
+    let table = ok(run(&b, &["groups", "list", "jobs"], b"").await);
+    assert!(table.starts_with("GROUP"), "{table}");
+    assert!(table.contains("stale"), "{table}");
+    let deleted = ok(run(&b, &["groups", "delete", "jobs", "stale"], b"").await);
+    assert!(deleted.contains("1 consumer streams ended"), "{deleted}");
+    let end = stale.end_status().await;
+    assert_eq!(end.code(), tonic::Code::NotFound, "{end:?}");
+    assert!(end.message().contains("was deleted"), "{end:?}");
+    // Only stale still needed them: they go.
+    let mut stored = u64::MAX;
+    for _ in 0..100 {
+        stored = topic_stats(&b, "jobs").await[0].stored;
+        if stored == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(stored, 0, "what only the deleted group needed is deleted");
+    let listed = ok(run(&b, &["groups", "list", "jobs", "--json"], b"").await);
+    assert_eq!(
+        listed.trim(),
+        r#"{"consumers":1,"group":"fast","in_flight":0,"pending":0}"#
+    );
+    let (code, _, err) = run(&b, &["groups", "delete", "jobs", "stale"], b"").await;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("not found"), "{err}");
+    let (code, _, err) = run(&b, &["groups", "delete", "jobs", ""], b"").await;
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("group: 0 bytes"), "{err}");
+    // A group deleted and created again is a new group: it gets the backlog still stored.
+    ok(run(&b, &["publish", "-t", "jobs", "later"], b"").await);
+    let m = fast
+        .next(Duration::from_secs(10))
+        .await
+        .expect("fast gets it");
+    let mut again = Subscriber::open(b.channel().await, "jobs", "stale", 10).await;
+    let got = again
+        .next(Duration::from_secs(10))
+        .await
+        .expect("the new group gets it");
+    assert_eq!(got.delivery_tag, m.delivery_tag);
 }

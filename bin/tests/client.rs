@@ -242,3 +242,32 @@ async fn a_refused_message_fails_alone_and_a_drain_hands_back_what_was_not_taken
     }
     assert_eq!(rest, 1, "the one not taken came to the next member at once");
 }
+
+/// Issue 26 (group lifecycle): a consumer whose group is deleted stops (it does not subscribe
+/// again, which would create a new group) and says why; the deletion lists the group gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_whose_group_is_deleted_stops_and_says_why() {
+    let b = Broker::start("").await;
+    let client = connect(&b).await;
+    let mut consumer = client
+        .subscribe(Subscription::new("jobs").group("w"))
+        .await
+        .unwrap();
+    let stats = client.topic_stats(Some("jobs")).await.unwrap();
+    assert_eq!(stats[0].groups[0].group, "w");
+    let deleted = client.delete_group("jobs", "w").await.unwrap();
+    assert!(deleted.found);
+    assert_eq!(deleted.consumers_ended, 1);
+    assert!(
+        tokio::time::timeout(WAIT, consumer.next())
+            .await
+            .expect("the consumer stops")
+            .is_none(),
+        "nothing delivered"
+    );
+    let why = consumer.error().expect("it says why");
+    assert!(why.to_string().contains("was deleted"), "{why}");
+    let stats = client.topic_stats(Some("jobs")).await.unwrap();
+    assert!(stats[0].groups.is_empty(), "{stats:?}");
+    assert!(!client.delete_group("jobs", "w").await.unwrap().found);
+}

@@ -3,7 +3,7 @@
 //!
 //! | bytes | field |
 //! |---|---|
-//! | 1 | tag: 1 = `StoreBatch` v1, 2 = `DeleteBatch` v1, 3 = `RegisterGroup` v1, 4 = `Cancel` v1, 5 = `Reschedule` v1, 6 = `DeadLetter` v1 |
+//! | 1 | tag: 1 = `StoreBatch` v1, 2 = `DeleteBatch` v1, 3 = `RegisterGroup` v1, 4 = `Cancel` v1, 5 = `Reschedule` v1, 6 = `DeadLetter` v1, 7 = `DeleteGroup` v1 |
 //! | 4 | archive length (u32 LE): the rest of the entry, exactly |
 //! | n | rkyv archive of the command |
 //!
@@ -39,6 +39,10 @@ pub const TAG_CANCEL_V1: u8 = 4;
 pub const TAG_RESCHEDULE_V1: u8 = 5;
 /// Tag of a v1 [`DeadLetter`].
 pub const TAG_DEAD_LETTER_V1: u8 = 6;
+/// Tag of a v1 [`DeleteGroup`]. A replica of a version before it refuses the entry as
+/// undecodable (skipped, never fatal) and keeps the group: delete groups once every node runs
+/// a version that knows the command.
+pub const TAG_DELETE_GROUP_V1: u8 = 7;
 
 /// Event ids a writer (a leader, the journal) may have handed out beyond the highest id
 /// applied on it: ids in entries written and not yet applied. The writer refuses (or waits)
@@ -213,6 +217,8 @@ pub enum Answer {
     Deduplicated(Vec<(u64, EventKey)>),
     /// A [`DeadLetter`]: the copy's key, or `None` when the message was not stored.
     DeadLettered(Option<EventKey>),
+    /// A [`DeleteGroup`]: whether the group was registered.
+    GroupDeleted(bool),
 }
 
 /// Records that a consumer group subscribed to a topic: from then on it is a recipient of
@@ -220,6 +226,20 @@ pub enum Answer {
 #[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 #[rkyv(derive(Debug))]
 pub struct RegisterGroup {
+    /// Topic hash.
+    pub topic_hash: u64,
+    /// The group name.
+    pub group: String,
+}
+
+/// Removes a consumer group from the durable registry (the `DeleteGroup` RPC): from then on
+/// it is no recipient of the topic's messages; a member that subscribes again registers a new
+/// group. What only that group still needed is deleted by the leader's dispatcher (its ACKs
+/// live there), through ordinary [`DeleteBatch`]es. The apply answers whether the group was
+/// registered ([`Answer::GroupDeleted`]).
+#[derive(Archive, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[rkyv(derive(Debug))]
+pub struct DeleteGroup {
     /// Topic hash.
     pub topic_hash: u64,
     /// The group name.
@@ -305,6 +325,8 @@ pub enum CommandRef<'a> {
     Reschedule(&'a ArchivedReschedule),
     /// Copy a message to its dead-letter topic.
     DeadLetter(&'a ArchivedDeadLetter),
+    /// Remove a consumer group from the registry.
+    DeleteGroup(&'a ArchivedDeleteGroup),
 }
 
 /// Why entry bytes are not a command.
@@ -370,6 +392,15 @@ pub fn encode_register_group(r: &RegisterGroup) -> Vec<u8> {
     frame(TAG_REGISTER_GROUP_V1, r, 64 + r.group.len())
 }
 
+/// Encodes a group deletion.
+///
+/// # Panics
+/// Only if rkyv cannot serialize plain data (it always can).
+#[must_use]
+pub fn encode_delete_group(d: &DeleteGroup) -> Vec<u8> {
+    frame(TAG_DELETE_GROUP_V1, d, 64 + d.group.len())
+}
+
 /// The first event id of a store command, read at fixed offsets without validating the
 /// archive (O(1), for the leader-persist tracker): `None` for other commands, an empty batch
 /// or bytes too short for the positions read.
@@ -426,6 +457,9 @@ pub fn decode(bytes: &[u8]) -> Result<CommandRef<'_>, CommandError> {
             .map_err(|e| CommandError::Invalid(e.to_string())),
         TAG_DEAD_LETTER_V1 => rkyv::access::<ArchivedDeadLetter, RkyvError>(archive)
             .map(CommandRef::DeadLetter)
+            .map_err(|e| CommandError::Invalid(e.to_string())),
+        TAG_DELETE_GROUP_V1 => rkyv::access::<ArchivedDeleteGroup, RkyvError>(archive)
+            .map(CommandRef::DeleteGroup)
             .map_err(|e| CommandError::Invalid(e.to_string())),
         t => Err(CommandError::UnknownTag(t)),
     }
@@ -568,6 +602,16 @@ mod tests {
             let CommandRef::RegisterGroup(a) = decode(&enc).unwrap() else { panic!("register") };
             prop_assert_eq!(a.topic_hash.to_native(), r.topic_hash);
             prop_assert_eq!(a.group.as_str(), r.group.as_str());
+        }
+
+        #[test]
+        fn delete_group_round_trips(topic_hash: u64, group in ".{0,40}") {
+            let d = DeleteGroup { topic_hash, group };
+            let enc = encode_delete_group(&d);
+            prop_assert_eq!(enc[0], TAG_DELETE_GROUP_V1);
+            let CommandRef::DeleteGroup(a) = decode(&enc).unwrap() else { panic!("delete group") };
+            prop_assert_eq!(a.topic_hash.to_native(), d.topic_hash);
+            prop_assert_eq!(a.group.as_str(), d.group.as_str());
         }
 
         #[test]

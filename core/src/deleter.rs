@@ -65,6 +65,11 @@ impl DeleteQueue {
         self.all.contains(key)
     }
 
+    /// The keys queued or being flushed, in no order.
+    pub fn keys(&self) -> impl Iterator<Item = &EventKey> + '_ {
+        self.all.iter()
+    }
+
     /// Keys queued or being flushed.
     #[must_use]
     pub fn len(&self) -> usize {

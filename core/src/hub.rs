@@ -12,6 +12,14 @@
 //!   [`Hub::add_known_groups`]), stays a recipient of every message of the topic while it has
 //!   no members: at-least-once per recipient, also for a group that reconnects later.
 //!   Universal consumers are recipients only while connected.
+//! - A group starts receiving when it is first known: it gets the topic's backlog (every
+//!   message still stored, due or not) and everything published later. A delay queue is not
+//!   a log read from a position: a message published before the group existed can still be
+//!   due in its future, and one stored copy serves every group.
+//! - A deleted group ([`Hub::forget_group`]) is a recipient no more: its members are
+//!   removed (their in-flight deliveries end, their ACKs are ignored), its ACKs no longer
+//!   count, and what only it still needed (every other recipient acked it) is deleted; what
+//!   nobody acked stays stored for the others, or for whoever subscribes next.
 //! - A message in memory is an *entry*; each recipient of an entry is pending (sent to one
 //!   consumer, with a deadline), waiting (needs a (re)delivery), acked, or dropped (its
 //!   universal consumer went away).
@@ -108,6 +116,20 @@ pub struct TopicActivity {
     pub consumers: u32,
     /// Their deliveries in flight.
     pub in_flight: u64,
+}
+
+/// What [`Hub::groups`] reports for one consumer group known on this leader.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupActivity {
+    /// Its connected members (consumer streams).
+    pub consumers: u32,
+    /// Their deliveries in flight.
+    pub in_flight: u64,
+    /// Messages of the topic still stored that the group is done with (it acked them, or
+    /// gave up and dead-lettered them), as far as this leader knows: held for other
+    /// recipients, or waiting for their delete to commit. The group's pending messages are
+    /// the topic's stored ones less these.
+    pub done: u64,
 }
 
 /// Timing configuration of the hub.
@@ -343,6 +365,15 @@ fn attempt_limit(cfg: &HubConfig, m: &StoredMessage) -> u32 {
     match x.max_attempts {
         0 => cfg.max_attempts,
         n => n,
+    }
+}
+
+/// Counts a stored message `r` is done with, if `r` is one of the groups `gs`.
+fn count_done(gs: &mut BTreeMap<String, GroupActivity>, r: &RecipientId) {
+    if let RecipientId::Group(name) = r {
+        if let Some(g) = gs.get_mut(name) {
+            g.done += 1;
+        }
     }
 }
 
@@ -590,12 +621,15 @@ impl<S: Sink> Hub<S> {
     /// other members); a universal consumer that is gone is dropped from entries, a group
     /// without members stays a recipient (its messages wait for it).
     pub fn unregister(&mut self, id: ConsumerId, now_ms: i64) {
-        let Some(c) = self.consumers.remove(&id) else {
-            return;
-        };
+        let _ = self.remove_consumer(id, now_ms);
+    }
+
+    /// [`Hub::unregister`], handing back the consumer's sink.
+    fn remove_consumer(&mut self, id: ConsumerId, now_ms: i64) -> Option<S> {
+        let c = self.consumers.remove(&id)?;
         let h = c.topic_hash;
         let Some(t) = self.topics.get_mut(&h) else {
-            return;
+            return Some(c.sink);
         };
         t.capacity -= c.max_in_flight as usize;
         let mut was_behind = false;
@@ -664,12 +698,18 @@ impl<S: Sink> Hub<S> {
             }
             self.finish_if_done(k, now_ms);
         }
+        self.recipient_left(h, was_behind);
+        Some(c.sink)
+    }
+
+    /// After a recipient of topic `h` left: parked messages it was still owed (`owed`) may
+    /// now be acked by every recipient left; a topic with no recipient left is forgotten.
+    fn recipient_left(&mut self, h: TopicHash, owed: bool) {
         let last = self
             .topics
             .get(&h)
             .is_some_and(|t| t.groups.is_empty() && t.universal.is_empty());
-        if was_behind || last {
-            // Parked messages it was still owed may now be acked by every recipient left.
+        if owed || last {
             self.settle_parked(h);
         }
         if last {
@@ -685,6 +725,128 @@ impl<S: Sink> Hub<S> {
                 self.parked -= t.parked.len();
             }
         }
+    }
+
+    /// Deletes consumer group `group` of `topic` (its registration is gone): its members are
+    /// removed, their sinks handed back so the caller can end their streams (a member's
+    /// in-flight deliveries end, its later ACKs are ignored); it is no recipient of the
+    /// topic's messages any more, its ACKs no longer count, and what only it still needed
+    /// (every other recipient acked it) goes to the delete queue. What nobody acked stays
+    /// stored. A group this hub does not know: nothing to do.
+    pub fn forget_group(&mut self, topic: &str, group: &str, now_ms: i64) -> Vec<S> {
+        let h = topic_hash(topic);
+        let members = self
+            .topics
+            .get(&h)
+            .and_then(|t| t.groups.get(group))
+            .map(|g| g.members.clone())
+            .unwrap_or_default();
+        // Their deliveries in flight become waiting for the group, which then goes.
+        let sinks = members
+            .into_iter()
+            .filter_map(|m| self.remove_consumer(m, now_ms))
+            .collect();
+        let Some(t) = self.topics.get_mut(&h) else {
+            return sinks;
+        };
+        if t.groups.remove(group).is_none() {
+            return sinks;
+        }
+        let rid = RecipientId::Group(group.to_owned());
+        t.lag.remove(&rid);
+        let mut unacked = Vec::new();
+        for (k, acked) in &mut t.parked {
+            acked.retain(|r| *r != rid);
+            if acked.is_empty() {
+                unacked.push(*k);
+            }
+        }
+        // Nobody else acked them: no record to keep (the recipients still owed them get them
+        // from storage, as before).
+        for k in unacked {
+            t.parked.remove(&k);
+            self.parked -= 1;
+        }
+        // Its give-ups not yet taken by the dispatcher are void (those taken end as they will).
+        self.dead_letters
+            .retain(|dl| dl.recipient != rid || dl.key.topic_hash() != h);
+        self.attempts_kept.retain(|k, kept| {
+            if k.topic_hash() == h {
+                kept.retain(|(r, _)| *r != rid);
+            }
+            !kept.is_empty()
+        });
+        let keys: Vec<EventKey> = self
+            .entries
+            .iter_mut()
+            .filter(|(k, _)| k.topic_hash() == h)
+            .map(|(k, e)| {
+                debug_assert!(
+                    e.recipients
+                        .iter()
+                        .all(|r| r.id != rid || !matches!(r.state, RState::Pending { .. })),
+                    "a group without members has nothing in flight"
+                );
+                e.recipients.retain(|r| r.id != rid);
+                *k
+            })
+            .collect();
+        for k in keys {
+            self.finish_if_done(k, now_ms);
+        }
+        self.recipient_left(h, true);
+        sinks
+    }
+
+    /// Per topic (or only `only`), the consumer groups this hub knows: their members, their
+    /// deliveries in flight, and the stored messages they are done with. O(groups + entries
+    /// in memory + parked records + pending deletes).
+    #[must_use]
+    pub fn groups(
+        &self,
+        only: Option<TopicHash>,
+    ) -> HashMap<TopicHash, BTreeMap<String, GroupActivity>> {
+        let wanted = |h: &TopicHash| only.is_none_or(|o| o == *h);
+        let mut out: HashMap<TopicHash, BTreeMap<String, GroupActivity>> = HashMap::new();
+        for (h, t) in self.topics.iter().filter(|(h, _)| wanted(h)) {
+            let gs = out.entry(*h).or_default();
+            for (name, g) in &t.groups {
+                let in_flight = g
+                    .members
+                    .iter()
+                    .filter_map(|m| self.consumers.get(m))
+                    .map(|c| c.in_flight.len() as u64)
+                    .sum();
+                gs.insert(
+                    name.clone(),
+                    GroupActivity {
+                        consumers: u32::try_from(g.members.len()).unwrap_or(u32::MAX),
+                        in_flight,
+                        done: 0,
+                    },
+                );
+            }
+            for r in t.parked.values().flatten() {
+                count_done(gs, r);
+            }
+        }
+        for (k, e) in self.entries.iter().filter(|(k, _)| wanted(&k.topic_hash())) {
+            let Some(gs) = out.get_mut(&k.topic_hash()) else {
+                continue;
+            };
+            for r in e.recipients.iter().filter(|r| r.state == RState::Acked) {
+                count_done(gs, &r.id);
+            }
+        }
+        // Queued deletes: done for everyone.
+        for k in self.deletes.keys().filter(|k| wanted(&k.topic_hash())) {
+            if let Some(gs) = out.get_mut(&k.topic_hash()) {
+                for g in gs.values_mut() {
+                    g.done += 1;
+                }
+            }
+        }
+        out
     }
 
     /// Deletes the parked messages of topic `h` that no recipient still needs.

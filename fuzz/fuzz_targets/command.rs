@@ -22,6 +22,10 @@ fuzz_target!(|data: &[u8]| {
         Ok(CommandRef::RegisterGroup(r)) => {
             let _ = (r.topic_hash.to_native(), r.group.len());
         }
+        Ok(CommandRef::DeleteGroup(d)) => {
+            assert_eq!(in_place, None, "a group deletion has no first event id");
+            let _ = (d.topic_hash.to_native(), d.group.len());
+        }
         Ok(CommandRef::Cancel(c)) => {
             assert_eq!(in_place, None, "a cancel has no first event id");
             let _ = c.keys.iter().map(|k| k[23]).count();

@@ -38,8 +38,8 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use futureq_core::command::{
-    encode_cancel, encode_delete, encode_register_group, encode_store, Answer, Cancel, DeleteBatch,
-    RegisterGroup, StoreBatch, StoreItem, WithId,
+    encode_cancel, encode_delete, encode_delete_group, encode_register_group, encode_store, Answer,
+    Cancel, DeleteBatch, DeleteGroup, RegisterGroup, StoreBatch, StoreItem, WithId,
 };
 use futureq_core::{EventKey, TopicHash};
 use futures::channel::oneshot;
@@ -376,6 +376,25 @@ impl<I: LogIo + 'static> Journal<I> {
             keys: keys.iter().map(|k| k.0).collect(),
         });
         self.submit(|_| cmd, Wait::Applied).await.map(drop)
+    }
+
+    /// Removes a consumer group from the durable registry: whether it was registered.
+    ///
+    /// # Errors
+    /// See [`JournalError`].
+    pub async fn delete_group(
+        &self,
+        topic_hash: TopicHash,
+        group: String,
+    ) -> Result<bool, JournalError> {
+        let cmd = encode_delete_group(&DeleteGroup {
+            topic_hash: topic_hash.0,
+            group,
+        });
+        match self.submit(|_| cmd, Wait::Applied).await? {
+            Answer::GroupDeleted(found) => Ok(found),
+            _ => Err(JournalError::Unanswered),
+        }
     }
 
     /// Cancels stored messages (with their index and expiry rows) durably: per key, in

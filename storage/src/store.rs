@@ -476,22 +476,46 @@ impl Store {
         Ok(meta.get(LAST_ID)?.map_or(0, |v| v.value()))
     }
 
-    /// The groups registered for a topic (`RegisterGroup` commands applied).
+    /// The groups registered for a topic (`RegisterGroup` commands applied, `DeleteGroup`
+    /// not), by name.
     ///
     /// # Errors
     /// A storage error.
     pub fn groups_of(&self, topic_hash: TopicHash) -> Result<Vec<String>, StoreError> {
+        Ok(self
+            .groups(Some(topic_hash), usize::MAX)?
+            .into_iter()
+            .map(|(_, g)| g)
+            .collect())
+    }
+
+    /// The registered groups of every topic (or only `only`), by topic hash then name; at
+    /// most `limit`.
+    ///
+    /// # Errors
+    /// A storage error.
+    pub fn groups(
+        &self,
+        only: Option<TopicHash>,
+        limit: usize,
+    ) -> Result<Vec<(TopicHash, String)>, StoreError> {
         let txn = self.db.begin_read()?;
         let t = txn.open_table(GROUPS)?;
-        let start = topic_hash.0.to_be_bytes();
+        let start = only.map_or([0; 8], |h| h.0.to_be_bytes());
         let mut out = Vec::new();
-        for r in t.range(start.as_slice()..)? {
+        for r in t.range(start.as_slice()..)?.take(limit) {
             let (k, _) = r?;
             let k = k.value();
-            if k.get(..8) != Some(start.as_slice()) {
+            let Some((h, name)) = k.split_first_chunk::<8>() else {
+                continue;
+            };
+            if only.is_some() && *h != start {
                 break;
             }
-            out.push(String::from_utf8_lossy(&k[8..]).into_owned());
+            out.push((
+                TopicHash(u64::from_be_bytes(*h)),
+                String::from_utf8_lossy(name).into_owned(),
+            ));
         }
         Ok(out)
     }
@@ -668,6 +692,14 @@ impl Store {
                             TopicHash(r.topic_hash.to_native()),
                             r.group.as_str(),
                         ))?;
+                    }
+                    CommandRef::DeleteGroup(d) => {
+                        let found = t.remove_group(&group_key(
+                            TopicHash(d.topic_hash.to_native()),
+                            d.group.as_str(),
+                        ))?;
+                        out.answers
+                            .push((*index, futureq_core::command::Answer::GroupDeleted(found)));
                     }
                 }
             }
@@ -1596,6 +1628,15 @@ impl<'t> Tables<'t> {
             self.digest ^= row_hash(ROW_GROUP, key, &[]);
         }
         Ok(new)
+    }
+
+    /// Removes a group registration; false if it was not registered.
+    fn remove_group(&mut self, key: &[u8]) -> Result<bool, StoreError> {
+        let found = self.groups.remove(key)?.is_some();
+        if found {
+            self.digest ^= row_hash(ROW_GROUP, key, &[]);
+        }
+        Ok(found)
     }
 
     /// Removes a message and its index and expiry entries; false if it did not exist.

@@ -5,8 +5,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use futureq_core::command::{
-    encode_cancel, encode_delete, encode_register_group, encode_reschedule, encode_store, Answer,
-    Cancel, DeadLetter, DeleteBatch, RegisterGroup, Reschedule, StoreBatch, StoreItem, WithId,
+    encode_cancel, encode_delete, encode_delete_group, encode_register_group, encode_reschedule,
+    encode_store, Answer, Cancel, DeadLetter, DeleteBatch, DeleteGroup, RegisterGroup, Reschedule,
+    StoreBatch, StoreItem, WithId,
 };
 use futureq_core::hub::ScanRequest;
 use futureq_core::{
@@ -236,6 +237,56 @@ fn delete_and_sweep_remove_index_and_expiry_entries() {
     let stats = s.stats();
     assert_eq!(stats.transactions.load(Ordering::Relaxed), 6);
     assert_eq!(stats.entries.load(Ordering::Relaxed), 6);
+}
+
+/// A group deletion removes the registration (digest in step) and answers whether it was
+/// there; the other groups of the topic, and the same name on another topic, stay.
+#[test]
+fn a_group_deletion_answers_whether_it_was_registered() {
+    let s = memory();
+    let register = |topic: &str, group: &str| {
+        apply(
+            &s,
+            &encode_register_group(&RegisterGroup {
+                topic_hash: topic_hash(topic).0,
+                group: group.into(),
+            }),
+        );
+    };
+    let delete = |topic: &str, group: &str| {
+        apply(
+            &s,
+            &encode_delete_group(&DeleteGroup {
+                topic_hash: topic_hash(topic).0,
+                group: group.into(),
+            }),
+        )
+        .answers
+    };
+    register("t", "a");
+    register("t", "b");
+    register("u", "a");
+    let before = s.digest();
+    let answers = delete("t", "a");
+    assert!(
+        matches!(answers[..], [(_, Answer::GroupDeleted(true))]),
+        "{answers:?}"
+    );
+    assert_eq!(s.groups_of(topic_hash("t")).unwrap(), vec!["b".to_owned()]);
+    assert_eq!(s.groups_of(topic_hash("u")).unwrap(), vec!["a".to_owned()]);
+    assert_ne!(s.digest(), before);
+    assert_eq!(s.digest(), s.computed_digest().unwrap());
+    let answers = delete("t", "a");
+    assert!(
+        matches!(answers[..], [(_, Answer::GroupDeleted(false))]),
+        "{answers:?}"
+    );
+    register("t", "a");
+    assert_eq!(
+        s.digest(),
+        before,
+        "registered again: the same state as before"
+    );
 }
 
 /// A cancel deletes like a delete (every key reported, so replicas revoke deliveries in

@@ -5,6 +5,7 @@
 //! - `manage`: `FutureQProducer.Cancel` and `Reschedule`.
 //! - `consumer`: `FutureQConsumer.Subscribe`.
 //! - `inspect`: `FutureQAdmin.TopicStats` and `Peek`.
+//! - `groups`: `FutureQAdmin.DeleteGroup`.
 //! - `cluster`: `FutureQCluster.*` and `grpc.health.v1.Health` (`Check`, `Watch`).
 //! - `reflection`: `grpc.reflection.v1` and `v1alpha` `ServerReflection`.
 //!
@@ -13,6 +14,7 @@
 
 mod cluster;
 mod consumer;
+mod groups;
 mod inspect;
 mod manage;
 mod producer;
@@ -81,6 +83,7 @@ pub fn handler(ctx: Rc<Ctx>) -> Handler {
                 "/futureq.FutureQProducer/Reschedule" => manage::reschedule(&ctx, call, out).await,
                 "/futureq.FutureQAdmin/TopicStats" => inspect::topic_stats(&ctx, call, out).await,
                 "/futureq.FutureQAdmin/Peek" => inspect::peek(&ctx, call, out).await,
+                "/futureq.FutureQAdmin/DeleteGroup" => groups::delete_group(&ctx, call, out).await,
                 "/futureq.FutureQCluster/GetClusterInfo" => {
                     cluster::get_cluster_info(&ctx, call, out).await
                 }

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use futureq_core::command::StoreItem;
 use futureq_core::command::{
-    encode_cancel, encode_delete, encode_register_group, Answer, Cancel, DeleteBatch,
-    RegisterGroup, WithId,
+    encode_cancel, encode_delete, encode_delete_group, encode_register_group, Answer, Cancel,
+    DeleteBatch, DeleteGroup, RegisterGroup, WithId,
 };
 use futureq_core::metadata::{MetaCommand, NodeAddr, ShardTopology};
 use futureq_core::{AckLevel, EventKey, TopicHash};
@@ -603,6 +603,24 @@ impl WriteCore for Rc<Core> {
         Core::propose_while_leading(self, cmd, deadline)
             .await
             .map(drop)
+    }
+
+    async fn delete_group(
+        &self,
+        topic_hash: TopicHash,
+        group: String,
+        deadline: Instant,
+    ) -> Result<bool, WriteError> {
+        // Never forwarded, like a cancel.
+        self.leading_now()?;
+        let cmd = encode_delete_group(&DeleteGroup {
+            topic_hash: topic_hash.0,
+            group,
+        });
+        match Core::propose_while_leading(self, cmd, deadline).await? {
+            Answer::GroupDeleted(found) => Ok(found),
+            _ => Err(unanswered("group deletion")),
+        }
     }
 
     async fn membership(&self, op: MembershipOp) -> Result<(), MembershipError> {

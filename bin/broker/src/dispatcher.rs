@@ -8,7 +8,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::rc::Rc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -68,23 +68,68 @@ fn instant_of(at_ms: i64) -> Instant {
     Instant::now() + target.saturating_sub(now)
 }
 
-/// A consumer's delivery queue, bounded by its `max_in_flight`.
-pub struct ConsumerSink(pub flume::Sender<Delivery>);
+/// A consumer's delivery queue, bounded by its `max_in_flight`. Dropped by the hub when the
+/// consumer is removed: the stream then sees its queue end, and [`ConsumerSink::group_deleted`]
+/// says whether that was because its group was deleted.
+pub struct ConsumerSink {
+    tx: flume::Sender<Delivery>,
+    group_deleted: Arc<AtomicBool>,
+}
+
+impl ConsumerSink {
+    /// A sink over `tx`, and the flag set before it is dropped because the consumer's group
+    /// was deleted.
+    #[must_use]
+    pub fn new(tx: flume::Sender<Delivery>) -> (ConsumerSink, Arc<AtomicBool>) {
+        let flag = Arc::new(AtomicBool::new(false));
+        let sink = ConsumerSink {
+            tx,
+            group_deleted: Arc::clone(&flag),
+        };
+        (sink, flag)
+    }
+}
 
 impl Sink for ConsumerSink {
     fn try_send(&self, d: Delivery) -> bool {
-        self.0.try_send(d).is_ok()
+        self.tx.try_send(d).is_ok()
     }
 
     fn room(&self) -> usize {
-        if self.0.is_disconnected() {
+        if self.tx.is_disconnected() {
             return 0;
         }
-        self.0
+        self.tx
             .capacity()
-            .map_or(usize::MAX, |c| c.saturating_sub(self.0.len()))
+            .map_or(usize::MAX, |c| c.saturating_sub(self.tx.len()))
     }
 }
+
+/// Why the dispatcher did not register a consumer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum RegisterRefused {
+    /// The durable group registry could not be read.
+    #[error("cannot read the topic's consumer groups; retry")]
+    RegistryUnreadable,
+    /// The group is not in the registry: it was deleted after the stream registered it.
+    #[error("the consumer group was deleted while subscribing; subscribe again")]
+    GroupDeleted,
+}
+
+/// The answer of [`HubCmd::DeleteGroup`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupDeleted {
+    /// The group was registered.
+    pub found: bool,
+    /// Its members' streams ended by the deletion.
+    pub consumers_ended: u32,
+}
+
+/// Per topic, the consumer groups the hub knows ([`HubCmd::Groups`]).
+pub type GroupsByTopic = std::collections::HashMap<
+    futureq_core::TopicHash,
+    std::collections::BTreeMap<String, futureq_core::hub::GroupActivity>,
+>;
 
 /// What other tasks and threads tell the dispatcher.
 pub enum HubCmd {
@@ -94,8 +139,8 @@ pub enum HubCmd {
         sub: Subscription,
         /// Where its deliveries go.
         sink: ConsumerSink,
-        /// Its id.
-        reply: oneshot::Sender<ConsumerId>,
+        /// Its id, or why it was not registered.
+        reply: oneshot::Sender<Result<ConsumerId, RegisterRefused>>,
     },
     /// An ACK or NACK frame.
     Ack {
@@ -134,6 +179,36 @@ pub enum HubCmd {
         dl: futureq_core::hub::DeadLetter,
         /// Whether the command committed.
         committed: bool,
+    },
+    /// Delete a consumer group (`DeleteGroup`): its registration goes through the write
+    /// path, then [`HubCmd::GroupGone`] ends its members and drops it from the hub. Run by the
+    /// dispatcher, not the caller, so a caller that goes away midway leaves no group whose
+    /// registration is gone while the hub still holds messages for it.
+    DeleteGroup {
+        /// The topic.
+        topic: String,
+        /// The group.
+        group: String,
+        /// What was done, or why the deletion did not commit.
+        reply: oneshot::Sender<Result<GroupDeleted, WriteError>>,
+    },
+    /// A group's deletion committed: drop it from the hub and answer.
+    GroupGone {
+        /// The topic.
+        topic: String,
+        /// The group.
+        group: String,
+        /// It was registered.
+        found: bool,
+        /// Where the answer goes.
+        reply: oneshot::Sender<Result<GroupDeleted, WriteError>>,
+    },
+    /// Per topic (or only one), the consumer groups the hub knows (`TopicStats`).
+    Groups {
+        /// Only this topic.
+        only: Option<futureq_core::TopicHash>,
+        /// The answer.
+        reply: oneshot::Sender<GroupsByTopic>,
     },
     /// Per topic with consumers: its streams and deliveries in flight (`TopicStats`).
     Activity(
@@ -182,21 +257,64 @@ impl Dispatcher {
     /// Applies a command; a consumer's registration first loads its topic's known groups
     /// (when that fails the consumer is not registered: its stream ends UNAVAILABLE and the
     /// client retries, rather than ACKs deleting messages owed to groups the hub missed).
+    ///
+    /// A group's member registers only while the registry holds the group: a stream that
+    /// registered it just before a deletion committed must register it again, so the hub
+    /// never serves a group the registry (and so the next leader) does not know.
     async fn handle(&mut self, cmd: HubCmd) {
-        if let HubCmd::Register { sub, .. } = &cmd {
-            if !self.load_known_groups(&sub.topic).await {
-                return;
+        match cmd {
+            HubCmd::Register { sub, sink, reply } => {
+                let refused = match self.load_known_groups(&sub.topic).await {
+                    None => Some(RegisterRefused::RegistryUnreadable),
+                    Some(groups) if !sub.group.is_empty() && !groups.contains(&sub.group) => {
+                        Some(RegisterRefused::GroupDeleted)
+                    }
+                    Some(_) => None,
+                };
+                if let Some(why) = refused {
+                    let _ = reply.send(Err(why));
+                    return;
+                }
+                let id = self.hub.register(&sub, sink, now_ms());
+                tracing::debug!(target: "dispatcher", consumer = id.0, topic = %sub.topic, group = %sub.group, "consumer registered");
+                let _ = reply.send(Ok(id));
             }
+            HubCmd::GroupGone {
+                topic,
+                group,
+                found,
+                reply,
+            } => {
+                let ended = self.hub.forget_group(&topic, &group, now_ms());
+                let consumers_ended = u32::try_from(ended.len()).unwrap_or(u32::MAX);
+                for sink in ended {
+                    sink.group_deleted.store(true, Ordering::Release);
+                }
+                // Registered again since the deletion committed: a new group, owed the
+                // backlog like any new group.
+                self.load_known_groups(&topic).await;
+                tracing::info!(target: "dispatcher", %topic, %group, found, consumers_ended, "consumer group deleted");
+                let _ = reply.send(Ok(GroupDeleted {
+                    found,
+                    consumers_ended,
+                }));
+            }
+            cmd => self.apply(cmd),
         }
-        self.apply(cmd);
     }
 
     fn apply(&mut self, cmd: HubCmd) {
         match cmd {
-            HubCmd::Register { sub, sink, reply } => {
-                let id = self.hub.register(&sub, sink, now_ms());
-                tracing::debug!(target: "dispatcher", consumer = id.0, topic = %sub.topic, group = %sub.group, "consumer registered");
-                let _ = reply.send(id);
+            HubCmd::Register { .. } | HubCmd::GroupGone { .. } => {
+                unreachable!("handled by Dispatcher::handle")
+            }
+            HubCmd::DeleteGroup {
+                topic,
+                group,
+                reply,
+            } => self.start_group_deletion(topic, group, reply),
+            HubCmd::Groups { only, reply } => {
+                let _ = reply.send(self.hub.groups(only));
             }
             HubCmd::Ack {
                 consumer,
@@ -248,8 +366,9 @@ impl Dispatcher {
 
     /// Before a consumer registers, loads its topic's groups from the durable registry: they
     /// are recipients even while away (groups registered under another leader, after a
-    /// restart, or while this node did not lead). False when the registry cannot be read.
-    async fn load_known_groups(&mut self, topic: &str) -> bool {
+    /// restart, or while this node did not lead). The registry's groups; `None` when it
+    /// cannot be read.
+    async fn load_known_groups(&mut self, topic: &str) -> Option<Vec<String>> {
         let store = self.store.store().clone();
         let h = futureq_core::topic_hash(topic);
         match glommio::executor()
@@ -257,14 +376,53 @@ impl Dispatcher {
             .await
         {
             Ok(groups) => {
-                self.hub.add_known_groups(topic, groups, now_ms());
-                true
+                self.hub
+                    .add_known_groups(topic, groups.iter().cloned(), now_ms());
+                Some(groups)
             }
             Err(e) => {
-                tracing::error!(target: "dispatcher", topic, error = %e, "cannot read the topic's consumer groups; refusing the consumer");
-                false
+                tracing::error!(target: "dispatcher", topic, error = %e, "cannot read the topic's consumer groups");
+                None
             }
         }
+    }
+
+    /// Deletes a group's registration through the write path on a task of its own; once it
+    /// committed, [`HubCmd::GroupGone`] drops the group from the hub and answers.
+    fn start_group_deletion(
+        &mut self,
+        topic: String,
+        group: String,
+        reply: oneshot::Sender<Result<GroupDeleted, WriteError>>,
+    ) {
+        let (tx, writes) = (self.tx.clone(), self.writes.clone());
+        let deadline = Instant::now() + self.delete_timeout;
+        glommio::spawn_local(async move {
+            let topic_hash = futureq_core::topic_hash(&topic);
+            let written = crate::replication::request(&writes, |reply| RaftReq::DeleteGroup {
+                topic_hash,
+                group: group.clone(),
+                deadline,
+                reply,
+            })
+            .await;
+            match written {
+                Ok(found) => {
+                    let gone = HubCmd::GroupGone {
+                        topic,
+                        group,
+                        found,
+                        reply,
+                    };
+                    let _ = tx.send_async(gone).await;
+                }
+                Err(e) => {
+                    tracing::warn!(target: "dispatcher", %topic, %group, error = %e, "consumer group not deleted");
+                    let _ = reply.send(Err(e));
+                }
+            }
+        })
+        .detach();
     }
 
     /// Starts a delete flush of the pending deletes, its write bounded by `flush_attempt`

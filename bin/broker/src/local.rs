@@ -301,6 +301,15 @@ impl<I: LogIo + 'static> WriteCore for LocalCore<I> {
         until(deadline, self.journal.register_group(topic_hash, group)).await
     }
 
+    async fn delete_group(
+        &self,
+        topic_hash: TopicHash,
+        group: String,
+        deadline: Instant,
+    ) -> Result<bool, WriteError> {
+        until(deadline, self.journal.delete_group(topic_hash, group)).await
+    }
+
     async fn membership(&self, _op: MembershipOp) -> Result<(), MembershipError> {
         Err(MembershipError::Standalone)
     }

@@ -76,6 +76,18 @@ pub enum RaftReq {
         /// Done.
         reply: oneshot::Sender<Result<(), WriteError>>,
     },
+    /// Remove a consumer group from the durable registry (only while leading); replies
+    /// whether it was registered.
+    DeleteGroup {
+        /// Topic hash.
+        topic_hash: TopicHash,
+        /// The group.
+        group: String,
+        /// When to give up.
+        deadline: Instant,
+        /// Whether it was registered.
+        reply: oneshot::Sender<Result<bool, WriteError>>,
+    },
     /// A membership change asked over gRPC.
     Membership {
         /// What to change.
@@ -190,6 +202,14 @@ pub(crate) trait WriteCore {
         group: String,
         deadline: Instant,
     ) -> Result<(), WriteError>;
+    /// Removes a consumer group from the durable registry (only while leading): whether it
+    /// was registered.
+    async fn delete_group(
+        &self,
+        topic_hash: TopicHash,
+        group: String,
+        deadline: Instant,
+    ) -> Result<bool, WriteError>;
     /// Changes the membership.
     async fn membership(&self, op: MembershipOp) -> Result<(), MembershipError>;
 }
@@ -251,6 +271,14 @@ pub(crate) async fn answer(core: &impl WriteCore, req: RaftReq) {
             reply,
         } => {
             let _ = reply.send(core.register_group(topic_hash, group, deadline).await);
+        }
+        RaftReq::DeleteGroup {
+            topic_hash,
+            group,
+            deadline,
+            reply,
+        } => {
+            let _ = reply.send(core.delete_group(topic_hash, group, deadline).await);
         }
         RaftReq::Membership { op, reply } => {
             let _ = reply.send(core.membership(op).await);

@@ -216,7 +216,8 @@ impl Consumer {
     }
 
     /// Why the subscription ended on its own (no leader found again within
-    /// [`crate::ClientConfig::retry_for`], or the server refused it), if it did.
+    /// [`crate::ClientConfig::retry_for`], the server refused it, or its group was deleted:
+    /// a NOT_FOUND status), if it did.
     #[must_use]
     pub fn error(&self) -> Option<Error> {
         crate::lock(&self.ended).clone()
@@ -326,6 +327,12 @@ async fn run(s: Session, first: Opened, mut control_rx: mpsc::UnboundedReceiver<
                         let _ = frames.unbounded_send(ack_frame(m.delivery_tag, false));
                     }
                     Ok(Some(m)) => backlog.push_back(m),
+                    Err(st) if st.code() == tonic::Code::NotFound => {
+                        // The group was deleted: subscribing again would create a new one.
+                        tracing::warn!(target: "futureq_client", topic = %s.sub.topic, group = %s.sub.group, "the consumer group was deleted; subscription ended");
+                        *crate::lock(&s.ended) = Some(Error::status(&st));
+                        return;
+                    }
                     Ok(None) | Err(_) => {
                         let next = m.err().and_then(|st| leader_named(&st));
                         tracing::debug!(target: "futureq_client", topic = %s.sub.topic, "subscription ended; subscribing again");

@@ -396,8 +396,8 @@ impl Client {
             .map_err(|e| Error::InvalidArgument(format!("the server answered a bad tag: {e}")))
     }
 
-    /// Per topic (or only `topic`): stored, in flight, next due time, consumers, dead letters;
-    /// sorted by topic name.
+    /// Per topic (or only `topic`): stored, in flight, next due time, consumers, dead letters,
+    /// and its consumer groups (pending, in flight, members); sorted by topic name.
     ///
     /// # Errors
     /// See [`Error`].
@@ -416,6 +416,34 @@ impl Client {
             })
             .await?;
         Ok(r.topics)
+    }
+
+    /// Deletes consumer group `group` of `topic` (replicated before the answer): its
+    /// members' subscriptions end ([`Consumer::error`] says the group was deleted), what only
+    /// it still needed is deleted, and a member that subscribes again starts a new group. The
+    /// answer says whether it was registered; retried like a read (deleting twice is
+    /// harmless: a retry after an unknown outcome may answer `found = false`).
+    ///
+    /// # Errors
+    /// See [`Error`].
+    pub async fn delete_group(
+        &self,
+        topic: &str,
+        group: &str,
+    ) -> Result<pb::DeleteGroupResponse, Error> {
+        let req = pb::DeleteGroupRequest {
+            topic: topic.to_owned(),
+            group: group.to_owned(),
+        };
+        self.unary(true, |ch| {
+            let req = req.clone();
+            async move {
+                FutureQAdminClient::new(ch)
+                    .delete_group(self.request(req))
+                    .await
+            }
+        })
+        .await
     }
 
     /// Up to `limit` (1..=1000) stored messages of `topic` in due order, after `after`; read

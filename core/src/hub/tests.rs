@@ -577,6 +577,89 @@ fn groups_from_the_registry_hold_messages_until_they_ack() {
     assert_eq!(l.take().len(), 1);
 }
 
+/// Issue 26 (group lifecycle): a deleted group that never came back no longer holds the
+/// messages every other group acked; `groups` counts what each group is done with.
+#[test]
+fn a_deleted_group_releases_what_only_it_needed() {
+    let mut hub = Hub::new(CFG);
+    let mut store = Store::default();
+    hub.add_known_groups("t", ["gone".to_owned()], 0);
+    let a = MemSink::new();
+    let ida = hub.register(&sub("t", "a", 10), a.clone(), 0);
+    for i in 1..=3 {
+        let k = store.put(i, msg("t", 0, 0, 0));
+        hub.on_published(k);
+    }
+    pass(&mut hub, &mut store, 1);
+    let got = a.take();
+    assert_eq!(got.len(), 3);
+    hub.ack(ida, got[0].key, true, 2);
+    let h = topic_hash("t");
+    let gs = &hub.groups(Some(h))[&h];
+    assert_eq!(
+        gs["a"],
+        GroupActivity {
+            consumers: 1,
+            in_flight: 2,
+            done: 1
+        }
+    );
+    assert_eq!(gs["gone"], GroupActivity::default());
+    for d in &got[1..] {
+        hub.ack(ida, d.key, true, 2);
+    }
+    pass(&mut hub, &mut store, 3);
+    assert_eq!(store.0.len(), 3, "group gone has not had them");
+    assert_eq!(hub.groups(Some(h))[&h]["a"].done, 3, "parked for gone");
+    assert!(hub.forget_group("t", "gone", 4).is_empty(), "no members");
+    pass(&mut hub, &mut store, 4);
+    assert!(store.0.is_empty(), "only gone still needed them");
+    assert_eq!(hub.parked(), 0);
+    assert_eq!(
+        hub.groups(None)[&h].keys().collect::<Vec<_>>(),
+        ["a"],
+        "gone is no group any more"
+    );
+}
+
+/// Issue 26 (group lifecycle): deleting a group with members ends them (their sinks are
+/// handed back, their deliveries in flight end, a later ACK is ignored) and keeps what no
+/// other recipient acked; a group created later under the same name is a new group that gets
+/// the backlog still stored.
+#[test]
+fn deleting_a_group_ends_its_members_and_keeps_what_nobody_acked() {
+    let mut hub = Hub::new(CFG);
+    let mut store = Store::default();
+    hub.add_known_groups("t", ["away".to_owned()], 0);
+    let g = MemSink::new();
+    let idg = hub.register(&sub("t", "g", 2), g.clone(), 0);
+    for i in 1..=3 {
+        let k = store.put(i, msg("t", 0, 0, 0));
+        hub.on_published(k);
+    }
+    pass(&mut hub, &mut store, 1);
+    let got = g.take();
+    assert_eq!(got.len(), 2);
+    hub.ack(idg, got[0].key, true, 1);
+    assert_eq!(hub.in_flight(), 1);
+    let ended = hub.forget_group("t", "g", 2);
+    assert_eq!(ended.len(), 1, "its member");
+    assert_eq!(hub.in_flight(), 0);
+    assert_eq!(hub.consumer_count(), 0);
+    assert_eq!(hub.ack(idg, got[1].key, true, 3), AckOutcome::Ignored);
+    pass(&mut hub, &mut store, 3);
+    assert_eq!(store.0.len(), 3, "away acked none of them");
+    assert_eq!(hub.parked(), 0, "g's ACK no longer counts");
+    // The only group left goes too: the topic's messages stay for whoever subscribes next.
+    hub.forget_group("t", "away", 4);
+    pass(&mut hub, &mut store, 4);
+    assert_eq!(store.0.len(), 3);
+    let again = MemSink::new();
+    hub.register(&sub("t", "g", 10), again.clone(), 5);
+    pass(&mut hub, &mut store, 5);
+    assert_eq!(again.take().len(), 3, "a new group g gets the backlog");
+}
+
 /// Issue 10.5: a connected group that does not keep up (here: never acks) does not hold the
 /// topic's scan for a group that does, and memory stays within the entry cap; once it acks, it
 /// gets every message it is owed.
@@ -943,6 +1026,15 @@ proptest! {
                 }
                 3 => now += b,
                 4 => answer(&mut hub, &mut dead, a % 3 != 0, now)?,
+                5 if a % 4 == 0 => {
+                    // A group deleted: its members end; the name, used again, is a new group.
+                    let group = ["g", "h"][(b % 2) as usize];
+                    let ended = hub.forget_group("t", group, now);
+                    let before = sinks.len();
+                    sinks.retain(|(c, _, _)| hub.consumers.contains_key(c));
+                    prop_assert_eq!(before - sinks.len(), ended.len());
+                    dead.retain(|(_, g, _)| g != group);
+                }
                 _ => {}
             }
             pass(&mut hub, &mut store, now);

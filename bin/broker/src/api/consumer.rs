@@ -172,6 +172,7 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
         }
     }
     let (tx, rx) = flume::bounded::<Delivery>(max_in_flight as usize);
+    let (sink, group_deleted) = ConsumerSink::new(tx);
     let (reply_tx, reply_rx) = oneshot::channel();
     let sub = Subscription {
         topic: init.topic.clone(),
@@ -182,7 +183,7 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
         .hub
         .send_async(HubCmd::Register {
             sub,
-            sink: ConsumerSink(tx),
+            sink,
             reply: reply_tx,
         })
         .await
@@ -190,8 +191,18 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
     {
         return Status::new(Code::Unavailable, "server is shutting down");
     }
-    let Ok(id) = reply_rx.await else {
-        return Status::new(Code::Unavailable, "server is shutting down");
+    let id = match reply_rx.await {
+        Ok(Ok(id)) => id,
+        Ok(Err(why)) => {
+            return Status::new(
+                Code::Unavailable,
+                format!(
+                    "consumer group {:?} of topic {:?}: {why}",
+                    init.group_id, init.topic
+                ),
+            )
+        }
+        Err(_) => return Status::new(Code::Unavailable, "server is shutting down"),
     };
     ctx.metrics.active_consumers.fetch_add(1, Ordering::Relaxed);
     let _registration = Registration { ctx, id };
@@ -296,6 +307,15 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
             // receives is redelivered after delivery.inFlightTimeout.
             Event::Frame(Ok(None)) => half_closed = true,
             Event::Frame(Err(s)) => return s,
+            Event::Stop if group_deleted.load(Ordering::Acquire) => {
+                return Status::new(
+                    Code::NotFound,
+                    format!(
+                        "consumer group {:?} of topic {:?} was deleted",
+                        init.group_id, init.topic
+                    ),
+                );
+            }
             Event::Stop => return Status::new(Code::Unavailable, "server is shutting down"),
             Event::Lost => {
                 return not_leader(

@@ -40,7 +40,9 @@ async fn read<T: Send + 'static>(
 
 /// `TopicStats`: per topic (or the one asked for) its stored count (exact, kept by the state
 /// machine), deliveries in flight and consumer streams (this leader's dispatcher), earliest
-/// due time, and dead letters; sorted by topic name. A topic with no stored message and no
+/// due time, dead letters, and its registered groups (from the registry) with what this
+/// leader's dispatcher knows of each: members, deliveries in flight, and pending (stored
+/// less what the group is done with); sorted by topic name, groups by name. A topic with no stored message and no
 /// consumer is not listed, unless asked for by name (then all zeros).
 pub async fn topic_stats(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
     let req = match unary_request::<pb::TopicStatsRequest>(&mut call).await {
@@ -60,21 +62,33 @@ pub async fn topic_stats(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Statu
     }
     let only = (!req.topic.is_empty()).then(|| topic_hash(&req.topic));
     let limit = ctx.settings.max_send_message_len / TOPIC_STATS_BYTES_MIN;
-    let rows = match read(ctx, move |s| s.topic_stats(only, limit)).await {
+    let (rows, registered) = match read(ctx, move |s| {
+        Ok((
+            s.topic_stats(only, limit)?,
+            s.groups(only, limit.saturating_add(1))?,
+        ))
+    })
+    .await
+    {
         Ok(r) => r,
         Err(s) => return s,
     };
-    if rows.len() > limit {
+    if rows.len() > limit || registered.len() > limit {
         return Status::new(
             Code::ResourceExhausted,
             format!(
-                "more than {limit} topics: their stats cannot fit api.grpc.maxSendMessageSize ({} bytes); ask for one topic at a time",
+                "more than {limit} topics or groups: their stats cannot fit api.grpc.maxSendMessageSize ({} bytes); ask for one topic at a time",
                 ctx.settings.max_send_message_len
             ),
         );
     }
     let (tx, rx) = oneshot::channel();
     let activity = match ctx.hub.send_async(HubCmd::Activity(tx)).await {
+        Ok(()) => rx.await.unwrap_or_default(),
+        Err(_) => HashMap::new(),
+    };
+    let (reply, rx) = oneshot::channel();
+    let mut hub_groups = match ctx.hub.send_async(HubCmd::Groups { only, reply }).await {
         Ok(()) => rx.await.unwrap_or_default(),
         Err(_) => HashMap::new(),
     };
@@ -110,6 +124,22 @@ pub async fn topic_stats(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Statu
                 ..pb::TopicStats::default()
             },
         );
+    }
+    for (h, group) in registered {
+        let Some(t) = topics.get_mut(&h) else {
+            // A topic with groups, nothing stored and no consumer: listed when asked for.
+            continue;
+        };
+        let known = hub_groups
+            .get_mut(&h)
+            .and_then(|gs| gs.remove(&group))
+            .unwrap_or_default();
+        t.groups.push(pb::GroupStats {
+            pending: t.stored.saturating_sub(known.done),
+            in_flight: known.in_flight,
+            consumers: known.consumers,
+            group,
+        });
     }
     let mut topics: Vec<pb::TopicStats> = topics.into_values().collect();
     topics.sort_by(|a, b| a.topic.cmp(&b.topic));
