@@ -6,7 +6,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use common::{batch, msg, Broker, Publisher, Subscriber};
+use common::{batch, msg, topic_stats, Broker, Publisher, Subscriber};
 use futureq_bench::pb::future_q_cluster_client::FutureQClusterClient;
 use futureq_bench::pb::future_q_consumer_client::FutureQConsumerClient;
 use futureq_bench::pb::{
@@ -1546,4 +1546,89 @@ async fn a_clean_stop_leaves_the_store_durable_as_applied() {
         index as f64 >= applied,
         "durable {index} < applied {applied}"
     );
+}
+
+/// Issue 26 (group lifecycle): a group deletion is replicated state. A follower refuses it
+/// naming the leader; on the leader the messages only the deleted group still needed go; the
+/// next leader does not know the group (what another group acks is deleted at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_deletion_is_replicated_and_holds_across_a_failover() {
+    use futureq_bench::pb::future_q_admin_client::FutureQAdminClient;
+    use futureq_bench::pb::DeleteGroupRequest;
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start(3, "").await;
+    let (leader, mut p, others) = c.warm_leader("warm").await;
+    c.wait_topology(leader, 3).await;
+    let gone = Subscriber::open(c.nodes[leader].channel().await, "jobs", "gone", 10).await;
+    drop(gone);
+    let mut keep = Subscriber::open(c.nodes[leader].channel().await, "jobs", "keep", 10).await;
+    let ack = p.publish(batch(1, 0, vec![msg("jobs", "one", 0, 0)])).await;
+    assert!(ack.success, "{ack:?}");
+    let m = keep
+        .next(Duration::from_secs(5))
+        .await
+        .expect("keep gets it");
+    keep.ack(&m.delivery_tag, true);
+    let delete = |node: usize| {
+        let ch = c.nodes[node].channel();
+        async move {
+            FutureQAdminClient::new(ch.await)
+                .delete_group(DeleteGroupRequest {
+                    topic: "jobs".into(),
+                    group: "gone".into(),
+                })
+                .await
+        }
+    };
+    let refused = delete(others[0]).await.unwrap_err();
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert_eq!(
+        refused
+            .metadata()
+            .get("futureq-leader-address")
+            .and_then(|v| v.to_str().ok()),
+        Some(format!("127.0.0.1:{}", c.nodes[leader].grpc_port).as_str())
+    );
+    let done = delete(leader).await.unwrap().into_inner();
+    assert!(done.found);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while topic_stats(&c.nodes[leader], "jobs").await[0].stored != 0 {
+        assert!(Instant::now() < deadline, "only gone needed it: deleted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let applied = c.nodes[leader].metric("futureq_raft_applied_index").await;
+    for &i in &others {
+        c.wait_applied(i, applied, Duration::from_secs(10)).await;
+    }
+    drop(keep);
+    drop(p);
+    c.nodes[leader].kill9();
+    let new_leader = c.leader(Duration::from_secs(10)).await;
+    let groups: Vec<String> = topic_stats(&c.nodes[new_leader], "jobs").await[0]
+        .groups
+        .iter()
+        .map(|g| g.group.clone())
+        .collect();
+    assert_eq!(groups, ["keep"]);
+    let mut keep = Subscriber::open(c.nodes[new_leader].channel().await, "jobs", "keep", 10).await;
+    let mut p = Publisher::open(c.nodes[new_leader].channel().await).await;
+    let ack = p.publish(batch(2, 0, vec![msg("jobs", "two", 0, 0)])).await;
+    assert!(ack.success, "{ack:?}");
+    let m = keep
+        .next(Duration::from_secs(5))
+        .await
+        .expect("keep gets it");
+    keep.ack(&m.delivery_tag, true);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while topic_stats(&c.nodes[new_leader], "jobs").await[0].stored != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the new leader holds it for a deleted group"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
