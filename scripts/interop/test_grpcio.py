@@ -215,6 +215,27 @@ def check_topic_stats_and_peek(b):
     assert r.topics[0].stored == 0, r
 
 
+def check_groups(b):
+    c = Consumer(b, "py-groups", group="py-workers")
+    time.sleep(0.2)
+    admin = pbg.FutureQAdminStub(b.channel)
+    r = admin.TopicStats(pb.TopicStatsRequest(topic="py-groups"), timeout=5)
+    assert [(g.group, g.consumers) for g in r.topics[0].groups] == [("py-workers", 1)], r
+    done = admin.DeleteGroup(pb.DeleteGroupRequest(topic="py-groups", group="py-workers"), timeout=5)
+    assert done.found and done.consumers_ended == 1, done
+    end = c.next(5)
+    assert isinstance(end, grpc.RpcError) and end.code() == grpc.StatusCode.NOT_FOUND, end
+    r = admin.TopicStats(pb.TopicStatsRequest(topic="py-groups"), timeout=5)
+    assert list(r.topics[0].groups) == [], r
+    try:
+        admin.DeleteGroup(pb.DeleteGroupRequest(topic="py-groups"), timeout=5)
+        raise AssertionError("an empty group was accepted")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
+        assert "group" in e.details(), e.details()
+    c.close()
+
+
 def check_publish_errors(b):
     acks = publish(b, [
         batch(1, []),
@@ -292,6 +313,7 @@ def main():
     b = Broker(binary)
     passed = failed = 0
     checks = [check_health, check_many_channels_share_one_connection, check_publish_and_subscribe, check_cancel, check_topic_stats_and_peek,
+              check_groups,
               check_publish_errors,
               check_subscribe_error, check_undecodable_frame, check_cluster_info, check_reflection, check_sigterm]
     try:
