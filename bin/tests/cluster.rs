@@ -4,6 +4,8 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{batch, msg, topic_stats, Broker, Publisher, Subscriber};
@@ -1631,4 +1633,72 @@ async fn a_group_deletion_is_replicated_and_holds_across_a_failover() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Issue 26 (a full disk degrades): a follower whose Raft log finds no space for its next
+/// segment (the preallocation fails with ENOSPC, injected again and again for a while) keeps
+/// running and does not hold the leader back: the leader commits with the other follower. Once
+/// there is space, the follower writes what waited and catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_without_space_for_its_log_holds_no_commit_back_and_catches_up() {
+    let _serial = SERIAL.lock().await;
+    let c = Cluster::start(3, "").await;
+    let (leader, mut p, others) = c.warm_leader("warm").await;
+    c.wait_topology(leader, 3).await;
+    let full = others[0];
+    let trigger = c.nodes[full]
+        .dir
+        .path()
+        .join("raft")
+        .join("inject-disk-fault");
+    let arming = Arc::new(AtomicBool::new(true));
+    let rearm = {
+        let (arming, trigger) = (Arc::clone(&arming), trigger.clone());
+        tokio::spawn(async move {
+            while arming.load(Ordering::Relaxed) {
+                let _ = std::fs::write(&trigger, "prealloc");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let _ = std::fs::remove_file(&trigger);
+        })
+    };
+    // 80 × 900 KiB: past the first 64 MiB segment of every node's event log.
+    let payload = "x".repeat(900 << 10);
+    let mut index = 0.0;
+    for i in 0..80 {
+        let ack = p
+            .publish(batch(i, 0, vec![msg("big", &payload, 3_600_000, 0)]))
+            .await;
+        assert!(ack.success, "{i}: {ack:?}");
+        index = c.nodes[leader].metric("futureq_raft_applied_index").await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !c.nodes[full]
+        .log()
+        .contains("no space left on the device for the next log segment")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{:?}\n{}",
+            std::fs::read_dir(c.nodes[full].dir.path().join("raft").join("event")).map(|d| d
+                .filter_map(|e| e.ok().map(|e| e.file_name()))
+                .collect::<Vec<_>>()),
+            c.nodes[full].log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Still without space: the leader goes on committing with the other follower.
+    let ack = p
+        .publish(batch(100, 0, vec![msg("big", "small", 3_600_000, 0)]))
+        .await;
+    assert!(ack.success, "{ack:?}");
+    assert!(c.nodes[full].running());
+    arming.store(false, Ordering::Relaxed);
+    rearm.await.unwrap();
+    c.wait_applied(full, index, Duration::from_secs(30)).await;
+    assert!(
+        c.nodes[full].log().contains("writes go on"),
+        "{}",
+        c.nodes[full].log()
+    );
 }

@@ -413,6 +413,44 @@ async fn a_failed_journal_stops_the_broker_and_loses_no_acked_message() {
     }
 }
 
+/// Issue 26 (a full disk degrades): a journal that finds no space on the device for its next
+/// segment (the segment's preallocation fails with ENOSPC, injected) does not stop the broker:
+/// the writes wait and go on once there is space (here at the next try, a second later), every
+/// publish is acked, and every message is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_space_for_the_next_journal_segment_delays_writes_and_stops_nothing() {
+    let b = Broker::start("").await;
+    let mut p = Publisher::open(b.channel().await).await;
+    let trigger = b.dir.path().join("data").join("inject-disk-fault");
+    std::fs::write(&trigger, "prealloc").unwrap();
+    // 80 × 900 KiB: past the first 64 MiB segment.
+    let payload = "x".repeat(900 << 10);
+    for i in 0..80 {
+        let ack = p
+            .publish(batch(i, QUORUM, vec![msg("big", &payload, 3_600_000, 0)]))
+            .await;
+        assert!(ack.success, "{i}: {ack:?}\n{}", b.log_tail(30));
+    }
+    assert!(!trigger.exists(), "the roll met the fault");
+    assert!(b.running());
+    let log = b.log();
+    assert!(
+        log.contains("no space left on the device for the next log segment"),
+        "{log}"
+    );
+    assert!(log.contains("writes go on"), "{log}");
+    // Acked once durable in the journal; applied right after.
+    let mut stored = 0;
+    for _ in 0..100 {
+        stored = topic_stats(&b, "big").await[0].stored;
+        if stored == 80 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(stored, 80);
+}
+
 /// Logs a user can read or parse: the version at start, no colour codes when written to a file,
 /// one JSON object per line with `observability.logging.format: json`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

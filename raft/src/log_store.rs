@@ -119,9 +119,13 @@ impl<I: LogIo + 'static> LogStore<I> {
                 }
             };
             s2.log
-                .run_flusher(async {
-                    futures::future::select(std::pin::pin!(stopped), std::pin::pin!(marks)).await;
-                })
+                .run_flusher(
+                    async {
+                        futures::future::select(std::pin::pin!(stopped), std::pin::pin!(marks))
+                            .await;
+                    },
+                    glommio::timer::sleep,
+                )
                 .await;
         })
         .detach();

@@ -622,9 +622,12 @@ impl<I: LogIo + 'static> Journal<I> {
         };
         // Stopped only once every appended entry was applied (so flushed): never in the
         // middle of a flush.
-        let flusher = self.0.log.run_flusher(async {
-            let _ = flusher_stopped.await;
-        });
+        let flusher = self.0.log.run_flusher(
+            async {
+                let _ = flusher_stopped.await;
+            },
+            glommio::timer::sleep,
+        );
         let applier = async {
             self.apply_until(stop).await;
             drop(flusher_stop);

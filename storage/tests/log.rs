@@ -410,9 +410,12 @@ fn the_flusher_batches_whatever_was_appended() {
     let l = Rc::clone(&log);
     pool.spawner()
         .spawn_local(async move {
-            l.run_flusher(async {
-                let _ = stop_rx.await;
-            })
+            l.run_flusher(
+                async {
+                    let _ = stop_rx.await;
+                },
+                |_| futures::future::ready(()),
+            )
             .await;
         })
         .unwrap();
@@ -435,6 +438,105 @@ fn the_flusher_batches_whatever_was_appended() {
         segment_syncs(&io),
         1,
         "40 appends made before the flusher ran share one fsync"
+    );
+    let _ = stop_tx.send(());
+    pool.run_until_stalled();
+}
+
+/// Issue 26 (a full disk degrades): a flush that finds no space for a new segment (its
+/// creation fails with ENOSPC: the first one, and a roll) poisons nothing and answers no
+/// callback; the entries wait, the next flush writes them, and they survive a crash.
+#[test]
+fn no_space_for_the_next_segment_delays_the_flush_and_poisons_nothing() {
+    use futureq_storage::log::faults::{FaultyIo, TRIGGER_FILE};
+    let dir = tempfile::tempdir().unwrap();
+    let trigger = dir.path().join(TRIGGER_FILE);
+    let mem = MemLogIo::new();
+    let io = FaultyIo::new(mem.clone(), trigger.clone(), || {});
+    let log = block_on(Log::open(io, CFG, Box::new(|_| {}))).unwrap();
+    let answered: Rc<RefCell<Vec<bool>>> = Rc::default();
+    let big = |i: u64| vec![u8::try_from(i).unwrap(); 5000];
+    let append = |i: u64| {
+        let a = Rc::clone(&answered);
+        log.append(
+            vec![(Term(1), LogIndex(i), big(i))],
+            Box::new(move |r| a.borrow_mut().push(r.is_ok())),
+        )
+        .unwrap();
+    };
+    for (first, last) in [(1, 2), (3, 6)] {
+        // 1..=2: the log's first segment; 3..=6 roll over into a second one.
+        std::fs::write(&trigger, "prealloc").unwrap();
+        for i in first..=last {
+            append(i);
+        }
+        let e = block_on(log.flush()).unwrap_err();
+        assert!(matches!(e, LogError::NoSpace { .. }), "{e:?}");
+        assert_eq!(
+            answered.borrow().len(),
+            usize::try_from(first - 1).unwrap(),
+            "nothing answered"
+        );
+        assert!(log.has_pending(), "the entries wait");
+        // Space is back (the fault fired once): the next flush takes them all.
+        block_on(log.flush()).unwrap();
+        assert_eq!(
+            *answered.borrow(),
+            vec![true; usize::try_from(last).unwrap()]
+        );
+    }
+    assert_eq!(segments(&mem).len(), 2);
+    let log = open(&mem.crash()).unwrap();
+    assert_eq!(log.bounds(), Some((LogIndex(1), LogIndex(6))));
+    for i in 1..=6 {
+        assert_eq!(
+            block_on(log.read(LogIndex(i))).unwrap().unwrap().payload,
+            big(i)
+        );
+    }
+}
+
+/// The flusher pauses after a flush that found no space, then tries again by itself.
+#[test]
+fn the_flusher_waits_for_space_and_goes_on() {
+    use futureq_storage::log::faults::{FaultyIo, TRIGGER_FILE};
+    use futures::task::LocalSpawnExt;
+    let dir = tempfile::tempdir().unwrap();
+    let trigger = dir.path().join(TRIGGER_FILE);
+    let io = FaultyIo::new(MemLogIo::new(), trigger.clone(), || {});
+    let log = Rc::new(block_on(Log::open(io, CFG, Box::new(|_| {}))).unwrap());
+    let mut pool = futures::executor::LocalPool::new();
+    let (stop_tx, stop_rx) = futures::channel::oneshot::channel::<()>();
+    let pauses = Rc::new(RefCell::new(Vec::new()));
+    let (l, p) = (Rc::clone(&log), Rc::clone(&pauses));
+    pool.spawner()
+        .spawn_local(async move {
+            l.run_flusher(
+                async {
+                    let _ = stop_rx.await;
+                },
+                |d| {
+                    p.borrow_mut().push(d);
+                    futures::future::ready(())
+                },
+            )
+            .await;
+        })
+        .unwrap();
+    pool.run_until_stalled();
+    std::fs::write(&trigger, "prealloc").unwrap();
+    let done = Rc::new(RefCell::new(None));
+    let d = Rc::clone(&done);
+    log.append(
+        vec![(Term(1), LogIndex(1), payload(1))],
+        Box::new(move |r| *d.borrow_mut() = Some(r.is_ok())),
+    )
+    .unwrap();
+    pool.run_until_stalled();
+    assert_eq!(*done.borrow(), Some(true), "flushed after the pause");
+    assert_eq!(
+        *pauses.borrow(),
+        vec![futureq_storage::log::segmented::NO_SPACE_RETRY]
     );
     let _ = stop_tx.send(());
     pool.run_until_stalled();

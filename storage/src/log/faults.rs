@@ -1,9 +1,10 @@
 //! Disk faults injected under the log, in a running process (the nemesis run's disk class).
 //!
 //! [`FaultyIo`] wraps any [`LogIo`]. Writing a fault's name into its trigger file (`fsync`,
-//! `enospc` or `torn`) arms that fault once, for the log's segment files (`*.log`; not the
-//! durable mark or the vote files): the next `sync` fails (over files whose writes are durable,
-//! the next write: its `O_DSYNC` flush fails), the next write fails with ENOSPC,
+//! `enospc`, `prealloc` or `torn`) arms that fault once, for the log's segment files (`*.log`;
+//! not the durable mark or the vote files): the next `sync` fails (over files whose writes are
+//! durable, the next write: its `O_DSYNC` flush fails), the next write fails with ENOSPC, the
+//! next segment's creation (its preallocation) fails with ENOSPC,
 //! or the next write persists only its later blocks (an O_DIRECT multi-block write torn by a
 //! power loss) and the process then dies at once (the crash hook). The broker uses it only
 //! when built with the `fault-injection` feature.
@@ -21,6 +22,8 @@ pub enum DiskFault {
     FailSync,
     /// The next write fails with ENOSPC.
     NoSpace,
+    /// The next open (a new segment's creation and preallocation) fails with ENOSPC.
+    NoSpaceToPreallocate,
     /// The next write persists only its later blocks (its first block keeps the old bytes; of
     /// a one-block write only the first half is new), then the crash hook runs. Like a power
     /// loss during an O_DIRECT write: each part holds either the old or the new bytes.
@@ -34,6 +37,7 @@ impl DiskFault {
         match self {
             DiskFault::FailSync => "fsync",
             DiskFault::NoSpace => "enospc",
+            DiskFault::NoSpaceToPreallocate => "prealloc",
             DiskFault::TornWrite => "torn",
         }
     }
@@ -42,6 +46,7 @@ impl DiskFault {
         [
             DiskFault::FailSync,
             DiskFault::NoSpace,
+            DiskFault::NoSpaceToPreallocate,
             DiskFault::TornWrite,
         ]
         .into_iter()
@@ -111,6 +116,12 @@ impl<I: LogIo> LogIo for FaultyIo<I> {
     }
 
     async fn open(&self, name: &str, len: u64) -> io::Result<()> {
+        if self
+            .take(name, &[DiskFault::NoSpaceToPreallocate])
+            .is_some()
+        {
+            return Err(io::Error::from_raw_os_error(28));
+        }
         self.inner.open(name, len).await
     }
 
@@ -202,6 +213,11 @@ mod tests {
         let e = block_on(io.write_at("f.log", 0, vec![1; b])).unwrap_err();
         assert_eq!(e.raw_os_error(), Some(28));
         assert!(block_on(io.write_at("f.log", 0, vec![1; b])).is_ok());
+
+        std::fs::write(dir.path().join(TRIGGER_FILE), "prealloc").unwrap();
+        let e = block_on(io.open("g.log", 4 * BLOCK)).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::StorageFull);
+        block_on(io.open("g.log", 4 * BLOCK)).unwrap();
 
         let (mem, io) = armed(&dir, "torn");
         assert!(block_on(io.write_at("f.log", 0, vec![7; 2 * b])).is_err());

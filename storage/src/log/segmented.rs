@@ -39,7 +39,19 @@ pub enum LogError {
     /// A record larger than a segment.
     #[error("entry of {0} bytes does not fit in a segment")]
     TooLarge(usize),
+    /// The disk had no room for the next segment: the flush wrote nothing durable that it
+    /// reported, the log is not poisoned, and its entries wait (callbacks unanswered) for a
+    /// later flush ([`Log::run_flusher`] retries).
+    #[error("no space left on the device for the next log segment {segment}")]
+    NoSpace {
+        /// The segment that could not be created.
+        segment: String,
+    },
 }
+
+/// How long [`Log::run_flusher`] waits before it tries again a flush that found no space for
+/// a new segment.
+pub const NO_SPACE_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Log configuration.
 #[derive(Debug, Clone, Copy)]
@@ -576,10 +588,17 @@ impl<I: LogIo> Log<I> {
     }
 
     /// The flusher: whenever entries are pending, flush them all (one durable flush); appends made
-    /// while a flush runs go into the next one. Returns when the log is poisoned or `stop`
-    /// resolves.
-    pub async fn run_flusher(&self, stop: impl std::future::Future<Output = ()>) {
+    /// while a flush runs go into the next one. A flush that found no space for a new segment
+    /// is tried again after `pause(`[`NO_SPACE_RETRY`]`)` (the entries wait: a full disk
+    /// stalls this log's writes, it does not stop the node). Returns when the log is poisoned
+    /// or `stop` resolves.
+    pub async fn run_flusher<P: std::future::Future<Output = ()>>(
+        &self,
+        stop: impl std::future::Future<Output = ()>,
+        pause: impl Fn(std::time::Duration) -> P,
+    ) {
         let work = async {
+            let mut waiting_for_space = false;
             loop {
                 while !self.has_pending() {
                     let l = self.appended.listen();
@@ -588,8 +607,19 @@ impl<I: LogIo> Log<I> {
                     }
                     l.await;
                 }
-                if self.flush().await.is_err() {
-                    return;
+                match self.flush().await {
+                    Ok(()) => {
+                        if std::mem::take(&mut waiting_for_space) {
+                            tracing::info!(target: "storage.log", "space for the next log segment found: writes go on");
+                        }
+                    }
+                    Err(LogError::NoSpace { segment }) => {
+                        if !std::mem::replace(&mut waiting_for_space, true) {
+                            tracing::error!(target: "storage.log", %segment, retry_ms = NO_SPACE_RETRY.as_millis(), "no space left on the device for the next log segment: this log's writes wait until space returns");
+                        }
+                        pause(NO_SPACE_RETRY).await;
+                    }
+                    Err(_) => return,
                 }
             }
         };
@@ -690,6 +720,15 @@ impl<I: LogIo> Log<I> {
         for (name, create, start, buf, new_end) in plan {
             if create {
                 if let Err(e) = self.io.open(&name, self.cfg.segment_bytes).await {
+                    if e.kind() == std::io::ErrorKind::StorageFull {
+                        // Nothing was reported durable: the entries and their callbacks wait
+                        // for the next flush, which writes the same bytes at the same
+                        // offsets (what this one wrote before is written again).
+                        let mut st = self.st.borrow_mut();
+                        let later = std::mem::replace(&mut st.callbacks, callbacks);
+                        st.callbacks.extend(later);
+                        return Err(LogError::NoSpace { segment: name });
+                    }
                     result = Err(e);
                     break;
                 }

@@ -53,8 +53,10 @@ const SPARE_MIN: u64 = 1 << 20;
 /// Name of the scratch file used to probe the device (see [`DmaLogIo::probe_device`]).
 const PROBE_FILE: &str = ".iopoll-probe";
 
+/// Keeps the error's kind (a full disk stays [`io::ErrorKind::StorageFull`], which the log
+/// treats apart from other failures).
 fn to_io(e: glommio::GlommioError<()>) -> io::Error {
-    io::Error::other(e.to_string())
+    io::Error::from(e)
 }
 
 impl DmaLogIo {
@@ -211,7 +213,15 @@ impl LogIo for DmaLogIo {
                     .await
             };
             if !taken {
-                prepare(&path, len).await?;
+                if let Err(e) = prepare(&path, len).await {
+                    // Nothing of it is used: give the space back, and leave no file a later
+                    // open would take for a prepared segment.
+                    let p = path.clone();
+                    let _ = glommio::executor()
+                        .spawn_blocking(move || std::fs::remove_file(p))
+                        .await;
+                    return Err(e);
+                }
             }
             self.sync_dir().await?;
         }
