@@ -781,9 +781,10 @@ impl<I: LogIo + 'static> Journal<I> {
     }
 
     /// One durable commit (everything applied so far survives a crash), then the log is
-    /// purged up to the applied index. False when the commit failed: retried later, and
-    /// nothing is lost meanwhile (the log is purged only behind a durable commit; a store
-    /// that cannot write fails the next apply, and that fails the journal).
+    /// purged up to the applied index. False when the commit failed: the journal is failed
+    /// then (nothing is lost: the log is purged only behind a durable commit, and the restart
+    /// replays it). It used to retry at once, forever, while redb refused every commit after
+    /// a failed write.
     async fn make_durable(&self) -> bool {
         let store = self.0.store.clone();
         match blocking(move || {
@@ -799,7 +800,10 @@ impl<I: LogIo + 'static> Journal<I> {
                 true
             }
             Err(e) => {
-                tracing::error!(target: "storage", error = %e, "making applied entries durable failed; retrying");
+                // redb refuses every operation after a failed write until it is opened again
+                // (a full disk, an I/O error): retrying cannot succeed, and the journal could
+                // never be purged. Fail it: the broker stops and its restart replays the log.
+                self.fail(&format!("making applied entries durable failed: {e}"));
                 false
             }
         }

@@ -13,6 +13,7 @@
 //! - [`journal`]: the standalone write path: commands appended to the log, applied into the
 //!   store with the replicas' apply.
 //! - `error`: the crate error type, `StoreError`.
+//! - `store_faults` (feature `fault-injection`): ENOSPC injected under redb.
 //!
 //! # Invariants
 //! - Event ids never regress among stored messages: the highest id applied is persisted
@@ -34,6 +35,8 @@ pub mod log;
 pub mod service;
 pub mod snapshot;
 pub mod store;
+#[cfg(feature = "fault-injection")]
+pub mod store_faults;
 
 pub use error::StoreError;
 pub use service::StoreService;

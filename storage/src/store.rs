@@ -275,9 +275,19 @@ impl Store {
                     path: dir.display().to_string(),
                     source,
                 })?;
-                Database::builder()
-                    .set_cache_size(*cache_bytes)
-                    .create(dir.join("futureq.redb"))?
+                let builder = {
+                    let mut b = Database::builder();
+                    b.set_cache_size(*cache_bytes);
+                    b
+                };
+                #[cfg(feature = "fault-injection")]
+                let db = builder.create_with_backend(crate::store_faults::FaultyBackend::create(
+                    &dir.join("futureq.redb"),
+                    dir.join(crate::log::faults::TRIGGER_FILE),
+                )?)?;
+                #[cfg(not(feature = "fault-injection"))]
+                let db = builder.create(dir.join("futureq.redb"))?;
+                db
             }
             StoreMode::Memory => {
                 Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())?

@@ -437,3 +437,51 @@ proptest::proptest! {
         proptest::prop_assert_eq!(reopened.computed_digest().unwrap(), before);
     }
 }
+
+/// Issue 26 (ENOSPC on each write path): a store whose disk is full at a commit (an apply, a
+/// snapshot install; injected under redb) fails that commit whole. Opened again (the node's
+/// restart), it holds the state before it, and the same apply or install (the log replays it,
+/// the leader sends the snapshot again) succeeds.
+#[test]
+fn a_full_disk_at_an_apply_or_a_snapshot_install_leaves_the_state_before_it() {
+    use futureq_storage::log::faults::TRIGGER_FILE;
+    use futureq_storage::store_faults::STORE_NO_SPACE;
+    let dir = tempfile::tempdir().unwrap();
+    let mode = StoreMode::Disk(dir.path().to_path_buf(), 1 << 20);
+    let arm = || std::fs::write(dir.path().join(TRIGGER_FILE), STORE_NO_SPACE).unwrap();
+    let batch = |ids: std::ops::RangeInclusive<u64>| {
+        encode_store(&StoreBatch {
+            items: ids.map(|i| item(i, 0)).collect(),
+        })
+    };
+    let (first, second) = (batch(1..=5), batch(6..=10));
+    let s = Store::open(&mode).unwrap();
+    s.apply_entries(&[(1, 1, &first)], &[], true).unwrap();
+    let before = (s.counts().unwrap(), s.applied().unwrap(), s.digest());
+    arm();
+    // A commit without fsync may stay in redb's memory; the durable one meets the full disk
+    // (or, if the first did, finds redb refusing everything after it).
+    let _ = s.apply_entries(&[(2, 1, &second)], &[], false);
+    assert!(s.sync().is_err());
+    assert!(!dir.path().join(TRIGGER_FILE).exists(), "the fault fired");
+    drop(s);
+    let s = Store::open(&mode).unwrap();
+    assert_eq!((s.counts().unwrap(), s.applied().unwrap(), s.digest()), before);
+    s.apply_entries(&[(2, 1, &second)], &[], true).unwrap();
+    assert_eq!(s.applied().unwrap(), Some((2, 1)));
+    let before = (s.counts().unwrap(), s.applied().unwrap(), s.digest());
+
+    let src = Store::open(&StoreMode::Memory).unwrap();
+    src.apply_entries(&[(7, 3, &batch(1..=40))], &[], true).unwrap();
+    let mut snap = Vec::new();
+    src.write_snapshot(&mut snap).unwrap();
+    arm();
+    assert!(s.install_snapshot(&mut snap.as_slice(), Some((7, 3))).is_err());
+    drop(s);
+    let s = Store::open(&mode).unwrap();
+    assert_eq!((s.counts().unwrap(), s.applied().unwrap(), s.digest()), before);
+    assert_eq!(s.digest(), s.computed_digest().unwrap());
+    s.install_snapshot(&mut snap.as_slice(), Some((7, 3))).unwrap();
+    assert_eq!(s.counts().unwrap(), src.counts().unwrap());
+    assert_eq!(s.digest(), src.digest());
+}
