@@ -538,15 +538,20 @@ async fn a_leader_ack_answers_from_the_leaders_log_alone() {
 
 /// Issue 10 (disk faults): a leader whose Raft log fails an fsync or a write (ENOSPC) stops
 /// (exit status 74) instead of serving on with a dead Raft core; one whose multi-block write
-/// is torn by a crash restarts (the torn tail is cut). Every QUORUM-acked message survives.
-/// The faults are injected through the log's I/O seam (`fault-injection` feature, on in
-/// tests) by the trigger file in the Raft data directory.
+/// is torn by a crash restarts (the torn tail is cut); one whose store (redb) meets a full
+/// disk stops too (redb refuses everything after a failed write until it is opened again).
+/// Every QUORUM-acked message survives. The faults are injected through the log's I/O seam
+/// and under redb (`fault-injection` feature, on in tests) by the trigger file in the Raft
+/// data directory or in the store's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disk_faults_stop_the_node_and_lose_no_acked_message() {
     let _serial = SERIAL.lock().await;
     let mut c = Cluster::start(3, "").await;
     let mut acked = Vec::new();
-    for (round, fault) in ["fsync", "enospc", "torn"].into_iter().enumerate() {
+    for (round, fault) in ["fsync", "enospc", "torn", "store-enospc"]
+        .into_iter()
+        .enumerate()
+    {
         let leader = c.leader(Duration::from_secs(10)).await;
         let mut p = Publisher::open(c.nodes[leader].channel().await).await;
         let before = format!("{fault}-before");
@@ -555,15 +560,36 @@ async fn disk_faults_stop_the_node_and_lose_no_acked_message() {
             .await;
         assert!(ack.success, "{ack:?}");
         acked.push(before);
+        // Faults of the Raft logs are armed in the Raft directory, redb's in the store's.
+        let under = if fault == "store-enospc" {
+            "data"
+        } else {
+            "raft"
+        };
         std::fs::write(
             c.nodes[leader]
                 .dir
                 .path()
-                .join("raft")
+                .join(under)
                 .join("inject-disk-fault"),
             fault,
         )
         .unwrap();
+        if fault == "store-enospc" {
+            // redb writes the file at a durable commit: an apply a second after the last.
+            for i in 0..30 {
+                let m = format!("{fault}-{i}");
+                p.send(batch(10 + i, 0, vec![msg("disk", &m, 0, 0)]));
+                match tokio::time::timeout(Duration::from_secs(2), p.ack_raw()).await {
+                    Ok(Some(ack)) if ack.success => acked.push(m),
+                    _ => break,
+                }
+                if !c.nodes[leader].running() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
         // A multi-block write for the torn fault: a batch larger than one 4 KiB block.
         let during = format!("{fault}-during-{}", "x".repeat(10_000));
         // Its outcome is unknown (the stream breaks when the node stops): kept only if acked.

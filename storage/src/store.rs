@@ -281,10 +281,11 @@ impl Store {
                     b
                 };
                 #[cfg(feature = "fault-injection")]
-                let db = builder.create_with_backend(crate::store_faults::FaultyBackend::create(
-                    &dir.join("futureq.redb"),
-                    dir.join(crate::log::faults::TRIGGER_FILE),
-                )?)?;
+                let db =
+                    builder.create_with_backend(crate::store_faults::FaultyBackend::create(
+                        &dir.join("futureq.redb"),
+                        dir.join(crate::log::faults::TRIGGER_FILE),
+                    )?)?;
                 #[cfg(not(feature = "fault-injection"))]
                 let db = builder.create(dir.join("futureq.redb"))?;
                 db

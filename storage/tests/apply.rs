@@ -466,22 +466,32 @@ fn a_full_disk_at_an_apply_or_a_snapshot_install_leaves_the_state_before_it() {
     assert!(!dir.path().join(TRIGGER_FILE).exists(), "the fault fired");
     drop(s);
     let s = Store::open(&mode).unwrap();
-    assert_eq!((s.counts().unwrap(), s.applied().unwrap(), s.digest()), before);
+    assert_eq!(
+        (s.counts().unwrap(), s.applied().unwrap(), s.digest()),
+        before
+    );
     s.apply_entries(&[(2, 1, &second)], &[], true).unwrap();
     assert_eq!(s.applied().unwrap(), Some((2, 1)));
     let before = (s.counts().unwrap(), s.applied().unwrap(), s.digest());
 
     let src = Store::open(&StoreMode::Memory).unwrap();
-    src.apply_entries(&[(7, 3, &batch(1..=40))], &[], true).unwrap();
+    src.apply_entries(&[(7, 3, &batch(1..=40))], &[], true)
+        .unwrap();
     let mut snap = Vec::new();
     src.write_snapshot(&mut snap).unwrap();
     arm();
-    assert!(s.install_snapshot(&mut snap.as_slice(), Some((7, 3))).is_err());
+    assert!(s
+        .install_snapshot(&mut snap.as_slice(), Some((7, 3)))
+        .is_err());
     drop(s);
     let s = Store::open(&mode).unwrap();
-    assert_eq!((s.counts().unwrap(), s.applied().unwrap(), s.digest()), before);
+    assert_eq!(
+        (s.counts().unwrap(), s.applied().unwrap(), s.digest()),
+        before
+    );
     assert_eq!(s.digest(), s.computed_digest().unwrap());
-    s.install_snapshot(&mut snap.as_slice(), Some((7, 3))).unwrap();
+    s.install_snapshot(&mut snap.as_slice(), Some((7, 3)))
+        .unwrap();
     assert_eq!(s.counts().unwrap(), src.counts().unwrap());
     assert_eq!(s.digest(), src.digest());
 }
