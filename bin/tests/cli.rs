@@ -219,15 +219,10 @@ async fn groups_are_listed_and_deleted_from_the_shell() {
     assert_eq!(end.code(), tonic::Code::NotFound, "{end:?}");
     assert!(end.message().contains("was deleted"), "{end:?}");
     // Only stale still needed them: they go.
-    let mut stored = u64::MAX;
-    for _ in 0..100 {
-        stored = topic_stats(&b, "jobs").await[0].stored;
-        if stored == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(stored, 0, "what only the deleted group needed is deleted");
+    eventually("what only the deleted group needed is deleted", || async {
+        topic_stats(&b, "jobs").await[0].stored == 0
+    })
+    .await;
     let listed = ok(run(&b, &["groups", "list", "jobs", "--json"], b"").await);
     assert_eq!(
         listed.trim(),

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{batch, msg, topic_stats, Broker, Publisher, Subscriber};
+use common::{batch, eventually, msg, topic_stats, Broker, Publisher, Subscriber};
 use futureq_bench::pb::future_q_cluster_client::FutureQClusterClient;
 use futureq_bench::pb::future_q_consumer_client::FutureQConsumerClient;
 use futureq_bench::pb::{
@@ -1623,11 +1623,10 @@ async fn a_group_deletion_is_replicated_and_holds_across_a_failover() {
     );
     let done = delete(leader).await.unwrap().into_inner();
     assert!(done.found);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while topic_stats(&c.nodes[leader], "jobs").await[0].stored != 0 {
-        assert!(Instant::now() < deadline, "only gone needed it: deleted");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("only gone needed it: deleted", || async {
+        topic_stats(&c.nodes[leader], "jobs").await[0].stored == 0
+    })
+    .await;
     let applied = c.nodes[leader].metric("futureq_raft_applied_index").await;
     for &i in &others {
         c.wait_applied(i, applied, Duration::from_secs(10)).await;
@@ -1651,14 +1650,11 @@ async fn a_group_deletion_is_replicated_and_holds_across_a_failover() {
         .await
         .expect("keep gets it");
     keep.ack(&m.delivery_tag, true);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while topic_stats(&c.nodes[new_leader], "jobs").await[0].stored != 0 {
-        assert!(
-            Instant::now() < deadline,
-            "the new leader holds it for a deleted group"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        "the new leader holds nothing for a deleted group",
+        || async { topic_stats(&c.nodes[new_leader], "jobs").await[0].stored == 0 },
+    )
+    .await;
 }
 
 /// Issue 26 (a full disk degrades): a follower whose Raft log finds no space for its next

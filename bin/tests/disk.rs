@@ -8,7 +8,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use futureq_bench::pb::future_q_producer_client::FutureQProducerClient;
@@ -63,14 +63,6 @@ fn fill(file: &Path, bytes: u64) {
 }
 
 /// Waits until `f` holds, polling, for at most 10 s.
-async fn eventually<F: std::future::Future<Output = bool>>(what: &str, mut f: impl FnMut() -> F) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !f().await {
-        assert!(Instant::now() < deadline, "not within 10 s: {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_refuses_publishes_and_serves_the_rest() {
     let Some(disk) = SmallDisk::mount(512) else {

@@ -77,6 +77,9 @@ pub const TOPIC_ENTRIES_MIN: usize = 1024;
 /// connected recipients that fell behind) the hub remembers, over all topics; beyond it such
 /// entries stay in memory under their topic's entry cap, which then holds the topic back.
 pub const PARKED_MAX: usize = 1_000_000;
+/// Most deletes queued at once by settling parked messages (after a recipient left or a
+/// group was deleted); ACKs are refused from [`crate::deleter::DELETE_PENDING_MAX`] on.
+pub const SETTLE_DELETES_MAX: usize = crate::deleter::DELETE_PENDING_MAX / 2;
 /// Most messages whose attempts the hub remembers while they are out of memory (see
 /// `Hub::attempts_kept`); beyond it, such a message's attempts start again when it is read
 /// again.
@@ -306,6 +309,8 @@ struct Topic {
     /// Parked messages: the recipients that acked them (the rest are groups without
     /// members or recipients that fell behind, which still get them).
     parked: BTreeMap<EventKey, Vec<RecipientId>>,
+    /// Parked messages every recipient acked are left to settle (see `Hub::settle_parked`).
+    unsettled: bool,
     /// Catch-up cursors of connected recipients that fell behind. Invariant: every stored
     /// message below `resume` that a connected recipient `r` still needs is in memory (an
     /// entry where `r` waits or is pending) or at or after `lag[r]`.
@@ -324,6 +329,7 @@ impl Topic {
             capacity: 0,
             ahead: BTreeMap::new(),
             parked: BTreeMap::new(),
+            unsettled: false,
             lag: BTreeMap::new(),
         }
     }
@@ -477,6 +483,11 @@ impl<S: Sink> Hub<S> {
         now_ms: i64,
     ) {
         let h = topic_hash(topic);
+        let mut groups = groups.into_iter().peekable();
+        if groups.peek().is_none() {
+            // No topic without recipients is kept (see `Hub::recipient_left`).
+            return;
+        }
         let t = self
             .topics
             .entry(h)
@@ -710,7 +721,7 @@ impl<S: Sink> Hub<S> {
             .get(&h)
             .is_some_and(|t| t.groups.is_empty() && t.universal.is_empty());
         if owed || last {
-            self.settle_parked(h);
+            self.settle_parked(h, last);
         }
         if last {
             if let Some(t) = self.topics.remove(&h) {
@@ -849,19 +860,29 @@ impl<S: Sink> Hub<S> {
         out
     }
 
-    /// Deletes the parked messages of topic `h` that no recipient still needs.
-    fn settle_parked(&mut self, h: TopicHash) {
-        let Some(t) = self.topics.get(&h) else {
+    /// Deletes the parked messages of topic `h` that no recipient still needs: all of them
+    /// (`all`: the topic is about to be forgotten), or as many as keep the delete queue within
+    /// [`SETTLE_DELETES_MAX`] — the rest on later passes ([`Hub::scans_due`]), so that a
+    /// recipient leaving a large backlog (a deleted group) does not fill the queue and make
+    /// every ACK meanwhile refused.
+    fn settle_parked(&mut self, h: TopicHash, all: bool) {
+        let room = if all {
+            usize::MAX
+        } else {
+            SETTLE_DELETES_MAX.saturating_sub(self.deletes.len())
+        };
+        let Some(t) = self.topics.get_mut(&h) else {
             return;
         };
         let recipients: Vec<RecipientId> = t.recipients().collect();
-        let done: Vec<EventKey> = t
+        let mut done = t
             .parked
             .iter()
             .filter(|(_, acked)| recipients.iter().all(|r| acked.contains(r)))
-            .map(|(k, _)| *k)
-            .collect();
-        for key in done {
+            .map(|(k, _)| *k);
+        let now: Vec<EventKey> = done.by_ref().take(room).collect();
+        t.unsettled = done.next().is_some();
+        for key in now {
             self.deletes.push_accepted(key);
             self.unpark(key);
         }
@@ -1352,6 +1373,17 @@ impl<S: Sink> Hub<S> {
     /// [`SCAN_BATCH_MAX`], so a large due backlog goes out in few round trips. Makes room
     /// first where recipients that do not keep up fill a topic's entry cap.
     pub fn scans_due(&mut self, now_ms: i64) -> Vec<ScanRequest> {
+        if self.deletes.len() < SETTLE_DELETES_MAX / 2 {
+            let unsettled: Vec<TopicHash> = self
+                .topics
+                .iter()
+                .filter(|(_, t)| t.unsettled)
+                .map(|(h, _)| *h)
+                .collect();
+            for h in unsettled {
+                self.settle_parked(h, false);
+            }
+        }
         self.shed_lagging();
         for t in self.topics.values_mut() {
             // What lies at or after the head cursor, the head scan reads for everyone.

@@ -50,6 +50,8 @@ use crate::log::{FlushError, Log, LogConfig, LogError, LogIndex, Term};
 use crate::store::{Refusal, Store};
 use crate::StoreError;
 
+/// How often a stopping journal looks whether its log started waiting for disk space.
+const STOP_POLL: Duration = Duration::from_millis(100);
 /// Most entries appended and not yet applied; a writer waits beyond it (NO_ACK writes would
 /// otherwise outrun the disk without bound).
 pub const UNAPPLIED_MAX: usize = 4096;
@@ -672,10 +674,16 @@ impl<I: LogIo + 'static> Journal<I> {
                 continue;
             }
             if stopped {
-                if empty {
+                // Entries waiting for disk space are not waited for (their writers get
+                // "outcome unknown"; none was acked as durable).
+                if empty || self.0.log.waiting_for_space() {
                     return;
                 }
-                listener.await;
+                futures::future::select(
+                    std::pin::pin!(listener),
+                    std::pin::pin!(glommio::timer::sleep(STOP_POLL)),
+                )
+                .await;
                 continue;
             }
             let idle = async {

@@ -542,6 +542,74 @@ fn the_flusher_waits_for_space_and_goes_on() {
     pool.run_until_stalled();
 }
 
+/// Review of issue 26: the wait for space is bounded. Once more than a segment's bytes wait
+/// (a Raft leader whose followers commit on while its own log cannot grow), the log gives up:
+/// it is poisoned and every waiter gets ENOSPC, as for any failed write.
+#[test]
+fn a_log_waiting_for_space_gives_up_past_a_segment_of_entries() {
+    use futureq_storage::log::faults::{FaultyIo, TRIGGER_FILE};
+    use futures::task::LocalSpawnExt;
+    type Resume = Rc<RefCell<Option<futures::channel::oneshot::Sender<()>>>>;
+    let dir = tempfile::tempdir().unwrap();
+    let trigger = dir.path().join(TRIGGER_FILE);
+    let io = FaultyIo::new(MemLogIo::new(), trigger.clone(), || {});
+    let log = Rc::new(block_on(Log::open(io, CFG, Box::new(|_| {}))).unwrap());
+    let mut pool = futures::executor::LocalPool::new();
+    let (stop_tx, stop_rx) = futures::channel::oneshot::channel::<()>();
+    // Each pause lasts until the test ends it.
+    let resume: Resume = Rc::default();
+    let ended = Rc::new(RefCell::new(false));
+    let (l, r, e) = (Rc::clone(&log), Rc::clone(&resume), Rc::clone(&ended));
+    pool.spawner()
+        .spawn_local(async move {
+            l.run_flusher(
+                async {
+                    let _ = stop_rx.await;
+                },
+                move |_| {
+                    let (tx, rx) = futures::channel::oneshot::channel();
+                    *r.borrow_mut() = Some(tx);
+                    async move {
+                        let _ = rx.await;
+                    }
+                },
+            )
+            .await;
+            *e.borrow_mut() = true;
+        })
+        .unwrap();
+    let answers: Rc<RefCell<Vec<bool>>> = Rc::default();
+    let mut i = 0;
+    while !*ended.borrow() && i < 20 {
+        i += 1;
+        // Still no space at the next try.
+        std::fs::write(&trigger, "prealloc").unwrap();
+        let a = Rc::clone(&answers);
+        log.append(
+            vec![(Term(1), LogIndex(i), vec![7u8; 5000])],
+            Box::new(move |r| a.borrow_mut().push(r.is_ok())),
+        )
+        .unwrap();
+        if let Some(tx) = resume.borrow_mut().take() {
+            let _ = tx.send(());
+        }
+        pool.run_until_stalled();
+        assert!(log.waiting_for_space() || *ended.borrow());
+    }
+    assert!(*ended.borrow(), "the flusher gave up");
+    assert_eq!(i, 4, "past 16 KiB waiting");
+    assert_eq!(
+        *answers.borrow(),
+        vec![false; 4],
+        "every waiter got the error"
+    );
+    assert!(matches!(
+        log.append(vec![(Term(1), LogIndex(5), vec![1])], Box::new(|_| {})),
+        Err(LogError::Poisoned)
+    ));
+    let _ = stop_tx.send(());
+}
+
 #[test]
 fn purging_past_the_last_entry_empties_the_log() {
     let io = MemLogIo::new();

@@ -114,6 +114,9 @@ pub enum RegisterRefused {
     /// The group is not in the registry: it was deleted after the stream registered it.
     #[error("the consumer group was deleted while subscribing; subscribe again")]
     GroupDeleted,
+    /// A deletion of the group is in progress.
+    #[error("the consumer group is being deleted; subscribe again (a new group)")]
+    GroupDeleting,
 }
 
 /// The answer of [`HubCmd::DeleteGroup`].
@@ -192,16 +195,18 @@ pub enum HubCmd {
         /// What was done, or why the deletion did not commit.
         reply: oneshot::Sender<Result<GroupDeleted, WriteError>>,
     },
-    /// A group's deletion committed: drop it from the hub and answer.
+    /// A group's deletion ended: committed (`Some(found)`: drop it from the hub and answer),
+    /// or failed with an unknown outcome a proposal timeout ago (`None`: drop it if the
+    /// registry no longer has it, a commit that came late).
     GroupGone {
         /// The topic.
         topic: String,
         /// The group.
         group: String,
-        /// It was registered.
-        found: bool,
-        /// Where the answer goes.
-        reply: oneshot::Sender<Result<GroupDeleted, WriteError>>,
+        /// Committed, and whether it was registered.
+        committed: Option<bool>,
+        /// Where the answer goes (answered already when the deletion failed).
+        reply: Option<oneshot::Sender<Result<GroupDeleted, WriteError>>>,
     },
     /// Per topic (or only one), the consumer groups the hub knows (`TopicStats`).
     Groups {
@@ -248,6 +253,9 @@ struct Dispatcher {
     tx: flume::Sender<HubCmd>,
     metrics: Arc<Metrics>,
     flushing: bool,
+    /// Group deletions in progress, per (topic, group): its members are not registered
+    /// meanwhile.
+    deleting: std::collections::HashMap<(futureq_core::TopicHash, String), u32>,
     /// The last delete flush failed (its keys are queued again).
     flush_failed: bool,
     last_counters: futureq_core::hub::HubCounters,
@@ -258,14 +266,20 @@ impl Dispatcher {
     /// (when that fails the consumer is not registered: its stream ends UNAVAILABLE and the
     /// client retries, rather than ACKs deleting messages owed to groups the hub missed).
     ///
-    /// A group's member registers only while the registry holds the group: a stream that
-    /// registered it just before a deletion committed must register it again, so the hub
-    /// never serves a group the registry (and so the next leader) does not know.
+    /// A group's member registers only while the registry holds the group and no deletion
+    /// of it is in progress: a stream that registered it just before a deletion committed, or
+    /// while one runs, registers it again afterwards, so the hub never serves a group the
+    /// registry (and so the next leader) does not know, nor an old group's state to a new
+    /// group's member.
     async fn handle(&mut self, cmd: HubCmd) {
         match cmd {
             HubCmd::Register { sub, sink, reply } => {
+                let deleting = (futureq_core::topic_hash(&sub.topic), sub.group.clone());
                 let refused = match self.load_known_groups(&sub.topic).await {
                     None => Some(RegisterRefused::RegistryUnreadable),
+                    Some(_) if self.deleting.contains_key(&deleting) => {
+                        Some(RegisterRefused::GroupDeleting)
+                    }
                     Some(groups) if !sub.group.is_empty() && !groups.contains(&sub.group) => {
                         Some(RegisterRefused::GroupDeleted)
                     }
@@ -282,23 +296,9 @@ impl Dispatcher {
             HubCmd::GroupGone {
                 topic,
                 group,
-                found,
+                committed,
                 reply,
-            } => {
-                let ended = self.hub.forget_group(&topic, &group, now_ms());
-                let consumers_ended = u32::try_from(ended.len()).unwrap_or(u32::MAX);
-                for sink in ended {
-                    sink.group_deleted.store(true, Ordering::Release);
-                }
-                // Registered again since the deletion committed: a new group, owed the
-                // backlog like any new group.
-                self.load_known_groups(&topic).await;
-                tracing::info!(target: "dispatcher", %topic, %group, found, consumers_ended, "consumer group deleted");
-                let _ = reply.send(Ok(GroupDeleted {
-                    found,
-                    consumers_ended,
-                }));
-            }
+            } => self.group_gone(&topic, &group, committed, reply).await,
             cmd => self.apply(cmd),
         }
     }
@@ -369,21 +369,68 @@ impl Dispatcher {
     /// restart, or while this node did not lead). The registry's groups; `None` when it
     /// cannot be read.
     async fn load_known_groups(&mut self, topic: &str) -> Option<Vec<String>> {
+        let groups = self.registry(topic).await?;
+        self.hub
+            .add_known_groups(topic, groups.iter().cloned(), now_ms());
+        Some(groups)
+    }
+
+    /// The groups the durable registry holds for `topic`; `None` when it cannot be read.
+    async fn registry(&self, topic: &str) -> Option<Vec<String>> {
         let store = self.store.store().clone();
         let h = futureq_core::topic_hash(topic);
         match glommio::executor()
             .spawn_blocking(move || store.groups_of(h))
             .await
         {
-            Ok(groups) => {
-                self.hub
-                    .add_known_groups(topic, groups.iter().cloned(), now_ms());
-                Some(groups)
-            }
+            Ok(groups) => Some(groups),
             Err(e) => {
                 tracing::error!(target: "dispatcher", topic, error = %e, "cannot read the topic's consumer groups");
                 None
             }
+        }
+    }
+
+    /// A group's deletion ended (see [`HubCmd::GroupGone`]): the hub forgets the group once
+    /// the deletion committed (its members' streams end NOT_FOUND), or when the registry no
+    /// longer holds it after an unknown outcome; a group registered again since is a new
+    /// group, owed the backlog like any new group.
+    async fn group_gone(
+        &mut self,
+        topic: &str,
+        group: &str,
+        committed: Option<bool>,
+        reply: Option<oneshot::Sender<Result<GroupDeleted, WriteError>>>,
+    ) {
+        let key = (futureq_core::topic_hash(topic), group.to_owned());
+        if let Some(n) = self.deleting.get_mut(&key) {
+            *n -= 1;
+            if *n == 0 {
+                self.deleting.remove(&key);
+            }
+        }
+        let registry = self.registry(topic).await;
+        let gone = committed.is_some()
+            || registry
+                .as_ref()
+                .is_some_and(|r| !r.iter().any(|g| g == group));
+        let mut consumers_ended = 0;
+        if gone {
+            let ended = self.hub.forget_group(topic, group, now_ms());
+            consumers_ended = u32::try_from(ended.len()).unwrap_or(u32::MAX);
+            for sink in ended {
+                sink.group_deleted.store(true, Ordering::Release);
+            }
+            tracing::info!(target: "dispatcher", %topic, %group, consumers_ended, late = committed.is_none(), "consumer group deleted");
+        }
+        if let Some(groups) = registry {
+            self.hub.add_known_groups(topic, groups, now_ms());
+        }
+        if let (Some(reply), Some(found)) = (reply, committed) {
+            let _ = reply.send(Ok(GroupDeleted {
+                found,
+                consumers_ended,
+            }));
         }
     }
 
@@ -396,7 +443,12 @@ impl Dispatcher {
         reply: oneshot::Sender<Result<GroupDeleted, WriteError>>,
     ) {
         let (tx, writes) = (self.tx.clone(), self.writes.clone());
-        let deadline = Instant::now() + self.delete_timeout;
+        let timeout = self.delete_timeout;
+        let deadline = Instant::now() + timeout;
+        *self
+            .deleting
+            .entry((futureq_core::topic_hash(&topic), group.clone()))
+            .or_default() += 1;
         glommio::spawn_local(async move {
             let topic_hash = futureq_core::topic_hash(&topic);
             let written = crate::replication::request(&writes, |reply| RaftReq::DeleteGroup {
@@ -406,21 +458,27 @@ impl Dispatcher {
                 reply,
             })
             .await;
-            match written {
-                Ok(found) => {
-                    let gone = HubCmd::GroupGone {
+            let gone = match written {
+                Ok(found) => HubCmd::GroupGone {
+                    topic,
+                    group,
+                    committed: Some(found),
+                    reply: Some(reply),
+                },
+                Err(e) => {
+                    tracing::warn!(target: "dispatcher", %topic, %group, error = %e, "consumer group not deleted (or outcome unknown)");
+                    let _ = reply.send(Err(e));
+                    // An unknown outcome may still commit: look again once it cannot.
+                    glommio::timer::sleep(timeout).await;
+                    HubCmd::GroupGone {
                         topic,
                         group,
-                        found,
-                        reply,
-                    };
-                    let _ = tx.send_async(gone).await;
+                        committed: None,
+                        reply: None,
+                    }
                 }
-                Err(e) => {
-                    tracing::warn!(target: "dispatcher", %topic, %group, error = %e, "consumer group not deleted");
-                    let _ = reply.send(Err(e));
-                }
-            }
+            };
+            let _ = tx.send_async(gone).await;
         })
         .detach();
     }
@@ -733,6 +791,7 @@ pub async fn run(
         tx,
         metrics,
         flushing: false,
+        deleting: std::collections::HashMap::new(),
         flush_failed: false,
         last_counters: futureq_core::hub::HubCounters::default(),
     };

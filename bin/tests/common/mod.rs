@@ -472,3 +472,15 @@ pub async fn topic_stats(b: &Broker, topic: &str) -> Vec<futureq_bench::pb::Topi
         .into_inner()
         .topics
 }
+
+/// Waits until `f` holds, at most 10 s (else fails naming `what`).
+pub async fn eventually<F: std::future::Future<Output = bool>>(
+    what: &str,
+    mut f: impl FnMut() -> F,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f().await {
+        assert!(Instant::now() < deadline, "not within 10 s: {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

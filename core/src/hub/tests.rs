@@ -660,6 +660,46 @@ fn deleting_a_group_ends_its_members_and_keeps_what_nobody_acked() {
     assert_eq!(again.take().len(), 3, "a new group g gets the backlog");
 }
 
+/// Review of issue 26: deleting a group that holds a backlog larger than the delete queue
+/// settles it in chunks, so an ACK taken meanwhile is still accepted (it was refused while the
+/// whole backlog sat in the queue: a redelivery storm), and the backlog goes over the passes.
+#[test]
+fn deleting_a_group_with_a_large_backlog_settles_in_chunks_and_keeps_taking_acks() {
+    let mut hub = Hub::new(CFG);
+    let mut store = Store::default();
+    hub.add_known_groups("t", ["gone".to_owned()], 0);
+    let a = MemSink::new();
+    let ida = hub.register(&sub("t", "a", 4096), a.clone(), 0);
+    let n = crate::deleter::DELETE_PENDING_MAX as u64 + 5000;
+    for i in 1..=n {
+        store.put(i, msg("t", 0, 0, 0));
+    }
+    let mut now = 1;
+    let mut acked = 0;
+    while acked < n && now < 1000 {
+        pass(&mut hub, &mut store, now);
+        for d in a.take() {
+            hub.ack(ida, d.key, true, now);
+            acked += 1;
+        }
+        now += 1;
+    }
+    assert_eq!(hub.parked(), usize::try_from(n).unwrap());
+    let k = store.put(n + 1, msg("t", now, 0, 0));
+    hub.on_published(k);
+    pass(&mut hub, &mut store, now);
+    let held = a.take();
+    assert_eq!(held.len(), 1);
+    hub.forget_group("t", "gone", now);
+    assert!(hub.pending_deletes() <= SETTLE_DELETES_MAX);
+    assert_eq!(hub.ack(ida, k, true, now), AckOutcome::Acked);
+    for step in 1..=10 {
+        pass(&mut hub, &mut store, now + step);
+    }
+    assert!(store.0.is_empty(), "{} left", store.0.len());
+    assert_eq!(hub.parked(), 0);
+}
+
 /// Issue 10.5: a connected group that does not keep up (here: never acks) does not hold the
 /// topic's scan for a group that does, and memory stays within the entry cap; once it acks, it
 /// gets every message it is owed.

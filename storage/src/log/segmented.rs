@@ -225,6 +225,8 @@ pub struct Log<I: LogIo> {
     mark_saved_at: std::cell::Cell<Option<std::time::Instant>>,
     /// When the last flush ended (the idle mark saver waits for a quiet log).
     flushed_at: std::cell::Cell<Option<std::time::Instant>>,
+    /// The flusher waits for space for the next segment.
+    waiting_for_space: std::cell::Cell<bool>,
 }
 
 /// Holds the log's write side (see [`Log::exclusive`]); releases it on drop, also when the
@@ -421,6 +423,7 @@ impl<I: LogIo> Log<I> {
             mark_seq: std::cell::Cell::new(mark_seq),
             mark_saved_at: std::cell::Cell::new(None),
             flushed_at: std::cell::Cell::new(None),
+            waiting_for_space: std::cell::Cell::new(false),
         })
     }
 
@@ -590,15 +593,16 @@ impl<I: LogIo> Log<I> {
     /// The flusher: whenever entries are pending, flush them all (one durable flush); appends made
     /// while a flush runs go into the next one. A flush that found no space for a new segment
     /// is tried again after `pause(`[`NO_SPACE_RETRY`]`)` (the entries wait: a full disk
-    /// stalls this log's writes, it does not stop the node). Returns when the log is poisoned
-    /// or `stop` resolves.
+    /// stalls this log's writes, it does not stop the node), as long as the entries waiting
+    /// take at most a segment's bytes; past that (a Raft leader whose followers commit on
+    /// while its own log waits) the log gives up: it is poisoned and every waiter gets the
+    /// error, as for any failed write. Returns when the log is poisoned or `stop` resolves.
     pub async fn run_flusher<P: std::future::Future<Output = ()>>(
         &self,
         stop: impl std::future::Future<Output = ()>,
         pause: impl Fn(std::time::Duration) -> P,
     ) {
         let work = async {
-            let mut waiting_for_space = false;
             loop {
                 while !self.has_pending() {
                     let l = self.appended.listen();
@@ -609,12 +613,16 @@ impl<I: LogIo> Log<I> {
                 }
                 match self.flush().await {
                     Ok(()) => {
-                        if std::mem::take(&mut waiting_for_space) {
+                        if self.waiting_for_space.replace(false) {
                             tracing::info!(target: "storage.log", "space for the next log segment found: writes go on");
                         }
                     }
                     Err(LogError::NoSpace { segment }) => {
-                        if !std::mem::replace(&mut waiting_for_space, true) {
+                        if self.pending_bytes() > self.cfg.segment_bytes {
+                            self.give_up(&segment);
+                            return;
+                        }
+                        if !self.waiting_for_space.replace(true) {
                             tracing::error!(target: "storage.log", %segment, retry_ms = NO_SPACE_RETRY.as_millis(), "no space left on the device for the next log segment: this log's writes wait until space returns");
                         }
                         pause(NO_SPACE_RETRY).await;
@@ -630,6 +638,37 @@ impl<I: LogIo> Log<I> {
     #[must_use]
     pub fn has_pending(&self) -> bool {
         !self.st.borrow().callbacks.is_empty()
+    }
+
+    /// True while the flusher waits for space for the next segment ([`Log::run_flusher`]).
+    #[must_use]
+    pub fn waiting_for_space(&self) -> bool {
+        self.waiting_for_space.get()
+    }
+
+    /// Bytes of the records appended and not yet written.
+    fn pending_bytes(&self) -> u64 {
+        self.st
+            .borrow()
+            .pending
+            .iter()
+            .map(|p| p.bytes.len() as u64)
+            .sum()
+    }
+
+    /// Stops waiting for space: the log is poisoned and every waiting callback gets ENOSPC.
+    fn give_up(&self, segment: &str) {
+        let callbacks = {
+            let mut st = self.st.borrow_mut();
+            st.poisoned = true;
+            std::mem::take(&mut st.callbacks)
+        };
+        self.waiting_for_space.set(false);
+        tracing::error!(target: "storage.log", %segment, "no space for the next log segment, and more than a segment of entries waits: log poisoned, no more writes");
+        let e = std::sync::Arc::new(std::io::Error::from(std::io::ErrorKind::StorageFull));
+        for cb in callbacks {
+            cb(Err(FlushError(std::sync::Arc::clone(&e))));
+        }
     }
 
     /// Group commit: writes everything appended so far (aligned, rewriting each segment's

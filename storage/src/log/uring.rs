@@ -227,7 +227,11 @@ impl LogIo for DmaLogIo {
         }
         let f = self.file(name).await?;
         if f.file_size().await.map_err(to_io)? < len {
-            f.pre_allocate(len, false).await.map_err(to_io)?;
+            if let Err(e) = f.pre_allocate(len, false).await {
+                // Not cached as open: the next open preallocates again.
+                self.files.borrow_mut().remove(name);
+                return Err(to_io(e));
+            }
         }
         if len >= SPARE_MIN {
             self.prepare_spare(len);

@@ -194,13 +194,15 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
     let id = match reply_rx.await {
         Ok(Ok(id)) => id,
         Ok(Err(why)) => {
-            return Status::new(
-                Code::Unavailable,
+            let whose = if init.group_id.is_empty() {
+                format!("topic {:?}", init.topic)
+            } else {
                 format!(
-                    "consumer group {:?} of topic {:?}: {why}",
+                    "consumer group {:?} of topic {:?}",
                     init.group_id, init.topic
-                ),
-            )
+                )
+            };
+            return Status::new(Code::Unavailable, format!("{whose}: {why}"));
         }
         Err(_) => return Status::new(Code::Unavailable, "server is shutting down"),
     };

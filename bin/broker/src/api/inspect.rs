@@ -77,7 +77,7 @@ pub async fn topic_stats(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Statu
         return Status::new(
             Code::ResourceExhausted,
             format!(
-                "more than {limit} topics or groups: their stats cannot fit api.grpc.maxSendMessageSize ({} bytes); ask for one topic at a time",
+                "more than {limit} topics or groups: their stats cannot fit api.grpc.maxSendMessageSize ({} bytes); ask for one topic at a time, or raise the limit",
                 ctx.settings.max_send_message_len
             ),
         );
