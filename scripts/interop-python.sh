@@ -13,8 +13,8 @@ if [ ! -x "$bin" ]; then
   echo "interop: building futureq"
   (cd "$root" && cargo build -q -p futureq)
 fi
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import grpc, grpc_tools, grpc_reflection" 2>/dev/null; then
-  echo "interop: installing grpcio, grpcio-tools and grpcio-reflection into $venv"
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import grpc, grpc_tools, grpc_reflection, grpc_status" 2>/dev/null; then
+  echo "interop: installing grpcio, grpcio-tools, grpcio-reflection and grpcio-status into $venv"
   "$py" -m venv "$venv"
   "$venv/bin/pip" install -q --disable-pip-version-check -r "$root/scripts/interop/requirements.txt"
 fi

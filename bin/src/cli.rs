@@ -4,6 +4,7 @@
 //! (`5s`, `1h`; `64KiB`, `64KB`); `--json` prints one JSON object per line.
 
 use std::io::{Read, Write};
+use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
@@ -24,6 +25,86 @@ pub struct Target {
     /// Print JSON (one object per line) instead of text.
     #[arg(long, global = true)]
     pub json: bool,
+    /// Connect over TLS, verifying the broker against this CA certificate (PEM).
+    #[arg(long, global = true, env = "FUTUREQ_CLI_TLS_CA", value_name = "PEM")]
+    pub tls_ca: Option<PathBuf>,
+    /// Connect over TLS, verifying the broker against the system's roots.
+    #[arg(long, global = true, env = "FUTUREQ_CLI_TLS")]
+    pub tls: bool,
+    /// This client's certificate (PEM), for a broker that asks for one.
+    #[arg(
+        long,
+        global = true,
+        env = "FUTUREQ_CLI_TLS_CERT",
+        value_name = "PEM",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// The key of --tls-cert (PEM).
+    #[arg(
+        long,
+        global = true,
+        env = "FUTUREQ_CLI_TLS_KEY",
+        value_name = "PEM",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+    /// The name the broker's certificate must carry, when not the host of --server.
+    #[arg(
+        long,
+        global = true,
+        env = "FUTUREQ_CLI_TLS_SERVER_NAME",
+        value_name = "NAME"
+    )]
+    pub tls_server_name: Option<String>,
+    /// A file holding the bearer token sent on every call (surrounding whitespace ignored).
+    #[arg(
+        long,
+        global = true,
+        env = "FUTUREQ_CLI_TOKEN_FILE",
+        value_name = "FILE"
+    )]
+    pub token_file: Option<PathBuf>,
+}
+
+impl Target {
+    /// The client's TLS settings and token, read from the files named.
+    ///
+    /// # Errors
+    /// A file that cannot be read.
+    pub fn security(&self) -> anyhow::Result<(Option<futureq_client::TlsConfig>, Option<String>)> {
+        let read =
+            |p: &PathBuf| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
+        let tls_on = self.tls
+            || self.tls_ca.is_some()
+            || self.tls_cert.is_some()
+            || self.tls_server_name.is_some();
+        let tls = if tls_on {
+            Some(futureq_client::TlsConfig {
+                ca_pem: self.tls_ca.as_ref().map(read).transpose()?,
+                identity: match (&self.tls_cert, &self.tls_key) {
+                    (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
+                    _ => None,
+                },
+                server_name: self.tls_server_name.clone(),
+            })
+        } else {
+            None
+        };
+        let token = match &self.token_file {
+            Some(f) => {
+                let t = String::from_utf8(read(f)?)
+                    .with_context(|| format!("{}: the token is not UTF-8", f.display()))?;
+                let t = t.trim();
+                if t.is_empty() {
+                    bail!("{}: the token file is empty", f.display());
+                }
+                Some(t.to_owned())
+            }
+            None => None,
+        };
+        Ok((tls, token))
+    }
 }
 
 /// A client command.
@@ -175,7 +256,10 @@ pub fn run(target: &Target, server: String, cmd: ClientCommand) -> anyhow::Resul
         .context("starting the client runtime")?;
     rt.block_on(async move {
         // A person waits a few seconds for a leader, not a service's quarter of a minute.
+        let (tls, token) = target.security()?;
         let cfg = futureq_client::ClientConfig {
+            tls,
+            token,
             retry_for: Duration::from_secs(5),
             ..futureq_client::ClientConfig::default()
         };

@@ -49,8 +49,92 @@ enum Command {
         #[arg(long)]
         seed: String,
     },
+    /// Make TLS material.
+    #[command(subcommand)]
+    Certs(CertsCommand),
+    /// Make bearer tokens for a principals file (api.auth.principalsFile).
+    #[command(subcommand)]
+    Token(TokenCommand),
     #[command(flatten)]
     Client(cli::ClientCommand),
+}
+
+#[derive(Subcommand)]
+enum CertsCommand {
+    /// Write a development CA (ca.pem, ca-key.pem), a node certificate for both planes
+    /// (node.pem, node-key.pem; localhost, 127.0.0.1, ::1 and each --host) and a client
+    /// certificate per --client (NAME.pem, NAME-key.pem). For development only.
+    Dev {
+        /// Directory to write to (created if missing).
+        #[arg(long)]
+        out: PathBuf,
+        /// Another DNS name or IP address of the nodes (repeatable).
+        #[arg(long = "host")]
+        hosts: Vec<String>,
+        /// A client certificate to make, named NAME (repeatable; default: dev-client).
+        #[arg(long = "client", value_parser = client_name)]
+        clients: Vec<String>,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Print a new random token and, on the next line, the SHA-256 hash a principals file lists.
+    New,
+    /// Print the SHA-256 hash of the token read from standard input.
+    Hash,
+}
+
+/// A client certificate's name: it names its files too.
+fn client_name(s: &str) -> Result<String, String> {
+    if !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        && !s.starts_with('.')
+        && !matches!(s, "ca" | "node")
+    {
+        Ok(s.to_owned())
+    } else {
+        Err("1 to 64 of A-Z a-z 0-9 - _ . (not starting with a dot; not ca or node, whose files these are)".into())
+    }
+}
+
+fn certs(cmd: CertsCommand) -> anyhow::Result<()> {
+    let CertsCommand::Dev {
+        out,
+        hosts,
+        mut clients,
+    } = cmd;
+    if clients.is_empty() {
+        clients.push("dev-client".into());
+    }
+    let written = futureq_broker::certs::write_dev(&out, &hosts, &clients)?;
+    for f in written.files {
+        println!("{}", f.display());
+    }
+    Ok(())
+}
+
+fn token(cmd: &TokenCommand) -> anyhow::Result<()> {
+    use std::io::Read as _;
+    match cmd {
+        TokenCommand::New => {
+            let token = futureq_broker::auth::new_token();
+            println!("{token}\n{}", futureq_broker::auth::token_hash_hex(&token));
+        }
+        TokenCommand::Hash => {
+            let mut t = String::new();
+            std::io::stdin()
+                .take(64 << 10)
+                .read_to_string(&mut t)
+                .context("reading the token from standard input")?;
+            let t = t.trim();
+            anyhow::ensure!(!t.is_empty(), "no token on standard input");
+            println!("{}", futureq_broker::auth::token_hash_hex(t));
+        }
+    }
+    Ok(())
 }
 
 fn main() {
@@ -63,7 +147,10 @@ fn main() {
         }
     };
     // A client command reports its own errors on stderr, once; the log shows warnings only.
-    let client = matches!(cli.cmd, Command::Client(_));
+    let client = matches!(
+        cli.cmd,
+        Command::Client(_) | Command::Certs(_) | Command::Token(_)
+    );
     init_tracing(
         if client { "warn" } else { &settings.log_level },
         settings.log_format,
@@ -86,6 +173,8 @@ fn main() {
             }
         }
         Command::Leave { seed } => leave(&settings, &seed),
+        Command::Certs(c) => certs(c),
+        Command::Token(t) => token(&t),
         Command::Client(c) => {
             let server = cli
                 .target
@@ -137,15 +226,22 @@ fn init_tracing(level: &str, format: config::LogFormat) {
 }
 
 /// Installs SIGTERM/SIGINT handling: the first signal starts a graceful shutdown (bounded by
-/// [`SHUTDOWN_DEADLINE`]); a second one exits at once.
-fn install_signals(shutdown: Shutdown) -> anyhow::Result<()> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])
+/// [`SHUTDOWN_DEADLINE`]); a second one exits at once. SIGHUP re-reads the certificates and
+/// the principals file (a bad file keeps what is in use).
+fn install_signals(
+    shutdown: Shutdown,
+    security: std::sync::Arc<futureq_broker::security::Security>,
+) -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT, SIGHUP])
         .context("installing signal handlers")?;
     std::thread::Builder::new().name("futureq-signals".into()).spawn(move || {
         let mut first = true;
         for sig in signals.forever() {
-            if first {
+            if sig == SIGHUP {
+                tracing::info!(target: "app", "SIGHUP: reloading the certificates and principals");
+                let _ = security.reload(); // logged and counted there
+            } else if first {
                 first = false;
                 tracing::info!(target: "app", signal = sig, "shutting down");
                 shutdown.trigger();
@@ -172,7 +268,7 @@ fn start(settings: config::Settings) -> anyhow::Result<()> {
         "futureq starting"
     );
     let shutdown = Shutdown::new();
-    install_signals(shutdown.clone())?;
+    install_signals(shutdown.clone(), std::sync::Arc::clone(&settings.security))?;
     Ok(futureq_broker::run(settings, shutdown)?)
 }
 

@@ -101,8 +101,8 @@ async fn the_client_publishes_in_batches_and_consumes_with_ack_handles() {
         .expect("the publisher closes once every message is answered");
 }
 
-/// Bad input comes back as the server's status; a publisher keeps working after a refused
-/// message.
+/// Bad input comes back as the server's status, typed (reason and outcome, in a publish ack
+/// and in a unary call's details); a publisher keeps working after a refused message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_name_the_problem() {
     let b = Broker::start("").await;
@@ -110,12 +110,15 @@ async fn refusals_name_the_problem() {
     let publisher = client.publisher(PublisherConfig::default());
     let e = publisher.publish(Message::new("", "x")).await.unwrap_err();
     assert!(
-        matches!(&e, futureq_client::Error::Status { code: tonic::Code::InvalidArgument, message } if message.contains("topic")),
+        matches!(&e, futureq_client::Error::Status { code: tonic::Code::InvalidArgument, message, .. } if message.contains("topic")),
         "{e:?}"
     );
+    assert_eq!(e.reason(), Some(futureq_client::Reason::InvalidArgument));
+    assert_eq!(e.outcome(), Some(futureq_client::Outcome::NotStored));
     assert!(publisher.publish(Message::new("t", "x")).await.is_ok());
     let e = client.peek("t", 0, None).await.unwrap_err();
     assert!(e.to_string().contains("limit: 0"), "{e}");
+    assert_eq!(e.reason(), Some(futureq_client::Reason::InvalidArgument));
     assert!(Client::connect(Vec::<String>::new()).await.is_err());
 }
 

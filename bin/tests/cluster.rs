@@ -15,6 +15,8 @@ use futureq_bench::pb::{
     consumer_frame, ClusterInfoRequest, ClusterInfoResponse, ConsumerFrame, JoinRequest,
     LeaveRequest, SubscribeInit,
 };
+use futureq_bench::pb::{ErrorReason, WriteOutcome};
+use futureq_client::{Outcome, Reason};
 
 /// The clusters of this file run one at a time: three at once (nine brokers) on two CPUs
 /// delay heartbeats past the election timeout, and leadership moves in the middle of a test.
@@ -288,6 +290,8 @@ async fn three_nodes_serve_on_the_leader_and_fail_over_without_losing_acked_mess
     assert_eq!(ack.error_code, 9, "{ack:?}");
     assert_eq!(ack.error_message, "node is not the cluster leader");
     assert_eq!(ack.leader_address, leader_addr);
+    assert_eq!(ack.error_reason(), ErrorReason::NotLeader, "{ack:?}");
+    assert_eq!(ack.write_outcome(), WriteOutcome::NotStored, "{ack:?}");
     let init = ConsumerFrame {
         frame: Some(consumer_frame::Frame::Init(SubscribeInit {
             topic: "t".into(),
@@ -302,6 +306,10 @@ async fn three_nodes_serve_on_the_leader_and_fail_over_without_losing_acked_mess
         .expect_err("a follower refuses consumers");
     assert_eq!(st.code(), tonic::Code::FailedPrecondition, "{st:?}");
     assert_eq!(st.message(), "node is not the cluster leader");
+    assert_eq!(
+        futureq_client::refusal::of_status(&st),
+        Some((Reason::NotLeader, Outcome::NotStored))
+    );
     assert_eq!(
         st.metadata()
             .get("futureq-leader-address")
@@ -1401,6 +1409,11 @@ async fn a_publish_stream_ends_when_its_leader_is_deposed_mid_batch() {
             tonic::Code::FailedPrecondition,
             "{end:?}; old leader's log:\n{}",
             c.nodes[old].log_tail(40)
+        );
+        assert_eq!(
+            futureq_client::refusal::of_status(&end),
+            Some((Reason::NotLeader, Outcome::NotStored)),
+            "{end:?}"
         );
         let leader = end
             .metadata()

@@ -11,6 +11,7 @@
 //! - [`publish`]: ack levels, publish limits and per-message validation.
 //! - [`hub`]: consumers, groups, in-flight tracking, redelivery and the scan cursor per topic.
 //! - [`deleter`]: the batched, retry-safe queue of acknowledged keys awaiting deletion.
+//! - [`refusal`]: why a request was refused and what became of its write, typed to the wire.
 //!
 //! # Invariants
 //! - A message is never handed to a consumer before `enqueued_at + delay` nor after its TTL.
@@ -26,6 +27,7 @@ pub mod key;
 pub mod message;
 pub mod metadata;
 pub mod publish;
+pub mod refusal;
 
 pub use envelope::EnvelopeError;
 pub use key::{bucket_of, topic_hash, BadKeyText, Bucket, EventId, EventKey, TopicHash, KEY_LEN};

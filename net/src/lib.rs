@@ -11,6 +11,7 @@
 //!   links over TCP carrying those frames (clustering, in progress).
 //! - [`shutdown`]: a cross-thread shutdown signal every listener and stream watches.
 //! - `listener`: the accept loop both servers share.
+//! - [`tls`]: rustls configurations from PEM files, reloadable; the identity a TLS client proved.
 //!
 //! # Invariants
 //! - Received bytes are released to the peer's flow-control window as they are consumed,
@@ -24,6 +25,7 @@ pub mod peer;
 pub mod peer_link;
 pub mod reflection;
 pub mod shutdown;
+pub mod tls;
 
 /// Protobuf types of the API.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]

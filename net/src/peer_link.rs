@@ -129,17 +129,15 @@ impl PeerSecret {
         &self.0
     }
 
-    /// Whether `offered` is the secret, compared in constant time (for equal lengths).
+    /// Whether `offered` is the secret. Both are hashed (SHA-256) and the digests compared
+    /// in constant time, so neither the secret's length nor the length of a matching prefix
+    /// shows in the time taken.
     #[must_use]
     pub fn matches(&self, offered: &[u8]) -> bool {
-        if offered.len() != self.0.len() {
-            return false;
-        }
-        offered
-            .iter()
-            .zip(self.0.iter())
-            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
-            == 0
+        use sha2::{Digest, Sha256};
+        use subtle::ConstantTimeEq;
+        let (a, b) = (Sha256::digest(offered), Sha256::digest(&self.0));
+        a.as_slice().ct_eq(b.as_slice()).into()
     }
 }
 

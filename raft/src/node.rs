@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use crate::persisted::{PersistKey, PersistTracker};
 use futureq_core::command::Answer;
 use futureq_core::metadata::Member;
+pub use futureq_core::refusal::WriteError;
 use futureq_net::peer_link::serve_peers;
 use futureq_net::Shutdown;
 use futureq_storage::Store;
@@ -137,26 +138,6 @@ pub enum NodeError {
         /// The Raft data directory.
         dir: String,
     },
-}
-
-/// Why a write or membership change did not succeed.
-#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
-pub enum WriteError {
-    /// This node is not the group's leader; the leader's node id if known.
-    #[error("node is not the leader ({})", leader.map_or_else(|| "leader unknown".to_owned(), |id| format!("leader: node {id}")))]
-    NotLeader {
-        /// The leader, if known.
-        leader: Option<u64>,
-    },
-    /// The deadline passed; the outcome is unknown.
-    #[error("not committed before the deadline; outcome unknown")]
-    Timeout,
-    /// Raft refused the request or stopped.
-    #[error("{0}")]
-    Failed(String),
-    /// Committed, but the state machine refused it on every replica: nothing of it applied.
-    #[error("refused by the state machine: {0}")]
-    Refused(String),
 }
 
 /// How long a write waits.
@@ -456,7 +437,7 @@ impl Node {
             };
             match future::or(acquire, timer).await {
                 Some(Ok(p)) => p,
-                Some(Err(e)) => return Err(WriteError::Failed(e.to_string())),
+                Some(Err(e)) => return Err(WriteError::not_taken(e.to_string())),
                 None => return Err(WriteError::Timeout),
             }
         };
@@ -688,7 +669,7 @@ impl Node {
         self.event
             .ensure_linearizable(ReadPolicy::ReadIndex)
             .await
-            .map_err(|e| WriteError::Failed(e.to_string()))?;
+            .map_err(|e| WriteError::not_taken(e.to_string()))?;
         Ok(term)
     }
 
@@ -739,7 +720,7 @@ pub async fn outcome_after(
         }
     }
     done.await
-        .unwrap_or_else(|_| Err(WriteError::Failed("raft stopped".into())))
+        .unwrap_or_else(|_| Err(WriteError::failed("raft stopped")))
 }
 
 /// One attempt of an event-shard write, built by [`Node::write_event`]'s `make`.

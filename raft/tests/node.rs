@@ -95,7 +95,7 @@ fn the_event_shard_takes_no_forwarded_writes() {
             )
             .await
             .unwrap();
-        assert_eq!(reply.payload.first(), Some(&3), "refused");
+        assert_eq!(reply.payload.first(), Some(&5), "refused: not stored");
         assert!(
             String::from_utf8_lossy(&reply.payload[1..]).contains("takes no forwarded writes"),
             "{:?}",

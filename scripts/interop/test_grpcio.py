@@ -3,6 +3,8 @@ reflection, shutdown.
 
 Starts the broker binary given as argv[1] on free loopback ports with in-memory storage,
 runs each check with a deadline, and prints one line per check plus 'N passed, M failed'.
+Every check runs twice: over plaintext, then over TLS with a bearer token (certificates from
+`futureq certs dev`, the token from `futureq token new`, grpcio's ssl_channel_credentials).
 """
 import os
 import queue
@@ -28,9 +30,10 @@ def free_port():
 
 
 class Broker:
-    def __init__(self, binary):
+    def __init__(self, binary, secure=False):
         self.dir = tempfile.TemporaryDirectory()
         self.port = free_port()
+        self.secure = secure
         env = dict(os.environ)
         env.update({
             "FUTUREQ_API_GRPC_LISTEN": f"127.0.0.1:{self.port}",
@@ -40,11 +43,42 @@ class Broker:
             "FUTUREQ_DELIVERY_INFLIGHTTIMEOUT": "1s",
         })
         env.pop("RUST_LOG", None)
+        if secure:
+            certs = os.path.join(self.dir.name, "certs")
+            subprocess.run([binary, "certs", "dev", "--out", certs], check=True,
+                           stdout=subprocess.DEVNULL)
+            out = subprocess.run([binary, "token", "new"], check=True, capture_output=True,
+                                 text=True).stdout.split()
+            self.token, token_hash = out[0], out[1]
+            principals = os.path.join(self.dir.name, "principals.yaml")
+            with open(principals, "w") as f:
+                f.write("principals:\n- name: interop\n"
+                        f"  tokens: [{token_hash}]\n"
+                        "  publish: ['*']\n  consume: ['*']\n  admin: true\n")
+            env.update({
+                "FUTUREQ_API_GRPC_TLS_CERTFILE": os.path.join(certs, "node.pem"),
+                "FUTUREQ_API_GRPC_TLS_KEYFILE": os.path.join(certs, "node-key.pem"),
+                "FUTUREQ_API_AUTH_PRINCIPALSFILE": principals,
+            })
+            with open(os.path.join(certs, "ca.pem"), "rb") as f:
+                self.ca = f.read()
         self.log = open(os.path.join(self.dir.name, "broker.log"), "w+")
         self.proc = subprocess.Popen([binary, "start"], cwd=self.dir.name, env=env,
                                      stdout=subprocess.DEVNULL, stderr=self.log)
-        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
+        self.channel = self.new_channel()
         grpc.channel_ready_future(self.channel).result(timeout=20)
+
+    def new_channel(self, token=True):
+        """A channel to the broker: plaintext, or TLS verified against the dev CA with the
+        principal's token on every call (none when `token` is False)."""
+        target = f"127.0.0.1:{self.port}"
+        if not self.secure:
+            return grpc.insecure_channel(target)
+        creds = grpc.ssl_channel_credentials(root_certificates=self.ca)
+        if token:
+            creds = grpc.composite_channel_credentials(
+                creds, grpc.access_token_call_credentials(self.token))
+        return grpc.secure_channel(target, creds)
 
     def close(self):
         if self.proc.poll() is None:
@@ -116,8 +150,7 @@ def check_many_channels_share_one_connection(b):
     subchannel pool). A dozen consumers, each on its own channel, and then a health check on a
     channel of its own: all answered (with the old default of 10 streams per connection the
     check waited in grpcio's queue until its deadline)."""
-    target = f"127.0.0.1:{b.port}"
-    channels = [grpc.insecure_channel(target) for _ in range(13)]
+    channels = [b.new_channel() for _ in range(13)]
     consumers = []
     try:
         for i, ch in enumerate(channels[:12]):
@@ -180,6 +213,7 @@ def check_cancel(b):
     except grpc.RpcError as e:
         assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
         assert "delivery_tags[0]" in e.details(), e.details()
+        assert error_info(e) == ("INVALID_ARGUMENT", "NOT_STORED"), error_info(e)
     got = {}
     for _ in range(2):
         m = c.next(8)
@@ -248,6 +282,10 @@ def check_publish_errors(b):
     assert all(a.error_code == grpc.StatusCode.INVALID_ARGUMENT.value[0] for a in acks[:3]), acks
     assert "messages[0].topic" in acks[1].error_message, acks[1]
     assert "messages[0].delay_ms" in acks[2].error_message, acks[2]
+    # Typed: a client decides on the reason and the outcome, never on the text.
+    assert all(a.error_reason == pb.ERROR_REASON_INVALID_ARGUMENT for a in acks[:3]), acks
+    assert all(a.write_outcome == pb.WRITE_OUTCOME_NOT_STORED for a in acks[:3]), acks
+    assert acks[3].error_reason == pb.ERROR_REASON_UNSPECIFIED, acks[3]
 
 
 def check_subscribe_error(b):
@@ -258,6 +296,20 @@ def check_subscribe_error(b):
     except grpc.RpcError as e:
         assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
         assert "topic" in e.details(), e.details()
+        assert error_info(e) == ("INVALID_ARGUMENT", "NOT_STORED"), error_info(e)
+
+
+def error_info(e):
+    """The (reason, outcome) of a refusal's google.rpc.ErrorInfo, read with grpcio-status."""
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+    status = rpc_status.from_call(e)
+    assert status is not None, "no grpc-status-details-bin"
+    for detail in status.details:
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info) and info.domain == "futureq":
+            return info.reason, info.metadata["outcome"]
+    raise AssertionError(f"no futureq ErrorInfo in {status}")
 
 
 def check_undecodable_frame(b):
@@ -298,6 +350,33 @@ def check_reflection(b):
         pass
 
 
+def check_credentials(b):
+    """Over TLS: a call without a token is UNAUTHENTICATED (health stays open); plaintext on
+    the TLS port is refused."""
+    if not b.secure:
+        return
+    ch = b.new_channel(token=False)
+    try:
+        try:
+            pbg.FutureQClusterStub(ch).GetClusterInfo(pb.ClusterInfoRequest(), timeout=5)
+            raise AssertionError("served without a token")
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.UNAUTHENTICATED, e
+            assert error_info(e) == ("UNAUTHENTICATED", "NOT_STORED"), error_info(e)
+        r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        assert r.status == health_pb2.HealthCheckResponse.SERVING, r
+    finally:
+        ch.close()
+    plain = grpc.insecure_channel(f"127.0.0.1:{b.port}")
+    try:
+        health_pb2_grpc.HealthStub(plain).Check(health_pb2.HealthCheckRequest(service=""), timeout=3)
+        raise AssertionError("plaintext served on the TLS port")
+    except grpc.RpcError as e:
+        assert e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED), e
+    finally:
+        plain.close()
+
+
 def check_sigterm(b):
     c = Consumer(b, "py-shutdown")
     time.sleep(0.2)
@@ -308,29 +387,39 @@ def check_sigterm(b):
     assert isinstance(end, grpc.RpcError) and end.code() == grpc.StatusCode.UNAVAILABLE, end
 
 
-def main():
-    binary = sys.argv[1]
-    b = Broker(binary)
+def run_pass(binary, secure):
+    b = Broker(binary, secure)
+    mode = "tls+token" if secure else "plaintext"
     passed = failed = 0
     checks = [check_health, check_many_channels_share_one_connection, check_publish_and_subscribe, check_cancel, check_topic_stats_and_peek,
               check_groups,
               check_publish_errors,
-              check_subscribe_error, check_undecodable_frame, check_cluster_info, check_reflection, check_sigterm]
+              check_subscribe_error, check_undecodable_frame, check_cluster_info, check_reflection,
+              check_credentials, check_sigterm]
     try:
         for check in checks:
             t = time.time()
             try:
                 check(b)
                 passed += 1
-                print(f"ok   {check.__name__} ({time.time() - t:.2f}s)")
+                print(f"ok   [{mode}] {check.__name__} ({time.time() - t:.2f}s)")
             except Exception as e:  # noqa: BLE001 - report every failure and go on
                 failed += 1
-                print(f"FAIL {check.__name__}: {e!r}")
+                print(f"FAIL [{mode}] {check.__name__}: {e!r}")
     finally:
         b.close()
         if failed:
             b.log.seek(0)
             print("--- broker log ---\n" + b.log.read())
+    return passed, failed
+
+
+def main():
+    binary = sys.argv[1]
+    passed = failed = 0
+    for secure in (False, True):
+        p, f = run_pass(binary, secure)
+        passed, failed = passed + p, failed + f
     print(f"interop: {passed} passed, {failed} failed")
     sys.exit(1 if failed else 0)
 

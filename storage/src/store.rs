@@ -1031,6 +1031,28 @@ impl Store {
             .map(|v| Bytes::copy_from_slice(v.value())))
     }
 
+    /// The names of the topics of `hashes` that have a row (a topic with a message stored
+    /// has one), in one read transaction; hashes without a row are left out.
+    ///
+    /// # Errors
+    /// A storage error.
+    pub fn topic_names(
+        &self,
+        hashes: &[TopicHash],
+    ) -> Result<Vec<(TopicHash, String)>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let topics = txn.open_table(TOPICS)?;
+        let mut out = Vec::with_capacity(hashes.len());
+        for h in hashes {
+            if let Some(v) = topics.get(h.0.to_be_bytes().as_slice())? {
+                if let Some(row) = TopicRow::decode(v.value()) {
+                    out.push((*h, row.name));
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Per topic: its counts and the earliest due instant of its stored messages, sorted by
     /// hash; only `only` when given; at most `limit` + 1 topics (more than `limit` tells the
     /// caller there are too many). O(topics): one row and one short range read per topic.

@@ -9,8 +9,9 @@
 //! - `cluster`: `FutureQCluster.*` and `grpc.health.v1.Health` (`Check`, `Watch`).
 //! - `reflection`: `grpc.reflection.v1` and `v1alpha` `ServerReflection`.
 //!
-//! Every error the client caused is answered with the status the API contract names and a
-//! message naming the message and field.
+//! Every refusal is a typed [`Refusal`] (a reason and what became of the write) turned into a
+//! status by the one table in [`futureq_net::grpc::status`]; its message names the message and
+//! field the client got wrong, for people.
 
 mod cluster;
 mod consumer;
@@ -23,9 +24,11 @@ mod reflection;
 use std::rc::Rc;
 use std::sync::Arc;
 
-use futureq_net::grpc::{Call, Code, Handler, Outbound, Status};
+use futureq_core::refusal::{Reason, Refusal, WriteError};
+use futureq_net::grpc::{Call, Handler, Outbound, Status};
 use futureq_net::Shutdown;
 
+use crate::auth::Access;
 use crate::config::Settings;
 use crate::dispatcher::HubCmd;
 use crate::metrics::Metrics;
@@ -69,48 +72,137 @@ pub struct Ctx {
 
 pub use reflection::index as reflection_index;
 
-/// Builds the request router.
+/// Builds the request router. Every call but `grpc.health` is authenticated first when
+/// principals are configured; each service checks its principal's permissions.
 pub fn handler(ctx: Rc<Ctx>) -> Handler {
     Rc::new(move |call: Call, out: &mut Outbound| {
         let ctx = Rc::clone(&ctx);
         Box::pin(async move {
             match call.path.as_str() {
-                "/futureq.FutureQProducer/PublishStream" => {
-                    producer::publish_stream(&ctx, call, out).await
+                "/grpc.health.v1.Health/Check" => {
+                    return cluster::health_check(&ctx, call, out).await
                 }
-                "/futureq.FutureQConsumer/Subscribe" => consumer::subscribe(&ctx, call, out).await,
-                "/futureq.FutureQProducer/Cancel" => manage::cancel(&ctx, call, out).await,
-                "/futureq.FutureQProducer/Reschedule" => manage::reschedule(&ctx, call, out).await,
-                "/futureq.FutureQAdmin/TopicStats" => inspect::topic_stats(&ctx, call, out).await,
-                "/futureq.FutureQAdmin/Peek" => inspect::peek(&ctx, call, out).await,
-                "/futureq.FutureQAdmin/DeleteGroup" => groups::delete_group(&ctx, call, out).await,
+                "/grpc.health.v1.Health/Watch" => {
+                    return cluster::health_watch(&ctx, call, out).await
+                }
+                _ => {}
+            }
+            let access = authenticate(&ctx, &call);
+            if is_membership(&call.path) {
+                return match &ctx.settings.cluster {
+                    Some(c) => {
+                        // The cluster's own identity (its secret) or an admin may change it.
+                        let admin = matches!(&access, Ok(Access::As(p)) if p.is_admin());
+                        if !admin && c.secret.is_open() {
+                            if let Err(r) = access.and_then(|a| a.admin("change the membership")) {
+                                return drained(call, r).await;
+                            }
+                        }
+                        cluster::membership(&ctx.repl, &c.secret, admin, call, out).await
+                    }
+                    None => cluster::standalone_membership(call).await,
+                };
+            }
+            let access = match access {
+                Ok(a) => a,
+                Err(r) => return drained(call, r).await,
+            };
+            match call.path.as_str() {
+                "/futureq.FutureQProducer/PublishStream" => {
+                    producer::publish_stream(&ctx, &access, call, out).await
+                }
+                "/futureq.FutureQConsumer/Subscribe" => {
+                    consumer::subscribe(&ctx, &access, call, out).await
+                }
+                "/futureq.FutureQProducer/Cancel" => manage::cancel(&ctx, &access, call, out).await,
+                "/futureq.FutureQProducer/Reschedule" => {
+                    manage::reschedule(&ctx, &access, call, out).await
+                }
+                "/futureq.FutureQAdmin/TopicStats" => {
+                    inspect::topic_stats(&ctx, &access, call, out).await
+                }
+                "/futureq.FutureQAdmin/Peek" => inspect::peek(&ctx, &access, call, out).await,
+                "/futureq.FutureQAdmin/DeleteGroup" => {
+                    groups::delete_group(&ctx, &access, call, out).await
+                }
                 "/futureq.FutureQCluster/GetClusterInfo" => {
                     cluster::get_cluster_info(&ctx, call, out).await
                 }
-                "/futureq.FutureQCluster/JoinCluster"
-                | "/futureq.FutureQCluster/LeaveCluster"
-                | "/futureq.FutureQCluster/JoinMetadata"
-                | "/futureq.FutureQCluster/LeaveMetadata" => match &ctx.settings.cluster {
-                    Some(c) => cluster::membership(&ctx.repl, &c.secret, call, out).await,
-                    None => cluster::standalone_membership(call).await,
-                },
-                "/grpc.health.v1.Health/Check" => cluster::health_check(&ctx, call, out).await,
-                "/grpc.health.v1.Health/Watch" => cluster::health_watch(&ctx, call, out).await,
                 futureq_net::reflection::V1_METHOD | futureq_net::reflection::V1ALPHA_METHOD => {
                     reflection::serve(&ctx, call, out).await
                 }
-                path => Status::new(Code::Unimplemented, format!("unknown method {path}")),
+                path => Status::refused(Reason::Unimplemented, format!("unknown method {path}")),
             }
         })
     })
 }
+
+fn is_membership(path: &str) -> bool {
+    matches!(
+        path,
+        "/futureq.FutureQCluster/JoinCluster"
+            | "/futureq.FutureQCluster/LeaveCluster"
+            | "/futureq.FutureQCluster/JoinMetadata"
+            | "/futureq.FutureQCluster/LeaveMetadata"
+    )
+}
+
+/// Who `call` comes from: [`Access::Open`] without principals, else its principal.
+///
+/// # Errors
+/// UNAUTHENTICATED when principals are configured and the call proves none.
+fn authenticate(ctx: &Ctx, call: &Call) -> Result<Access, Refusal> {
+    let Some(auth) = &ctx.settings.security.auth else {
+        return Ok(Access::Open);
+    };
+    let header = call.headers.get("authorization").map(|v| v.as_bytes());
+    let principal = auth.principals().authenticate(header, &call.peer);
+    match &principal {
+        Ok(p) => {
+            tracing::trace!(target: "grpc", method = %call.path, principal = %p.name, "authenticated")
+        }
+        Err(r) => {
+            ctx.metrics.auth_refusals.add(&[r.reason.name()], 1);
+            tracing::debug!(target: "grpc", method = %call.path, error = %r.message, "call refused: not authenticated");
+        }
+    }
+    principal.map(Access::As)
+}
+
+/// Answers `r` to a call refused before its service saw it. A unary request's message is read
+/// first (within a second), so the client sees the status rather than a reset.
+async fn drained(mut call: Call, r: Refusal) -> Status {
+    if UNARY.contains(&call.path.as_str()) {
+        let _ =
+            futures_lite::future::or(async { call.inbound.next_raw().await.map(|_| ()) }, async {
+                glommio::timer::sleep(std::time::Duration::from_secs(1)).await;
+                Ok(())
+            })
+            .await;
+    }
+    Status::from(r)
+}
+
+/// The unary methods (one request message).
+const UNARY: &[&str] = &[
+    "/futureq.FutureQProducer/Cancel",
+    "/futureq.FutureQProducer/Reschedule",
+    "/futureq.FutureQAdmin/TopicStats",
+    "/futureq.FutureQAdmin/Peek",
+    "/futureq.FutureQAdmin/DeleteGroup",
+    "/futureq.FutureQCluster/GetClusterInfo",
+    "/futureq.FutureQCluster/JoinCluster",
+    "/futureq.FutureQCluster/LeaveCluster",
+    "/futureq.FutureQCluster/JoinMetadata",
+    "/futureq.FutureQCluster/LeaveMetadata",
+];
 
 /// Waits until the write path is open (the journal replayed, the Raft groups started), at
 /// most `publish.proposalTimeout`: an answer read from a store still being replayed (a
 /// partial Peek, a stats count, a cancel's "not found") would be wrong, not just late.
 ///
 /// # Errors
-/// UNAVAILABLE while recovery goes on past the bound, or at shutdown.
+/// UNAVAILABLE (RECOVERING) while recovery goes on past the bound; SHUTTING_DOWN at shutdown.
 async fn recovered(ctx: &Ctx) -> Result<(), Status> {
     if ctx.writes_open.is_triggered() {
         return Ok(());
@@ -123,11 +215,13 @@ async fn recovered(ctx: &Ctx) -> Result<(), Status> {
         timeout.await;
     })
     .await;
-    if ctx.writes_open.is_triggered() && !ctx.shutdown.is_triggered() {
+    if ctx.shutdown.is_triggered() {
+        Err(Refusal::shutting_down().into())
+    } else if ctx.writes_open.is_triggered() {
         Ok(())
     } else {
-        Err(Status::new(
-            Code::Unavailable,
+        Err(Status::refused(
+            Reason::Recovering,
             "the broker is recovering (replaying its journal or starting its Raft groups); retry shortly",
         ))
     }
@@ -137,9 +231,20 @@ async fn recovered(ctx: &Ctx) -> Result<(), Status> {
 async fn unary_request<M: prost::Message + Default>(call: &mut Call) -> Result<M, Status> {
     match call.inbound.next::<M>().await? {
         Some(m) => Ok(m),
-        None => Err(Status::new(
-            Code::InvalidArgument,
-            "missing request message",
-        )),
+        None => Err(Status::invalid("missing request message")),
     }
+}
+
+/// NOT_LEADER naming the leader this node knows of.
+fn not_leader(ctx: &Ctx) -> Status {
+    Refusal::not_leader(&ctx.repl.view().leader_addr).into()
+}
+
+/// The refusal of a write (`what`) the write path did not carry out, with its outcome.
+pub(crate) fn write_refusal(ctx: &Ctx, what: &str, e: &WriteError) -> Refusal {
+    let timeout = format!(
+        "publish.proposalTimeout ({:?})",
+        ctx.settings.proposal_timeout
+    );
+    e.refusal(what, &ctx.repl.view().leader_addr, &timeout)
 }

@@ -293,9 +293,7 @@ async fn watch_stalls(shutdown: Shutdown) {
 /// A command applied without the answer it must give (a defect).
 fn unanswered(what: &str) -> WriteError {
     tracing::error!(target: "raft", command = what, "a command was applied without its answer (a defect)");
-    WriteError::Failed(format!(
-        "the {what} was applied but its apply gave no answer (a defect, logged)"
-    ))
+    WriteError::unanswered(what)
 }
 
 impl Core {
@@ -526,13 +524,14 @@ impl WriteCore for Rc<Core> {
             deadline,
             reply,
         };
-        let stopped = || WriteError::Failed("the write core stopped".into());
         let answer = async {
             self.publishes
                 .send_async(pending)
                 .await
-                .map_err(|_| stopped())?;
-            answered.await.unwrap_or_else(|_| Err(stopped()))
+                .map_err(|_| WriteError::not_taken("the write core stopped"))?;
+            answered
+                .await
+                .unwrap_or_else(|_| Err(WriteError::failed("the write core stopped")))
         };
         let timer = async {
             glommio::timer::sleep(deadline.saturating_duration_since(Instant::now())).await;

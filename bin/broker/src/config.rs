@@ -4,8 +4,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use futureq_net::peer_link::PeerSecret;
+use futureq_net::tls::{ClientAuth, ReloadableServer, ServerFiles, TlsError, ALPN_H2};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futureq_core::AckLevel;
@@ -42,6 +44,24 @@ pub struct Config {
 #[allow(missing_docs)]
 pub struct Api {
     pub grpc: Grpc,
+    pub auth: Auth,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct Auth {
+    pub principals_file: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct Tls {
+    pub cert_file: String,
+    pub key_file: String,
+    pub ca_file: String,
+    pub client_auth: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -55,6 +75,7 @@ pub struct Grpc {
     pub max_send_message_size: String,
     pub keepalive_timeout: String,
     pub handshake_timeout: String,
+    pub tls: Tls,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -237,6 +258,15 @@ impl Default for Config {
                     max_send_message_size: "4MiB".into(),
                     keepalive_timeout: "5s".into(),
                     handshake_timeout: "10s".into(),
+                    tls: Tls {
+                        cert_file: String::new(),
+                        key_file: String::new(),
+                        ca_file: String::new(),
+                        client_auth: "none".into(),
+                    },
+                },
+                auth: Auth {
+                    principals_file: String::new(),
                 },
             },
             cluster: Cluster {
@@ -437,8 +467,10 @@ pub struct Settings {
     pub max_recv_message_len: usize,
     pub max_send_message_len: usize,
     pub keepalive_timeout: Duration,
-    /// How long a new connection may take for its HTTP/2 handshake.
+    /// How long a new connection may take for its TLS and HTTP/2 handshakes.
     pub handshake_timeout: Duration,
+    /// `api.grpc.tls` and `api.auth.principalsFile`, loaded; SIGHUP reloads them.
+    pub security: Arc<crate::security::Security>,
     pub node_id: u64,
     pub data_dir: PathBuf,
     pub memory_storage: bool,
@@ -503,6 +535,66 @@ pub struct ClusterSettings {
     pub compaction_overhead: u64,
     /// `cluster.secret` or the contents of `cluster.secretFile` (empty = none).
     pub secret: PeerSecret,
+}
+
+/// `api.grpc.tls` checked and loaded: `None` when no certificate is set.
+fn client_tls(t: &Tls) -> Result<Option<Arc<ReloadableServer>>, ConfigError> {
+    let Some(client_auth) = ClientAuth::from_name(&t.client_auth) else {
+        return err(
+            "api.grpc.tls.clientAuth",
+            format!("{:?} must be none, optional or require", t.client_auth),
+        );
+    };
+    match (t.cert_file.is_empty(), t.key_file.is_empty()) {
+        (true, true) => {
+            if !t.ca_file.is_empty() || client_auth != ClientAuth::None {
+                return err(
+                    "api.grpc.tls.certFile",
+                    "is required when api.grpc.tls.caFile or clientAuth is set",
+                );
+            }
+            return Ok(None);
+        }
+        (false, true) => return err("api.grpc.tls.keyFile", "is required with certFile"),
+        (true, false) => return err("api.grpc.tls.certFile", "is required with keyFile"),
+        (false, false) => {}
+    }
+    if client_auth != ClientAuth::None && t.ca_file.is_empty() {
+        return err(
+            "api.grpc.tls.caFile",
+            format!(
+                "is required when clientAuth is {} (client certificates are verified against it)",
+                t.client_auth
+            ),
+        );
+    }
+    let files = ServerFiles {
+        cert: PathBuf::from(&t.cert_file),
+        key: PathBuf::from(&t.key_file),
+        cas: if t.ca_file.is_empty() {
+            Vec::new()
+        } else {
+            vec![PathBuf::from(&t.ca_file)]
+        },
+        client_auth,
+    };
+    match ReloadableServer::load(files, &[ALPN_H2]) {
+        Ok(r) => Ok(Some(Arc::new(r))),
+        Err(e) => {
+            let key = match &e {
+                TlsError::NoKey { .. } | TlsError::Pair { .. } => "api.grpc.tls.keyFile",
+                TlsError::BadCa { .. } | TlsError::Verifier(_) => "api.grpc.tls.caFile",
+                TlsError::Pem { path, .. } if path.as_os_str() == t.key_file.as_str() => {
+                    "api.grpc.tls.keyFile"
+                }
+                TlsError::Pem { path, .. } if path.as_os_str() == t.ca_file.as_str() => {
+                    "api.grpc.tls.caFile"
+                }
+                _ => "api.grpc.tls.certFile",
+            };
+            err(key, e)
+        }
+    }
 }
 
 /// A `host:port` other nodes or clients can dial (no wildcard address).
@@ -574,6 +666,20 @@ impl Config {
         if handshake_timeout < Duration::from_millis(100) {
             return err("api.grpc.handshakeTimeout", "must be at least 100ms");
         }
+        let grpc_tls = client_tls(&g.tls)?;
+        let auth = match self.api.auth.principals_file.as_str() {
+            "" => None,
+            f => Some(Arc::new(
+                crate::auth::Auth::load(Path::new(f))
+                    .or_else(|e| err("api.auth.principalsFile", e))?,
+            )),
+        };
+        if auth.is_some() && grpc_tls.is_none() && !grpc_listen.ip().is_loopback() {
+            return err(
+                "api.auth.principalsFile",
+                format!("tokens would cross the network in clear: api.grpc.listen {grpc_listen} is not a loopback address and api.grpc.tls is off (set api.grpc.tls.certFile and keyFile)"),
+            );
+        }
         let c = &self.cluster;
         if !c.join_seeds.is_empty() && !c.raft.initial_members.is_empty() {
             return err(
@@ -599,6 +705,21 @@ impl Config {
         } else {
             None
         };
+        if cluster.is_some() && grpc_tls.is_some() {
+            // The nodes' own calls to each other's client plane (join, leave, the cluster
+            // info forwarded to the leader) and the Raft links would stay plaintext.
+            return err(
+                "api.grpc.tls",
+                "a cluster's client plane over TLS needs mutual TLS between its nodes (cluster.tls), which this version does not have yet: leave api.grpc.tls unset on clustered nodes",
+            );
+        }
+        if cluster.as_ref().is_some_and(|c| c.secret.is_open()) && auth.is_some() {
+            // Joining nodes prove they belong to the cluster with its secret, not a token.
+            return err(
+                "cluster.secret",
+                "is required with api.auth.principalsFile on a clustered node: nodes join with it",
+            );
+        }
         let memory_storage = match self.storage.mode.as_str() {
             "disk" => false,
             "memory" => true,
@@ -714,6 +835,7 @@ impl Config {
             max_send_message_len,
             keepalive_timeout,
             handshake_timeout,
+            security: Arc::new(crate::security::Security::new(grpc_tls, auth)),
             node_id: c.node_id,
             data_dir: PathBuf::from(&self.storage.data_dir),
             memory_storage,
@@ -935,6 +1057,9 @@ fn env_var_name(path: &str) -> String {
     format!("FUTUREQ_{}", path.to_uppercase().replace(['.', '-'], "_"))
 }
 
+/// The command-line client's own variables (`FUTUREQ_CLI_TLS_CA`, ...): not configuration keys.
+pub const CLI_ENV_PREFIX: &str = "FUTUREQ_CLI_";
+
 /// The `FUTUREQ_*` variables of this process's environment.
 #[must_use]
 pub fn process_env() -> BTreeMap<String, String> {
@@ -992,7 +1117,7 @@ pub fn load(
     apply_env(&defaults, &mut tree, "", env, &mut used)?;
     if let Some(var) = env
         .keys()
-        .find(|k| k.starts_with("FUTUREQ_") && !used.contains(*k))
+        .find(|k| k.starts_with("FUTUREQ_") && !k.starts_with(CLI_ENV_PREFIX) && !used.contains(*k))
     {
         return Err(ConfigError(format!(
             "environment variable {var}: no configuration key is set by it (a FUTUREQ_* variable is the key path upper-cased with dots as underscores, e.g. FUTUREQ_API_GRPC_LISTEN)"

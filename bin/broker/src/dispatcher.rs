@@ -14,9 +14,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futureq_core::command::{DeadLetter, WithId};
 use futureq_core::hub::{ConsumerId, Delivery, Hub, HubConfig, Sink, Subscription};
+use futureq_core::refusal::WriteError;
 use futureq_core::EventKey;
 use futureq_net::Shutdown;
-use futureq_raft::node::WriteError;
 use futureq_storage::StoreService;
 use futures::channel::oneshot;
 use futures_lite::future;
@@ -117,6 +117,18 @@ pub enum RegisterRefused {
     /// A deletion of the group is in progress.
     #[error("the consumer group is being deleted; subscribe again (a new group)")]
     GroupDeleting,
+}
+
+impl RegisterRefused {
+    /// Why, for the client.
+    #[must_use]
+    pub fn reason(&self) -> futureq_core::refusal::Reason {
+        use futureq_core::refusal::Reason;
+        match self {
+            RegisterRefused::RegistryUnreadable => Reason::Internal,
+            RegisterRefused::GroupDeleted | RegisterRefused::GroupDeleting => Reason::Conflict,
+        }
+    }
 }
 
 /// The answer of [`HubCmd::DeleteGroup`].

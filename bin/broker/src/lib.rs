@@ -14,10 +14,15 @@
 //! - [`metrics`]: Prometheus text for every core's counters.
 //! - [`runtime`]: process limits, CPU list, executor keep-alive.
 //! - [`admin`]: operator commands against a cluster (`futureq leave`).
+//! - [`auth`]: principals and their permissions (`api.auth.principalsFile`).
+//! - [`certs`]: development certificates (`futureq certs dev`).
+//! - [`security`]: what SIGHUP re-reads (certificates, principals) and its metrics.
 
 pub mod admin;
 mod api;
+pub mod auth;
 mod budget;
+pub mod certs;
 mod cluster;
 pub mod config;
 mod disk;
@@ -26,6 +31,7 @@ mod local;
 pub mod metrics;
 mod replication;
 pub mod runtime;
+pub mod security;
 pub mod server;
 
 pub use futureq_net::Shutdown;

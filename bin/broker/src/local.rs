@@ -7,9 +7,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use futureq_core::command::StoreItem;
+use futureq_core::refusal::WriteError;
 use futureq_core::{AckLevel, EventKey, TopicHash};
 use futureq_net::Shutdown;
-use futureq_raft::node::WriteError;
 use futureq_storage::journal::{Journal, JournalConfig, JournalError, OnApplied, Wait};
 use futureq_storage::log::io::{LogIo, MemLogIo};
 use futureq_storage::log::LogConfig;
@@ -194,19 +194,20 @@ fn write_error(e: JournalError) -> WriteError {
         JournalError::Refused(r) => WriteError::Refused(r.to_string()),
         // The entry may be in the log (its fsync may have reached the disk, a restart replays
         // it): the outcome is unknown, as after a deadline.
-        JournalError::Failed { reason } => WriteError::Failed(format!(
-            "the journal failed ({reason}); the broker restarts from its durable state, and the batch may have been stored (outcome unknown)"
+        JournalError::Failed { reason } => WriteError::failed(format!(
+            "the journal failed ({reason}); the broker restarts from its durable state"
         )),
-        JournalError::Stopped => WriteError::Failed(
-            "the server is shutting down; the batch was not stored".into(),
-        ),
-        JournalError::Abandoned => WriteError::Failed(
-            "the server stopped before the batch's outcome was known; it may have been stored (outcome unknown)".into(),
-        ),
-        JournalError::Unanswered => WriteError::Failed(
-            "the command was applied but its apply gave no answer (a defect, logged)".into(),
-        ),
-        other => WriteError::Failed(other.to_string()),
+        e @ JournalError::NotAppended { .. } => WriteError::not_taken(e.to_string()),
+        JournalError::Stopped => WriteError::not_taken("the server is shutting down"),
+        JournalError::Abandoned => {
+            WriteError::failed("the server stopped before the write's outcome was known")
+        }
+        JournalError::Unanswered => {
+            tracing::error!(target: "journal", "a command was applied without its answer (a defect)");
+            WriteError::unanswered("command")
+        }
+        // A kind added later: whether it was stored is not known here.
+        other => WriteError::failed(other.to_string()),
     }
 }
 

@@ -273,6 +273,10 @@ pub struct Metrics {
     pub raft_refused_entries: AtomicU64,
     /// Publish batches proposed in each event-shard entry (`cluster::coalesce`).
     pub raft_entry_batches: Histogram,
+    /// Calls refused before any service saw them, by reason (UNAUTHENTICATED).
+    pub auth_refusals: LabeledCounter,
+    /// Reloads and certificate expiries.
+    pub security: Option<std::sync::Arc<crate::security::Security>>,
 }
 
 impl Default for Metrics {
@@ -324,6 +328,8 @@ impl Default for Metrics {
             raft_leader_changes: AtomicU64::new(0),
             raft_refused_entries: AtomicU64::new(0),
             raft_entry_batches: Histogram::new(SIZES),
+            auth_refusals: LabeledCounter::new(&["reason"]),
+            security: None,
         }
     }
 }
@@ -448,6 +454,17 @@ impl Metrics {
             );
             self.raft_entry_batches
                 .render(&mut o, "futureq_raft_entry_batches", "");
+        }
+        header(
+            &mut o,
+            "futureq_auth_refusals_total",
+            "counter",
+            "Calls refused for want of a valid credential, by reason.",
+        );
+        self.auth_refusals
+            .render(&mut o, "futureq_auth_refusals_total");
+        if let Some(s) = &self.security {
+            s.render(&mut o);
         }
         scalar(
             &mut o,

@@ -10,9 +10,9 @@ use std::time::Instant;
 
 use futureq_core::command::StoreItem;
 use futureq_core::metadata::{ClusterView, NodeView};
+use futureq_core::refusal::WriteError;
 use futureq_core::{AckLevel, EventKey, TopicHash};
 use futureq_net::Shutdown;
-use futureq_raft::node::WriteError;
 use futures::channel::oneshot;
 
 /// Capacity of the write core's request queue.
@@ -134,13 +134,13 @@ pub async fn request<T>(
     writes: &flume::Sender<RaftReq>,
     make: impl FnOnce(oneshot::Sender<Result<T, WriteError>>) -> RaftReq,
 ) -> Result<T, WriteError> {
-    let stopped = || WriteError::Failed("the write core stopped".into());
     let (reply, rx) = oneshot::channel();
     writes
         .send_async(make(reply))
         .await
-        .map_err(|_| stopped())?;
-    rx.await.unwrap_or_else(|_| Err(stopped()))
+        .map_err(|_| WriteError::not_taken("the write core stopped"))?;
+    rx.await
+        .unwrap_or_else(|_| Err(WriteError::failed("the write core stopped")))
 }
 
 /// What a stored batch answers.
@@ -227,7 +227,7 @@ pub(crate) async fn group_known(
     glommio::executor()
         .spawn_blocking(move || store.has_group(topic_hash, &group))
         .await
-        .map_err(|e| WriteError::Failed(e.to_string()))
+        .map_err(|e| WriteError::not_taken(e.to_string()))
 }
 
 /// Serves one request with `core` and sends its reply.
@@ -381,7 +381,6 @@ pub struct View {
 /// `Arc` clone under a read lock (the view is replaced, never changed in place).
 pub struct Replication {
     writes: flume::Sender<RaftReq>,
-    clustered: bool,
     leading: AtomicBool,
     view: RwLock<Arc<View>>,
 }
@@ -414,20 +413,19 @@ impl Replication {
             alive: None,
             lost: Shutdown::new(),
         };
-        Self::new(false, view)
+        Self::new(view)
     }
 
     /// A cluster node: not leading until the Raft core says so.
     #[must_use]
     pub fn clustered() -> (Arc<Replication>, flume::Receiver<RaftReq>) {
-        Self::new(true, View::default())
+        Self::new(View::default())
     }
 
-    fn new(clustered: bool, view: View) -> (Arc<Replication>, flume::Receiver<RaftReq>) {
+    fn new(view: View) -> (Arc<Replication>, flume::Receiver<RaftReq>) {
         let (writes, rx) = flume::bounded(WRITES_QUEUE_MAX);
         let r = Replication {
             writes,
-            clustered,
             leading: AtomicBool::new(view.leading),
             view: RwLock::new(Arc::new(view)),
         };
@@ -449,12 +447,6 @@ impl Replication {
         make: impl FnOnce(oneshot::Sender<Result<T, WriteError>>) -> RaftReq,
     ) -> Result<T, WriteError> {
         request(&self.writes, make).await
-    }
-
-    /// Whether this node is a cluster member (membership changes need one).
-    #[must_use]
-    pub fn is_clustered(&self) -> bool {
-        self.clustered
     }
 
     /// Whether this node leads (standalone: always).

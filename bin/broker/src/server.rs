@@ -229,6 +229,9 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
         Some(c) if (c as usize) < cores => c as usize,
         Some(raft_core) => return Err(ServerError::RaftCore { raft_core, cores }),
     };
+    if settings.security.auth.is_none() && !settings.grpc_listen.ip().is_loopback() {
+        tracing::warn!(target: "app", listen = %settings.grpc_listen, "api.grpc.listen is not a loopback address and api.auth.principalsFile is unset: anyone who reaches the port may publish, consume, cancel and peek on every topic");
+    }
     let memlock = runtime::raise_memlock(cores)?;
     tracing::debug!(target: "app", memlock, cores, "runtime limits");
     // The executors' listeners share their ports (SO_REUSEPORT), which would also let them
@@ -305,6 +308,7 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
     let metrics = Arc::new(Metrics {
         store_digest: store.store().digest_cell(),
         disk: disk.as_ref().map(|(d, _)| Arc::clone(d)),
+        security: Some(Arc::clone(&settings.security)),
         ..Metrics::default()
     });
 
@@ -700,6 +704,7 @@ async fn core_main(
         api::handler(Rc::clone(&ctx)),
         server_cfg,
         shutdown,
+        ctx.settings.security.grpc_tls.clone(),
     )
     .await;
     // Let streams finish (they end themselves on shutdown), then stop the background tasks.

@@ -156,17 +156,22 @@ async fn open(client: &Client, sub: &Subscription) -> Result<Opened, Error> {
             })),
         };
         frames.unbounded_send(init).map_err(|_| Error::Closed)?;
-        match FutureQConsumerClient::new(ch).subscribe(rx).await {
+        match FutureQConsumerClient::with_interceptor(ch, client.auth())
+            .subscribe(rx)
+            .await
+        {
             Ok(r) => return Ok((frames, r.into_inner())),
             Err(s) => {
-                let retry = matches!(
-                    s.code(),
-                    tonic::Code::FailedPrecondition | tonic::Code::Unavailable
-                ) && started.elapsed() < client.config().retry_for;
-                if !retry {
+                // Subscribing twice changes nothing: safe to send again.
+                let leader = match crate::refusal::next_step(&s, true) {
+                    crate::refusal::Next::Leader(named) => named,
+                    crate::refusal::Next::Again { .. } => None,
+                    crate::refusal::Next::Fail => return Err(Error::status(&s)),
+                };
+                if started.elapsed() >= client.config().retry_for {
                     return Err(Error::status(&s));
                 }
-                client.leader_moved(leader_named(&s).as_deref());
+                client.leader_moved(leader.as_deref());
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }

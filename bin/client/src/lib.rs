@@ -36,6 +36,7 @@
 
 mod consumer;
 mod publisher;
+pub mod refusal;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -43,6 +44,7 @@ use std::time::{Duration, Instant};
 use tonic::transport::{Channel, Endpoint};
 
 pub use consumer::{Consumer, Delivery, Subscription};
+pub use futureq_core::refusal::{Outcome, Reason};
 pub use futureq_core::EventKey as Tag;
 pub use publisher::{Message, Pending, Publisher, PublisherConfig};
 
@@ -91,8 +93,13 @@ pub enum Error {
     Status {
         /// The gRPC status code.
         code: tonic::Code,
-        /// The server's message.
+        /// The server's message, for people (decide on `reason` and `outcome`).
         message: String,
+        /// Why the server refused (`None`: a transport failure, or a server older than
+        /// typed refusals).
+        reason: Option<Reason>,
+        /// Whether the refused write may have happened (`None` as for `reason`).
+        outcome: Option<Outcome>,
     },
     /// A write's outcome is unknown (the connection was lost or the server timed out before
     /// answering, and the message has no dedup id to retry it safely): it may be stored.
@@ -108,16 +115,56 @@ pub enum Error {
 
 impl Error {
     fn status(s: &tonic::Status) -> Error {
+        let typed = refusal::of_status(s);
         Error::Status {
             code: s.code(),
             message: s.message().to_owned(),
+            reason: typed.map(|t| t.0),
+            outcome: typed.map(|t| t.1),
         }
     }
+
+    /// Why the server refused, when it said (see [`Reason`]).
+    #[must_use]
+    pub fn reason(&self) -> Option<Reason> {
+        match self {
+            Error::Status { reason, .. } => *reason,
+            _ => None,
+        }
+    }
+
+    /// Whether the refused write may have happened: [`Outcome::Unknown`] for
+    /// [`Error::OutcomeUnknown`], the server's word for a status, `None` otherwise.
+    #[must_use]
+    pub fn outcome(&self) -> Option<Outcome> {
+        match self {
+            Error::Status { outcome, .. } => *outcome,
+            Error::OutcomeUnknown(_) => Some(Outcome::Unknown),
+            _ => None,
+        }
+    }
+}
+
+/// TLS towards the brokers (`api.grpc.tls` on their side).
+#[derive(Debug, Clone, Default)]
+pub struct TlsConfig {
+    /// CA certificates (PEM) the brokers' certificates are verified against; `None`: the
+    /// system's roots.
+    pub ca_pem: Option<Vec<u8>>,
+    /// This client's certificate and key (PEM), for brokers that ask for one
+    /// (`clientAuth: optional | require`).
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// The name the broker's certificate must carry, when not the host dialed.
+    pub server_name: Option<String>,
 }
 
 /// Connection settings.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
+    /// TLS towards the brokers (`None`: plaintext).
+    pub tls: Option<TlsConfig>,
+    /// A bearer token sent on every call, streams included (`authorization: Bearer <token>`).
+    pub token: Option<String>,
     /// How long one connection attempt may take.
     pub connect_timeout: Duration,
     /// How long one request may take.
@@ -130,6 +177,8 @@ pub struct ClientConfig {
 impl Default for ClientConfig {
     fn default() -> Self {
         ClientConfig {
+            tls: None,
+            token: None,
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(10),
             retry_for: Duration::from_secs(15),
@@ -145,6 +194,8 @@ pub struct Client {
 
 struct Inner {
     cfg: ClientConfig,
+    /// Adds the token to every call.
+    auth: Auth,
     /// Seeds first, then every node address learned from `GetClusterInfo`.
     known: Mutex<Vec<String>>,
     /// The leader's address and a channel to it, once found.
@@ -184,8 +235,10 @@ impl Client {
         for s in &known {
             endpoint(s, &cfg)?;
         }
+        let auth = Auth::new(cfg.token.as_deref())?;
         let client = Client {
             inner: Arc::new(Inner {
+                auth,
                 cfg,
                 known: Mutex::new(known),
                 leader: Mutex::new(None),
@@ -234,12 +287,22 @@ impl Client {
                 let Ok(ch) = self.channel(addr).await else {
                     continue;
                 };
-                let mut cluster = FutureQClusterClient::new(ch.clone());
-                let Ok(info) = cluster
+                let mut cluster = FutureQClusterClient::with_interceptor(ch.clone(), self.auth());
+                let info = match cluster
                     .get_cluster_info(self.request(pb::ClusterInfoRequest {}))
                     .await
-                else {
-                    continue;
+                {
+                    Ok(info) => info,
+                    // A credential refused here is refused by every node: say so now.
+                    Err(s)
+                        if matches!(
+                            refusal::of_status(&s).map(|r| r.0),
+                            Some(Reason::Unauthenticated | Reason::PermissionDenied)
+                        ) =>
+                    {
+                        return Err(Error::status(&s));
+                    }
+                    Err(_) => continue,
                 };
                 let info = info.into_inner();
                 {
@@ -283,6 +346,11 @@ impl Client {
             .map_err(|e| Error::Address(addr.to_owned(), e.to_string()))
     }
 
+    /// What adds the token to a call (give it to each generated client).
+    pub(crate) fn auth(&self) -> Auth {
+        self.inner.auth.clone()
+    }
+
     /// A request with the configured timeout.
     pub(crate) fn request<T>(&self, m: T) -> tonic::Request<T> {
         let mut r = tonic::Request::new(m);
@@ -305,24 +373,22 @@ impl Client {
                 Err(s) => s,
             };
             let retry_left = started.elapsed() < self.inner.cfg.retry_for;
-            match s.code() {
-                tonic::Code::FailedPrecondition if retry_left => {
-                    let next = leader_named(&s);
-                    if next.is_none() && !s.message().contains("not the cluster leader") {
-                        return Err(Error::status(&s));
-                    }
+            match refusal::next_step(&s, safe) {
+                refusal::Next::Leader(next) if retry_left => {
                     self.leader_moved(next.as_deref());
                     if next.as_deref().is_none_or(str::is_empty) {
                         // No leader known yet (an election): ask again shortly.
                         tokio::time::sleep(RETRY_PAUSE).await;
                     }
                 }
-                tonic::Code::Unavailable | tonic::Code::Unknown if retry_left && safe => {
-                    self.leader_moved(None);
+                refusal::Next::Again { elsewhere } if retry_left => {
+                    if elsewhere {
+                        self.leader_moved(None);
+                    }
                     tokio::time::sleep(RETRY_PAUSE).await;
                 }
-                code => {
-                    if matches!(code, tonic::Code::Unavailable | tonic::Code::Unknown) {
+                _ => {
+                    if matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown) {
                         // Not retried (it may have acted), but the next call looks again.
                         self.leader_moved(None);
                     }
@@ -338,7 +404,7 @@ impl Client {
     /// See [`Error`].
     pub async fn cluster_info(&self) -> Result<pb::ClusterInfoResponse, Error> {
         self.unary(true, |ch| async move {
-            FutureQClusterClient::new(ch)
+            FutureQClusterClient::with_interceptor(ch, self.auth())
                 .get_cluster_info(self.request(pb::ClusterInfoRequest {}))
                 .await
         })
@@ -359,7 +425,7 @@ impl Client {
             .unary(false, |ch| {
                 let req = req.clone();
                 async move {
-                    FutureQProducerClient::new(ch)
+                    FutureQProducerClient::with_interceptor(ch, self.auth())
                         .cancel(self.request(req))
                         .await
                 }
@@ -382,7 +448,7 @@ impl Client {
             .unary(false, |ch| {
                 let req = req.clone();
                 async move {
-                    FutureQProducerClient::new(ch)
+                    FutureQProducerClient::with_interceptor(ch, self.auth())
                         .reschedule(self.request(req))
                         .await
                 }
@@ -409,7 +475,7 @@ impl Client {
             .unary(true, |ch| {
                 let req = req.clone();
                 async move {
-                    FutureQAdminClient::new(ch)
+                    FutureQAdminClient::with_interceptor(ch, self.auth())
                         .topic_stats(self.request(req))
                         .await
                 }
@@ -438,7 +504,7 @@ impl Client {
         self.unary(true, |ch| {
             let req = req.clone();
             async move {
-                FutureQAdminClient::new(ch)
+                FutureQAdminClient::with_interceptor(ch, self.auth())
                     .delete_group(self.request(req))
                     .await
             }
@@ -465,7 +531,11 @@ impl Client {
         let r = self
             .unary(true, |ch| {
                 let req = req.clone();
-                async move { FutureQAdminClient::new(ch).peek(self.request(req)).await }
+                async move {
+                    FutureQAdminClient::with_interceptor(ch, self.auth())
+                        .peek(self.request(req))
+                        .await
+                }
             })
             .await?;
         Ok(r.messages)
@@ -518,22 +588,68 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn endpoint(addr: &str, cfg: &ClientConfig) -> Result<Endpoint, Error> {
-    let url = if addr.contains("://") {
-        addr.to_owned()
-    } else {
-        format!("http://{addr}")
+    let bad = |e: &dyn std::fmt::Display| Error::Address(addr.to_owned(), e.to_string());
+    let url = match (addr.split_once("://"), &cfg.tls) {
+        (Some(("http", _)), Some(_)) => {
+            return Err(bad(
+                &"an http:// address with TLS configured (use https:// or host:port)",
+            ));
+        }
+        (Some(_), _) => addr.to_owned(),
+        (None, None) => format!("http://{addr}"),
+        (None, Some(_)) => format!("https://{addr}"),
     };
-    Endpoint::from_shared(url)
-        .map(|e| {
-            e.connect_timeout(cfg.connect_timeout)
-                .tcp_nodelay(true)
-                // A connection that went silent (a partition, a frozen host) fails within
-                // ~15 s instead of holding streams forever.
-                .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
-                .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-                .keep_alive_while_idle(true)
-        })
-        .map_err(|e| Error::Address(addr.to_owned(), e.to_string()))
+    let mut e = Endpoint::from_shared(url).map_err(|e| bad(&e))?;
+    if let Some(t) = &cfg.tls {
+        let mut tls = tonic::transport::ClientTlsConfig::new();
+        tls = match &t.ca_pem {
+            Some(ca) => tls.ca_certificate(tonic::transport::Certificate::from_pem(ca)),
+            None => tls.with_native_roots(),
+        };
+        if let Some((cert, key)) = &t.identity {
+            tls = tls.identity(tonic::transport::Identity::from_pem(cert, key));
+        }
+        if let Some(name) = &t.server_name {
+            tls = tls.domain_name(name.clone());
+        }
+        e = e.tls_config(tls).map_err(|e| bad(&e))?;
+    }
+    Ok(e.connect_timeout(cfg.connect_timeout)
+        .tcp_nodelay(true)
+        // A connection that went silent (a partition, a frozen host) fails within
+        // ~15 s instead of holding streams forever.
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true))
+}
+
+/// Adds `authorization: Bearer <token>` to every call it intercepts (nothing without a
+/// token).
+#[derive(Clone)]
+pub(crate) struct Auth(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl Auth {
+    fn new(token: Option<&str>) -> Result<Self, Error> {
+        token
+            .map(|t| {
+                format!("Bearer {t}").parse().map_err(|_| {
+                    Error::InvalidArgument(
+                        "the token must be visible ASCII (no spaces or control characters)".into(),
+                    )
+                })
+            })
+            .transpose()
+            .map(Auth)
+    }
+}
+
+impl tonic::service::Interceptor for Auth {
+    fn call(&mut self, mut r: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            r.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(r)
+    }
 }
 
 /// A duration in whole milliseconds, as the API takes them.

@@ -22,7 +22,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::pb::future_q_producer_client::FutureQProducerClient;
 use crate::pb::{self, AckLevel};
-use crate::{millis, Client, Error, Tag};
+use crate::refusal;
+use crate::{millis, Client, Error, Outcome, Reason, Tag};
 
 /// A message to publish.
 #[derive(Debug, Clone, PartialEq)]
@@ -268,7 +269,10 @@ async fn open(client: &Client) -> Result<Stream, Error> {
     loop {
         let ch = client.leader().await?;
         let (batches, rx) = fmpsc::unbounded();
-        match FutureQProducerClient::new(ch).publish_stream(rx).await {
+        match FutureQProducerClient::with_interceptor(ch, client.auth())
+            .publish_stream(rx)
+            .await
+        {
             Ok(r) => {
                 return Ok(Stream {
                     batches,
@@ -505,11 +509,10 @@ async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>)
                     // A deposed leader answers every batch it read, then ends its stream
                     // FAILED_PRECONDITION naming the new leader: what is still unanswered was
                     // never read, so nothing of it was stored.
-                    let named = end.as_ref().err().and_then(|st| {
-                        (st.code() == tonic::Code::FailedPrecondition)
-                            .then(|| crate::leader_named(st))
-                            .flatten()
-                    });
+                    let named = match end.as_ref().err().map(|st| refusal::next_step(st, false)) {
+                        Some(refusal::Next::Leader(named)) => Some(named.unwrap_or_default()),
+                        _ => None,
+                    };
                     let unread = named.is_some();
                     lost(&client, &why, unread, &mut in_flight, &mut queue, retry_for);
                     client.leader_moved(named.as_deref());
@@ -596,30 +599,61 @@ fn answer(
         return;
     }
     let code = tonic::Code::from_i32(i32::try_from(ack.error_code).unwrap_or(2));
+    // A server older than typed refusals sends neither: then what its code says.
+    let (reason, outcome) = match refusal::of_ack(&ack) {
+        Some((r, o)) => (Some(r), Some(o)),
+        None => (None, None),
+    };
     let why = Error::Status {
         code,
         message: ack.error_message.clone(),
+        reason,
+        outcome,
     };
-    match code {
-        tonic::Code::FailedPrecondition
-            if !ack.leader_address.is_empty()
-                || ack.error_message.contains("not the cluster leader") =>
+    let stored_nothing = outcome.is_some_and(Outcome::retry_is_safe);
+    match (reason, code) {
+        (Some(Reason::NotLeader), _) | (None, tonic::Code::FailedPrecondition)
+            if reason.is_some() || !ack.leader_address.is_empty() =>
         {
             // Refused by a node that does not lead: nothing stored; on to the leader.
             client.leader_moved(Some(&ack.leader_address));
             s.moving = true;
             settle(items, true, &why, retry_for, queue);
         }
-        tonic::Code::Aborted => {
+        (Some(Reason::NotApplied | Reason::Conflict | Reason::Overloaded), _)
+        | (None, tonic::Code::Aborted) => {
+            // The leader refused the command (its leadership changing, its ids or budget
+            // full): a pause, then again.
             s.paused_until = Some(tokio::time::Instant::now() + ABORTED_PAUSE);
-            settle(items, true, &why, retry_for, queue);
+            settle(
+                items,
+                reason.is_none() || stored_nothing,
+                &why,
+                retry_for,
+                queue,
+            );
         }
-        tonic::Code::DeadlineExceeded | tonic::Code::Unavailable | tonic::Code::Internal => {
-            settle(items, false, &why, retry_for, queue);
+        (
+            Some(
+                Reason::Timeout
+                | Reason::WriteFailed
+                | Reason::ShuttingDown
+                | Reason::Recovering
+                | Reason::Internal,
+            ),
+            _,
+        )
+        | (
+            None,
+            tonic::Code::DeadlineExceeded | tonic::Code::Unavailable | tonic::Code::Internal,
+        ) => {
+            settle(items, stored_nothing, &why, retry_for, queue);
         }
-        tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted | tonic::Code::OutOfRange
-            if items.len() > 1 =>
-        {
+        (Some(Reason::InvalidArgument | Reason::TooLarge | Reason::PermissionDenied), _)
+        | (
+            None,
+            tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted | tonic::Code::OutOfRange,
+        ) if items.len() > 1 => {
             // A batch is refused whole for one message: send each alone to find it.
             for mut it in items.into_iter().rev() {
                 it.alone = true;

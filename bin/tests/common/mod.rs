@@ -51,6 +51,9 @@ pub struct Broker {
     pub grpc_port: u16,
     pub metrics_port: u16,
     pub extra: String,
+    /// How the harness itself connects when the broker serves TLS (health checks,
+    /// [`Broker::channel`]).
+    pub tls: Option<tonic::transport::ClientTlsConfig>,
     child: Option<Child>,
 }
 
@@ -69,6 +72,7 @@ impl Broker {
             grpc_port: free_port(),
             metrics_port: free_port(),
             extra: extra.to_owned(),
+            tls: None,
             child: None,
         }
     }
@@ -135,7 +139,7 @@ impl Broker {
     pub async fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if let Ok(mut h) = HealthClient::connect(self.url()).await {
+            if let Ok(mut h) = self.try_channel().await.map(HealthClient::new) {
                 if let Ok(r) = h
                     .check(HealthCheckRequest {
                         service: String::new(),
@@ -171,7 +175,17 @@ impl Broker {
     }
 
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.grpc_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.grpc_port)
+    }
+
+    /// A channel as the harness connects (over TLS when [`Broker::tls`] is set).
+    pub async fn try_channel(&self) -> Result<Channel, tonic::transport::Error> {
+        let mut e = Channel::from_shared(self.url()).unwrap();
+        if let Some(t) = &self.tls {
+            e = e.tls_config(t.clone())?;
+        }
+        e.connect().await
     }
 
     pub fn pid(&self) -> i32 {
@@ -225,11 +239,7 @@ impl Broker {
     }
 
     pub async fn channel(&self) -> Channel {
-        Channel::from_shared(self.url())
-            .unwrap()
-            .connect()
-            .await
-            .unwrap()
+        self.try_channel().await.unwrap()
     }
 
     /// GET on the metrics listener.

@@ -47,7 +47,7 @@ fn code_of(n: u32) -> Code {
 }
 
 /// The status in `grpc-status` / `grpc-message`, if the headers carry one, with the
-/// [`LEADER_ADDRESS`] trailer.
+/// [`LEADER_ADDRESS`] trailer and the refusal's reason and outcome.
 fn status_of(h: &HeaderMap) -> Option<Status> {
     let code = h.get("grpc-status")?.to_str().ok()?.parse::<u32>().ok()?;
     let msg = h
@@ -55,7 +55,10 @@ fn status_of(h: &HeaderMap) -> Option<Status> {
         .and_then(|v| v.to_str().ok())
         .map(percent_decode)
         .unwrap_or_default();
-    let status = Status::new(code_of(code), msg);
+    let mut status = Status::new(code_of(code), msg);
+    status.refusal = h
+        .get(super::status::DETAILS_HEADER)
+        .and_then(|v| Status::parse_details(v.as_bytes()));
     Some(match h.get(LEADER_ADDRESS).and_then(|v| v.to_str().ok()) {
         Some(leader) => status.with_metadata(LEADER_ADDRESS, leader.to_owned()),
         None => status,

@@ -6,7 +6,8 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
-use super::status::{Code, Status};
+use super::status::Status;
+use futureq_core::refusal::Reason;
 
 /// Length of the message prefix.
 pub const PREFIX_LEN: usize = 5;
@@ -51,8 +52,8 @@ impl FrameDecoder {
         let flag = self.buf[0];
         let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
         if flag != 0 {
-            return Err(Status::new(
-                Code::Internal,
+            return Err(Status::refused(
+                Reason::Malformed,
                 format!("compressed flag {flag} set but no grpc-encoding was negotiated"),
             ));
         }
@@ -77,8 +78,8 @@ impl FrameDecoder {
 /// The status above.
 pub fn check_len(direction: &str, len: usize, max: usize, setting: &str) -> Result<(), Status> {
     if len > max {
-        return Err(Status::new(
-            Code::ResourceExhausted,
+        return Err(Status::refused(
+            Reason::TooLarge,
             format!(
                 "{direction} message of {len} bytes exceeds the limit of {max} bytes ({setting})"
             ),
@@ -107,6 +108,7 @@ pub fn encode_into<M: prost::Message>(b: &mut BytesMut, m: &M) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::grpc::Code;
     use proptest::prelude::*;
 
     fn frame(payload: &[u8]) -> Vec<u8> {

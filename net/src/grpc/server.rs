@@ -10,7 +10,7 @@ use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use futures_lite::future;
@@ -18,11 +18,14 @@ use glommio::net::{TcpListener, TcpStream};
 use h2::server::SendResponse;
 use h2::{RecvStream, SendStream};
 use http::{HeaderMap, HeaderValue, Request, Response};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_util::compat::FuturesAsyncReadCompatExt;
 
 use super::codec::{check_len, encode_into, FrameDecoder};
 use super::status::{percent_encode, Code, Status};
 use crate::shutdown::Shutdown;
+use crate::tls::{PeerIdentity, ReloadableServer};
+use futureq_core::refusal::Reason;
 
 /// Server limits (from `api.grpc.*`).
 #[derive(Debug, Clone)]
@@ -45,9 +48,9 @@ pub struct ServerConfig {
     /// How long a ping may go unanswered before the connection is closed as dead
     /// (`api.grpc.keepaliveTimeout`). Its streams then end, releasing their deliveries.
     pub keepalive_timeout: Duration,
-    /// How long a new connection may take to send the HTTP/2 preface before it is closed (a
-    /// connection that sends nothing holds no task beyond it; one silent after its preface
-    /// is dropped by the keepalive pings).
+    /// How long a new connection may take for its TLS handshake (when TLS is on) and its
+    /// HTTP/2 preface together before it is closed (a connection that sends nothing holds no
+    /// task beyond it; one silent after its preface is dropped by the keepalive pings).
     pub handshake_timeout: Duration,
 }
 
@@ -83,6 +86,9 @@ pub struct Call {
     pub headers: HeaderMap,
     /// The request's message stream.
     pub inbound: Inbound,
+    /// What the connection's TLS session established about the client (shared by the
+    /// connection's calls).
+    pub peer: Rc<PeerIdentity>,
 }
 
 /// A boxed, single-threaded handler future.
@@ -113,8 +119,8 @@ impl Inbound {
             }
             if self.eos {
                 if self.decoder.has_partial() {
-                    return Err(Status::new(
-                        Code::Internal,
+                    return Err(Status::refused(
+                        Reason::Malformed,
                         "request ended inside a message",
                     ));
                 }
@@ -126,7 +132,10 @@ impl Inbound {
                     self.decoder.push(&chunk);
                 }
                 Some(Err(e)) => {
-                    return Err(Status::new(Code::Cancelled, format!("request stream: {e}")));
+                    return Err(Status::refused(
+                        Reason::Cancelled,
+                        format!("request stream: {e}"),
+                    ));
                 }
                 None => self.eos = true,
             }
@@ -141,16 +150,13 @@ impl Inbound {
         match self.next_raw().await? {
             None => Ok(None),
             Some(b) => M::decode(b).map(Some).map_err(|e| {
-                Status::new(
-                    Code::InvalidArgument,
-                    format!(
-                        "cannot decode {}: {e}",
-                        std::any::type_name::<M>()
-                            .rsplit("::")
-                            .next()
-                            .unwrap_or("message")
-                    ),
-                )
+                Status::invalid(format!(
+                    "cannot decode {}: {e}",
+                    std::any::type_name::<M>()
+                        .rsplit("::")
+                        .next()
+                        .unwrap_or("message")
+                ))
             }),
         }
     }
@@ -192,6 +198,9 @@ fn add_status(h: &mut HeaderMap, s: &Status) {
         if let Ok(v) = HeaderValue::from_str(v) {
             h.insert(*k, v);
         }
+    }
+    if let Some(d) = s.details().and_then(|d| HeaderValue::from_str(&d).ok()) {
+        h.insert(super::status::DETAILS_HEADER, d);
     }
 }
 
@@ -322,6 +331,7 @@ async fn handle_request(
     mut respond: SendResponse<Bytes>,
     handler: Handler,
     cfg: Rc<ServerConfig>,
+    peer: Rc<PeerIdentity>,
 ) {
     let (parts, body) = req.into_parts();
     let is_grpc = parts
@@ -350,6 +360,7 @@ async fn handle_request(
             decoder: FrameDecoder::new(cfg.max_recv_message_len),
             eos: false,
         },
+        peer,
     };
     let mut out = Outbound {
         state: OutState::Idle(respond),
@@ -362,7 +373,7 @@ async fn handle_request(
             Some(d) => {
                 future::or(fut, async move {
                     glommio::timer::Timer::new(d).await;
-                    Status::new(Code::DeadlineExceeded, "deadline (grpc-timeout) exceeded")
+                    Status::refused(Reason::Timeout, "deadline (grpc-timeout) exceeded")
                 })
                 .await
             }
@@ -409,9 +420,61 @@ async fn serve_connection(
     handler: Handler,
     cfg: Rc<ServerConfig>,
     shutdown: Shutdown,
+    tls: Option<std::sync::Arc<ReloadableServer>>,
 ) {
     let peer = stream.peer_addr().ok();
     let _ = stream.set_nodelay(true);
+    let deadline = Instant::now() + cfg.handshake_timeout;
+    let Some(tls) = tls else {
+        let plain = Rc::new(PeerIdentity::default());
+        return serve_h2(
+            stream.compat(),
+            peer,
+            plain,
+            deadline,
+            handler,
+            cfg,
+            shutdown,
+        )
+        .await;
+    };
+    let accept = tokio_rustls::TlsAcceptor::from(tls.config()).accept(stream.compat());
+    let session = match within(deadline, accept).await {
+        Some(Ok(s)) => s,
+        Some(Err(e)) => {
+            tracing::info!(target: "net.grpc", ?peer, error = %e, "TLS handshake failed");
+            return;
+        }
+        None => {
+            tracing::info!(target: "net.grpc", ?peer, timeout_ms = cfg.handshake_timeout.as_millis() as u64, "closing connection: no TLS handshake within api.grpc.handshakeTimeout");
+            return;
+        }
+    };
+    let identity = Rc::new(PeerIdentity::of_tls(
+        session.get_ref().1.peer_certificates(),
+    ));
+    serve_h2(session, peer, identity, deadline, handler, cfg, shutdown).await;
+}
+
+/// `fut`'s output, or `None` once `deadline` passed.
+async fn within<T>(deadline: Instant, fut: impl Future<Output = T>) -> Option<T> {
+    future::or(async { Some(fut.await) }, async {
+        glommio::timer::sleep(deadline.saturating_duration_since(Instant::now())).await;
+        None
+    })
+    .await
+}
+
+/// Serves the HTTP/2 connection on `io` (plain TCP or a TLS session) until it ends.
+async fn serve_h2<T: AsyncRead + AsyncWrite + Unpin>(
+    io: T,
+    peer: Option<std::net::SocketAddr>,
+    identity: Rc<PeerIdentity>,
+    deadline: Instant,
+    handler: Handler,
+    cfg: Rc<ServerConfig>,
+    shutdown: Shutdown,
+) {
     let mut builder = h2::server::Builder::new();
     builder
         .initial_window_size(cfg.stream_window)
@@ -419,12 +482,7 @@ async fn serve_connection(
         .max_concurrent_streams(advertised_streams(cfg.max_concurrent_streams))
         .max_frame_size(1 << 20)
         .max_header_list_size(64 << 10);
-    let handshake = async { Some(builder.handshake::<_, Bytes>(stream.compat()).await) };
-    let timeout = async {
-        glommio::timer::sleep(cfg.handshake_timeout).await;
-        None
-    };
-    let mut conn = match future::or(handshake, timeout).await {
+    let mut conn = match within(deadline, builder.handshake::<_, Bytes>(io)).await {
         Some(Ok(c)) => c,
         Some(Err(e)) => {
             if !is_quiet_disconnect(&e) {
@@ -499,8 +557,8 @@ async fn serve_connection(
                         refused_logged = true;
                         tracing::warn!(target: "net.grpc", ?peer, limit, "a connection opened more streams than api.grpc.maxConcurrentStreams; refusing the excess with RESOURCE_EXHAUSTED");
                     }
-                    let status = Status::new(
-                        Code::ResourceExhausted,
+                    let status = Status::refused(
+                        Reason::Overloaded,
                         format!("this connection has {limit} streams open, the server's limit (api.grpc.maxConcurrentStreams); end some streams or open another connection"),
                     );
                     let _ = respond.send_response(grpc_response(Some(&status)), true);
@@ -510,8 +568,9 @@ async fn serve_connection(
                 streams.set(streams.get() + 1);
                 let open = StreamSlot(Rc::clone(&streams));
                 let (handler, cfg) = (Rc::clone(&handler), Rc::clone(&cfg));
+                let identity = Rc::clone(&identity);
                 glommio::spawn_local(async move {
-                    handle_request(req, respond, handler, cfg).await;
+                    handle_request(req, respond, handler, cfg, identity).await;
                     drop(open);
                 })
                 .detach();
@@ -527,8 +586,15 @@ async fn serve_connection(
     }
 }
 
-/// Accepts connections on `listener` until `shutdown`, serving each on this executor.
-pub async fn serve(listener: TcpListener, handler: Handler, cfg: ServerConfig, shutdown: Shutdown) {
+/// Accepts connections on `listener` until `shutdown`, serving each on this executor, over
+/// TLS when `tls` is given (each connection takes the configuration current when it arrives).
+pub async fn serve(
+    listener: TcpListener,
+    handler: Handler,
+    cfg: ServerConfig,
+    shutdown: Shutdown,
+    tls: Option<std::sync::Arc<ReloadableServer>>,
+) {
     let cfg = Rc::new(cfg);
     crate::listener::accept_until(&listener, &shutdown, "net.grpc", |stream| {
         glommio::spawn_local(serve_connection(
@@ -536,6 +602,7 @@ pub async fn serve(listener: TcpListener, handler: Handler, cfg: ServerConfig, s
             Rc::clone(&handler),
             Rc::clone(&cfg),
             shutdown.clone(),
+            tls.clone(),
         ))
         .detach();
     })

@@ -23,7 +23,12 @@ pub(super) fn write_error(e: RaftError<TypeConfig, ClientWriteError<TypeConfig>>
         RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => WriteError::NotLeader {
             leader: f.leader_id,
         },
-        other => WriteError::Failed(other.to_string()),
+        // A membership change Raft refused was not proposed.
+        RaftError::APIError(e @ ClientWriteError::ChangeMembershipError(_)) => {
+            WriteError::not_taken(e.to_string())
+        }
+        // Raft stopped (fatal) while it may have held the write.
+        other => WriteError::failed(other.to_string()),
     }
 }
 
@@ -81,8 +86,8 @@ where
                 .await
                 .map(drop)
         }
-        Forward::Delete(_) => Err(WriteError::Failed(
-            "event deletes go through Node::write_event".into(),
+        Forward::Delete(_) => Err(WriteError::not_taken(
+            "event deletes go through Node::write_event",
         )),
         Forward::AddLearner(id, addr) => {
             let node = BasicNode { addr: addr.clone() };

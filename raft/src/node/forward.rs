@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futureq_core::command::{encode_delete, DeleteBatch};
+use futureq_core::refusal::Outcome;
 use futureq_core::KEY_LEN;
 use futureq_net::peer::PeerFrame;
 use futureq_net::peer_link::PeerHandler;
@@ -111,9 +112,14 @@ fn encode_outcome(r: &Result<(), WriteError>) -> Vec<u8> {
             v
         }
         Err(WriteError::Timeout) => vec![2],
-        Err(WriteError::Failed(m)) => {
-            let mut v = vec![3];
-            v.extend_from_slice(m.as_bytes());
+        Err(WriteError::Failed { outcome, cause }) => {
+            // 3: outcome unknown (what every version reads); 5 and 6 name the others.
+            let mut v = vec![match outcome {
+                Outcome::Unknown => 3,
+                Outcome::NotStored => 5,
+                Outcome::Stored => 6,
+            }];
+            v.extend_from_slice(cause.as_bytes());
             v
         }
         Err(WriteError::Refused(m)) => {
@@ -134,9 +140,16 @@ fn decode_outcome(b: &[u8]) -> Result<(), WriteError> {
             })
         }
         Some((2, _)) => Err(WriteError::Timeout),
-        Some((3, m)) => Err(WriteError::Failed(String::from_utf8_lossy(m).into_owned())),
         Some((4, m)) => Err(WriteError::Refused(String::from_utf8_lossy(m).into_owned())),
-        _ => Err(WriteError::Failed("malformed forwarded reply".into())),
+        Some((code @ (3 | 5 | 6), m)) => Err(WriteError::Failed {
+            outcome: match code {
+                5 => Outcome::NotStored,
+                6 => Outcome::Stored,
+                _ => Outcome::Unknown,
+            },
+            cause: String::from_utf8_lossy(m).into_owned(),
+        }),
+        _ => Err(WriteError::failed("malformed forwarded reply")),
     }
 }
 
@@ -168,8 +181,8 @@ impl Node {
     async fn forwarded(&self, group: u8, req: &Forward) -> Result<(), WriteError> {
         let deadline = Instant::now() + RPC_TIMEOUT;
         match (group, req) {
-            (META_GROUP, Forward::Delete(_)) => Err(WriteError::Failed(
-                "the metadata group has no event keys to delete".into(),
+            (META_GROUP, Forward::Delete(_)) => Err(WriteError::not_taken(
+                "the metadata group has no event keys to delete",
             )),
             (META_GROUP, _) => change(&self.meta, self.id, req, deadline).await,
             (EVENT_GROUP, Forward::Delete(keys)) => {
@@ -182,10 +195,10 @@ impl Node {
                 .await
                 .map(drop)
             }
-            (EVENT_GROUP, _) => Err(WriteError::Failed(
-                "the event shard takes no forwarded writes or membership changes".into(),
+            (EVENT_GROUP, _) => Err(WriteError::not_taken(
+                "the event shard takes no forwarded writes or membership changes",
             )),
-            _ => Err(WriteError::Failed(format!("unknown group {group}"))),
+            _ => Err(WriteError::not_taken(format!("unknown group {group}"))),
         }
     }
 
@@ -226,7 +239,10 @@ impl Node {
                 }) if leader != self.id => self.forward(META_GROUP, leader, &req, deadline).await,
                 r => r,
             };
-            let again = matches!(r, Err(WriteError::NotLeader { .. } | WriteError::Failed(_)));
+            let again = matches!(
+                r,
+                Err(WriteError::NotLeader { .. } | WriteError::Failed { .. })
+            );
             if !again || Instant::now() + META_RETRY_PAUSE >= deadline {
                 return r;
             }
@@ -273,7 +289,7 @@ impl Node {
             .client(addr)
             .call(group, KIND_FORWARD, Bytes::from(req.encode()), timeout)
             .await
-            .map_err(|e| WriteError::Failed(format!("forwarding to node {leader}: {e}")))?;
+            .map_err(|e| WriteError::failed(format!("forwarding to node {leader}: {e}")))?;
         decode_outcome(&reply.payload)
     }
 }
@@ -315,7 +331,12 @@ mod tests {
             Err(WriteError::NotLeader { leader: Some(3) }),
             Err(WriteError::NotLeader { leader: None }),
             Err(WriteError::Timeout),
-            Err(WriteError::Failed("boom".into())),
+            Err(WriteError::failed("boom")),
+            Err(WriteError::not_taken("not taken")),
+            Err(WriteError::Failed {
+                outcome: Outcome::Stored,
+                cause: "stored".into(),
+            }),
             Err(WriteError::Refused("stale ids".into())),
         ] {
             assert_eq!(decode_outcome(&encode_outcome(&r)), r);

@@ -1,6 +1,7 @@
 //! `FutureQCluster` (clustered, or the standalone answers) and the gRPC health service.
 
-use futureq_net::grpc::{Call, Code, Outbound, Status};
+use futureq_core::refusal::Reason;
+use futureq_net::grpc::{Call, Outbound, Status};
 use futureq_net::pb;
 use futureq_net::pb::health::{
     health_check_response::ServingStatus, HealthCheckRequest, HealthCheckResponse,
@@ -37,17 +38,26 @@ pub async fn get_cluster_info(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> 
     let s = &ctx.settings;
     let view = ctx.repl.view();
     let Some(info) = &view.info else {
-        return Status::new(Code::Unavailable, "topology not yet available");
+        return Status::refused(Reason::Recovering, "topology not yet available");
     };
     let forwarded = call.headers.contains_key(FORWARDED);
     let from_leader = if view.leading || view.leader_addr.is_empty() || forwarded {
         None
     } else {
+        // The caller's credential goes along: the leader authenticates it too.
+        let mut headers = vec![(FORWARDED, "1")];
+        if let Some(a) = call
+            .headers
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+        {
+            headers.push(("authorization", a));
+        }
         futureq_net::grpc::client::unary_with_headers::<_, pb::ClusterInfoResponse>(
             &view.leader_addr,
             "/futureq.FutureQCluster/GetClusterInfo",
             &req,
-            &[(FORWARDED, "1")],
+            &headers,
             INFO_FROM_LEADER_TIMEOUT,
         )
         .await
@@ -91,8 +101,8 @@ pub async fn get_cluster_info(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> 
 pub async fn standalone_membership(mut call: Call) -> Status {
     // Drain the request so the client sees the status, not a reset.
     let _ = call.inbound.next_raw().await;
-    Status::new(
-        Code::FailedPrecondition,
+    Status::refused(
+        Reason::Standalone,
         "node is not running in cluster mode (cluster.enabled is false): membership changes need a cluster",
     )
 }
@@ -104,7 +114,10 @@ pub async fn health_check(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Stat
         Err(s) => return s,
     };
     if !known_service(&req.service) {
-        return Status::new(Code::NotFound, format!("unknown service {:?}", req.service));
+        return Status::refused(
+            Reason::NotFound,
+            format!("unknown service {:?}", req.service),
+        );
     }
     let status = serving_status(ctx);
     match out
@@ -159,7 +172,7 @@ pub async fn health_watch(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Stat
             last = Some(status);
         }
         if ctx.shutdown.is_triggered() {
-            return Status::new(Code::Unavailable, "server is shutting down");
+            return Status::shutting_down();
         }
         let tick = async {
             glommio::timer::sleep(WATCH_INTERVAL).await;
@@ -174,7 +187,7 @@ pub async fn health_watch(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Stat
             true
         };
         if !futures_lite::future::or(futures_lite::future::or(tick, stop), gone).await {
-            return Status::new(Code::Cancelled, "the client went away");
+            return Status::refused(Reason::Cancelled, "the client went away");
         }
     }
 }
@@ -207,7 +220,7 @@ where
         .await
         .is_err()
     {
-        return Status::new(Code::Unavailable, "server is shutting down");
+        return Status::shutting_down();
     }
     let outcome = rx.await.unwrap_or(Err(MembershipError::Stopped));
     // A follower's refusal names the leader in a trailer (empty: not known yet): callers
@@ -231,7 +244,7 @@ where
 
 fn node_id(id: u64) -> Result<u64, Status> {
     if id == 0 {
-        Err(Status::new(Code::InvalidArgument, "node_id must not be 0"))
+        Err(Status::invalid("node_id must not be 0"))
     } else {
         Ok(id)
     }
@@ -240,23 +253,23 @@ fn node_id(id: u64) -> Result<u64, Status> {
 fn raft_address(a: String) -> Result<String, Status> {
     match a.parse::<std::net::SocketAddr>() {
         Ok(s) if !s.ip().is_unspecified() && s.port() != 0 => Ok(a),
-        _ => Err(Status::new(
-            Code::InvalidArgument,
-            format!("raft_address {a:?} must be a dialable host:port (no wildcard address)"),
-        )),
+        _ => Err(Status::invalid(format!(
+            "raft_address {a:?} must be a dialable host:port (no wildcard address)"
+        ))),
     }
 }
 
 /// `JoinCluster`, `LeaveCluster`, `JoinMetadata`, `LeaveMetadata` on a clustered node; with a
 /// cluster secret, only calls that carry it (header `futureq-cluster-secret`, compared in
-/// constant time) are served, others get UNAUTHENTICATED.
+/// constant time) or come from an `admin` principal are served, others get UNAUTHENTICATED.
 pub async fn membership(
     cluster: &Replication,
     secret: &futureq_net::peer_link::PeerSecret,
+    admin: bool,
     mut call: Call,
     out: &mut Outbound,
 ) -> Status {
-    if !secret.is_open() {
+    if !secret.is_open() && !admin {
         let offered = call
             .headers
             .get(crate::cluster::SECRET_HEADER)
@@ -265,9 +278,7 @@ pub async fn membership(
             // Drain the request so the client sees the status, not a reset.
             let _ = call.inbound.next_raw().await;
             tracing::warn!(target: "grpc", method = %call.path, "membership call without the cluster secret refused");
-            return Status::new(
-                Code::Unauthenticated,
-                "membership changes need the cluster secret (header futureq-cluster-secret): missing or wrong",
+            return Status::refused(Reason::Unauthenticated, "membership changes need the cluster secret (header futureq-cluster-secret): missing or wrong",
             );
         }
     }

@@ -6,10 +6,10 @@ use std::sync::atomic::Ordering;
 use bytes::Bytes;
 use futureq_core::hub::{ConsumerId, Delivery, Subscription};
 use futureq_core::message::TOPIC_LEN_MAX;
+use futureq_core::refusal::{Outcome, Reason, Refusal, WriteError};
 use futureq_core::EventKey;
-use futureq_net::grpc::{Call, Code, Outbound, Status};
+use futureq_net::grpc::{Call, Outbound, Status};
 use futureq_net::pb::{consumer_frame, ConsumerFrame, QueueMessage};
-use futureq_raft::node::WriteError;
 use futures::channel::oneshot;
 use futures_lite::future;
 
@@ -72,12 +72,6 @@ enum Event {
     Gone,
 }
 
-/// A refusal naming the leader in the [`futureq_net::grpc::LEADER_ADDRESS`] trailer (when
-/// known).
-fn not_leader(leader_addr: &str, code: Code, message: &str) -> Status {
-    Status::new(code, message).with_leader(leader_addr)
-}
-
 /// Makes sure `group` is in the durable group registry of `topic` before its first member
 /// takes messages: from then on the group is owed every message of the topic, also across
 /// disconnects, restarts and failovers (a `RegisterGroup` command: durable in the journal
@@ -95,7 +89,12 @@ async fn register_group(ctx: &Ctx, topic: &str, group: &str) -> Result<(), Write
 }
 
 /// Serves one Subscribe stream.
-pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
+pub async fn subscribe(
+    ctx: &Ctx,
+    access: &crate::auth::Access,
+    mut call: Call,
+    out: &mut Outbound,
+) -> Status {
     let init = match call.inbound.next::<ConsumerFrame>().await {
         Ok(None) => return Status::ok(),
         Err(s) => return s,
@@ -103,54 +102,38 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
             frame: Some(consumer_frame::Frame::Init(init)),
         })) => init,
         Ok(Some(_)) => {
-            return Status::new(
-                Code::InvalidArgument,
-                "the first ConsumerFrame must be init (SubscribeInit)",
-            );
+            return Status::invalid("the first ConsumerFrame must be init (SubscribeInit)");
         }
     };
     if init.topic.is_empty() {
-        return Status::new(
-            Code::InvalidArgument,
-            "SubscribeInit.topic must not be empty",
-        );
+        return Status::invalid("SubscribeInit.topic must not be empty");
     }
     if init.topic.len() > TOPIC_LEN_MAX {
-        return Status::new(
-            Code::InvalidArgument,
-            format!(
-                "SubscribeInit.topic is {} bytes, the limit is {TOPIC_LEN_MAX}",
-                init.topic.len()
-            ),
-        );
+        return Status::invalid(format!(
+            "SubscribeInit.topic is {} bytes, the limit is {TOPIC_LEN_MAX}",
+            init.topic.len()
+        ));
     }
     if init.group_id.len() > TOPIC_LEN_MAX {
-        return Status::new(
-            Code::InvalidArgument,
-            format!(
-                "SubscribeInit.group_id is {} bytes, the limit is {TOPIC_LEN_MAX}",
-                init.group_id.len()
-            ),
-        );
+        return Status::invalid(format!(
+            "SubscribeInit.group_id is {} bytes, the limit is {TOPIC_LEN_MAX}",
+            init.group_id.len()
+        ));
+    }
+    if let Err(r) = access.consume(&init.topic) {
+        return r.into();
     }
     if init.max_in_flight > MAX_IN_FLIGHT_MAX {
-        return Status::new(
-            Code::InvalidArgument,
-            format!(
-                "SubscribeInit.max_in_flight {} exceeds {MAX_IN_FLIGHT_MAX}",
-                init.max_in_flight
-            ),
-        );
+        return Status::invalid(format!(
+            "SubscribeInit.max_in_flight {} exceeds {MAX_IN_FLIGHT_MAX}",
+            init.max_in_flight
+        ));
     }
     // Only the leader delivers; the stream ends when its leadership does (standalone:
     // never).
     let view = ctx.repl.view();
     if !view.leading {
-        return not_leader(
-            &view.leader_addr,
-            Code::FailedPrecondition,
-            "node is not the cluster leader",
-        );
+        return Refusal::not_leader(&view.leader_addr).into();
     }
     let lost = view.lost.clone();
     drop(view);
@@ -162,13 +145,12 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
     if !init.group_id.is_empty() {
         if let Err(e) = register_group(ctx, &init.topic, &init.group_id).await {
             tracing::warn!(target: "consumer", topic = %init.topic, group = %init.group_id, error = %e, "group registration failed");
-            return Status::new(
-                Code::Unavailable,
-                format!(
-                    "cannot register consumer group {:?} of topic {:?}: {e}",
-                    init.group_id, init.topic
-                ),
+            let mut r = super::write_refusal(ctx, "the group's registration", &e);
+            r.message = format!(
+                "cannot register consumer group {:?} of topic {:?}: {}",
+                init.group_id, init.topic, r.message
             );
+            return r.into();
         }
     }
     let (tx, rx) = flume::bounded::<Delivery>(max_in_flight as usize);
@@ -189,7 +171,7 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
         .await
         .is_err()
     {
-        return Status::new(Code::Unavailable, "server is shutting down");
+        return Status::shutting_down();
     }
     let id = match reply_rx.await {
         Ok(Ok(id)) => id,
@@ -202,9 +184,11 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
                     init.group_id, init.topic
                 )
             };
-            return Status::new(Code::Unavailable, format!("{whose}: {why}"));
+            return Refusal::new(why.reason(), format!("{whose}: {why}"))
+                .with_outcome(Outcome::NotStored)
+                .into();
         }
-        Err(_) => return Status::new(Code::Unavailable, "server is shutting down"),
+        Err(_) => return Status::shutting_down(),
     };
     ctx.metrics.active_consumers.fetch_add(1, Ordering::Relaxed);
     let _registration = Registration { ctx, id };
@@ -287,7 +271,7 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
                             success: a.success,
                         };
                         if ctx.hub.send_async(cmd).await.is_err() {
-                            return Status::new(Code::Unavailable, "server is shutting down");
+                            return Status::shutting_down();
                         }
                     }
                     Err(e) => {
@@ -298,10 +282,7 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
             Event::Frame(Ok(Some(ConsumerFrame {
                 frame: Some(consumer_frame::Frame::Init(_)),
             }))) => {
-                return Status::new(
-                    Code::InvalidArgument,
-                    "SubscribeInit may only be the first ConsumerFrame",
-                );
+                return Status::invalid("SubscribeInit may only be the first ConsumerFrame");
             }
             Event::Frame(Ok(Some(ConsumerFrame { frame: None }))) => {}
             // The client will send no more frames (e.g. grpcurl, or a request iterator that
@@ -310,23 +291,26 @@ pub async fn subscribe(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status 
             Event::Frame(Ok(None)) => half_closed = true,
             Event::Frame(Err(s)) => return s,
             Event::Stop if group_deleted.load(Ordering::Acquire) => {
-                return Status::new(
-                    Code::NotFound,
+                return Status::refused(
+                    Reason::NotFound,
                     format!(
                         "consumer group {:?} of topic {:?} was deleted",
                         init.group_id, init.topic
                     ),
                 );
             }
-            Event::Stop => return Status::new(Code::Unavailable, "server is shutting down"),
+            Event::Stop => return Status::shutting_down(),
             Event::Lost => {
-                return not_leader(
-                    &ctx.repl.leader_addr(),
-                    Code::Unavailable,
+                return Refusal::new(
+                    Reason::NotLeader,
                     "this node is no longer the cluster leader; reconnect to the leader",
-                );
+                )
+                .with_leader(&ctx.repl.leader_addr())
+                .into();
             }
-            Event::Gone => return Status::new(Code::Cancelled, "client cancelled the stream"),
+            Event::Gone => {
+                return Status::refused(Reason::Cancelled, "client cancelled the stream")
+            }
         }
     }
 }

@@ -2,40 +2,44 @@
 //! first member's Subscribe, and listed by `TopicStats`.)
 
 use futureq_core::message::TOPIC_LEN_MAX;
-use futureq_net::grpc::{Call, Code, Outbound, Status};
+use futureq_net::grpc::{Call, Outbound, Status};
 use futureq_net::pb;
-use futureq_raft::node::WriteError;
 use futures::channel::oneshot;
 
-use super::manage::write_failed;
 use super::{unary_request, Ctx};
 use crate::dispatcher::HubCmd;
 
 /// `DeleteGroup`: removes the group's registration through the write path (durable before
 /// the answer), then the dispatcher ends its members' streams (NOT_FOUND) and deletes what
 /// only it still needed ([`HubCmd::DeleteGroup`]).
-pub async fn delete_group(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
+pub async fn delete_group(
+    ctx: &Ctx,
+    access: &crate::auth::Access,
+    mut call: Call,
+    out: &mut Outbound,
+) -> Status {
     let req = match unary_request::<pb::DeleteGroupRequest>(&mut call).await {
         Ok(r) => r,
         Err(s) => return s,
     };
     if let Err(why) = futureq_core::publish::check_topic(&req.topic) {
-        return Status::new(Code::InvalidArgument, format!("topic: {why}"));
+        return Status::invalid(format!("topic: {why}"));
     }
     if req.group.is_empty() || req.group.len() > TOPIC_LEN_MAX {
-        return Status::new(
-            Code::InvalidArgument,
-            format!(
+        return Status::invalid(format!(
                 "group: {} bytes; give 1 to {TOPIC_LEN_MAX} (a universal consumer has no group to delete)",
                 req.group.len()
             ),
         );
     }
+    if let Err(r) = access.admin("delete a consumer group") {
+        return r.into();
+    }
     if let Err(s) = super::recovered(ctx).await {
         return s;
     }
     if !ctx.repl.leading() {
-        return write_failed(ctx, WriteError::NotLeader { leader: None });
+        return super::not_leader(ctx);
     }
     let (reply, answer) = oneshot::channel();
     let cmd = HubCmd::DeleteGroup {
@@ -44,12 +48,12 @@ pub async fn delete_group(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Stat
         reply,
     };
     if ctx.hub.send_async(cmd).await.is_err() {
-        return Status::new(Code::Unavailable, "server is shutting down");
+        return Status::shutting_down();
     }
     let done = match answer.await {
         Ok(Ok(done)) => done,
-        Ok(Err(e)) => return write_failed(ctx, e),
-        Err(_) => return Status::new(Code::Unavailable, "server is shutting down"),
+        Ok(Err(e)) => return super::write_refusal(ctx, "group deletion", &e).into(),
+        Err(_) => return Status::shutting_down(),
     };
     let resp = pb::DeleteGroupResponse {
         found: done.found,

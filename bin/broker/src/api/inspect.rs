@@ -3,14 +3,14 @@
 
 use std::collections::HashMap;
 
+use futureq_core::refusal::{Outcome, Reason, Refusal};
 use futureq_core::{topic_hash, TopicHash};
-use futureq_net::grpc::{Call, Code, Outbound, Status};
+use futureq_net::grpc::{Call, Outbound, Status};
 use futureq_net::pb;
-use futureq_raft::node::WriteError;
 use futures::channel::oneshot;
 use prost::Message as _;
 
-use super::manage::{tag_of, write_failed};
+use super::manage::tag_of;
 use super::{unary_request, Ctx};
 use crate::dispatcher::HubCmd;
 
@@ -23,18 +23,21 @@ const TOPIC_STATS_BYTES_MIN: usize = 16;
 /// Checks a topic name as publish does; `field` names it in the error.
 fn check_topic(topic: &str) -> Result<(), Status> {
     futureq_core::publish::check_topic(topic)
-        .map_err(|why| Status::new(Code::InvalidArgument, format!("topic: {why}")))
+        .map_err(|why| Status::invalid(format!("topic: {why}")))
 }
 
 /// Reads the store on its admin thread (one such read at a time on the node, on no
 /// executor: see [`futureq_storage::StoreService::admin`]).
-async fn read<T: Send + 'static>(
+pub(super) async fn read<T: Send + 'static>(
     ctx: &Ctx,
     f: impl FnOnce(&futureq_storage::Store) -> Result<T, futureq_storage::StoreError> + Send + 'static,
 ) -> Result<T, Status> {
     ctx.store.admin(f).await.and_then(|r| r).map_err(|e| {
         tracing::error!(target: "api", error = %e, "reading the store failed");
-        Status::new(Code::Internal, format!("reading the store failed: {e}"))
+        // A read: nothing was written.
+        Refusal::new(Reason::Internal, format!("reading the store failed: {e}"))
+            .with_outcome(Outcome::NotStored)
+            .into()
     })
 }
 
@@ -42,9 +45,15 @@ async fn read<T: Send + 'static>(
 /// machine), deliveries in flight and consumer streams (this leader's dispatcher), earliest
 /// due time, dead letters, and its registered groups (from the registry) with what this
 /// leader's dispatcher knows of each: members, deliveries in flight, and pending (stored
-/// less what the group is done with); sorted by topic name, groups by name. A topic with no stored message and no
+/// less what the group is done with); sorted by topic name, groups by name; with principals,
+/// only the topics the caller may publish to or consume from. A topic with no stored message and no
 /// consumer is not listed, unless asked for by name (then all zeros).
-pub async fn topic_stats(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
+pub async fn topic_stats(
+    ctx: &Ctx,
+    access: &crate::auth::Access,
+    mut call: Call,
+    out: &mut Outbound,
+) -> Status {
     let req = match unary_request::<pb::TopicStatsRequest>(&mut call).await {
         Ok(r) => r,
         Err(s) => return s,
@@ -53,12 +62,15 @@ pub async fn topic_stats(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Statu
         if let Err(s) = check_topic(&req.topic) {
             return s;
         }
+        if let Err(r) = access.see(&req.topic) {
+            return r.into();
+        }
     }
     if let Err(s) = super::recovered(ctx).await {
         return s;
     }
     if !ctx.repl.leading() {
-        return write_failed(ctx, WriteError::NotLeader { leader: None });
+        return super::not_leader(ctx);
     }
     let only = (!req.topic.is_empty()).then(|| topic_hash(&req.topic));
     let limit = ctx.settings.max_send_message_len / TOPIC_STATS_BYTES_MIN;
@@ -74,9 +86,7 @@ pub async fn topic_stats(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Statu
         Err(s) => return s,
     };
     if rows.len() > limit || registered.len() > limit {
-        return Status::new(
-            Code::ResourceExhausted,
-            format!(
+        return Status::refused(Reason::TooLarge, format!(
                 "more than {limit} topics or groups: their stats cannot fit api.grpc.maxSendMessageSize ({} bytes); ask for one topic at a time, or raise the limit",
                 ctx.settings.max_send_message_len
             ),
@@ -141,14 +151,16 @@ pub async fn topic_stats(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Statu
             group,
         });
     }
-    let mut topics: Vec<pb::TopicStats> = topics.into_values().collect();
+    // A principal sees the topics it may publish to or consume from.
+    let mut topics: Vec<pb::TopicStats> = topics
+        .into_values()
+        .filter(|t| access.sees(&t.topic))
+        .collect();
     topics.sort_by(|a, b| a.topic.cmp(&b.topic));
     let resp = pb::TopicStatsResponse { topics };
     let len = resp.encoded_len();
     if len > ctx.settings.max_send_message_len {
-        return Status::new(
-            Code::ResourceExhausted,
-            format!(
+        return Status::refused(Reason::TooLarge, format!(
                 "the stats of {} topics take {len} bytes, over api.grpc.maxSendMessageSize ({} bytes); ask for one topic at a time",
                 resp.topics.len(),
                 ctx.settings.max_send_message_len
@@ -164,7 +176,12 @@ pub async fn topic_stats(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Statu
 /// `Peek`: up to `limit` stored messages of a topic in due order (to the time bucket), after
 /// `after_tag`; a page ends early rather than exceed the send limit (the client pages on from
 /// its last tag). Each message as a consumer would get it, with `attempt = 0`.
-pub async fn peek(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
+pub async fn peek(
+    ctx: &Ctx,
+    access: &crate::auth::Access,
+    mut call: Call,
+    out: &mut Outbound,
+) -> Status {
     let req = match unary_request::<pb::PeekRequest>(&mut call).await {
         Ok(r) => r,
         Err(s) => return s,
@@ -172,11 +189,11 @@ pub async fn peek(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
     if let Err(s) = check_topic(&req.topic) {
         return s;
     }
+    if let Err(r) = access.consume(&req.topic) {
+        return r.into();
+    }
     if req.limit == 0 || req.limit > PEEK_LIMIT_MAX {
-        return Status::new(
-            Code::InvalidArgument,
-            format!("limit: {}; give 1 to {PEEK_LIMIT_MAX}", req.limit),
-        );
+        return Status::invalid(format!("limit: {}; give 1 to {PEEK_LIMIT_MAX}", req.limit));
     }
     let h = topic_hash(&req.topic);
     let after = if req.after_tag.is_empty() {
@@ -185,10 +202,10 @@ pub async fn peek(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
         match tag_of("after_tag", &req.after_tag) {
             Ok(k) if k.topic_hash() == h => Some(k),
             Ok(_) => {
-                return Status::new(
-                    Code::InvalidArgument,
-                    format!("after_tag: not a delivery tag of topic {:?}", req.topic),
-                )
+                return Status::invalid(format!(
+                    "after_tag: not a delivery tag of topic {:?}",
+                    req.topic
+                ))
             }
             Err(s) => return s,
         }
@@ -197,7 +214,7 @@ pub async fn peek(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
         return s;
     }
     if !ctx.repl.leading() {
-        return write_failed(ctx, WriteError::NotLeader { leader: None });
+        return super::not_leader(ctx);
     }
     let max_bytes = ctx.settings.max_send_message_len;
     let limit = req.limit as usize;

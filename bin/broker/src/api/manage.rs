@@ -2,26 +2,23 @@
 
 use futureq_core::command::{Reschedule, WithId, CANCEL_KEYS_MAX};
 use futureq_core::publish::check_delay;
-use futureq_core::{bucket_of, EventKey};
-use futureq_net::grpc::{Call, Code, Outbound, Status};
+use futureq_core::{bucket_of, EventKey, TopicHash};
+use futureq_net::grpc::{Call, Outbound, Status};
 use futureq_net::pb;
-use futureq_raft::node::WriteError;
 use futures::channel::oneshot;
 
 use super::{unary_request, Ctx};
+use crate::auth::Access;
 use crate::dispatcher::HubCmd;
 use crate::replication::RaftReq;
 
 /// The tags of a request as keys: 1..=[`CANCEL_KEYS_MAX`] tags of 24 bytes each.
 fn keys_of(tags: &[bytes::Bytes]) -> Result<Vec<EventKey>, Status> {
     if tags.is_empty() || tags.len() > CANCEL_KEYS_MAX {
-        return Err(Status::new(
-            Code::InvalidArgument,
-            format!(
-                "delivery_tags: {} tags; give 1 to {CANCEL_KEYS_MAX}",
-                tags.len()
-            ),
-        ));
+        return Err(Status::invalid(format!(
+            "delivery_tags: {} tags; give 1 to {CANCEL_KEYS_MAX}",
+            tags.len()
+        )));
     }
     tags.iter()
         .enumerate()
@@ -29,40 +26,59 @@ fn keys_of(tags: &[bytes::Bytes]) -> Result<Vec<EventKey>, Status> {
         .collect()
 }
 
+/// The `keys` (sorted) whose message the caller may cancel or reschedule: all of them without
+/// principals; with one, those of stored topics it may publish to. A key of a topic with no
+/// row after a barrier write (below) is left out: nothing of it is stored to act on.
+///
+/// A publish may be acked before it is applied (LEADER and NO_ACK; QUORUM standalone), so a
+/// topic without a row yet may be on its way: an empty Cancel goes through the write path
+/// first, and its answer comes once everything logged before it is applied.
+///
+/// # Errors
+/// PERMISSION_DENIED naming the first stored topic the principal may not publish to (nothing
+/// of the request is done); INTERNAL when the store cannot be read; the barrier's refusal.
+async fn permitted(
+    ctx: &Ctx,
+    access: &Access,
+    keys: Vec<EventKey>,
+) -> Result<Vec<EventKey>, Status> {
+    if matches!(access, Access::Open) {
+        return Ok(keys);
+    }
+    let mut hashes: Vec<TopicHash> = keys.iter().map(EventKey::topic_hash).collect();
+    hashes.dedup(); // sorted keys: equal hashes are adjacent
+    let asked = hashes.clone();
+    let mut names = super::inspect::read(ctx, move |s| s.topic_names(&asked)).await?;
+    if names.len() < hashes.len() {
+        let deadline = std::time::Instant::now() + ctx.settings.proposal_timeout;
+        ctx.repl
+            .request(|reply| RaftReq::Cancel {
+                keys: Vec::new(),
+                deadline,
+                reply,
+            })
+            .await
+            .map_err(|e| Status::from(super::write_refusal(ctx, "cancel", &e)))?;
+        names = super::inspect::read(ctx, move |s| s.topic_names(&hashes)).await?;
+    }
+    for (_, topic) in &names {
+        access.publish(topic)?;
+    }
+    Ok(keys
+        .into_iter()
+        .filter(|k| names.iter().any(|(h, _)| *h == k.topic_hash()))
+        .collect())
+}
+
 /// A delivery tag from a request's `field`: 24 bytes, else INVALID_ARGUMENT naming it.
 pub(super) fn tag_of(field: &str, tag: &[u8]) -> Result<EventKey, Status> {
     EventKey::from_slice(tag).map_err(|_| {
-        Status::new(
-            Code::InvalidArgument,
-            format!(
-                "{field}: {} bytes; a delivery tag is {} bytes, as received",
-                tag.len(),
-                futureq_core::KEY_LEN
-            ),
-        )
+        Status::invalid(format!(
+            "{field}: {} bytes; a delivery tag is {} bytes, as received",
+            tag.len(),
+            futureq_core::KEY_LEN
+        ))
     })
-}
-
-/// A write that did not happen (or whose outcome is unknown), as the client sees it.
-pub(super) fn write_failed(ctx: &Ctx, e: WriteError) -> Status {
-    match e {
-        WriteError::NotLeader { .. } => {
-            Status::new(Code::FailedPrecondition, "node is not the cluster leader")
-                .with_leader(&ctx.repl.leader_addr())
-        }
-        WriteError::Timeout => Status::new(
-            Code::DeadlineExceeded,
-            format!(
-                "not committed within publish.proposalTimeout ({} ms); outcome unknown",
-                ctx.settings.proposal_timeout.as_millis()
-            ),
-        ),
-        WriteError::Refused(why) => Status::new(
-            Code::Aborted,
-            format!("refused by the state machine, nothing applied ({why}); safe to retry"),
-        ),
-        WriteError::Failed(why) => Status::new(Code::Unavailable, why),
-    }
 }
 
 /// Drops `keys` from the dispatcher's memory (read-ahead copies, waiting recipients,
@@ -88,7 +104,7 @@ async fn revoke(ctx: &Ctx, keys: Vec<EventKey>) {
 /// store before the commit ([`HubCmd::Revoke`]). A tag given twice is cancelled once and
 /// answered alike at both places. A message whose TTL passed but that the sweep has not
 /// deleted yet is still stored: `true`.
-pub async fn cancel(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
+pub async fn cancel(ctx: &Ctx, access: &Access, mut call: Call, out: &mut Outbound) -> Status {
     let req = match unary_request::<pb::CancelRequest>(&mut call).await {
         Ok(r) => r,
         Err(s) => return s,
@@ -104,20 +120,28 @@ pub async fn cancel(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
         return s;
     }
     if !ctx.repl.leading() {
-        return write_failed(ctx, WriteError::NotLeader { leader: None });
+        return super::not_leader(ctx);
     }
+    let keys = match permitted(ctx, access, keys).await {
+        Ok(k) => k,
+        Err(s) => return s,
+    };
     let deadline = std::time::Instant::now() + ctx.settings.proposal_timeout;
-    let found = match ctx
-        .repl
-        .request(|reply| RaftReq::Cancel {
-            keys: keys.clone(),
-            deadline,
-            reply,
-        })
-        .await
-    {
-        Ok(c) => c,
-        Err(e) => return write_failed(ctx, e),
+    let found = if keys.is_empty() {
+        Vec::new()
+    } else {
+        match ctx
+            .repl
+            .request(|reply| RaftReq::Cancel {
+                keys: keys.clone(),
+                deadline,
+                reply,
+            })
+            .await
+        {
+            Ok(c) => c,
+            Err(e) => return super::write_refusal(ctx, "cancel", &e).into(),
+        }
     };
     let n = found.iter().filter(|c| **c).count() as u64;
     revoke(ctx, keys.clone()).await;
@@ -145,7 +169,7 @@ pub async fn cancel(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
 /// cancel's is: never delivered again, an ACK/NACK of it in flight is ignored. Every recipient
 /// gets the moved message, also one that acked the old copy already. `found = false` when the
 /// tag is not stored or its TTL has passed.
-pub async fn reschedule(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
+pub async fn reschedule(ctx: &Ctx, access: &Access, mut call: Call, out: &mut Outbound) -> Status {
     let req = match unary_request::<pb::RescheduleRequest>(&mut call).await {
         Ok(r) => r,
         Err(s) => return s,
@@ -155,13 +179,24 @@ pub async fn reschedule(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status
         Err(s) => return s,
     };
     if let Err(why) = check_delay(req.delay_ms, &ctx.settings.publish_limits()) {
-        return Status::new(Code::InvalidArgument, format!("delay_ms: {why}"));
+        return Status::invalid(format!("delay_ms: {why}"));
     }
     if let Err(s) = super::recovered(ctx).await {
         return s;
     }
     if !ctx.repl.leading() {
-        return write_failed(ctx, WriteError::NotLeader { leader: None });
+        return super::not_leader(ctx);
+    }
+    match permitted(ctx, access, vec![key]).await {
+        Ok(k) if k.is_empty() => {
+            // No topic of it is stored: nothing to move.
+            return match out.send(&pb::RescheduleResponse::default()).await {
+                Ok(()) => Status::ok(),
+                Err(s) => s,
+            };
+        }
+        Ok(_) => {}
+        Err(s) => return s,
     }
     let now_ms = crate::dispatcher::now_ms();
     let due_at_ms = now_ms.saturating_add(req.delay_ms);
@@ -183,7 +218,7 @@ pub async fn reschedule(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status
         .await
     {
         Ok(m) => m,
-        Err(e) => return write_failed(ctx, e),
+        Err(e) => return super::write_refusal(ctx, "reschedule", &e).into(),
     };
     if moved.is_some() {
         revoke(ctx, vec![key]).await;

@@ -16,18 +16,19 @@ use bytes::Bytes;
 use futureq_core::command::StoreItem;
 use futureq_core::message::TOPIC_LEN_MAX;
 use futureq_core::publish::{validate_batch, validate_message, validate_options};
+use futureq_core::refusal::{Outcome as WriteOutcome, Reason, Refusal, WriteError};
 use futureq_core::{
     bucket_of, topic_hash, AckLevel, Bucket, DelayMs, EventId, EventKey, Extras, IndexValue,
     StoredMessage, TopicHash, TtlMs, ValidationError,
 };
-use futureq_net::grpc::{Call, Code, Outbound, Status};
+use futureq_net::grpc::{Call, Outbound, Status};
 use futureq_net::pb::{self, index, PublishBatchAck};
-use futureq_raft::node::WriteError;
 use futures::channel::oneshot;
 use futures::stream::{FuturesOrdered, StreamExt};
 use futures_lite::future;
 
 use super::Ctx;
+use crate::auth::Access;
 use crate::budget::Admitted;
 use crate::dispatcher::now_ms;
 use crate::replication::{RaftReq, Stored};
@@ -42,14 +43,19 @@ pub const PIPELINE_BYTES_MAX: usize = 4 << 20;
 
 type AckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = PublishBatchAck>>>;
 
-fn reject(batch_id: u64, code: Code, message: String) -> PublishBatchAck {
+/// The ack of a batch refused: its code, reason and outcome from the one table
+/// ([`futureq_net::grpc::status`]).
+fn reject(batch_id: u64, r: Refusal) -> PublishBatchAck {
+    let (error_code, error_reason, write_outcome) = futureq_net::grpc::status::wire(&r);
     PublishBatchAck {
         success: false,
-        error_message: message,
+        error_message: r.message,
         batch_id,
-        error_code: code as u32,
+        error_code,
         delivery_tags: Vec::new(),
-        leader_address: String::new(),
+        leader_address: r.leader,
+        error_reason,
+        write_outcome,
     }
 }
 
@@ -70,11 +76,12 @@ fn index_value(i: usize, j: usize, idx: pb::Index) -> Result<IndexValue, Validat
 /// metrics' `topic` label: the batch's topic, or "" for a batch of several.
 fn prepare(
     ctx: &Ctx,
+    access: &Access,
     batch: pb::PublishBatch,
     level: AckLevel,
     enqueued_at_ms: i64,
-) -> Result<(Vec<StoreItem>, String), (Code, String)> {
-    let invalid = |e: ValidationError| (Code::InvalidArgument, e.to_string());
+) -> Result<(Vec<StoreItem>, String), Refusal> {
+    let invalid = |e: ValidationError| Refusal::invalid(e.to_string());
     let s = &ctx.settings;
     let limits = s.publish_limits();
     validate_batch(batch.messages.len(), level, &limits).map_err(invalid)?;
@@ -82,21 +89,35 @@ fn prepare(
         validate_message(i, &m.topic, m.delay_ms, m.ttl_ms, m.indexes.len(), &limits)
             .map_err(invalid)?;
         validate_options(i, &m.topic, &m.dedup_id, &m.dead_letter_topic).map_err(invalid)?;
+        let denied = |r: Refusal| {
+            Refusal::new(
+                r.reason,
+                format!(
+                    "PublishBatch.messages[{i}]: {}; nothing of the batch was stored",
+                    r.message
+                ),
+            )
+        };
+        access.publish(&m.topic).map_err(denied)?;
+        // Its dead letters are published to their topic in the publisher's name.
+        access
+            .publish(&futureq_core::message::dead_letter_topic(
+                &m.topic,
+                &m.dead_letter_topic,
+            ))
+            .map_err(denied)?;
         let dead_letters = m.max_attempts > 0 || s.max_attempts > 0;
         let dlq = futureq_core::message::dead_letter_topic_len(&m.topic, &m.dead_letter_topic);
         if dead_letters && dlq > TOPIC_LEN_MAX {
-            return Err((
-                Code::InvalidArgument,
-                format!(
-                    "PublishBatch.messages[{i}].dead_letter_topic: the default \"<topic>.dlq\" would be {dlq} bytes, over the limit of {TOPIC_LEN_MAX}; name one"
-                ),
-            ));
+            return Err(Refusal::invalid(format!(
+                "PublishBatch.messages[{i}].dead_letter_topic: the default \"<topic>.dlq\" would be {dlq} bytes, over the limit of {TOPIC_LEN_MAX}; name one"
+            )));
         }
         // A message no consumer stream could carry would block its topic forever.
         let delivery = delivery_len(m, enqueued_at_ms);
         if delivery > s.max_send_message_len {
-            return Err((
-                Code::ResourceExhausted,
+            return Err(Refusal::new(
+                Reason::TooLarge,
                 format!(
                     "PublishBatch.messages[{i}]: its delivery would be {delivery} bytes, over api.grpc.maxSendMessageSize ({} bytes); nothing of the batch was stored",
                     s.max_send_message_len
@@ -153,8 +174,8 @@ fn prepare(
     // The batch is one log entry, and a log record must fit in a segment.
     let entry = futureq_core::command::store_len_bound(&items);
     if entry > futureq_core::command::ENTRY_BYTES_MAX {
-        return Err((
-            Code::ResourceExhausted,
+        return Err(Refusal::new(
+            Reason::TooLarge,
             format!(
                 "PublishBatch: its {} messages would make a log entry of up to {entry} bytes, over the limit of {} bytes; split the batch (nothing of it was stored)",
                 items.len(),
@@ -191,12 +212,8 @@ fn delivery_len(m: &pb::PublishMessage, enqueued_at_ms: i64) -> usize {
 enum Outcome {
     /// Stored: the ids, and the items a dedup id matched.
     Stored(Stored),
-    /// Refused or failed: the code and message for the client, and the leader's address.
-    Failed(Code, String, String),
-}
-
-fn timeout_message(timeout: std::time::Duration) -> String {
-    format!("batch not committed within publish.proposalTimeout ({timeout:?}); outcome unknown")
+    /// Refused or failed.
+    Failed(Refusal),
 }
 
 /// Stores a batch: the write core (the Raft core, or the local journal standalone) assigns
@@ -208,16 +225,8 @@ async fn store_batch(
     dedup: bool,
     admitted: Admitted,
 ) -> Outcome {
-    let timeout = ctx.settings.proposal_timeout;
-    let not_leader = |addr: String| {
-        Outcome::Failed(
-            Code::FailedPrecondition,
-            "node is not the cluster leader".into(),
-            addr,
-        )
-    };
     if !ctx.repl.leading() {
-        return not_leader(ctx.repl.leader_addr());
+        return Outcome::Failed(Refusal::not_leader(&ctx.repl.leader_addr()));
     }
     let (reply, rx) = oneshot::channel();
     let req = RaftReq::Publish {
@@ -225,52 +234,28 @@ async fn store_batch(
         admitted,
         level,
         dedup,
-        deadline: Instant::now() + timeout,
+        deadline: Instant::now() + ctx.settings.proposal_timeout,
         reply,
     };
     if ctx.repl.writes().send_async(req).await.is_err() {
-        return Outcome::Failed(
-            Code::Unavailable,
-            "server is shutting down".into(),
-            String::new(),
-        );
+        return Outcome::Failed(Refusal::shutting_down());
     }
     match rx.await {
         Ok(Ok(stored)) => Outcome::Stored(stored),
-        Ok(Err(WriteError::NotLeader { .. })) => not_leader(ctx.repl.leader_addr()),
-        Ok(Err(WriteError::Timeout)) => Outcome::Failed(
-            Code::DeadlineExceeded,
-            timeout_message(timeout),
-            String::new(),
-        ),
-        Ok(Err(WriteError::Refused(e))) => {
-            tracing::warn!(target: "producer", error = %e, "batch refused by the state machine");
-            Outcome::Failed(
-                Code::Aborted,
-                format!("batch not stored ({e}); it is safe to publish it again"),
-                String::new(),
-            )
+        Ok(Err(e)) => {
+            if !matches!(e, WriteError::NotLeader { .. } | WriteError::Timeout) {
+                tracing::warn!(target: "producer", error = %e, "batch not stored or failed");
+            }
+            Outcome::Failed(super::write_refusal(ctx, "batch", &e))
         }
-        Ok(Err(WriteError::Failed(e))) => {
-            tracing::warn!(target: "producer", error = %e, "batch failed");
-            // `e` says whether the batch may have been stored.
-            let message = if ctx.repl.is_clustered() {
-                format!("replication failure: {e}")
-            } else {
-                format!("storage failure: {e}")
-            };
-            Outcome::Failed(Code::Unavailable, message, String::new())
-        }
-        Err(_) => Outcome::Failed(
-            Code::Unavailable,
-            "server is shutting down".into(),
-            String::new(),
-        ),
+        // The write core dropped the request unanswered (it stopped while holding it).
+        Err(_) => Outcome::Failed(Refusal::shutting_down().with_outcome(WriteOutcome::Unknown)),
     }
 }
 
 fn process(
     ctx: &Rc<Ctx>,
+    access: &Access,
     batch: pb::PublishBatch,
     admitted: Admitted,
     received: Instant,
@@ -287,19 +272,16 @@ fn process(
     let n = batch.messages.len();
     let metrics = std::sync::Arc::clone(&ctx.metrics);
     let prepared = match ctx.disk.as_deref().filter(|d| d.low()) {
-        Some(d) => Err((Code::ResourceExhausted, d.refusal())),
-        None => prepare(ctx, batch, level, now_ms()),
+        Some(d) => Err(Refusal::new(Reason::DiskLow, d.refusal())),
+        None => prepare(ctx, access, batch, level, now_ms()),
     };
     let (items, topics) = match prepared {
         Ok(x) => x,
-        Err((code, message)) => {
+        Err(r) => {
             metrics
                 .publish_requests
                 .add(&["", level.label(), "rejected"], 1);
-            return (
-                level,
-                Box::pin(future::ready(reject(batch_id, code, message))),
-            );
+            return (level, Box::pin(future::ready(reject(batch_id, r))));
         }
     };
     let keys: Vec<(u64, u64)> = items.iter().map(|it| (it.topic_hash, it.bucket)).collect();
@@ -324,6 +306,8 @@ fn process(
                     error_message: String::new(),
                     batch_id,
                     error_code: 0,
+                    error_reason: 0,
+                    write_outcome: 0,
                     delivery_tags: keys
                         .iter()
                         .enumerate()
@@ -338,10 +322,7 @@ fn process(
                     leader_address: String::new(),
                 }
             }
-            Outcome::Failed(code, message, leader) => PublishBatchAck {
-                leader_address: leader,
-                ..reject(batch_id, code, message)
-            },
+            Outcome::Failed(r) => reject(batch_id, r),
         };
         let result = if ack.success { "success" } else { "error" };
         metrics
@@ -381,12 +362,13 @@ type StreamQueues<'a> = (
 /// write request carries the bytes while the write core holds the items.
 fn serve(
     ctx: &Rc<Ctx>,
+    access: &Access,
     (b, bytes, received): (pb::PublishBatch, usize, Instant),
     admitted: Admitted,
     (outstanding_bytes, durable, no_ack): StreamQueues<'_>,
 ) {
     outstanding_bytes.set(outstanding_bytes.get() + bytes);
-    let (level, fut) = process(ctx, b, admitted, received);
+    let (level, fut) = process(ctx, access, b, admitted, received);
     let counter = Rc::clone(outstanding_bytes);
     // Dropping the task (the stream ends) cancels the write's wait, as dropping the future did.
     let fut: AckFuture = Box::pin(glommio::spawn_local(async move {
@@ -401,21 +383,21 @@ fn serve(
     }
 }
 
-/// Acks a batch that was read but not served (nothing of it stored), in its level's order,
-/// naming `leader` (its client address, or "").
+/// Acks a batch that was read but not served (nothing of it stored), in its level's order.
 fn refuse(
     b: &pb::PublishBatch,
-    (code, message, leader): (Code, String, String),
+    refusal: Refusal,
     (durable, no_ack): (
         &mut FuturesOrdered<AckFuture>,
         &mut FuturesOrdered<AckFuture>,
     ),
 ) {
-    let ack = PublishBatchAck {
-        leader_address: leader,
-        ..reject(b.batch_id, code, message)
-    };
-    let ack: AckFuture = Box::pin(future::ready(ack));
+    debug_assert_eq!(
+        refusal.outcome,
+        WriteOutcome::NotStored,
+        "a batch not served stored nothing"
+    );
+    let ack: AckFuture = Box::pin(future::ready(reject(b.batch_id, refusal)));
     if AckLevel::from_wire(b.ack_level).is_durable() {
         durable.push_back(ack);
     } else {
@@ -449,7 +431,12 @@ async fn known_leader(ctx: &Ctx) -> String {
 ///   unknown), except when the client stops reading its acks for the idle timeout.
 /// - Every wait is bounded: a write by `publish.proposalTimeout` (the write core answers by
 ///   then), an ack's send and an idle stream by `publish.streamIdleTimeout`.
-pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -> Status {
+pub async fn publish_stream(
+    ctx: &Rc<Ctx>,
+    access: &Access,
+    mut call: Call,
+    out: &mut Outbound,
+) -> Status {
     let mut durable: FuturesOrdered<AckFuture> = FuturesOrdered::new();
     let mut no_ack: FuturesOrdered<AckFuture> = FuturesOrdered::new();
     let outstanding_bytes = Rc::new(Cell::new(0usize));
@@ -481,11 +468,12 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
                 // Named as late as possible: right after the loss the new leader may not be
                 // known yet.
                 let leader = known_leader(ctx).await;
-                return Status::new(
-                    Code::FailedPrecondition,
+                return Refusal::new(
+                    Reason::NotLeader,
                     "this node is no longer the cluster leader; every batch read was answered; publish to the leader",
                 )
-                .with_leader(&leader);
+                .with_leader(&leader)
+                .into();
             }
             return end;
         }
@@ -553,8 +541,8 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
                     Some(Ok(())) => last_activity = Instant::now(),
                     Some(Err(s)) => return s,
                     None => {
-                        return Status::new(
-                            Code::Unavailable,
+                        return Status::refused(
+                            Reason::StreamIdle,
                             format!(
                                 "the client read no ack for publish.streamIdleTimeout ({} ms); stream ended",
                                 idle_timeout.as_millis()
@@ -564,8 +552,8 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
                 }
             }
             Event::Idle => {
-                return Status::new(
-                    Code::Unavailable,
+                return Status::refused(
+                    Reason::StreamIdle,
                     format!(
                         "no batch for publish.streamIdleTimeout ({} ms) and nothing outstanding; stream ended (open a new one)",
                         idle_timeout.as_millis()
@@ -578,9 +566,11 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
                 let leader = ctx.repl.leader_addr();
                 tracing::debug!(target: "producer", leader = %leader, outstanding, "leadership lost: ending a publish stream once its batches are answered");
                 if let Some((b, _, _)) = admitting.take() {
-                    let message = "node is not the cluster leader; batch not stored".into();
-                    let refusal = (Code::FailedPrecondition, message, leader);
-                    refuse(&b, refusal, (&mut durable, &mut no_ack));
+                    refuse(
+                        &b,
+                        Refusal::not_leader(&leader),
+                        (&mut durable, &mut no_ack),
+                    );
                 }
             }
             Event::Batch(Ok(Some(b))) => {
@@ -589,7 +579,7 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
                 match ctx.publish_budget.try_admit(batch.0) {
                     Some(admitted) => {
                         let streams = (&outstanding_bytes, &mut durable, &mut no_ack);
-                        serve(ctx, (b, batch.0, batch.1), admitted, streams);
+                        serve(ctx, access, (b, batch.0, batch.1), admitted, streams);
                     }
                     None => admitting = Some((b, batch.0, batch.1)),
                 }
@@ -597,7 +587,7 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
             Event::Admitted(admitted) => {
                 if let Some(batch) = admitting.take() {
                     let streams = (&outstanding_bytes, &mut durable, &mut no_ack);
-                    serve(ctx, batch, admitted, streams);
+                    serve(ctx, access, batch, admitted, streams);
                 }
             }
             Event::NotAdmitted => {
@@ -606,7 +596,7 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
                         "the node's publish budget had no room within publish.proposalTimeout ({} ms); batch not stored",
                         ctx.settings.proposal_timeout.as_millis()
                     );
-                    let refusal = (Code::DeadlineExceeded, message, String::new());
+                    let refusal = Refusal::new(Reason::Overloaded, message);
                     refuse(&b, refusal, (&mut durable, &mut no_ack));
                 }
             }
@@ -617,12 +607,11 @@ pub async fn publish_stream(ctx: &Rc<Ctx>, mut call: Call, out: &mut Outbound) -
             }
             Event::Stop => {
                 reading = false;
-                end = Status::new(Code::Unavailable, "server is shutting down");
+                end = Status::shutting_down();
                 // A batch still waiting for the budget is not stored: say so now rather
                 // than wait for bytes that a stopping write core may never return.
                 if let Some((b, _, _)) = admitting.take() {
-                    let message = "server is shutting down; batch not stored".into();
-                    let refusal = (Code::Unavailable, message, String::new());
+                    let refusal = Refusal::shutting_down();
                     refuse(&b, refusal, (&mut durable, &mut no_ack));
                 }
             }

@@ -1,7 +1,7 @@
 //! `grpc.reflection.v1` and `v1alpha`: one response per request on a bidirectional stream,
 //! from the descriptors compiled into the binary ([`futureq_net::reflection`]).
 
-use futureq_net::grpc::{Call, Code, Outbound, Status};
+use futureq_net::grpc::{Call, Outbound, Status};
 use futureq_net::pb::reflection::ServerReflectionRequest;
 use futureq_net::reflection::{Reflection, ReflectionError, DESCRIPTORS};
 use futures_lite::future;
@@ -39,7 +39,7 @@ pub async fn serve(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Status {
             }
             Some(Ok(None)) => return Status::ok(),
             Some(Err(s)) => return s,
-            None => return Status::new(Code::Unavailable, "server is shutting down"),
+            None => return Status::shutting_down(),
         }
     }
 }

@@ -22,8 +22,9 @@ use std::time::Instant;
 use crate::budget::Admitted;
 use crate::replication::Stored;
 use futureq_core::command::{encode_store, store_len_bound, Answer, StoreBatch, StoreItem};
+use futureq_core::refusal::WriteError;
 use futureq_core::AckLevel;
-use futureq_raft::node::{EventWrite, Proposal, WriteError};
+use futureq_raft::node::{EventWrite, Proposal};
 use futures::channel::oneshot;
 
 use super::Core;
@@ -222,7 +223,7 @@ async fn propose(core: &Rc<Core>, group: Group) {
     let r = w
         .done
         .await
-        .unwrap_or_else(|_| Err(WriteError::Failed("raft stopped".into())));
+        .unwrap_or_else(|_| Err(WriteError::failed("raft stopped")));
     answer(None, &r);
 }
 

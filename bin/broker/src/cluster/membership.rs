@@ -3,7 +3,8 @@
 
 use std::time::{Duration, Instant};
 
-use futureq_raft::node::{Forward, Node, Standing, WriteError};
+use futureq_core::refusal::WriteError;
+use futureq_raft::node::{Forward, Node, Standing};
 
 use super::Core;
 use crate::config::ClusterSettings;

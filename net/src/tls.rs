@@ -1,0 +1,362 @@
+//! TLS for both planes: certificates, keys and CAs read from PEM files into rustls
+//! configurations (the ring provider, TLS 1.3 and 1.2, ALPN), swapped whole on a reload while
+//! the connections already open go on with the configuration they started with.
+//!
+//! # Invariants
+//! - A configuration is built completely (every file read, the key matching its certificate,
+//!   the verifier built) before it replaces the one in use: a reload that fails anywhere
+//!   leaves the old configuration serving.
+//! - A client certificate is accepted only when it chains to one of the configured CAs and is
+//!   valid now (rustls' WebPKI verifier); the names a connection carries come from such a
+//!   certificate only.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::RootCertStore;
+
+/// The ALPN protocol of gRPC (HTTP/2 over TLS).
+pub const ALPN_H2: &[u8] = b"h2";
+
+/// Whether a TLS server asks clients for a certificate (`clientAuth`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientAuth {
+    /// No client certificate is asked for.
+    None,
+    /// A client may present a certificate; one that does must present a valid one.
+    Optional,
+    /// Every client must present a valid certificate.
+    Require,
+}
+
+impl ClientAuth {
+    /// Parses the configuration's spelling (`none`, `optional`, `require`).
+    #[must_use]
+    pub fn from_name(s: &str) -> Option<Self> {
+        match s {
+            "none" => Some(ClientAuth::None),
+            "optional" => Some(ClientAuth::Optional),
+            "require" => Some(ClientAuth::Require),
+            _ => None,
+        }
+    }
+}
+
+/// A TLS configuration that cannot be built; each names the file at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A PEM file cannot be read or parsed.
+    #[error("{}: {source}", path.display())]
+    Pem {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: rustls::pki_types::pem::Error,
+    },
+    /// A certificate file holds no certificate.
+    #[error("{}: no certificate in the file", path.display())]
+    NoCertificate {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A key file holds no private key.
+    #[error("{}: no private key in the file", path.display())]
+    NoKey {
+        /// The file.
+        path: PathBuf,
+    },
+    /// A CA file holds a certificate that cannot be a trust anchor.
+    #[error("{}: not a usable CA certificate: {source}", path.display())]
+    BadCa {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: rustls::Error,
+    },
+    /// A certificate cannot be parsed (its names and expiry are read from it).
+    #[error("{}: the certificate cannot be parsed", path.display())]
+    BadCertificate {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The certificate and key do not make a usable pair (or the key type is not supported).
+    #[error("{} with {}: {source}", cert.display(), key.display())]
+    Pair {
+        /// The certificate file.
+        cert: PathBuf,
+        /// The key file.
+        key: PathBuf,
+        /// Why.
+        source: rustls::Error,
+    },
+    /// The client-certificate verifier cannot be built from the CAs.
+    #[error("client certificate verifier: {0}")]
+    Verifier(#[from] rustls::server::VerifierBuilderError),
+    /// rustls refused the protocol versions or provider (not expected with the defaults).
+    #[error("TLS configuration: {0}")]
+    Config(#[from] rustls::Error),
+}
+
+/// The files of a TLS server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerFiles {
+    /// The certificate chain (PEM), the server's own certificate first.
+    pub cert: PathBuf,
+    /// The private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// CAs a client certificate is verified against (PEM, each file may hold several).
+    pub cas: Vec<PathBuf>,
+    /// Whether clients are asked for a certificate.
+    pub client_auth: ClientAuth,
+}
+
+/// When a certificate stops being valid.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CertExpiry {
+    /// The certificate's file.
+    pub path: PathBuf,
+    /// Its `notAfter`, in seconds since the Unix epoch.
+    pub not_after_unix: i64,
+}
+
+/// The ring provider (the design's choice: no aws-lc build). rustls deprecates it for lacking
+/// post-quantum key exchange; X25519 and the NIST curves remain.
+#[allow(deprecated)]
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+const VERSIONS: &[&rustls::SupportedProtocolVersion] =
+    &[&rustls::version::TLS13, &rustls::version::TLS12];
+
+/// The certificates in a PEM file, at least one.
+///
+/// # Errors
+/// [`TlsError::Pem`] or [`TlsError::NoCertificate`].
+pub fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = |source| TlsError::Pem {
+        path: path.to_owned(),
+        source,
+    };
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(pem)?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(pem)?;
+    if certs.is_empty() {
+        return Err(TlsError::NoCertificate {
+            path: path.to_owned(),
+        });
+    }
+    Ok(certs)
+}
+
+fn read_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_file(path).map_err(|source| match source {
+        rustls::pki_types::pem::Error::NoItemsFound => TlsError::NoKey {
+            path: path.to_owned(),
+        },
+        source => TlsError::Pem {
+            path: path.to_owned(),
+            source,
+        },
+    })
+}
+
+/// A root store of every certificate in `paths`.
+///
+/// # Errors
+/// A file that cannot be read, holds no certificate or holds one that is no trust anchor.
+pub fn read_roots(paths: &[PathBuf]) -> Result<RootCertStore, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for path in paths {
+        for cert in read_certs(path)? {
+            roots.add(cert).map_err(|source| TlsError::BadCa {
+                path: path.clone(),
+                source,
+            })?;
+        }
+    }
+    Ok(roots)
+}
+
+/// The expiry of the first (own) certificate of `certs`, read from `path`.
+fn expiry_of(path: &Path, certs: &[CertificateDer<'_>]) -> Result<CertExpiry, TlsError> {
+    let bad = || TlsError::BadCertificate {
+        path: path.to_owned(),
+    };
+    let first = certs.first().ok_or_else(bad)?;
+    let (_, cert) = x509_parser::parse_x509_certificate(first).map_err(|_| bad())?;
+    Ok(CertExpiry {
+        path: path.to_owned(),
+        not_after_unix: cert.validity().not_after.timestamp(),
+    })
+}
+
+/// The names a certificate vouches for: its subjectAltName DNS names and URIs, in order.
+/// An unparsable certificate has none.
+#[must_use]
+pub fn certificate_names(der: &[u8]) -> Vec<String> {
+    use x509_parser::extensions::GeneralName;
+    let Ok((_, cert)) = x509_parser::parse_x509_certificate(der) else {
+        return Vec::new();
+    };
+    let Ok(Some(san)) = cert.subject_alternative_name() else {
+        return Vec::new();
+    };
+    san.value
+        .general_names
+        .iter()
+        .filter_map(|n| match n {
+            GeneralName::DNSName(s) | GeneralName::URI(s) => Some((*s).to_owned()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A server configuration built from `files`, with `alpn` offered, and the certificate's expiry.
+///
+/// # Errors
+/// The first file or combination that is not usable, named.
+pub fn server_config(
+    files: &ServerFiles,
+    alpn: &[&[u8]],
+) -> Result<(Arc<rustls::ServerConfig>, CertExpiry), TlsError> {
+    let certs = read_certs(&files.cert)?;
+    let expiry = expiry_of(&files.cert, &certs)?;
+    let key = read_key(&files.key)?;
+    let builder =
+        rustls::ServerConfig::builder_with_provider(provider()).with_protocol_versions(VERSIONS)?;
+    let builder = match files.client_auth {
+        ClientAuth::None => builder.with_no_client_auth(),
+        auth => {
+            let roots = Arc::new(read_roots(&files.cas)?);
+            let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider());
+            let verifier = if auth == ClientAuth::Optional {
+                verifier.allow_unauthenticated().build()?
+            } else {
+                verifier.build()?
+            };
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder
+        .with_single_cert(certs, key)
+        .map_err(|source| TlsError::Pair {
+            cert: files.cert.clone(),
+            key: files.key.clone(),
+            source,
+        })?;
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok((Arc::new(config), expiry))
+}
+
+/// A TLS server configuration every core reads at each new connection, and a reload swaps.
+#[derive(Debug)]
+pub struct ReloadableServer {
+    files: ServerFiles,
+    alpn: Vec<&'static [u8]>,
+    current: RwLock<(Arc<rustls::ServerConfig>, CertExpiry)>,
+}
+
+impl ReloadableServer {
+    /// Builds the first configuration from `files`.
+    ///
+    /// # Errors
+    /// As [`server_config`].
+    pub fn load(files: ServerFiles, alpn: &[&'static [u8]]) -> Result<Self, TlsError> {
+        let current = server_config(&files, alpn)?;
+        Ok(ReloadableServer {
+            files,
+            alpn: alpn.to_vec(),
+            current: RwLock::new(current),
+        })
+    }
+
+    /// The configuration a new connection uses.
+    #[must_use]
+    pub fn config(&self) -> Arc<rustls::ServerConfig> {
+        let guard = self.current.read().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(&guard.0)
+    }
+
+    /// The expiry of the certificate in use.
+    #[must_use]
+    pub fn expiry(&self) -> CertExpiry {
+        let guard = self.current.read().unwrap_or_else(|p| p.into_inner());
+        guard.1.clone()
+    }
+
+    /// Reads the files again into a configuration not yet in use (see [`Self::install`]).
+    ///
+    /// # Errors
+    /// As [`server_config`]; the configuration in use stays.
+    pub fn reread(&self) -> Result<ServerConfigured, TlsError> {
+        server_config(&self.files, &self.alpn).map(ServerConfigured)
+    }
+
+    /// Puts a configuration [`Self::reread`] built in use for new connections; connections
+    /// open go on with the one they started with.
+    pub fn install(&self, next: ServerConfigured) {
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = next.0;
+    }
+}
+
+/// A server configuration read and checked, not yet in use.
+#[derive(Debug)]
+pub struct ServerConfigured((Arc<rustls::ServerConfig>, CertExpiry));
+
+impl ServerConfigured {
+    /// The expiry of its certificate.
+    #[must_use]
+    pub fn expiry(&self) -> &CertExpiry {
+        &self.0 .1
+    }
+}
+
+/// What a connection's TLS session established about the client.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PeerIdentity {
+    /// Whether the connection is over TLS.
+    pub tls: bool,
+    /// The verified client certificate's names (subjectAltName DNS and URI); empty without one.
+    pub cert_names: Vec<String>,
+}
+
+impl PeerIdentity {
+    /// The identity of a TLS session whose verified chain is `certs` (the client's first).
+    #[must_use]
+    pub fn of_tls(certs: Option<&[CertificateDer<'_>]>) -> Self {
+        PeerIdentity {
+            tls: true,
+            cert_names: certs
+                .and_then(|c| c.first())
+                .map(|c| certificate_names(c))
+                .unwrap_or_default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_auth_names() {
+        assert_eq!(ClientAuth::from_name("none"), Some(ClientAuth::None));
+        assert_eq!(
+            ClientAuth::from_name("optional"),
+            Some(ClientAuth::Optional)
+        );
+        assert_eq!(ClientAuth::from_name("require"), Some(ClientAuth::Require));
+        assert_eq!(ClientAuth::from_name("required"), None);
+    }
+
+    #[test]
+    fn garbage_has_no_names() {
+        assert!(certificate_names(b"not a certificate").is_empty());
+        assert!(certificate_names(&[]).is_empty());
+    }
+}
