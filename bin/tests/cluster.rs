@@ -42,7 +42,7 @@ struct Cluster {
 
 /// The configuration of node `id`; `membership` is its `initialMembers` or `joinSeeds` line.
 fn node_yaml(b: &Broker, id: usize, raft_addr: &str, membership: &str, extra: &str) -> String {
-    node_yaml_deletes(b, id, raft_addr, membership, extra, "100ms")
+    node_yaml_deletes(b, id, raft_addr, membership, extra, "100ms", tls_dir())
 }
 
 /// [`node_yaml`] with `delivery.deleteBatchInterval` set.
@@ -53,12 +53,68 @@ fn node_yaml_deletes(
     membership: &str,
     extra: &str,
     delete_interval: &str,
+    tls: Option<&std::path::Path>,
 ) -> String {
+    let (cluster_tls, api_tls) = match tls {
+        Some(d) => {
+            let d = d.display();
+            let files = format!(
+                "certFile: {d}/node.pem\n{{}}keyFile: {d}/node-key.pem\n{{}}caFile: {d}/ca.pem\n"
+            );
+            (
+                format!("  tls:\n    {}", files.replace("{}", "    ")),
+                format!("    tls:\n      {}", files.replace("{}", "      ")),
+            )
+        }
+        None => (String::new(), String::new()),
+    };
     format!(
-        "cluster:\n  enabled: true\n  nodeId: {id}\n  secret: {SECRET}\n{membership}  raft:\n    listen: {raft_addr}\n    advertise: {raft_addr}\n    dataDir: {dir}\n    rtt: {RTT_MS}ms\n{extra}api:\n  grpc:\n    advertise: 127.0.0.1:{grpc}\ndelivery:\n  deleteBatchInterval: {delete_interval}\npublish:\n  minAckLevel: noAck\n",
+        "cluster:\n  enabled: true\n  nodeId: {id}\n  secret: {SECRET}\n{cluster_tls}{membership}  raft:\n    listen: {raft_addr}\n    advertise: {raft_addr}\n    dataDir: {dir}\n    rtt: {RTT_MS}ms\n{extra}api:\n  grpc:\n    advertise: 127.0.0.1:{grpc}\n{api_tls}delivery:\n  deleteBatchInterval: {delete_interval}\npublish:\n  minAckLevel: noAck\n",
         dir = b.dir.path().join("raft").display(),
         grpc = b.grpc_port,
     )
+}
+
+/// Issue 27: with `TEST_CLUSTER_TLS=1` every cluster of this file runs mutual TLS
+/// between its nodes and TLS on the client plane (one development CA; a node certificate for
+/// 127.0.0.1 to 127.0.0.32, shared by all nodes). The directory of those files, or `None`.
+fn tls_dir() -> Option<&'static std::path::Path> {
+    static DIR: std::sync::OnceLock<Option<tempfile::TempDir>> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        std::env::var("TEST_CLUSTER_TLS")
+            .is_ok_and(|v| v == "1")
+            .then(|| cluster_certs(&futureq_broker::certs::DevCa::new("test cluster CA").unwrap()))
+    })
+    .as_ref()
+    .map(tempfile::TempDir::path)
+}
+
+/// A directory with `ca`'s certificate and a node certificate for 127.0.0.1 to 127.0.0.32.
+fn cluster_certs(ca: &futureq_broker::certs::DevCa) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ca.pem"), ca.cert_pem()).unwrap();
+    let mut names = vec!["localhost".to_owned()];
+    names.extend((1..=32).map(|i| format!("127.0.0.{i}")));
+    names.push("futureq-node://test".to_owned());
+    let node = ca
+        .issue(&names, futureq_broker::certs::Validity::Days(2))
+        .unwrap();
+    futureq_broker::certs::write_pair(dir.path(), "node", &node).unwrap();
+    dir
+}
+
+/// How the harness connects to a node of a cluster whose certificates are in `dir`: trusting
+/// its CA, as one of its nodes (membership calls need that).
+fn harness_tls(dir: Option<&std::path::Path>) -> Option<tonic::transport::ClientTlsConfig> {
+    let read = |d: &std::path::Path, f: &str| std::fs::read(d.join(f)).unwrap();
+    dir.map(|d| {
+        tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(read(d, "ca.pem")))
+            .identity(tonic::transport::Identity::from_pem(
+                read(d, "node.pem"),
+                read(d, "node-key.pem"),
+            ))
+    })
 }
 
 impl Cluster {
@@ -70,6 +126,17 @@ impl Cluster {
 
     /// [`Cluster::start`] with `delivery.deleteBatchInterval` set.
     async fn start_deletes(n: usize, extra: &str, delete_interval: &str) -> Cluster {
+        Cluster::start_with(n, extra, delete_interval, tls_dir()).await
+    }
+
+    /// [`Cluster::start_deletes`] on the certificates in `tls` (mutual TLS between nodes,
+    /// TLS on the client plane), or none.
+    async fn start_with(
+        n: usize,
+        extra: &str,
+        delete_interval: &str,
+        tls: Option<&std::path::Path>,
+    ) -> Cluster {
         let raft: Vec<String> = (1..=n)
             .map(|i| format!("127.0.0.{i}:{}", common::free_port()))
             .collect();
@@ -83,7 +150,8 @@ impl Cluster {
         for (i, addr) in raft.iter().enumerate() {
             let mut b = Broker::prepare("");
             let raft_extra = format!("    initialMembers: {{{members}}}\n{extra}");
-            b.extra = node_yaml_deletes(&b, i + 1, addr, "", &raft_extra, delete_interval);
+            b.extra = node_yaml_deletes(&b, i + 1, addr, "", &raft_extra, delete_interval, tls);
+            b.tls = harness_tls(tls);
             b.launch();
             nodes.push(b);
         }
@@ -111,6 +179,7 @@ impl Cluster {
             self.nodes[seed].grpc_port
         );
         b.extra = node_yaml(&b, id, &addr, &seeds, extra);
+        b.tls = harness_tls(tls_dir());
         b
     }
 
@@ -1323,7 +1392,18 @@ async fn the_client_library_follows_the_leader_across_a_failover() {
             .filter(|i| *i != follower)
             .map(|i| format!("127.0.0.1:{}", c.nodes[i].grpc_port)),
     );
-    let client = Client::connect(seeds).await.unwrap();
+    let client = Client::connect_with(
+        seeds,
+        futureq_client::ClientConfig {
+            tls: tls_dir().map(|d| futureq_client::TlsConfig {
+                ca_pem: Some(std::fs::read(d.join("ca.pem")).unwrap()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
     let mut consumer = client
         .subscribe(Subscription::new("f").group("g").max_in_flight(200))
         .await
@@ -1736,4 +1816,197 @@ async fn a_follower_without_space_for_its_log_holds_no_commit_back_and_catches_u
         "{}",
         c.nodes[full].log()
     );
+}
+
+/// The Raft address in a node's configuration.
+fn raft_addr_of(b: &Broker) -> String {
+    b.extra
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("listen: "))
+        .expect("a raft listen line")
+        .to_owned()
+}
+
+/// Issue 27.3: a cluster on mutual TLS serves clients over TLS and fails over; a node whose
+/// certificate another CA signed can neither join it nor disturb it (its votes reach no
+/// node), and a caller without a node certificate changes no membership.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_on_mutual_tls_admits_no_node_of_a_foreign_ca() {
+    let _serial = SERIAL.lock().await;
+    let ours = cluster_certs(&futureq_broker::certs::DevCa::new("our CA").unwrap());
+    let mut c = Cluster::start_with(3, "", "100ms", Some(ours.path())).await;
+    let leader = c.leader(Duration::from_secs(10)).await;
+    c.wait_topology(leader, 3).await;
+    let mut p = Publisher::open(c.nodes[leader].channel().await).await;
+    assert!(
+        p.publish(batch(1, 0, vec![msg("mtls", "a", 0, 0)]))
+            .await
+            .success
+    );
+    let term = c.nodes[leader].metric("futureq_raft_term").await;
+
+    // A node of another CA that takes itself for member 4 campaigns at our Raft ports, and
+    // one that asks to join through our leader.
+    let theirs = cluster_certs(&futureq_broker::certs::DevCa::new("their CA").unwrap());
+    // They trust our CA (its certificate is no secret): only our check of theirs stops them.
+    std::fs::copy(ours.path().join("ca.pem"), theirs.path().join("ca.pem")).unwrap();
+    let mut members: Vec<String> = c
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, b)| format!("{}: \"{}\"", i + 1, raft_addr_of(b)))
+        .collect();
+    let intruder_addr = format!("127.0.0.4:{}", common::free_port());
+    members.push(format!("4: \"{intruder_addr}\""));
+    let mut intruder = Broker::prepare("");
+    intruder.extra = node_yaml_deletes(
+        &intruder,
+        4,
+        &intruder_addr,
+        "",
+        &format!("    initialMembers: {{{}}}\n", members.join(", ")),
+        "100ms",
+        Some(theirs.path()),
+    );
+    intruder.launch();
+    let joiner_addr = format!("127.0.0.5:{}", common::free_port());
+    let mut joiner = Broker::prepare("");
+    joiner.extra = node_yaml_deletes(
+        &joiner,
+        5,
+        &joiner_addr,
+        &format!(
+            "  joinSeeds: [\"127.0.0.1:{}\"]\n",
+            c.nodes[leader].grpc_port
+        ),
+        "",
+        "100ms",
+        Some(theirs.path()),
+    );
+    joiner.launch();
+
+    // A caller that trusts our CA but has no node certificate, with the secret: refused.
+    let plain_tls = tonic::transport::ClientTlsConfig::new().ca_certificate(
+        tonic::transport::Certificate::from_pem(std::fs::read(ours.path().join("ca.pem")).unwrap()),
+    );
+    let ch = tonic::transport::Channel::from_shared(c.nodes[leader].url())
+        .unwrap()
+        .tls_config(plain_tls)
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut req = tonic::Request::new(LeaveRequest { node_id: 2 });
+    req.metadata_mut()
+        .insert("futureq-cluster-secret", SECRET.parse().unwrap());
+    let st = FutureQClusterClient::new(ch)
+        .leave_cluster(req)
+        .await
+        .expect_err("no node certificate, no leave");
+    assert_eq!(st.code(), tonic::Code::PermissionDenied, "{st:?}");
+
+    // Several election timeouts later: no new term, three members, writes go on.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let info = c.wait_topology(leader, 3).await;
+    assert_eq!(info.nodes.len(), 3, "{info:?}");
+    assert_eq!(
+        c.nodes[leader].metric("futureq_raft_term").await,
+        term,
+        "the intruder moved no term"
+    );
+    assert!(
+        p.publish(batch(2, 0, vec![msg("mtls", "b", 0, 0)]))
+            .await
+            .success
+    );
+    let refused = c
+        .nodes
+        .iter()
+        .any(|b| b.log().contains("peer link refused: TLS handshake failed"));
+    assert!(refused, "the intruder's links were refused");
+    assert!(
+        joiner.wait_exit(Duration::from_millis(100)).is_some()
+            || !joiner.log().contains("joined the cluster"),
+        "{}",
+        joiner.log_tail(10)
+    );
+
+    // Failover over mutual TLS.
+    c.nodes[leader].kill9();
+    let next = c
+        .leader_except(Some(leader), FAILOVER_MAX + Duration::from_secs(5))
+        .await;
+    let mut p = Publisher::open(c.nodes[next].channel().await).await;
+    assert!(
+        p.publish(batch(3, 0, vec![msg("mtls", "c", 0, 0)]))
+            .await
+            .success
+    );
+    drop(intruder);
+    drop(joiner);
+}
+
+/// Issue 27.5: TLS is turned on in a running cluster by a whole-cluster restart (README
+/// "Security"): a plaintext cluster stops cleanly, every node restarts on mutual TLS, and
+/// every acknowledged message is there, served over TLS; plaintext is refused from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_is_turned_on_by_a_whole_cluster_restart_keeping_every_message() {
+    let _serial = SERIAL.lock().await;
+    let mut c = Cluster::start_with(3, "", "100ms", None).await;
+    let leader = c.leader(Duration::from_secs(10)).await;
+    c.wait_topology(leader, 3).await;
+    let mut p = Publisher::open(c.nodes[leader].channel().await).await;
+    for n in 0..20u64 {
+        let ack = p
+            .publish(batch(
+                n,
+                0,
+                vec![msg("restart", &format!("m{n}"), 600_000, 0)],
+            ))
+            .await;
+        assert!(ack.success, "{ack:?}");
+    }
+    drop(p);
+    for b in &mut c.nodes {
+        assert!(b.sigterm(Duration::from_secs(10)).success());
+    }
+    let certs = cluster_certs(&futureq_broker::certs::DevCa::new("restart CA").unwrap());
+    let d = certs.path().display();
+    for b in &mut c.nodes {
+        let api_line = format!("    advertise: 127.0.0.1:{}\n", b.grpc_port);
+        b.extra = b
+            .extra
+            .replacen(
+                "  raft:\n",
+                &format!("  tls:\n    certFile: {d}/node.pem\n    keyFile: {d}/node-key.pem\n    caFile: {d}/ca.pem\n  raft:\n"),
+                1,
+            )
+            .replacen(
+                &api_line,
+                &format!("{api_line}    tls:\n      certFile: {d}/node.pem\n      keyFile: {d}/node-key.pem\n"),
+                1,
+            );
+        assert!(b.extra.contains("    tls:\n      certFile"), "{}", b.extra);
+        b.tls = harness_tls(Some(certs.path()));
+        b.launch();
+    }
+    for b in &mut c.nodes {
+        b.wait_ready().await;
+    }
+    let leader = c.leader(Duration::from_secs(10)).await;
+    let stats = topic_stats(&c.nodes[leader], "restart").await;
+    assert_eq!(stats[0].stored, 20, "{stats:?}");
+    let plain = tonic::transport::Channel::from_shared(format!(
+        "http://127.0.0.1:{}",
+        c.nodes[leader].grpc_port
+    ))
+    .unwrap()
+    .connect()
+    .await;
+    if let Ok(ch) = plain {
+        FutureQClusterClient::new(ch)
+            .get_cluster_info(ClusterInfoRequest {})
+            .await
+            .expect_err("plaintext after the restart");
+    }
 }

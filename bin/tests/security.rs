@@ -687,4 +687,30 @@ fn unsafe_or_incomplete_security_settings_refuse_to_start() {
         "api:\n  grpc:\n    tls:\n      clientAuth: sometimes\n",
         "api.grpc.tls.clientAuth",
     );
+    // Clusters: TLS on both planes or neither; principals need the cluster secret.
+    let node = "cluster:\n  enabled: true\n  nodeId: 1\n  raft:\n    advertise: 127.0.0.1:50005\n    initialMembers: {1: \"127.0.0.1:50005\"}\n";
+    let api_tls = format!("api:\n  grpc:\n    advertise: 127.0.0.1:8443\n    tls:\n      certFile: {d}/node.pem\n      keyFile: {d}/node-key.pem\n");
+    let api_plain = "api:\n  grpc:\n    advertise: 127.0.0.1:8443\n";
+    let peer_tls = format!("  tls:\n    certFile: {d}/node.pem\n    keyFile: {d}/node-key.pem\n    caFile: {d}/ca.pem\n");
+    refused(t, &format!("{node}{api_tls}"), "cluster.tls.certFile");
+    refused(
+        t,
+        &format!("{node}{peer_tls}{api_plain}"),
+        "api.grpc.tls.certFile",
+    );
+    refused(
+        t,
+        &format!(
+            "{node}  tls:\n    certFile: {d}/node.pem\n    keyFile: {d}/node-key.pem\n{api_tls}"
+        ),
+        "cluster.tls.caFile",
+    );
+    refused(
+        t,
+        &format!(
+            "{node}{api_plain}  auth:\n    principalsFile: {}\n",
+            principals.display()
+        ),
+        "cluster.secret",
+    );
 }

@@ -9,8 +9,11 @@
 //!   connection fail at once.
 //! - Every wait is bounded: queues by [`PEER_QUEUE_MAX`], calls by their timeout.
 //! - A client opens each connection with a [`KIND_HELLO`] frame carrying the cluster secret;
-//!   a server with a secret closes a connection whose first frame does not carry it (the
-//!   secret travels in the clear until links get TLS).
+//!   a server with a secret closes a connection whose first frame does not carry it.
+//! - With [`PeerTls`] (`cluster.tls`), every link is mutual TLS first: the server requires a
+//!   certificate of the cluster CA, the client verifies the server's against it; the hello
+//!   (and the secret in it) goes inside the session. A link whose handshake does not finish
+//!   within [`TLS_HANDSHAKE_TIMEOUT`] is closed.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -28,6 +31,7 @@ use glommio::net::{TcpListener, TcpStream};
 
 use crate::peer::{PeerFrame, PeerFrameDecoder};
 use crate::shutdown::Shutdown;
+use crate::tls::PeerTls;
 
 /// Frames queued for writing on one connection.
 pub const PEER_QUEUE_MAX: usize = 1024;
@@ -42,6 +46,84 @@ const READ_CHUNK: usize = 64 << 10;
 pub const PEER_REQUESTS_MAX: u64 = 256;
 /// Longest wait for a bound outgoing connection to be established.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest wait for a link's TLS handshake, on either end.
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A link's byte stream: plain TCP or a TLS session over it.
+trait Io: futures_lite::AsyncRead + futures_lite::AsyncWrite + Unpin {}
+impl<T: futures_lite::AsyncRead + futures_lite::AsyncWrite + Unpin> Io for T {}
+
+/// What a peer server asks of a link: the cluster secret in its hello, and mutual TLS.
+#[derive(Debug, Clone, Default)]
+pub struct PeerAuth {
+    /// `cluster.secret` (open when empty).
+    pub secret: PeerSecret,
+    /// `cluster.tls` (plain TCP when `None`).
+    pub tls: Option<std::sync::Arc<PeerTls>>,
+}
+
+impl From<PeerSecret> for PeerAuth {
+    fn from(secret: PeerSecret) -> Self {
+        PeerAuth { secret, tls: None }
+    }
+}
+
+/// `fut`, or a timeout error once `limit` passed.
+async fn bounded<T>(
+    limit: Duration,
+    fut: impl Future<Output = std::io::Result<T>>,
+) -> std::io::Result<T> {
+    future::or(fut, async {
+        glommio::timer::sleep(limit).await;
+        Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "TLS handshake timed out",
+        ))
+    })
+    .await
+}
+
+/// True at most once per 10 s in this process: a peer that keeps failing its handshake (a
+/// wrong certificate, one expired on every node at once) is logged, not every 50 ms.
+fn refusal_logged_long_ago() -> bool {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let last = LAST.load(Ordering::Relaxed);
+    now >= last.saturating_add(10)
+        && LAST
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+}
+
+/// The server end of a link's TLS handshake.
+async fn tls_accept(tls: &PeerTls, stream: TcpStream) -> std::io::Result<Box<dyn Io>> {
+    use tokio_util::compat::{FuturesAsyncReadCompatExt, TokioAsyncReadCompatExt};
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.server());
+    let session = bounded(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream.compat())).await?;
+    Ok(Box::new(session.compat()))
+}
+
+/// The client end of a link's TLS handshake with the peer at `addr`.
+async fn tls_connect(
+    tls: &PeerTls,
+    addr: SocketAddr,
+    stream: TcpStream,
+) -> std::io::Result<Box<dyn Io>> {
+    use tokio_util::compat::{FuturesAsyncReadCompatExt, TokioAsyncReadCompatExt};
+    let name = tls
+        .server_name(addr.ip())
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let connector = tokio_rustls::TlsConnector::from(tls.client());
+    let session = bounded(
+        TLS_HANDSHAKE_TIMEOUT,
+        connector.connect(name, stream.compat()),
+    )
+    .await?;
+    Ok(Box::new(session.compat()))
+}
 
 /// Connects to `to` from `ip` (bind before connect). The blocking connect runs on a thread
 /// of its own, bounded by `timeout`: a peer behind a firewall that drops SYNs must stall
@@ -217,31 +299,47 @@ async fn read_frames<F: Future<Output = bool>>(
     }
 }
 
-/// Serves peer requests on `listener` until `shutdown`; with a `secret`, only on connections
-/// that open with it.
+/// Serves peer requests on `listener` until `shutdown`; with a secret, only on connections
+/// that open with it; with TLS, only on links whose certificate the cluster CA signed.
 pub async fn serve_peers(
     listener: TcpListener,
     handler: PeerHandler,
     max_frame: usize,
-    secret: PeerSecret,
+    auth: impl Into<PeerAuth>,
     shutdown: Shutdown,
 ) {
+    let auth = auth.into();
     crate::listener::accept_until(&listener, &shutdown, "net.peer", |stream| {
         glommio::spawn_local(serve_conn(
             stream,
             Rc::clone(&handler),
             max_frame,
-            secret.clone(),
+            auth.clone(),
         ))
         .detach();
     })
     .await;
 }
 
-async fn serve_conn(stream: TcpStream, handler: PeerHandler, max_frame: usize, secret: PeerSecret) {
+async fn serve_conn(stream: TcpStream, handler: PeerHandler, max_frame: usize, auth: PeerAuth) {
     let _ = stream.set_nodelay(true);
     let peer = stream.peer_addr().ok();
-    let (r, w) = futures_lite::io::split(stream);
+    let io: Box<dyn Io> = match &auth.tls {
+        None => Box::new(stream),
+        Some(tls) => match tls_accept(tls, stream).await {
+            Ok(s) => s,
+            Err(e) => {
+                if refusal_logged_long_ago() {
+                    tracing::warn!(target: "net.peer", ?peer, error = %e, "peer link refused: TLS handshake failed (more such refusals within 10 s are logged at debug)");
+                } else {
+                    tracing::debug!(target: "net.peer", ?peer, error = %e, "peer link refused: TLS handshake failed");
+                }
+                return;
+            }
+        },
+    };
+    let secret = auth.secret;
+    let (r, w) = futures_lite::io::split(io);
     let tx = Rc::new(spawn_writer(w, || {}));
     // None until the first frame: then whether the connection may go on.
     let admitted: Rc<Cell<Option<bool>>> = Rc::default();
@@ -321,6 +419,8 @@ pub struct PeerClient {
     bind: Option<std::net::IpAddr>,
     /// A bound connect's thread is running (at most one per peer).
     connect_thread: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Mutual TLS on every link (`None`: plain TCP).
+    tls: Option<std::sync::Arc<PeerTls>>,
 }
 
 /// Ends a connection attempt when dropped: others waiting for it look again.
@@ -350,7 +450,15 @@ impl PeerClient {
             secret: PeerSecret::default(),
             bind: None,
             connect_thread: std::sync::Arc::default(),
+            tls: None,
         }
+    }
+
+    /// Opens every link with mutual TLS (see [`PeerTls`]).
+    #[must_use]
+    pub fn with_tls(mut self, tls: Option<std::sync::Arc<PeerTls>>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// Binds outgoing connections to `ip` (the host of `cluster.raft.listen`), so that a
@@ -432,9 +540,20 @@ impl PeerClient {
                 return Err(PeerError::Unreachable(self.addr, e.to_string()));
             }
         };
-        self.failures.set(0);
         let _ = stream.set_nodelay(true);
-        let (r, w) = futures_lite::io::split(stream);
+        let io: Box<dyn Io> = match &self.tls {
+            None => Box::new(stream),
+            Some(tls) => match tls_connect(tls, self.addr, stream).await {
+                Ok(s) => s,
+                Err(e) => {
+                    self.failures.set(self.failures.get().saturating_add(1));
+                    tracing::debug!(target: "net.peer", peer = %self.addr, error = %e, "peer link: TLS handshake failed");
+                    return Err(PeerError::Unreachable(self.addr, format!("TLS: {e}")));
+                }
+            },
+        };
+        self.failures.set(0);
+        let (r, w) = futures_lite::io::split(io);
         let alive = Rc::new(Cell::new(true));
         let pending: Pending = Rc::default();
         let dead = {

@@ -15,6 +15,7 @@ use std::sync::{Arc, RwLock};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::WebPkiClientVerifier;
 use rustls::RootCertStore;
 
@@ -95,6 +96,9 @@ pub enum TlsError {
     /// The client-certificate verifier cannot be built from the CAs.
     #[error("client certificate verifier: {0}")]
     Verifier(#[from] rustls::server::VerifierBuilderError),
+    /// `serverName` is not a DNS name.
+    #[error("serverName {0:?} is not a valid DNS name")]
+    ServerName(String),
     /// rustls refused the protocol versions or provider (not expected with the defaults).
     #[error("TLS configuration: {0}")]
     Config(#[from] rustls::Error),
@@ -109,6 +113,9 @@ pub struct ServerFiles {
     pub key: PathBuf,
     /// CAs a client certificate is verified against (PEM, each file may hold several).
     pub cas: Vec<PathBuf>,
+    /// The cluster CA (`cluster.tls.caFile`): a node certificate it signed (one that carries
+    /// a [`NODE_URI_PREFIX`] URI) is accepted too, as a node of the cluster.
+    pub cluster_ca: Option<PathBuf>,
     /// Whether clients are asked for a certificate.
     pub client_auth: ClientAuth,
 }
@@ -216,6 +223,115 @@ pub fn certificate_names(der: &[u8]) -> Vec<String> {
         .collect()
 }
 
+/// The URI subjectAltName prefix that marks a node certificate (`futureq-node://<name>`):
+/// only such a certificate of the cluster CA may open a peer link or count as a node on the
+/// client plane, so the cluster CA may sign other certificates without making them nodes.
+pub const NODE_URI_PREFIX: &str = "futureq-node:";
+
+/// Whether `der` carries a [`NODE_URI_PREFIX`] URI.
+#[must_use]
+pub fn is_node_certificate(der: &[u8]) -> bool {
+    certificate_names(der)
+        .iter()
+        .any(|n| n.starts_with(NODE_URI_PREFIX))
+}
+
+fn webpki(roots: Arc<RootCertStore>) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+    Ok(WebPkiClientVerifier::builder_with_provider(roots, provider()).build()?)
+}
+
+/// A client certificate verifier over several trust anchors: a chain is accepted when one of
+/// them verifies it, and, for one marked `node`, the certificate is a node certificate.
+#[derive(Debug)]
+struct Verifier {
+    accept: Vec<(Arc<dyn ClientCertVerifier>, bool)>,
+    hints: Vec<rustls::DistinguishedName>,
+    mandatory: bool,
+}
+
+impl Verifier {
+    fn new(accept: Vec<(Arc<dyn ClientCertVerifier>, bool)>, mandatory: bool) -> Self {
+        let hints = accept
+            .iter()
+            .flat_map(|(v, _)| v.root_hint_subjects().iter().cloned())
+            .collect();
+        Verifier {
+            accept,
+            hints,
+            mandatory,
+        }
+    }
+}
+
+impl ClientCertVerifier for Verifier {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.mandatory
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        &self.hints
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let mut last = rustls::Error::General("no trust anchor configured".into());
+        for (v, node) in &self.accept {
+            match v.verify_client_cert(end_entity, intermediates, now) {
+                Ok(ok) if !*node || is_node_certificate(end_entity) => return Ok(ok),
+                Ok(_) => {
+                    last = rustls::Error::InvalidCertificate(
+                        rustls::CertificateError::ApplicationVerificationFailure,
+                    );
+                }
+                Err(e) => last = e,
+            }
+        }
+        Err(last)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &provider().signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &provider().signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
 /// A server configuration built from `files`, with `alpn` offered, and the certificate's expiry.
 ///
 /// # Errors
@@ -232,14 +348,20 @@ pub fn server_config(
     let builder = match files.client_auth {
         ClientAuth::None => builder.with_no_client_auth(),
         auth => {
-            let roots = Arc::new(read_roots(&files.cas)?);
-            let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider());
-            let verifier = if auth == ClientAuth::Optional {
-                verifier.allow_unauthenticated().build()?
-            } else {
-                verifier.build()?
-            };
-            builder.with_client_cert_verifier(verifier)
+            let mut accept = Vec::new();
+            if !files.cas.is_empty() {
+                accept.push((webpki(Arc::new(read_roots(&files.cas)?))?, false));
+            }
+            if let Some(ca) = &files.cluster_ca {
+                accept.push((
+                    webpki(Arc::new(read_roots(std::slice::from_ref(ca))?))?,
+                    true,
+                ));
+            }
+            builder.with_client_cert_verifier(Arc::new(Verifier::new(
+                accept,
+                auth == ClientAuth::Require,
+            )))
         }
     };
     let mut config = builder
@@ -316,6 +438,189 @@ impl ServerConfigured {
     }
 }
 
+/// The files of mutual TLS between nodes (`cluster.tls`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerFiles {
+    /// This node's certificate chain (PEM), presented on both ends of every link.
+    pub cert: PathBuf,
+    /// Its private key (PEM).
+    pub key: PathBuf,
+    /// The cluster CA (PEM): every peer's certificate must chain to it.
+    pub ca: PathBuf,
+    /// The name a peer's certificate must carry when dialed (`None`: the address dialed,
+    /// an IP subjectAltName).
+    pub server_name: Option<String>,
+}
+
+/// The rustls configurations of the peer plane, built together from [`PeerFiles`].
+#[derive(Debug)]
+pub struct PeerConfigured {
+    server: Arc<rustls::ServerConfig>,
+    client: Arc<rustls::ClientConfig>,
+    /// The same identity and roots, for this node's calls to another node's client plane.
+    api_client: Arc<rustls::ClientConfig>,
+    /// Accepts a node certificate of the cluster CA only.
+    member: Arc<Verifier>,
+    expiry: CertExpiry,
+}
+
+impl PeerConfigured {
+    /// The expiry of the node's certificate.
+    #[must_use]
+    pub fn expiry(&self) -> &CertExpiry {
+        &self.expiry
+    }
+}
+
+fn client_config(
+    files: &PeerFiles,
+    roots: &Arc<RootCertStore>,
+    certs: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    alpn: &[&[u8]],
+) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    let mut c = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(VERSIONS)?
+        .with_root_certificates(Arc::clone(roots))
+        .with_client_auth_cert(certs, key)
+        .map_err(|source| TlsError::Pair {
+            cert: files.cert.clone(),
+            key: files.key.clone(),
+            source,
+        })?;
+    c.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    Ok(Arc::new(c))
+}
+
+/// Builds the peer plane's configurations: a server that requires a certificate of the
+/// cluster CA, and a client that presents the node's and verifies the peer's.
+///
+/// # Errors
+/// The first file or combination that is not usable, named.
+pub fn peer_config(files: &PeerFiles) -> Result<PeerConfigured, TlsError> {
+    if let Some(n) = &files.server_name {
+        rustls::pki_types::ServerName::try_from(n.as_str())
+            .map_err(|_| TlsError::ServerName(n.clone()))?;
+    }
+    let certs = read_certs(&files.cert)?;
+    let expiry = expiry_of(&files.cert, &certs)?;
+    let key = read_key(&files.key)?;
+    let roots = Arc::new(read_roots(std::slice::from_ref(&files.ca))?);
+    let member = Arc::new(Verifier::new(
+        vec![(webpki(Arc::clone(&roots))?, true)],
+        true,
+    ));
+    let server = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(VERSIONS)?
+        .with_client_cert_verifier(Arc::clone(&member) as Arc<dyn ClientCertVerifier>)
+        .with_single_cert(certs.clone(), key.clone_key())
+        .map_err(|source| TlsError::Pair {
+            cert: files.cert.clone(),
+            key: files.key.clone(),
+            source,
+        })?;
+    let client = client_config(files, &roots, certs.clone(), key.clone_key(), &[])?;
+    let api_client = client_config(files, &roots, certs, key, &[ALPN_H2])?;
+    Ok(PeerConfigured {
+        server: Arc::new(server),
+        client,
+        api_client,
+        member,
+        expiry,
+    })
+}
+
+/// Mutual TLS between nodes: both ends of every link present a certificate the cluster CA
+/// signed. Every new link takes the configurations current when it starts; a reload swaps
+/// them.
+#[derive(Debug)]
+pub struct PeerTls {
+    files: PeerFiles,
+    current: RwLock<Arc<PeerConfigured>>,
+}
+
+impl PeerTls {
+    /// Builds the first configurations from `files`.
+    ///
+    /// # Errors
+    /// As [`peer_config`].
+    pub fn load(files: PeerFiles) -> Result<Self, TlsError> {
+        let current = RwLock::new(Arc::new(peer_config(&files)?));
+        Ok(PeerTls { files, current })
+    }
+
+    fn current(&self) -> Arc<PeerConfigured> {
+        Arc::clone(&self.current.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// The configuration a new incoming link uses.
+    #[must_use]
+    pub fn server(&self) -> Arc<rustls::ServerConfig> {
+        Arc::clone(&self.current().server)
+    }
+
+    /// The configuration a new outgoing link uses.
+    #[must_use]
+    pub fn client(&self) -> Arc<rustls::ClientConfig> {
+        Arc::clone(&self.current().client)
+    }
+
+    /// The configuration of this node's calls to another node's client plane (ALPN `h2`,
+    /// the node's certificate as its identity, the cluster CA as roots).
+    #[must_use]
+    pub fn api_client(&self) -> Arc<rustls::ClientConfig> {
+        Arc::clone(&self.current().api_client)
+    }
+
+    /// The name a peer dialed at `ip` must prove.
+    ///
+    /// # Errors
+    /// A configured `serverName` that is not a valid DNS name.
+    pub fn server_name(
+        &self,
+        ip: std::net::IpAddr,
+    ) -> Result<rustls::pki_types::ServerName<'static>, rustls::pki_types::InvalidDnsNameError>
+    {
+        match &self.files.server_name {
+            Some(n) => rustls::pki_types::ServerName::try_from(n.clone()),
+            None => Ok(rustls::pki_types::ServerName::IpAddress(ip.into())),
+        }
+    }
+
+    /// Whether `certs` (a client's chain, its own first) is a node certificate of the
+    /// cluster CA (see [`NODE_URI_PREFIX`]), valid now: the caller is a node of this cluster.
+    #[must_use]
+    pub fn is_member(&self, certs: &[CertificateDer<'_>]) -> bool {
+        let Some((end, rest)) = certs.split_first() else {
+            return false;
+        };
+        let now = rustls::pki_types::UnixTime::now();
+        self.current()
+            .member
+            .verify_client_cert(end, rest, now)
+            .is_ok()
+    }
+
+    /// The expiry of the node's certificate in use.
+    #[must_use]
+    pub fn expiry(&self) -> CertExpiry {
+        self.current().expiry.clone()
+    }
+
+    /// Reads the files again into configurations not yet in use.
+    ///
+    /// # Errors
+    /// As [`peer_config`]; the configurations in use stay.
+    pub fn reread(&self) -> Result<PeerConfigured, TlsError> {
+        peer_config(&self.files)
+    }
+
+    /// Puts configurations [`Self::reread`] built in use for new links.
+    pub fn install(&self, next: PeerConfigured) {
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
+    }
+}
+
 /// What a connection's TLS session established about the client.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PeerIdentity {
@@ -323,18 +628,31 @@ pub struct PeerIdentity {
     pub tls: bool,
     /// The verified client certificate's names (subjectAltName DNS and URI); empty without one.
     pub cert_names: Vec<String>,
+    /// The client certificate chains to the cluster CA: the caller is a node of this cluster.
+    pub cluster_member: bool,
 }
 
 impl PeerIdentity {
-    /// The identity of a TLS session whose verified chain is `certs` (the client's first).
+    /// The identity of a TLS session whose verified chain is `certs` (the client's first);
+    /// `cluster` tells whether a chain is one of this cluster's nodes.
     #[must_use]
-    pub fn of_tls(certs: Option<&[CertificateDer<'_>]>) -> Self {
+    pub fn of_tls(certs: Option<&[CertificateDer<'_>]>, cluster: Option<&PeerTls>) -> Self {
+        let cluster_member = match (certs, cluster) {
+            (Some(c), Some(t)) => t.is_member(c),
+            _ => false,
+        };
         PeerIdentity {
             tls: true,
-            cert_names: certs
-                .and_then(|c| c.first())
-                .map(|c| certificate_names(c))
-                .unwrap_or_default(),
+            // A node is no principal: its certificate's names identify nobody.
+            cert_names: if cluster_member {
+                Vec::new()
+            } else {
+                certs
+                    .and_then(|c| c.first())
+                    .map(|c| certificate_names(c))
+                    .unwrap_or_default()
+            },
+            cluster_member,
         }
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futureq_net::peer::PeerFrame;
-use futureq_net::peer_link::{serve_peers, PeerClient, PeerError, PeerHandler};
+use futureq_net::peer_link::{serve_peers, PeerAuth, PeerClient, PeerError, PeerHandler};
 use futureq_net::Shutdown;
 use glommio::{LocalExecutorBuilder, Placement};
 
@@ -52,7 +52,7 @@ fn requests_are_matched_timeouts_fire_and_links_recover() {
             listener,
             handler(),
             1 << 20,
-            Default::default(),
+            PeerAuth::default(),
             stop.clone(),
         ));
         let client = Rc::new(PeerClient::new(addr, 1 << 20));
@@ -106,7 +106,7 @@ fn requests_are_matched_timeouts_fire_and_links_recover() {
             listener,
             handler(),
             1 << 20,
-            Default::default(),
+            PeerAuth::default(),
             stop.clone(),
         ));
         glommio::timer::sleep(Duration::from_millis(60)).await;
@@ -201,7 +201,7 @@ fn requests_in_service_per_connection_are_bounded() {
             listener,
             stuck,
             1 << 20,
-            Default::default(),
+            PeerAuth::default(),
             stop.clone(),
         ));
         let client = Rc::new(PeerClient::new(addr, 1 << 20));
@@ -221,5 +221,112 @@ fn requests_in_service_per_connection_are_bounded() {
         assert_eq!(running.get(), PEER_REQUESTS_MAX);
         stop.trigger();
         drop(server);
+    });
+}
+
+/// A CA: its certificate and key.
+struct Ca(rcgen::Certificate, rcgen::KeyPair);
+
+fn ca(name: &str) -> Ca {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.distinguished_name.push(DnType::CommonName, name);
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let key = KeyPair::generate().unwrap();
+    Ca(ca.self_signed(&key).unwrap(), key)
+}
+
+/// Files in `dir` of a certificate `ca` signed for 127.0.0.1 (a node certificate when
+/// `node`: it carries a futureq-node URI), trusting `trust`'s CA.
+fn files(dir: &std::path::Path, ca: &Ca, node: bool, trust: &Ca) -> futureq_net::tls::PeerFiles {
+    use rcgen::{CertificateParams, KeyPair, SanType};
+    std::fs::create_dir_all(dir).unwrap();
+    let mut p = CertificateParams::new(vec!["127.0.0.1".to_owned()]).unwrap();
+    if node {
+        p.subject_alt_names
+            .push(SanType::URI("futureq-node://test".try_into().unwrap()));
+    }
+    p.extended_key_usages = vec![
+        rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+        rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let key = KeyPair::generate().unwrap();
+    let cert = p.signed_by(&key, &ca.0, &ca.1).unwrap();
+    std::fs::write(dir.join("ca.pem"), trust.0.pem()).unwrap();
+    std::fs::write(dir.join("node.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.join("node-key.pem"), key.serialize_pem()).unwrap();
+    futureq_net::tls::PeerFiles {
+        cert: dir.join("node.pem"),
+        key: dir.join("node-key.pem"),
+        ca: dir.join("ca.pem"),
+        server_name: None,
+    }
+}
+
+/// Issue 27.3: with mutual TLS, a link works between node certificates of one CA. Refused,
+/// each by the server's check of the client: a foreign CA's node certificate (its holder
+/// trusting our CA), a certificate of our CA that is no node certificate, plain TCP.
+#[test]
+fn mutual_tls_links_admit_only_node_certificates_of_the_cluster_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let (our_ca, their_ca) = (ca("ours"), ca("theirs"));
+    let load = |d: &str, ca: &Ca, node: bool| {
+        std::sync::Arc::new(
+            futureq_net::tls::PeerTls::load(files(&dir.path().join(d), ca, node, &our_ca)).unwrap(),
+        )
+    };
+    let ours = load("ours", &our_ca, true);
+    let foreign = load("foreign", &their_ca, true);
+    let not_a_node = load("app", &our_ca, false);
+    run(move || async move {
+        let listener = glommio::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = Shutdown::new();
+        let secret = futureq_net::peer_link::PeerSecret::new(b"s3cret");
+        let server = glommio::spawn_local(serve_peers(
+            listener,
+            handler(),
+            1 << 20,
+            PeerAuth {
+                secret: secret.clone(),
+                tls: Some(std::sync::Arc::clone(&ours)),
+            },
+            stop.clone(),
+        ));
+        let client = |tls| {
+            PeerClient::new(addr, 1 << 20)
+                .with_secret(secret.clone())
+                .with_tls(tls)
+        };
+        let member = client(Some(std::sync::Arc::clone(&ours)));
+        let f = member
+            .call(1, 3, Bytes::from_static(b"ab"), Duration::from_secs(5))
+            .await
+            .expect("a member's call");
+        assert_eq!(&f.payload[..], b"ba");
+        for (what, tls) in [
+            ("a foreign CA's node certificate", Some(foreign)),
+            ("our CA's certificate that is no node's", Some(not_a_node)),
+            ("plain TCP", None),
+        ] {
+            let e = client(tls)
+                .call(1, 3, Bytes::from_static(b"ab"), Duration::from_secs(2))
+                .await
+                .expect_err(what);
+            assert!(
+                matches!(
+                    e,
+                    PeerError::Closed(..) | PeerError::Timeout(..) | PeerError::Unreachable(..)
+                ),
+                "{what}: {e}"
+            );
+        }
+        // The member's link still works.
+        member
+            .call(1, 3, Bytes::from_static(b"cd"), Duration::from_secs(5))
+            .await
+            .expect("the member again");
+        stop.trigger();
+        server.await;
     });
 }

@@ -115,7 +115,7 @@ fn main() {
                 listener,
                 raft_handler(1, raft.clone(), receiving),
                 PEER_FRAME_MAX,
-                Default::default(),
+                futureq_net::peer_link::PeerAuth::default(),
                 stop.clone(),
             ))
             .detach();

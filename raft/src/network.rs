@@ -85,6 +85,7 @@ pub struct PeerNetwork {
     timeout: Duration,
     reconnect_max: Duration,
     secret: futureq_net::peer_link::PeerSecret,
+    tls: Option<std::sync::Arc<futureq_net::tls::PeerTls>>,
     bind: Option<std::net::IpAddr>,
     append_bytes_max: usize,
     clients: Rc<RefCell<HashMap<SocketAddr, Rc<PeerClient>>>>,
@@ -99,6 +100,7 @@ impl PeerNetwork {
             timeout,
             reconnect_max: futureq_net::peer_link::RECONNECT_MAX,
             secret: futureq_net::peer_link::PeerSecret::default(),
+            tls: None,
             bind: None,
             append_bytes_max: APPEND_BYTES_MAX,
             clients: Rc::default(),
@@ -126,6 +128,13 @@ impl PeerNetwork {
         self
     }
 
+    /// Opens every link with mutual TLS.
+    #[must_use]
+    pub fn with_tls(mut self, tls: Option<std::sync::Arc<futureq_net::tls::PeerTls>>) -> Self {
+        self.tls = tls;
+        self
+    }
+
     /// Caps the reconnect backoff of every link (keep it below the election timeout).
     #[must_use]
     pub fn with_reconnect_max(mut self, max: Duration) -> Self {
@@ -141,6 +150,7 @@ impl PeerNetwork {
             timeout: self.timeout,
             reconnect_max: self.reconnect_max,
             secret: self.secret.clone(),
+            tls: self.tls.clone(),
             bind: self.bind,
             append_bytes_max: self.append_bytes_max,
             clients: Rc::clone(&self.clients),
@@ -155,6 +165,7 @@ impl PeerNetwork {
                 PeerClient::new(addr, PEER_FRAME_MAX)
                     .with_reconnect_max(self.reconnect_max)
                     .with_secret(self.secret.clone())
+                    .with_tls(self.tls.clone())
                     .with_bind(self.bind),
             )
         }))

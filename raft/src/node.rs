@@ -99,6 +99,8 @@ pub struct NodeConfig {
     pub compaction_overhead: u64,
     /// `cluster.secret`: peer links must open with it (empty = open).
     pub secret: futureq_net::peer_link::PeerSecret,
+    /// `cluster.tls`: mutual TLS on every peer link (`None`: plain TCP).
+    pub tls: Option<std::sync::Arc<futureq_net::tls::PeerTls>>,
     /// Record bytes of the event log past which it is snapshotted and purged to half
     /// ([`EVENT_LOG_BYTES_MAX`] by default).
     pub log_bytes_max: u64,
@@ -272,6 +274,7 @@ impl Node {
         let network = PeerNetwork::new(EVENT_GROUP, RPC_TIMEOUT)
             .with_reconnect_max(cfg.rtt * 2)
             .with_secret(cfg.secret.clone())
+            .with_tls(cfg.tls.clone())
             .with_bind(Some(cfg.raft_listen.ip()));
         let event_sm = EventStateMachine::new(store, on_applied);
         let bounded_log = event_log.clone();
@@ -330,7 +333,10 @@ impl Node {
             listener,
             handler,
             PEER_FRAME_MAX,
-            cfg.secret.clone(),
+            futureq_net::peer_link::PeerAuth {
+                secret: cfg.secret.clone(),
+                tls: cfg.tls.clone(),
+            },
             node.stop.clone(),
         ))
         .detach();

@@ -378,7 +378,7 @@ fn three_nodes_over_tcp_elect_replicate_and_fail_over() {
                 listener,
                 raft_handler(1, raft.clone(), receiving),
                 PEER_FRAME_MAX,
-                Default::default(),
+                futureq_net::peer_link::PeerAuth::default(),
                 stop.clone(),
             ));
             servers.insert(id, (stop, task));
@@ -474,7 +474,7 @@ fn a_follower_behind_on_large_entries_catches_up_in_bounded_frames() {
                     listener,
                     raft_handler(1, raft.clone(), receiving),
                     FRAME_MAX,
-                    Default::default(),
+                    futureq_net::peer_link::PeerAuth::default(),
                     stop.clone(),
                 ));
                 (raft, store, (stop, task))

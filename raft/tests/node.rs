@@ -188,6 +188,7 @@ fn node_config(id: u64, addr: &str, dir: &std::path::Path) -> NodeConfig {
         snapshot_entries: 100,
         compaction_overhead: 10,
         secret: Default::default(),
+        tls: None,
         log_bytes_max: futureq_raft::node::EVENT_LOG_BYTES_MAX,
         segment_bytes: futureq_raft::node::SEGMENT_BYTES,
     }

@@ -51,6 +51,7 @@ pub fn leave(settings: &Settings, seed: &str) -> Result<(), LeaveError> {
     };
     runtime::raise_memlock(1)?;
     let (node_id, seed_owned, secret) = (c.node_id, seed.to_owned(), c.secret.clone());
+    let tls = c.tls.clone();
     // A refusal that names the leader is retried there, and one while leadership settles
     // (right after an election) a little later, for up to LEAVE_RETRY_FOR.
     let outcome = LocalExecutorBuilder::new(Placement::Unbound)
@@ -60,7 +61,10 @@ pub fn leave(settings: &Settings, seed: &str) -> Result<(), LeaveError> {
             let mut target = seed_owned;
             loop {
                 let r = futureq_net::grpc::client::unary_answer::<_, LeaveResponse>(
-                    &target,
+                    futureq_net::grpc::client::Dial {
+                        addr: &target,
+                        tls: tls.as_deref(),
+                    },
                     "/futureq.FutureQCluster/LeaveCluster",
                     &LeaveRequest { node_id },
                     &cluster::secret_header(&secret),

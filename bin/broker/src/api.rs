@@ -91,14 +91,25 @@ pub fn handler(ctx: Rc<Ctx>) -> Handler {
             if is_membership(&call.path) {
                 return match &ctx.settings.cluster {
                     Some(c) => {
-                        // The cluster's own identity (its secret) or an admin may change it.
+                        // The cluster's own identity (its secret, and with cluster.tls its
+                        // certificate) or an admin may change it.
                         let admin = matches!(&access, Ok(Access::As(p)) if p.is_admin());
+                        let needs_certificate =
+                            !admin && c.tls.is_some() && !call.peer.cluster_member;
                         if !admin && c.secret.is_open() {
                             if let Err(r) = access.and_then(|a| a.admin("change the membership")) {
                                 return drained(call, r).await;
                             }
                         }
-                        cluster::membership(&ctx.repl, &c.secret, admin, call, out).await
+                        cluster::membership(
+                            &ctx.repl,
+                            &c.secret,
+                            admin,
+                            needs_certificate,
+                            call,
+                            out,
+                        )
+                        .await
                     }
                     None => cluster::standalone_membership(call).await,
                 };

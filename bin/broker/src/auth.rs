@@ -494,6 +494,7 @@ mod tests {
         let cert = PeerIdentity {
             tls: true,
             cert_names: vec!["x".into(), "ops.example.com".into()],
+            cluster_member: false,
         };
         assert_eq!(p.authenticate(None, &cert).expect("cert").name, "ops");
         for bad in [
@@ -511,6 +512,7 @@ mod tests {
         let stranger = PeerIdentity {
             tls: true,
             cert_names: vec!["stranger".into()],
+            cluster_member: false,
         };
         assert!(p
             .authenticate(None, &stranger)

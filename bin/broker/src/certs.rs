@@ -199,6 +199,9 @@ pub fn write_dev(dir: &Path, hosts: &[String], clients: &[String]) -> Result<Dev
             names.push(h.clone());
         }
     }
+    // Marks it a node certificate: the only kind a node takes for a peer (see
+    // futureq_net::tls::NODE_URI_PREFIX).
+    names.push("futureq-node://dev".to_owned());
     write_pair(dir, "node", &ca.issue(&names, Validity::Days(365))?)?;
     let mut files = vec![
         dir.join("ca.pem"),

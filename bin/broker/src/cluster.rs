@@ -129,6 +129,7 @@ pub async fn start(
         snapshot_entries: cfg.snapshot_entries,
         compaction_overhead: cfg.compaction_overhead,
         secret: cfg.secret.clone(),
+        tls: cfg.tls.clone(),
         log_bytes_max: futureq_raft::node::EVENT_LOG_BYTES_MAX,
         segment_bytes: futureq_raft::node::SEGMENT_BYTES,
     };

@@ -4,7 +4,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use futureq_net::peer_link::PeerSecret;
-use futureq_net::tls::{ClientAuth, ReloadableServer, ServerFiles, TlsError, ALPN_H2};
+use futureq_net::tls::{
+    ClientAuth, PeerFiles, PeerTls, ReloadableServer, ServerFiles, TlsError, ALPN_H2,
+};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -88,7 +90,18 @@ pub struct Cluster {
     pub join_seeds: Vec<String>,
     pub secret: String,
     pub secret_file: String,
+    pub tls: ClusterTls,
     pub raft: Raft,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(missing_docs)]
+pub struct ClusterTls {
+    pub cert_file: String,
+    pub key_file: String,
+    pub ca_file: String,
+    pub server_name: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -276,6 +289,12 @@ impl Default for Config {
                 join_seeds: Vec::new(),
                 secret: String::new(),
                 secret_file: String::new(),
+                tls: ClusterTls {
+                    cert_file: String::new(),
+                    key_file: String::new(),
+                    ca_file: String::new(),
+                    server_name: String::new(),
+                },
                 raft: Raft {
                     listen: "0.0.0.0:50005".into(),
                     advertise: String::new(),
@@ -535,10 +554,41 @@ pub struct ClusterSettings {
     pub compaction_overhead: u64,
     /// `cluster.secret` or the contents of `cluster.secretFile` (empty = none).
     pub secret: PeerSecret,
+    /// `cluster.tls`, loaded: mutual TLS on every peer link and between nodes' client planes.
+    pub tls: Option<Arc<PeerTls>>,
+}
+
+/// `cluster.tls` checked: `None` when no certificate is set.
+fn peer_files(t: &ClusterTls) -> Result<Option<PeerFiles>, ConfigError> {
+    let set = [&t.cert_file, &t.key_file, &t.ca_file];
+    if set.iter().all(|f| f.is_empty()) {
+        if !t.server_name.is_empty() {
+            return err("cluster.tls.certFile", "is required with serverName");
+        }
+        return Ok(None);
+    }
+    for (key, v) in [
+        ("cluster.tls.certFile", &t.cert_file),
+        ("cluster.tls.keyFile", &t.key_file),
+        ("cluster.tls.caFile", &t.ca_file),
+    ] {
+        if v.is_empty() {
+            return err(key, "is required: mutual TLS between nodes needs the node's certificate, its key and the cluster CA");
+        }
+    }
+    Ok(Some(PeerFiles {
+        cert: PathBuf::from(&t.cert_file),
+        key: PathBuf::from(&t.key_file),
+        ca: PathBuf::from(&t.ca_file),
+        server_name: (!t.server_name.is_empty()).then(|| t.server_name.clone()),
+    }))
 }
 
 /// `api.grpc.tls` checked and loaded: `None` when no certificate is set.
-fn client_tls(t: &Tls) -> Result<Option<Arc<ReloadableServer>>, ConfigError> {
+fn client_tls(
+    t: &Tls,
+    cluster: Option<&PeerFiles>,
+) -> Result<Option<Arc<ReloadableServer>>, ConfigError> {
     let Some(client_auth) = ClientAuth::from_name(&t.client_auth) else {
         return err(
             "api.grpc.tls.clientAuth",
@@ -568,7 +618,7 @@ fn client_tls(t: &Tls) -> Result<Option<Arc<ReloadableServer>>, ConfigError> {
             ),
         );
     }
-    let files = ServerFiles {
+    let mut files = ServerFiles {
         cert: PathBuf::from(&t.cert_file),
         key: PathBuf::from(&t.key_file),
         cas: if t.ca_file.is_empty() {
@@ -577,7 +627,16 @@ fn client_tls(t: &Tls) -> Result<Option<Arc<ReloadableServer>>, ConfigError> {
             vec![PathBuf::from(&t.ca_file)]
         },
         client_auth,
+        cluster_ca: None,
     };
+    if let Some(c) = cluster {
+        // The nodes' own calls (join, leave, the cluster info) present their certificate:
+        // it is asked for, and the cluster CA verifies it.
+        files.cluster_ca = Some(c.ca.clone());
+        if files.client_auth == ClientAuth::None {
+            files.client_auth = ClientAuth::Optional;
+        }
+    }
     match ReloadableServer::load(files, &[ALPN_H2]) {
         Ok(r) => Ok(Some(Arc::new(r))),
         Err(e) => {
@@ -666,7 +725,19 @@ impl Config {
         if handshake_timeout < Duration::from_millis(100) {
             return err("api.grpc.handshakeTimeout", "must be at least 100ms");
         }
-        let grpc_tls = client_tls(&g.tls)?;
+        let peer_files = if self.cluster.enabled {
+            peer_files(&self.cluster.tls)?
+        } else {
+            None
+        };
+        let client_tls_on = !g.tls.cert_file.is_empty();
+        if self.cluster.enabled && peer_files.is_some() != client_tls_on {
+            return err(
+                if peer_files.is_some() { "api.grpc.tls.certFile" } else { "cluster.tls.certFile" },
+                "a cluster's TLS is on both planes or on neither: nodes call each other's client plane (join, leave, the cluster info) with their cluster certificate, and the client plane must not carry the cluster secret in clear",
+            );
+        }
+        let grpc_tls = client_tls(&g.tls, peer_files.as_ref())?;
         let auth = match self.api.auth.principals_file.as_str() {
             "" => None,
             f => Some(Arc::new(
@@ -701,18 +772,33 @@ impl Config {
             );
         }
         let cluster = if c.enabled {
-            Some(self.cluster_settings(rtt)?)
+            let mut settings = self.cluster_settings(rtt)?;
+            settings.tls = match peer_files {
+                None => None,
+                Some(files) => Some(Arc::new(PeerTls::load(files).or_else(|e| {
+                    let key = match &e {
+                        TlsError::ServerName(_) => "cluster.tls.serverName",
+                        TlsError::NoKey { .. } | TlsError::Pair { .. } => "cluster.tls.keyFile",
+                        TlsError::BadCa { .. } | TlsError::Verifier(_) => "cluster.tls.caFile",
+                        TlsError::Pem { path, .. }
+                            if path.as_os_str() == c.tls.key_file.as_str() =>
+                        {
+                            "cluster.tls.keyFile"
+                        }
+                        TlsError::Pem { path, .. }
+                            if path.as_os_str() == c.tls.ca_file.as_str() =>
+                        {
+                            "cluster.tls.caFile"
+                        }
+                        _ => "cluster.tls.certFile",
+                    };
+                    err(key, e)
+                })?)),
+            };
+            Some(settings)
         } else {
             None
         };
-        if cluster.is_some() && grpc_tls.is_some() {
-            // The nodes' own calls to each other's client plane (join, leave, the cluster
-            // info forwarded to the leader) and the Raft links would stay plaintext.
-            return err(
-                "api.grpc.tls",
-                "a cluster's client plane over TLS needs mutual TLS between its nodes (cluster.tls), which this version does not have yet: leave api.grpc.tls unset on clustered nodes",
-            );
-        }
         if cluster.as_ref().is_some_and(|c| c.secret.is_open()) && auth.is_some() {
             // Joining nodes prove they belong to the cluster with its secret, not a token.
             return err(
@@ -835,7 +921,11 @@ impl Config {
             max_send_message_len,
             keepalive_timeout,
             handshake_timeout,
-            security: Arc::new(crate::security::Security::new(grpc_tls, auth)),
+            security: Arc::new(crate::security::Security::new(
+                grpc_tls,
+                cluster.as_ref().and_then(|c| c.tls.clone()),
+                auth,
+            )),
             node_id: c.node_id,
             data_dir: PathBuf::from(&self.storage.data_dir),
             memory_storage,
@@ -962,6 +1052,7 @@ impl Config {
                 }
                 PeerSecret::new(secret.as_bytes())
             },
+            tls: None, // loaded by `validate` with the client plane's
         })
     }
 }

@@ -1,5 +1,5 @@
-//! What the node's security rests on and SIGHUP re-reads: the client plane's TLS
-//! certificates and the principals file, with the counts and expiries the metrics export.
+//! What the node's security rests on and SIGHUP re-reads: the TLS certificates of both
+//! planes and the principals file, with the counts and expiries the metrics export.
 //!
 //! # Invariants
 //! - A reload reads and checks every file before it puts any in use: either all of them
@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use futureq_net::tls::ReloadableServer;
+use futureq_net::tls::{PeerTls, ReloadableServer};
 
 use crate::auth::Auth;
 
@@ -20,7 +20,10 @@ use crate::auth::Auth;
 pub enum ReloadError {
     /// `api.grpc.tls`.
     #[error("api.grpc.tls: {0}")]
-    ClientTls(#[from] futureq_net::tls::TlsError),
+    ClientTls(futureq_net::tls::TlsError),
+    /// `cluster.tls`.
+    #[error("cluster.tls: {0}")]
+    PeerTls(futureq_net::tls::TlsError),
     /// `api.auth.principalsFile`.
     #[error("api.auth.principalsFile: {0}")]
     Principals(#[from] crate::auth::AuthError),
@@ -31,6 +34,8 @@ pub enum ReloadError {
 pub struct Security {
     /// `api.grpc.tls` (present when a certificate is set).
     pub grpc_tls: Option<Arc<ReloadableServer>>,
+    /// `cluster.tls` (present when set on a clustered node).
+    pub peer_tls: Option<Arc<PeerTls>>,
     /// `api.auth.principalsFile` (present when set).
     pub auth: Option<Arc<Auth>>,
     reloads_ok: AtomicU64,
@@ -40,9 +45,14 @@ pub struct Security {
 impl Security {
     /// The security of these loaded parts.
     #[must_use]
-    pub fn new(grpc_tls: Option<Arc<ReloadableServer>>, auth: Option<Arc<Auth>>) -> Self {
+    pub fn new(
+        grpc_tls: Option<Arc<ReloadableServer>>,
+        peer_tls: Option<Arc<PeerTls>>,
+        auth: Option<Arc<Auth>>,
+    ) -> Self {
         Security {
             grpc_tls,
+            peer_tls,
             auth,
             ..Security::default()
         }
@@ -55,20 +65,27 @@ impl Security {
     pub fn reload(&self) -> Result<(), ReloadError> {
         let result = (|| {
             let tls = match &self.grpc_tls {
-                Some(t) => Some(t.reread()?),
+                Some(t) => Some(t.reread().map_err(ReloadError::ClientTls)?),
+                None => None,
+            };
+            let peer = match &self.peer_tls {
+                Some(t) => Some(t.reread().map_err(ReloadError::PeerTls)?),
                 None => None,
             };
             let principals = match &self.auth {
                 Some(a) => Some(a.reread()?),
                 None => None,
             };
-            Ok::<_, ReloadError>((tls, principals))
+            Ok::<_, ReloadError>((tls, peer, principals))
         })();
         match result {
-            Ok((tls, principals)) => {
+            Ok((tls, peer, principals)) => {
                 let expiry = tls.as_ref().map(|t| t.expiry().not_after_unix);
                 let n = principals.as_ref().map(crate::auth::Principals::len);
                 if let (Some(t), Some(next)) = (&self.grpc_tls, tls) {
+                    t.install(next);
+                }
+                if let (Some(t), Some(next)) = (&self.peer_tls, peer) {
                     t.install(next);
                 }
                 if let (Some(a), Some(next)) = (&self.auth, principals) {
@@ -94,12 +111,24 @@ impl Security {
             self.reloads_ok.load(Ordering::Relaxed),
             self.reloads_failed.load(Ordering::Relaxed)
         );
-        if let Some(t) = &self.grpc_tls {
+        let planes = [
+            ("client", self.grpc_tls.as_ref().map(|t| t.expiry())),
+            ("peer", self.peer_tls.as_ref().map(|t| t.expiry())),
+        ];
+        if planes.iter().any(|(_, e)| e.is_some()) {
             let _ = writeln!(
                 out,
-                "# HELP futureq_tls_cert_expiry_seconds When each certificate in use stops being valid (notAfter), in seconds since the Unix epoch.\n# TYPE futureq_tls_cert_expiry_seconds gauge\nfutureq_tls_cert_expiry_seconds{{plane=\"client\"}} {}",
-                t.expiry().not_after_unix
+                "# HELP futureq_tls_cert_expiry_seconds When each certificate in use stops being valid (notAfter), in seconds since the Unix epoch.\n# TYPE futureq_tls_cert_expiry_seconds gauge"
             );
+        }
+        for (plane, expiry) in planes {
+            if let Some(e) = expiry {
+                let _ = writeln!(
+                    out,
+                    "futureq_tls_cert_expiry_seconds{{plane=\"{plane}\"}} {}",
+                    e.not_after_unix
+                );
+            }
         }
     }
 }

@@ -683,6 +683,7 @@ async fn core_main(
         max_concurrent_streams: settings.max_concurrent_streams,
         keepalive_timeout: settings.keepalive_timeout,
         handshake_timeout: settings.handshake_timeout,
+        cluster_tls: settings.cluster.as_ref().and_then(|c| c.tls.clone()),
         ..ServerConfig::default()
     };
     let ctx = Rc::new(Ctx {

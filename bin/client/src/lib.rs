@@ -78,12 +78,14 @@ pub const LEADER_HEADER: &str = "futureq-leader-address";
 #[non_exhaustive]
 pub enum Error {
     /// No seed or known node answered with a leader within [`ClientConfig::retry_for`].
-    #[error("no futureq leader found at {addresses} within {waited:?}")]
+    #[error("no futureq leader found at {addresses} within {waited:?}{}", if last.is_empty() { String::new() } else { format!(" (last: {last})") })]
     NoLeader {
         /// The addresses tried.
         addresses: String,
         /// How long the client tried.
         waited: Duration,
+        /// The last failure seen ("" when every node answered without naming a leader).
+        last: String,
     },
     /// An address that is not `host:port`.
     #[error("invalid server address {0:?}: {1}")]
@@ -281,11 +283,16 @@ impl Client {
     /// Asks every known address for the leader until one names a leader that answers.
     async fn discover(&self) -> Result<Channel, Error> {
         let started = Instant::now();
+        let mut last = String::new();
         loop {
             let candidates = lock(&self.inner.known).clone();
             for addr in &candidates {
-                let Ok(ch) = self.channel(addr).await else {
-                    continue;
+                let ch = match self.channel(addr).await {
+                    Ok(ch) => ch,
+                    Err(e) => {
+                        last = e.to_string();
+                        continue;
+                    }
                 };
                 let mut cluster = FutureQClusterClient::with_interceptor(ch.clone(), self.auth());
                 let info = match cluster
@@ -302,7 +309,12 @@ impl Client {
                     {
                         return Err(Error::status(&s));
                     }
-                    Err(_) => continue,
+                    Err(s) => {
+                        // tonic's transport errors say little in their message; their
+                        // source says what failed (a TLS handshake, a refused connection).
+                        last = format!("{addr}: {}", with_causes(&s));
+                        continue;
+                    }
                 };
                 let info = info.into_inner();
                 {
@@ -331,6 +343,7 @@ impl Client {
             }
             if started.elapsed() >= self.inner.cfg.retry_for {
                 return Err(Error::NoLeader {
+                    last,
                     addresses: candidates.join(", "),
                     waited: started.elapsed(),
                 });
@@ -343,7 +356,7 @@ impl Client {
         endpoint(addr, &self.inner.cfg)?
             .connect()
             .await
-            .map_err(|e| Error::Address(addr.to_owned(), e.to_string()))
+            .map_err(|e| Error::Address(addr.to_owned(), with_causes(&e)))
     }
 
     /// What adds the token to a call (give it to each generated client).
@@ -581,6 +594,22 @@ fn reachable(leader: &str, asked: &str) -> String {
         .rsplit_once(':')
         .map_or(asked, |(h, _)| h);
     format!("{host}:{}", l.port())
+}
+
+/// An error and its causes on one line (tonic's transport errors say little in their own
+/// message; their sources say what failed: a TLS handshake, a refused connection).
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let c_text = c.to_string();
+        if !out.contains(&c_text) {
+            out.push_str(": ");
+            out.push_str(&c_text);
+        }
+        cause = c.source();
+    }
+    out
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

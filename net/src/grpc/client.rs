@@ -1,6 +1,7 @@
 //! A minimal unary gRPC client over h2 on glommio: what a node needs to call another node's
-//! API (JoinCluster when joining, LeaveCluster for `futureq leave`). Plaintext, no
-//! compression, one call per connection.
+//! API (JoinCluster when joining, LeaveCluster for `futureq leave`, the cluster info asked of
+//! the leader). Plaintext, or TLS with the node's certificate when the cluster runs mutual
+//! TLS ([`Dial::tls`]); no compression, one call per connection.
 
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
@@ -95,6 +96,28 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Where a call goes: `host:port`, and over TLS as a node of the cluster when `tls` is set.
+#[derive(Clone, Copy)]
+pub struct Dial<'a> {
+    /// `host:port` of the node's client plane.
+    pub addr: &'a str,
+    /// The cluster's mutual TLS: the call presents the node's certificate and verifies the
+    /// server's against the cluster CA.
+    pub tls: Option<&'a crate::tls::PeerTls>,
+}
+
+impl<'a> From<&'a str> for Dial<'a> {
+    fn from(addr: &'a str) -> Self {
+        Dial { addr, tls: None }
+    }
+}
+
+impl<'a> From<&'a String> for Dial<'a> {
+    fn from(addr: &'a String) -> Self {
+        Dial { addr, tls: None }
+    }
+}
+
 /// Resolves `host:port` (blocking DNS lookup for names; call off latency-critical paths).
 ///
 /// # Errors
@@ -111,8 +134,8 @@ pub fn resolve(addr: &str) -> Result<SocketAddr, Status> {
 /// # Errors
 /// The server's status, UNAVAILABLE for connection or protocol failures, DEADLINE_EXCEEDED
 /// after `timeout`.
-pub async fn unary<Req, Resp>(
-    addr: &str,
+pub async fn unary<'a, Req, Resp>(
+    to: impl Into<Dial<'a>>,
     path: &str,
     req: &Req,
     timeout: Duration,
@@ -121,15 +144,15 @@ where
     Req: prost::Message,
     Resp: prost::Message + Default,
 {
-    unary_with_headers(addr, path, req, &[], timeout).await
+    unary_with_headers(to, path, req, &[], timeout).await
 }
 
 /// [`unary`] with extra request headers (lower-case names).
 ///
 /// # Errors
 /// As [`unary`].
-pub async fn unary_with_headers<Req, Resp>(
-    addr: &str,
+pub async fn unary_with_headers<'a, Req, Resp>(
+    to: impl Into<Dial<'a>>,
     path: &str,
     req: &Req,
     headers: &[(&'static str, &str)],
@@ -139,7 +162,7 @@ where
     Req: prost::Message,
     Resp: prost::Message + Default,
 {
-    unary_answer(addr, path, req, headers, timeout)
+    unary_answer(to, path, req, headers, timeout)
         .await
         .map(|a| a.message)
 }
@@ -148,8 +171,8 @@ where
 ///
 /// # Errors
 /// As [`unary`]; a refusal's status carries the leader too ([`Status::leader`]).
-pub async fn unary_answer<Req, Resp>(
-    addr: &str,
+pub async fn unary_answer<'a, Req, Resp>(
+    to: impl Into<Dial<'a>>,
     path: &str,
     req: &Req,
     headers: &[(&'static str, &str)],
@@ -159,7 +182,9 @@ where
     Req: prost::Message,
     Resp: prost::Message + Default,
 {
-    let call = call(addr, path, encode_message(req), headers);
+    let to = to.into();
+    let addr = to.addr;
+    let call = call(to, path, encode_message(req), headers);
     let deadline = async {
         glommio::timer::sleep(timeout).await;
         Err(Status::new(
@@ -174,23 +199,52 @@ where
 }
 
 async fn call(
-    addr: &str,
+    to: Dial<'_>,
     path: &str,
     body: Bytes,
     headers: &[(&'static str, &str)],
 ) -> Result<(Bytes, Option<String>), Status> {
+    let addr = to.addr;
     let sock = resolve(addr)?;
     let stream = glommio::net::TcpStream::connect(sock)
         .await
         .map_err(|e| unavailable(&format!("connecting to {addr}"), e))?;
     let _ = stream.set_nodelay(true);
-    let (mut client, conn) = h2::client::handshake(stream.compat())
+    let Some(tls) = to.tls else {
+        return exchange(stream.compat(), "http", addr, path, body, headers).await;
+    };
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let name = match (host.parse::<std::net::IpAddr>(), tls.server_name(sock.ip())) {
+        (_, Ok(rustls::pki_types::ServerName::DnsName(n))) => {
+            rustls::pki_types::ServerName::DnsName(n)
+        }
+        (Ok(ip), _) => rustls::pki_types::ServerName::IpAddress(ip.into()),
+        (Err(_), _) => rustls::pki_types::ServerName::try_from(host.to_owned())
+            .map_err(|e| Status::new(Code::InvalidArgument, format!("{addr}: {e}")))?,
+    };
+    let session = tokio_rustls::TlsConnector::from(tls.api_client())
+        .connect(name, stream.compat())
+        .await
+        .map_err(|e| unavailable(&format!("TLS with {addr}"), e))?;
+    exchange(session, "https", addr, path, body, headers).await
+}
+
+async fn exchange<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + 'static>(
+    io: T,
+    scheme: &str,
+    addr: &str,
+    path: &str,
+    body: Bytes,
+    headers: &[(&'static str, &str)],
+) -> Result<(Bytes, Option<String>), Status> {
+    let (mut client, conn) = h2::client::handshake(io)
         .await
         .map_err(|e| unavailable("HTTP/2 handshake", e))?;
     let driver = glommio::spawn_local(async move {
         let _ = conn.await;
     });
-    let mut request = Request::post(format!("http://{addr}{path}"))
+    let mut request = Request::post(format!("{scheme}://{addr}{path}"))
         .header("content-type", "application/grpc")
         .header("te", "trailers");
     for (k, v) in headers {

@@ -52,6 +52,9 @@ pub struct ServerConfig {
     /// HTTP/2 preface together before it is closed (a connection that sends nothing holds no
     /// task beyond it; one silent after its preface is dropped by the keepalive pings).
     pub handshake_timeout: Duration,
+    /// The cluster's mutual TLS: a client certificate that chains to its CA marks the caller
+    /// as a node of the cluster ([`PeerIdentity::cluster_member`]).
+    pub cluster_tls: Option<std::sync::Arc<crate::tls::PeerTls>>,
 }
 
 /// The SETTINGS_MAX_CONCURRENT_STREAMS advertised for a served limit of `served` streams:
@@ -74,6 +77,7 @@ impl Default for ServerConfig {
             keepalive_interval: Some(Duration::from_secs(10)),
             keepalive_timeout: Duration::from_secs(5),
             handshake_timeout: Duration::from_secs(10),
+            cluster_tls: None,
         }
     }
 }
@@ -452,6 +456,7 @@ async fn serve_connection(
     };
     let identity = Rc::new(PeerIdentity::of_tls(
         session.get_ref().1.peer_certificates(),
+        cfg.cluster_tls.as_deref(),
     ));
     serve_h2(session, peer, identity, deadline, handler, cfg, shutdown).await;
 }

@@ -54,7 +54,10 @@ pub async fn get_cluster_info(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> 
             headers.push(("authorization", a));
         }
         futureq_net::grpc::client::unary_with_headers::<_, pb::ClusterInfoResponse>(
-            &view.leader_addr,
+            futureq_net::grpc::client::Dial {
+                addr: &view.leader_addr,
+                tls: s.cluster.as_ref().and_then(|c| c.tls.as_deref()),
+            },
             "/futureq.FutureQCluster/GetClusterInfo",
             &req,
             &headers,
@@ -261,11 +264,14 @@ fn raft_address(a: String) -> Result<String, Status> {
 
 /// `JoinCluster`, `LeaveCluster`, `JoinMetadata`, `LeaveMetadata` on a clustered node; with a
 /// cluster secret, only calls that carry it (header `futureq-cluster-secret`, compared in
-/// constant time) or come from an `admin` principal are served, others get UNAUTHENTICATED.
+/// constant time) or come from an `admin` principal are served, others get UNAUTHENTICATED;
+/// with `needs_certificate` (cluster.tls on, the caller neither a node of the cluster by its
+/// certificate nor an admin) PERMISSION_DENIED.
 pub async fn membership(
     cluster: &Replication,
     secret: &futureq_net::peer_link::PeerSecret,
     admin: bool,
+    needs_certificate: bool,
     mut call: Call,
     out: &mut Outbound,
 ) -> Status {
@@ -281,6 +287,14 @@ pub async fn membership(
             return Status::refused(Reason::Unauthenticated, "membership changes need the cluster secret (header futureq-cluster-secret): missing or wrong",
             );
         }
+    }
+    if needs_certificate {
+        let _ = call.inbound.next_raw().await;
+        tracing::warn!(target: "grpc", method = %call.path, "membership call without a certificate of the cluster CA refused");
+        return Status::refused(
+            Reason::PermissionDenied,
+            "membership changes need a client certificate of the cluster CA (cluster.tls) or an admin principal",
+        );
     }
     match call.path.as_str() {
         "/futureq.FutureQCluster/JoinCluster" => {

@@ -68,7 +68,10 @@ pub(super) async fn join(cfg: &ClusterSettings, grpc_advertise: &str) -> Result<
         i += 1;
         tracing::info!(target: "raft", %seed, "asking to join the cluster");
         match futureq_net::grpc::client::unary_answer::<_, JoinResponse>(
-            &seed,
+            futureq_net::grpc::client::Dial {
+                addr: &seed,
+                tls: cfg.tls.as_deref(),
+            },
             "/futureq.FutureQCluster/JoinCluster",
             &req,
             &secret_header(&cfg.secret),
