@@ -37,7 +37,7 @@ struct Sample {
 }
 
 /// Median, smallest and largest of `v` (not empty).
-fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
+pub(crate) fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
     v.sort_by(f64::total_cmp);
     let mid = v.len() / 2;
     let median = if v.len().is_multiple_of(2) {

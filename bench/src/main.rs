@@ -23,6 +23,7 @@ mod openloop;
 mod plot;
 mod procs;
 mod redis_peer;
+mod security;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -140,6 +141,24 @@ enum Cmd {
         #[arg(long, default_value = "ab")]
         out: std::path::PathBuf,
     },
+    /// The cost of security in one run: the same binary plaintext, over TLS, and over TLS
+    /// with a bearer token (principals on), standalone and on 3 nodes (mutual TLS between
+    /// them); QUORUM publish at 1 and 100 messages per request, rounds rotating the order;
+    /// and TLS handshakes per second and per broker CPU-second.
+    Security {
+        /// Rounds (each runs every variant, the order rotating from round to round).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+        /// Short series (smoke test).
+        #[arg(long)]
+        quick: bool,
+        /// Directory for security.json.
+        #[arg(long, default_value = "security")]
+        out: std::path::PathBuf,
+        /// The futureq binary (default: next to this one, built with cargo if missing).
+        #[arg(long)]
+        futureq: Option<std::path::PathBuf>,
+    },
     /// Failover of a 3-node cluster it starts: kill -9 of the loaded leader → the first
     /// QUORUM ack from the new leader, repeated (each from three healthy nodes).
     Failover {
@@ -170,6 +189,10 @@ enum Cmd {
         /// The futureq binary (default: next to this one, built with cargo if missing).
         #[arg(long)]
         futureq: Option<std::path::PathBuf>,
+        /// Run the cluster on mutual TLS between its nodes and TLS on the client plane
+        /// (certificates from `futureq certs dev`).
+        #[arg(long)]
+        tls: bool,
     },
 }
 
@@ -228,9 +251,50 @@ fn row(name: &str, h: &Histogram<u64>) -> String {
 const HEADER: &str =
     "| series | n | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms |\n|---|---|---|---|---|---|---|";
 
+/// How the bench connects: plaintext, or TLS (and a token) while `futureq-bench security`
+/// measures a TLS variant. Set between runs, never during one.
+static CLIENT_SECURITY: std::sync::RwLock<Option<ClientSecurity>> = std::sync::RwLock::new(None);
+
+/// TLS towards the broker and the token sent on every call.
+#[derive(Clone)]
+struct ClientSecurity {
+    tls: tonic::transport::ClientTlsConfig,
+    token: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+}
+
+fn client_security() -> Option<ClientSecurity> {
+    CLIENT_SECURITY
+        .read()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+}
+
+fn set_client_security(s: Option<ClientSecurity>) {
+    *CLIENT_SECURITY
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = s;
+}
+
+/// `m` as a request carrying the token, if the bench has one.
+fn authed<T>(m: T) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(m);
+    if let Some(t) = client_security().and_then(|s| s.token) {
+        r.metadata_mut().insert("authorization", t);
+    }
+    r
+}
+
 async fn connect(addr: &str) -> anyhow::Result<Channel> {
-    Channel::from_shared(addr.to_owned())?
-        .connect()
+    let security = client_security();
+    let addr = match (&security, addr.strip_prefix("http://")) {
+        (Some(_), Some(rest)) => format!("https://{rest}"),
+        _ => addr.to_owned(),
+    };
+    let mut e = Channel::from_shared(addr.clone())?;
+    if let Some(s) = security {
+        e = e.tls_config(s.tls)?;
+    }
+    e.connect()
         .await
         .with_context(|| format!("connecting to {addr}"))
 }
@@ -244,7 +308,7 @@ async fn drain(addr: &str) -> anyhow::Result<()> {
         batch_id: 0,
     };
     let mut acks = FutureQProducerClient::new(connect(addr).await?)
-        .publish_stream(futures::stream::iter([batch]))
+        .publish_stream(authed(futures::stream::iter([batch])))
         .await?
         .into_inner();
     let a = acks.message().await?.context("publish stream ended")?;
@@ -279,7 +343,7 @@ async fn publish_run(addr: &str, p: &PublishParams) -> anyhow::Result<PublishOut
         tasks.push(tokio::spawn(async move {
             let (tx, rx) = tokio::sync::mpsc::channel::<PublishBatch>(window * 2);
             let mut acks = FutureQProducerClient::new(ch)
-                .publish_stream(tokio_stream(rx))
+                .publish_stream(authed(tokio_stream(rx)))
                 .await?
                 .into_inner();
             let mut sent_at = std::collections::VecDeque::new();
@@ -677,14 +741,24 @@ async fn main() -> anyhow::Result<()> {
             faults,
             out,
             futureq,
+            tls,
         } => {
             let mut term =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
             tokio::select! {
-                r = nemesis::run(seed, Duration::from_secs(seconds), &faults, &out, futureq) => r,
+                r = nemesis::run(seed, Duration::from_secs(seconds), &faults, &out, (futureq, tls)) => r,
                 _ = tokio::signal::ctrl_c() => bail!("interrupted; every node this run started is stopped"),
                 _ = term.recv() => bail!("terminated; every node this run started is stopped"),
             }
+        }
+        Cmd::Security {
+            rounds,
+            quick,
+            out,
+            futureq,
+        } => {
+            let bin = compare::futureq_binary(futureq)?;
+            security::run(&bin, rounds, quick, &out).await
         }
         Cmd::Failover { reps, rtt, futureq } => {
             let bin = compare::futureq_binary(futureq)?;

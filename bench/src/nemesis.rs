@@ -244,14 +244,12 @@ impl Drop for Firewall {
     }
 }
 
+/// A channel to `addr` (over TLS in a `--tls` run), or `None` within [`CALL_TIMEOUT`].
 async fn channel(addr: &str) -> Option<Channel> {
-    tokio::time::timeout(
-        CALL_TIMEOUT,
-        Channel::from_shared(addr.to_owned()).ok()?.connect(),
-    )
-    .await
-    .ok()?
-    .ok()
+    tokio::time::timeout(CALL_TIMEOUT, crate::connect(addr))
+        .await
+        .ok()?
+        .ok()
 }
 
 /// The leader's gRPC URL as some node reports it (a paused node times out and is skipped).
@@ -860,12 +858,19 @@ pub(crate) async fn run(
     duration: Duration,
     kinds: &[FaultKind],
     out: &std::path::Path,
-    futureq: Option<PathBuf>,
+    (futureq, tls): (Option<PathBuf>, bool),
 ) -> anyhow::Result<()> {
     if kinds.is_empty() {
         bail!("no fault kinds selected");
     }
     let bin = crate::compare::futureq_binary(futureq)?;
+    // --tls: the nodes on mutual TLS and TLS on the client plane, the workload over TLS.
+    let material = tls.then(|| crate::security::material(&bin)).transpose()?;
+    let mut tls_env = Vec::new();
+    if let Some(m) = &material {
+        tls_env = crate::security::tls_env(m);
+        crate::set_client_security(Some(crate::security::tls_client(m)));
+    }
     std::fs::create_dir_all(out)?;
     let dir = tempfile::Builder::new()
         .prefix("futureq-nemesis")
@@ -883,7 +888,10 @@ pub(crate) async fn run(
             ("CLUSTER_RAFT_RTT".into(), "20ms".into()),
             ("DELIVERY_INFLIGHTTIMEOUT".into(), "2s".into()),
             ("OBSERVABILITY_LOGGING_LEVEL".into(), "info".into()),
-        ],
+        ]
+        .into_iter()
+        .chain(tls_env)
+        .collect(),
     )
     .await?;
     let firewall = if kinds.contains(&FaultKind::Partition) {

@@ -139,13 +139,18 @@ fn token(cmd: &TokenCommand) -> anyhow::Result<()> {
 
 fn main() {
     let cli = Cli::parse();
-    let (_, settings) = match config::load(cli.config.as_deref(), &config::process_env()) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("futureq: invalid configuration: {e}");
-            std::process::exit(2);
-        }
+    let purpose = match cli.cmd {
+        Command::Start { .. } | Command::Leave { .. } => config::Purpose::Broker,
+        _ => config::Purpose::Addresses,
     };
+    let (_, settings) =
+        match config::load_for(cli.config.as_deref(), &config::process_env(), purpose) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("futureq: invalid configuration: {e}");
+                std::process::exit(2);
+            }
+        };
     // A client command reports its own errors on stderr, once; the log shows warnings only.
     let client = matches!(
         cli.cmd,

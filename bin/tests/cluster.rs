@@ -1848,8 +1848,15 @@ async fn a_cluster_on_mutual_tls_admits_no_node_of_a_foreign_ca() {
     // A node of another CA that takes itself for member 4 campaigns at our Raft ports, and
     // one that asks to join through our leader.
     let theirs = cluster_certs(&futureq_broker::certs::DevCa::new("their CA").unwrap());
-    // They trust our CA (its certificate is no secret): only our check of theirs stops them.
-    std::fs::copy(ours.path().join("ca.pem"), theirs.path().join("ca.pem")).unwrap();
+    // They trust our CA too (its certificate is no secret): only our check of theirs stops
+    // them. (Their own CA stays in the bundle: their client plane's certificate must chain
+    // to what they take for the cluster CA, or they would not start.)
+    let bundle = [
+        std::fs::read_to_string(ours.path().join("ca.pem")).unwrap(),
+        std::fs::read_to_string(theirs.path().join("ca.pem")).unwrap(),
+    ]
+    .concat();
+    std::fs::write(theirs.path().join("ca.pem"), bundle).unwrap();
     let mut members: Vec<String> = c
         .nodes
         .iter()

@@ -428,8 +428,12 @@ async fn principals_need_credentials_and_get_only_their_permissions() {
             r.topics.into_iter().map(|t| t.topic).collect::<Vec<_>>()
         }
     };
+    // An ack (QUORUM, standalone: fsynced) may come before the apply the stats read.
+    common::eventually("the ops principal sees both topics", || async {
+        topics("tok-ops").await == vec!["billing", "orders"]
+    })
+    .await;
     assert_eq!(topics("tok-consumer").await, vec!["orders"]);
-    assert_eq!(topics("tok-ops").await, vec!["billing", "orders"]);
     let e = admin(&ch, Some("tok-consumer"))
         .topic_stats(TopicStatsRequest {
             topic: "billing".into(),
@@ -560,7 +564,7 @@ async fn sighup_reloads_certificates_and_principals_and_a_bad_file_keeps_them() 
     std::fs::write(
         &principals,
         format!(
-            "{}- name: late\n  tokens: [{}]\n  publish: [\"*\"]\n",
+            "{}- name: late\n  tokens: [{}]\n  publish: [\"*\"]\n  consume: [late]\n",
             principals_yaml("svc.example"),
             token_hash_hex("tok-late")
         ),
@@ -617,10 +621,61 @@ async fn sighup_reloads_certificates_and_principals_and_a_bad_file_keeps_them() 
         b.metric("futureq_tls_reload_total{result=\"error\"}").await == 2.0
     })
     .await;
-    FutureQClusterClient::with_interceptor(fresh, Bearer(Some("tok-late".into())))
+    FutureQClusterClient::with_interceptor(fresh.clone(), Bearer(Some("tok-late".into())))
         .get_cluster_info(ClusterInfoRequest {})
         .await
         .expect("the principals in use stay");
+
+    // Revocation: streams of a principal that a reload removes end (a publish stream at its
+    // next batch, a subscription at once).
+    let (ltx, lrx) = futures::channel::mpsc::unbounded();
+    let mut lacks = producer(&fresh, Some("tok-late"))
+        .publish_stream(lrx)
+        .await
+        .unwrap()
+        .into_inner();
+    ltx.unbounded_send(batch(1, ACK_QUORUM, vec![msg("late", "1", 0, 0)]))
+        .unwrap();
+    assert_eq!(lacks.message().await.unwrap().unwrap().error_code, 0);
+    let (stx, srx) = futures::channel::mpsc::unbounded();
+    stx.unbounded_send(ConsumerFrame {
+        frame: Some(consumer_frame::Frame::Init(SubscribeInit {
+            topic: "late".into(),
+            ..Default::default()
+        })),
+    })
+    .unwrap();
+    let mut sub = FutureQConsumerClient::with_interceptor(fresh, Bearer(Some("tok-late".into())))
+        .subscribe(srx)
+        .await
+        .unwrap()
+        .into_inner();
+    let first = sub.message().await.expect("delivered").expect("a message");
+    assert_eq!(&first.payload[..], b"1");
+    std::fs::write(&principals, principals_yaml("svc.example")).unwrap();
+    common::signal(&b, "-HUP");
+    common::eventually("the revoking reload", || async {
+        b.metric("futureq_tls_reload_total{result=\"ok\"}").await == 2.0
+    })
+    .await;
+    let end = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match sub.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("the subscription ended OK"),
+                Err(s) => return s,
+            }
+        }
+    })
+    .await
+    .expect("the subscription ends at the reload");
+    assert_eq!(end.code(), tonic::Code::Unauthenticated, "{end:?}");
+    ltx.unbounded_send(batch(2, ACK_QUORUM, vec![msg("late", "2", 0, 0)]))
+        .unwrap();
+    let refused = lacks.message().await.unwrap().unwrap();
+    assert_eq!(refused.error_code, 16, "{refused:?}");
+    let end = lacks.message().await.expect_err("the publish stream ends");
+    assert_eq!(end.code(), tonic::Code::Unauthenticated, "{end:?}");
     assert!(b.running());
 }
 
@@ -712,5 +767,13 @@ fn unsafe_or_incomplete_security_settings_refuse_to_start() {
             principals.display()
         ),
         "cluster.secret",
+    );
+    // The client plane's certificate must chain to the cluster CA: nodes dial it.
+    let other = node_files(&tmp.path().join("other"), &DevCa::new("other CA").unwrap());
+    let o = other.display();
+    refused(
+        t,
+        &format!("{node}{peer_tls}api:\n  grpc:\n    advertise: 127.0.0.1:8443\n    tls:\n      certFile: {o}/node.pem\n      keyFile: {o}/node-key.pem\n"),
+        "api.grpc.tls.certFile: ",
     );
 }

@@ -13,6 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
+use rustls::client::danger::ServerCertVerifier as _;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
@@ -96,6 +97,14 @@ pub enum TlsError {
     /// The client-certificate verifier cannot be built from the CAs.
     #[error("client certificate verifier: {0}")]
     Verifier(#[from] rustls::server::VerifierBuilderError),
+    /// A certificate the cluster's nodes must be able to verify does not verify.
+    #[error("{}: {why}", cert.display())]
+    NotForCluster {
+        /// The certificate file.
+        cert: PathBuf,
+        /// For which name, under which CA, and why not.
+        why: String,
+    },
     /// `serverName` is not a DNS name.
     #[error("serverName {0:?} is not a valid DNS name")]
     ServerName(String),
@@ -528,6 +537,44 @@ pub fn peer_config(files: &PeerFiles) -> Result<PeerConfigured, TlsError> {
         member,
         expiry,
     })
+}
+
+/// Checks that the certificate in `cert` is what a node dialing `host` (an IP address or DNS
+/// name; the cluster's `serverName` instead when it has one) accepts: it chains to the
+/// cluster CA of `files` and names that host. The client plane's certificate must, since the
+/// nodes call each other there.
+///
+/// # Errors
+/// [`TlsError::NotForCluster`], or the files' own errors.
+pub fn check_for_cluster(cert: &Path, files: &PeerFiles, host: &str) -> Result<(), TlsError> {
+    use rustls::pki_types::ServerName;
+    let chain = read_certs(cert)?;
+    let roots = Arc::new(read_roots(std::slice::from_ref(&files.ca))?);
+    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(roots, provider())
+        .build()
+        .map_err(|e| TlsError::Config(rustls::Error::General(e.to_string())))?;
+    let name = files.server_name.as_deref().unwrap_or(host);
+    let server_name =
+        ServerName::try_from(name.to_owned()).map_err(|_| TlsError::ServerName(name.to_owned()))?;
+    let (end, rest) = chain.split_first().ok_or_else(|| TlsError::NoCertificate {
+        path: cert.to_owned(),
+    })?;
+    verifier
+        .verify_server_cert(
+            end,
+            rest,
+            &server_name,
+            &[],
+            rustls::pki_types::UnixTime::now(),
+        )
+        .map(|_| ())
+        .map_err(|source| TlsError::NotForCluster {
+            cert: cert.to_owned(),
+            why: format!(
+                "not valid for {name} under the cluster CA ({}): {source}",
+                files.ca.display()
+            ),
+        })
 }
 
 /// Mutual TLS between nodes: both ends of every link present a certificate the cluster CA

@@ -158,6 +158,45 @@ fn is_membership(path: &str) -> bool {
     )
 }
 
+/// The principals a stream was authenticated against: when a reload replaces them, the
+/// stream's caller is authenticated again (a revoked token or certificate name ends it).
+pub(crate) struct Session {
+    seen: u64,
+}
+
+impl Session {
+    pub(crate) fn new(ctx: &Ctx) -> Self {
+        Session {
+            seen: ctx
+                .settings
+                .security
+                .auth
+                .as_ref()
+                .map_or(0, |a| a.generation()),
+        }
+    }
+
+    /// The call's access again when the principals were replaced since the last look;
+    /// `None` when they were not.
+    pub(crate) fn recheck(&mut self, ctx: &Ctx, call: &Call) -> Option<Result<Access, Refusal>> {
+        let auth = ctx.settings.security.auth.as_ref()?;
+        let now = auth.generation();
+        if now == self.seen {
+            return None;
+        }
+        self.seen = now;
+        Some(authenticate(ctx, call))
+    }
+
+    /// Resolves when the principals were replaced since the last look (never without them).
+    pub(crate) async fn reloaded(&self, ctx: &Ctx) {
+        match &ctx.settings.security.auth {
+            Some(a) => a.changed_since(self.seen).await,
+            None => futures_lite::future::pending().await,
+        }
+    }
+}
+
 /// Who `call` comes from: [`Access::Open`] without principals, else its principal.
 ///
 /// # Errors
@@ -166,6 +205,11 @@ fn authenticate(ctx: &Ctx, call: &Call) -> Result<Access, Refusal> {
     let Some(auth) = &ctx.settings.security.auth else {
         return Ok(Access::Open);
     };
+    if call.peer.cluster_member {
+        // Another node of the cluster (its node certificate): the cluster info it asks of
+        // the leader for its own caller, a join, a leave.
+        return Ok(Access::Open);
+    }
     let header = call.headers.get("authorization").map(|v| v.as_bytes());
     let principal = auth.principals().authenticate(header, &call.peer);
     match &principal {

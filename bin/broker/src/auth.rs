@@ -425,6 +425,10 @@ impl Access {
 pub struct Auth {
     path: PathBuf,
     current: RwLock<Arc<Principals>>,
+    /// Incremented by every [`Auth::install`]: streams opened before see it changed.
+    generation: std::sync::atomic::AtomicU64,
+    /// Notified by every [`Auth::install`].
+    changed: event_listener::Event,
 }
 
 impl Auth {
@@ -436,6 +440,8 @@ impl Auth {
         Ok(Auth {
             path: path.to_owned(),
             current: RwLock::new(Arc::new(Principals::load(path)?)),
+            generation: std::sync::atomic::AtomicU64::new(0),
+            changed: event_listener::Event::new(),
         })
     }
 
@@ -456,6 +462,26 @@ impl Auth {
     /// Puts `next` in use for calls from now on.
     pub fn install(&self, next: Principals) {
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        self.changed.notify(usize::MAX);
+    }
+
+    /// How many times the principals were replaced.
+    #[must_use]
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Resolves once the principals were replaced after generation `seen`.
+    pub async fn changed_since(&self, seen: u64) {
+        loop {
+            let listener = self.changed.listen();
+            if self.generation() != seen {
+                return;
+            }
+            listener.await;
+        }
     }
 }
 

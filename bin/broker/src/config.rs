@@ -738,6 +738,13 @@ impl Config {
             );
         }
         let grpc_tls = client_tls(&g.tls, peer_files.as_ref())?;
+        if let (Some(files), false) = (&peer_files, g.advertise.is_empty()) {
+            // Nodes dial each other's client plane at its advertised address.
+            let host = g.advertise.rsplit_once(':').map_or("", |(h, _)| h);
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            futureq_net::tls::check_for_cluster(Path::new(&g.tls.cert_file), files, host)
+                .or_else(|e| err("api.grpc.tls.certFile", e))?;
+        }
         let auth = match self.api.auth.principals_file.as_str() {
             "" => None,
             f => Some(Arc::new(
@@ -1169,6 +1176,29 @@ pub fn load(
     path: Option<&std::path::Path>,
     env: &BTreeMap<String, String>,
 ) -> Result<(Config, Settings), ConfigError> {
+    load_for(path, env, Purpose::Broker)
+}
+
+/// What a configuration is loaded for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// Running the broker: every file it names is read and checked.
+    Broker,
+    /// A command that only needs addresses (the client commands, `certs`, `token`): the
+    /// broker's certificates, keys and principals file are not read (a user who may not
+    /// read them can still use the configuration's addresses).
+    Addresses,
+}
+
+/// [`load`] for `purpose`.
+///
+/// # Errors
+/// As [`load`].
+pub fn load_for(
+    path: Option<&std::path::Path>,
+    env: &BTreeMap<String, String>,
+    purpose: Purpose,
+) -> Result<(Config, Settings), ConfigError> {
     let defaults = yaml_serde::to_value(Config::default()).expect("defaults serialize");
     let mut tree = defaults.clone();
     let mut deprecated = Vec::new();
@@ -1214,8 +1244,16 @@ pub fn load(
             "environment variable {var}: no configuration key is set by it (a FUTUREQ_* variable is the key path upper-cased with dots as underscores, e.g. FUTUREQ_API_GRPC_LISTEN)"
         )));
     }
-    let cfg: Config = serde_path_to_error::deserialize(tree)
+    let mut cfg: Config = serde_path_to_error::deserialize(tree)
         .map_err(|e| ConfigError(format!("{}: {}", e.path(), e.inner())))?;
+    if purpose == Purpose::Addresses {
+        let defaults = Config::default();
+        cfg.api.grpc.tls = defaults.api.grpc.tls;
+        cfg.api.auth = defaults.api.auth;
+        cfg.cluster.tls = defaults.cluster.tls;
+        cfg.cluster.secret = defaults.cluster.secret;
+        cfg.cluster.secret_file = defaults.cluster.secret_file;
+    }
     let mut settings = cfg.validate()?;
     settings.deprecated = deprecated;
     Ok((cfg, settings))

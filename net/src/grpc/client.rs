@@ -96,7 +96,9 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Where a call goes: `host:port`, and over TLS as a node of the cluster when `tls` is set.
+/// Where a call goes: `host:port`, and over TLS as a node of the cluster when `tls` is set
+/// (every caller says which: there is no plaintext default that a call carrying the cluster
+/// secret could fall into).
 #[derive(Clone, Copy)]
 pub struct Dial<'a> {
     /// `host:port` of the node's client plane.
@@ -104,18 +106,6 @@ pub struct Dial<'a> {
     /// The cluster's mutual TLS: the call presents the node's certificate and verifies the
     /// server's against the cluster CA.
     pub tls: Option<&'a crate::tls::PeerTls>,
-}
-
-impl<'a> From<&'a str> for Dial<'a> {
-    fn from(addr: &'a str) -> Self {
-        Dial { addr, tls: None }
-    }
-}
-
-impl<'a> From<&'a String> for Dial<'a> {
-    fn from(addr: &'a String) -> Self {
-        Dial { addr, tls: None }
-    }
 }
 
 /// Resolves `host:port` (blocking DNS lookup for names; call off latency-critical paths).
@@ -135,7 +125,7 @@ pub fn resolve(addr: &str) -> Result<SocketAddr, Status> {
 /// The server's status, UNAVAILABLE for connection or protocol failures, DEADLINE_EXCEEDED
 /// after `timeout`.
 pub async fn unary<'a, Req, Resp>(
-    to: impl Into<Dial<'a>>,
+    to: Dial<'a>,
     path: &str,
     req: &Req,
     timeout: Duration,
@@ -152,7 +142,7 @@ where
 /// # Errors
 /// As [`unary`].
 pub async fn unary_with_headers<'a, Req, Resp>(
-    to: impl Into<Dial<'a>>,
+    to: Dial<'a>,
     path: &str,
     req: &Req,
     headers: &[(&'static str, &str)],
@@ -172,7 +162,7 @@ where
 /// # Errors
 /// As [`unary`]; a refusal's status carries the leader too ([`Status::leader`]).
 pub async fn unary_answer<'a, Req, Resp>(
-    to: impl Into<Dial<'a>>,
+    to: Dial<'a>,
     path: &str,
     req: &Req,
     headers: &[(&'static str, &str)],
@@ -182,7 +172,6 @@ where
     Req: prost::Message,
     Resp: prost::Message + Default,
 {
-    let to = to.into();
     let addr = to.addr;
     let call = call(to, path, encode_message(req), headers);
     let deadline = async {

@@ -66,6 +66,7 @@ pub(super) fn queue_message(
 
 enum Event {
     Deliver(Delivery),
+    Reloaded,
     Frame(Result<Option<ConsumerFrame>, Status>),
     Stop,
     Lost,
@@ -198,6 +199,8 @@ pub async fn subscribe(
         return s;
     }
     let mut half_closed = false;
+    // A reload that revokes the caller (or its right to the topic) ends the stream.
+    let mut session = super::Session::new(ctx);
     loop {
         let event = {
             let deliver = async {
@@ -226,9 +229,25 @@ pub async fn subscribe(
                 out.closed().await;
                 Event::Gone
             };
-            future::or(future::or(deliver, frame), future::or(stop, gone)).await
+            let reloaded = async {
+                session.reloaded(ctx).await;
+                Event::Reloaded
+            };
+            future::or(
+                future::or(deliver, frame),
+                future::or(stop, future::or(gone, reloaded)),
+            )
+            .await
         };
         match event {
+            Event::Reloaded => {
+                if let Some(again) = session.recheck(ctx, &call) {
+                    if let Err(r) = again.and_then(|a| a.consume(&init.topic)) {
+                        tracing::info!(target: "consumer", consumer = id.0, topic = %init.topic, error = %r.message, "ending a subscription: its caller lost the right after a reload");
+                        return r.into();
+                    }
+                }
+            }
             Event::Deliver(d) => {
                 // Send whatever else is already queued in the same write.
                 let mut batch = vec![d];

@@ -448,6 +448,9 @@ pub async fn publish_stream(
     // The last batch read or ack sent: the idle timeout counts from it.
     let mut last_activity = Instant::now();
     let mut deposed = false;
+    // A reload that revokes the caller ends the stream at its next batch.
+    let mut session = super::Session::new(ctx);
+    let mut access = access.clone();
     // A stream opened on the leader ends with its leadership (on a follower, each batch is
     // refused naming the leader).
     let lost = {
@@ -575,11 +578,23 @@ pub async fn publish_stream(
             }
             Event::Batch(Ok(Some(b))) => {
                 last_activity = Instant::now();
+                match session.recheck(ctx, &call) {
+                    Some(Ok(a)) => access = a,
+                    Some(Err(r)) => {
+                        // Revoked: this batch is refused, those read before are answered,
+                        // then the stream ends.
+                        refuse(&b, r.clone(), (&mut durable, &mut no_ack));
+                        reading = false;
+                        end = r.into();
+                        continue;
+                    }
+                    None => {}
+                }
                 let batch = (prost::Message::encoded_len(&b), Instant::now());
                 match ctx.publish_budget.try_admit(batch.0) {
                     Some(admitted) => {
                         let streams = (&outstanding_bytes, &mut durable, &mut no_ack);
-                        serve(ctx, access, (b, batch.0, batch.1), admitted, streams);
+                        serve(ctx, &access, (b, batch.0, batch.1), admitted, streams);
                     }
                     None => admitting = Some((b, batch.0, batch.1)),
                 }
@@ -587,7 +602,7 @@ pub async fn publish_stream(
             Event::Admitted(admitted) => {
                 if let Some(batch) = admitting.take() {
                     let streams = (&outstanding_bytes, &mut durable, &mut no_ack);
-                    serve(ctx, access, batch, admitted, streams);
+                    serve(ctx, &access, batch, admitted, streams);
                 }
             }
             Event::NotAdmitted => {
