@@ -44,6 +44,13 @@ struct Cli {
     /// Broker gRPC address.
     #[arg(long, default_value = "http://127.0.0.1:8443", global = true)]
     addr: String,
+    /// Connect over TLS, verifying the broker against this CA certificate (PEM): `publish`
+    /// and `lateness` against a broker with api.grpc.tls.
+    #[arg(long, global = true, value_name = "PEM")]
+    tls_ca: Option<std::path::PathBuf>,
+    /// A file holding a bearer token sent on every call (a broker with principals).
+    #[arg(long, global = true, value_name = "FILE", requires = "tls_ca")]
+    token_file: Option<std::path::PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -714,6 +721,22 @@ async fn lateness(addr: &str, count: usize, rate: u64, lead_ms: i64) -> anyhow::
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Some(ca) = &cli.tls_ca {
+        let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+        let token = match &cli.token_file {
+            Some(f) => {
+                let t = std::fs::read_to_string(f)
+                    .with_context(|| format!("reading {}", f.display()))?;
+                Some(format!("Bearer {}", t.trim()).parse()?)
+            }
+            None => None,
+        };
+        set_client_security(Some(ClientSecurity {
+            tls: tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(pem)),
+            token,
+        }));
+    }
     match cli.cmd {
         Cmd::Publish {
             streams,

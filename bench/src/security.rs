@@ -173,6 +173,8 @@ struct Connections {
     per_s: f64,
     /// Per broker CPU-second (every node of a cluster).
     per_cpu_s: Option<f64>,
+    /// Attempts that failed (counted, not in `per_s`).
+    failed: u64,
 }
 
 /// Runs every round and variant, standalone then on 3 nodes; writes `out/security.json` and
@@ -279,14 +281,19 @@ async fn measure_variant(
         "security round {round}: {mode} {} new connections",
         v.name()
     );
-    let before = target.cpu_seconds();
-    let (n, took) = target
-        .on_leader(|addr| async move { new_connections(&addr, connect_for).await })
+    let target = &target;
+    let (n, failed, took, cpu) = target
+        .on_leader(|addr| async move {
+            // CPU counted around this attempt only (a retry on a new leader starts again).
+            let before = target.cpu_seconds();
+            let (n, failed, took) = new_connections(&addr, connect_for).await?;
+            let cpu = match (before, target.cpu_seconds()) {
+                (Some(b), Some(a)) if a > b => Some(a - b),
+                _ => None,
+            };
+            anyhow::Ok((n, failed, took, cpu))
+        })
         .await?;
-    let cpu = match (before, target.cpu_seconds()) {
-        (Some(b), Some(a)) if a > b => Some(a - b),
-        _ => None,
-    };
     #[allow(clippy::cast_precision_loss)]
     conns.push(Connections {
         variant: v,
@@ -294,6 +301,7 @@ async fn measure_variant(
         round,
         per_s: n as f64 / took.as_secs_f64(),
         per_cpu_s: cpu.map(|c| n as f64 / c),
+        failed,
     });
     if let Some(b) = one {
         b.stop()?;
@@ -305,30 +313,46 @@ async fn measure_variant(
 }
 
 /// Four clients each opening connection after connection for `span`, one GetClusterInfo on
-/// each (authenticated in the token variant): how many, and how long it took.
-async fn new_connections(addr: &str, span: Duration) -> anyhow::Result<(u64, Duration)> {
+/// each (authenticated in the token variant): how many succeeded, how many failed, and how
+/// long it took. A run where more failed than succeeded is an error.
+async fn new_connections(addr: &str, span: Duration) -> anyhow::Result<(u64, u64, Duration)> {
     use futureq_bench::pb::future_q_cluster_client::FutureQClusterClient;
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..4 {
         let addr = addr.to_owned();
         tasks.push(tokio::spawn(async move {
-            let mut n = 0u64;
+            let (mut n, mut failed) = (0u64, 0u64);
             while start.elapsed() < span {
-                let ch = connect(&addr).await?;
-                FutureQClusterClient::new(ch)
-                    .get_cluster_info(authed(futureq_bench::pb::ClusterInfoRequest {}))
-                    .await?;
-                n += 1;
+                let ok = match connect(&addr).await {
+                    Ok(ch) => FutureQClusterClient::new(ch)
+                        .get_cluster_info(authed(futureq_bench::pb::ClusterInfoRequest {}))
+                        .await
+                        .is_ok(),
+                    Err(_) => false,
+                };
+                if ok {
+                    n += 1;
+                } else {
+                    failed += 1;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
             }
-            anyhow::Ok(n)
+            (n, failed)
         }));
     }
-    let mut total = 0;
+    let (mut total, mut failed) = (0, 0);
     for t in tasks {
-        total += t.await??;
+        let (n, f) = t.await?;
+        total += n;
+        failed += f;
     }
-    Ok((total, start.elapsed()))
+    anyhow::ensure!(
+        failed <= total,
+        "{addr}: {failed} of {} new connections failed",
+        total + failed
+    );
+    Ok((total, failed, start.elapsed()))
 }
 
 /// Per deployment and series: each variant's median [range] throughput, its ratio to

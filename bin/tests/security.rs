@@ -774,6 +774,6 @@ fn unsafe_or_incomplete_security_settings_refuse_to_start() {
     refused(
         t,
         &format!("{node}{peer_tls}api:\n  grpc:\n    advertise: 127.0.0.1:8443\n    tls:\n      certFile: {o}/node.pem\n      keyFile: {o}/node-key.pem\n"),
-        "api.grpc.tls.certFile: ",
+        "under the cluster CA",
     );
 }

@@ -406,6 +406,12 @@ impl ReloadableServer {
         })
     }
 
+    /// The files it reads.
+    #[must_use]
+    pub fn files(&self) -> &ServerFiles {
+        &self.files
+    }
+
     /// The configuration a new connection uses.
     #[must_use]
     pub fn config(&self) -> Arc<rustls::ServerConfig> {
@@ -594,6 +600,12 @@ impl PeerTls {
     pub fn load(files: PeerFiles) -> Result<Self, TlsError> {
         let current = RwLock::new(Arc::new(peer_config(&files)?));
         Ok(PeerTls { files, current })
+    }
+
+    /// The files it reads.
+    #[must_use]
+    pub fn files(&self) -> &PeerFiles {
+        &self.files
     }
 
     fn current(&self) -> Arc<PeerConfigured> {

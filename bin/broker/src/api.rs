@@ -87,6 +87,7 @@ pub fn handler(ctx: Rc<Ctx>) -> Handler {
                 }
                 _ => {}
             }
+            let session = Session::new(&ctx);
             let access = authenticate(&ctx, &call);
             if is_membership(&call.path) {
                 return match &ctx.settings.cluster {
@@ -120,10 +121,10 @@ pub fn handler(ctx: Rc<Ctx>) -> Handler {
             };
             match call.path.as_str() {
                 "/futureq.FutureQProducer/PublishStream" => {
-                    producer::publish_stream(&ctx, &access, call, out).await
+                    producer::publish_stream(&ctx, (&access, session), call, out).await
                 }
                 "/futureq.FutureQConsumer/Subscribe" => {
-                    consumer::subscribe(&ctx, &access, call, out).await
+                    consumer::subscribe(&ctx, (&access, session), call, out).await
                 }
                 "/futureq.FutureQProducer/Cancel" => manage::cancel(&ctx, &access, call, out).await,
                 "/futureq.FutureQProducer/Reschedule" => {
@@ -160,8 +161,12 @@ fn is_membership(path: &str) -> bool {
 
 /// The principals a stream was authenticated against: when a reload replaces them, the
 /// stream's caller is authenticated again (a revoked token or certificate name ends it).
+/// Made before the call is authenticated, so that a reload in between is seen (at worst
+/// once too often).
 pub(crate) struct Session {
     seen: u64,
+    /// Registered once and kept while it has not fired (not once per wait).
+    listener: Option<event_listener::EventListener>,
 }
 
 impl Session {
@@ -173,6 +178,7 @@ impl Session {
                 .auth
                 .as_ref()
                 .map_or(0, |a| a.generation()),
+            listener: None,
         }
     }
 
@@ -189,10 +195,17 @@ impl Session {
     }
 
     /// Resolves when the principals were replaced since the last look (never without them).
-    pub(crate) async fn reloaded(&self, ctx: &Ctx) {
-        match &ctx.settings.security.auth {
-            Some(a) => a.changed_since(self.seen).await,
-            None => futures_lite::future::pending().await,
+    pub(crate) async fn reloaded(&mut self, ctx: &Ctx) {
+        let Some(auth) = &ctx.settings.security.auth else {
+            return futures_lite::future::pending().await;
+        };
+        loop {
+            let listener = self.listener.get_or_insert_with(|| auth.listen());
+            if auth.generation() != self.seen {
+                return;
+            }
+            listener.await;
+            self.listener = None;
         }
     }
 }
@@ -205,9 +218,9 @@ fn authenticate(ctx: &Ctx, call: &Call) -> Result<Access, Refusal> {
     let Some(auth) = &ctx.settings.security.auth else {
         return Ok(Access::Open);
     };
-    if call.peer.cluster_member {
-        // Another node of the cluster (its node certificate): the cluster info it asks of
-        // the leader for its own caller, a join, a leave.
+    if call.peer.cluster_member && call.path == "/futureq.FutureQCluster/GetClusterInfo" {
+        // Another node of the cluster (its node certificate) asking the leader for its own
+        // caller; a node certificate is no principal for anything else.
         return Ok(Access::Open);
     }
     let header = call.headers.get("authorization").map(|v| v.as_bytes());

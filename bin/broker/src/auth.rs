@@ -473,15 +473,11 @@ impl Auth {
         self.generation.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Resolves once the principals were replaced after generation `seen`.
-    pub async fn changed_since(&self, seen: u64) {
-        loop {
-            let listener = self.changed.listen();
-            if self.generation() != seen {
-                return;
-            }
-            listener.await;
-        }
+    /// A listener notified by the next [`Auth::install`] (listen, then compare
+    /// [`Auth::generation`], then wait: no replacement is missed).
+    #[must_use]
+    pub fn listen(&self) -> event_listener::EventListener {
+        self.changed.listen()
     }
 }
 

@@ -558,6 +558,14 @@ pub struct ClusterSettings {
     pub tls: Option<Arc<PeerTls>>,
 }
 
+/// The host of an advertised `host:port` (brackets of an IPv6 address removed).
+fn advertise_host(advertise: &str) -> String {
+    let host = advertise.rsplit_once(':').map_or("", |(h, _)| h);
+    host.trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned()
+}
+
 /// `cluster.tls` checked: `None` when no certificate is set.
 fn peer_files(t: &ClusterTls) -> Result<Option<PeerFiles>, ConfigError> {
     let set = [&t.cert_file, &t.key_file, &t.ca_file];
@@ -740,9 +748,8 @@ impl Config {
         let grpc_tls = client_tls(&g.tls, peer_files.as_ref())?;
         if let (Some(files), false) = (&peer_files, g.advertise.is_empty()) {
             // Nodes dial each other's client plane at its advertised address.
-            let host = g.advertise.rsplit_once(':').map_or("", |(h, _)| h);
-            let host = host.trim_start_matches('[').trim_end_matches(']');
-            futureq_net::tls::check_for_cluster(Path::new(&g.tls.cert_file), files, host)
+            let host = advertise_host(&g.advertise);
+            futureq_net::tls::check_for_cluster(Path::new(&g.tls.cert_file), files, &host)
                 .or_else(|e| err("api.grpc.tls.certFile", e))?;
         }
         let auth = match self.api.auth.principals_file.as_str() {
@@ -932,6 +939,7 @@ impl Config {
                 grpc_tls,
                 cluster.as_ref().and_then(|c| c.tls.clone()),
                 auth,
+                advertise_host(&self.api.grpc.advertise),
             )),
             node_id: c.node_id,
             data_dir: PathBuf::from(&self.storage.data_dir),

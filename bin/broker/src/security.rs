@@ -38,6 +38,10 @@ pub struct Security {
     pub peer_tls: Option<Arc<PeerTls>>,
     /// `api.auth.principalsFile` (present when set).
     pub auth: Option<Arc<Auth>>,
+    /// The host nodes dial this node's client plane at (`api.grpc.advertise`): with both
+    /// planes on TLS, a reloaded client-plane certificate must be valid for it under the
+    /// cluster CA.
+    advertise_host: String,
     reloads_ok: AtomicU64,
     reloads_failed: AtomicU64,
 }
@@ -49,11 +53,13 @@ impl Security {
         grpc_tls: Option<Arc<ReloadableServer>>,
         peer_tls: Option<Arc<PeerTls>>,
         auth: Option<Arc<Auth>>,
+        advertise_host: String,
     ) -> Self {
         Security {
             grpc_tls,
             peer_tls,
             auth,
+            advertise_host,
             ..Security::default()
         }
     }
@@ -72,6 +78,14 @@ impl Security {
                 Some(t) => Some(t.reread().map_err(ReloadError::PeerTls)?),
                 None => None,
             };
+            if let (Some(t), Some(p)) = (&self.grpc_tls, &self.peer_tls) {
+                futureq_net::tls::check_for_cluster(
+                    &t.files().cert,
+                    p.files(),
+                    &self.advertise_host,
+                )
+                .map_err(ReloadError::ClientTls)?;
+            }
             let principals = match &self.auth {
                 Some(a) => Some(a.reread()?),
                 None => None,

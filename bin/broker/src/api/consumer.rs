@@ -92,7 +92,7 @@ async fn register_group(ctx: &Ctx, topic: &str, group: &str) -> Result<(), Write
 /// Serves one Subscribe stream.
 pub async fn subscribe(
     ctx: &Ctx,
-    access: &crate::auth::Access,
+    (access, mut session): (&crate::auth::Access, super::Session),
     mut call: Call,
     out: &mut Outbound,
 ) -> Status {
@@ -199,9 +199,15 @@ pub async fn subscribe(
         return s;
     }
     let mut half_closed = false;
-    // A reload that revokes the caller (or its right to the topic) ends the stream.
-    let mut session = super::Session::new(ctx);
     loop {
+        // A reload that revokes the caller (or its right to the topic) ends the stream; looked
+        // at first, so that a busy stream does not put it off.
+        if let Some(again) = session.recheck(ctx, &call) {
+            if let Err(r) = again.and_then(|a| a.consume(&init.topic)) {
+                tracing::info!(target: "consumer", consumer = id.0, topic = %init.topic, error = %r.message, "ending a subscription: its caller lost the right after a reload");
+                return r.into();
+            }
+        }
         let event = {
             let deliver = async {
                 match rx.recv_async().await {
@@ -240,14 +246,8 @@ pub async fn subscribe(
             .await
         };
         match event {
-            Event::Reloaded => {
-                if let Some(again) = session.recheck(ctx, &call) {
-                    if let Err(r) = again.and_then(|a| a.consume(&init.topic)) {
-                        tracing::info!(target: "consumer", consumer = id.0, topic = %init.topic, error = %r.message, "ending a subscription: its caller lost the right after a reload");
-                        return r.into();
-                    }
-                }
-            }
+            // Looked at by the next turn.
+            Event::Reloaded => {}
             Event::Deliver(d) => {
                 // Send whatever else is already queued in the same write.
                 let mut batch = vec![d];

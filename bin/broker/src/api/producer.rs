@@ -433,7 +433,7 @@ async fn known_leader(ctx: &Ctx) -> String {
 ///   then), an ack's send and an idle stream by `publish.streamIdleTimeout`.
 pub async fn publish_stream(
     ctx: &Rc<Ctx>,
-    access: &Access,
+    (access, mut session): (&Access, super::Session),
     mut call: Call,
     out: &mut Outbound,
 ) -> Status {
@@ -448,8 +448,8 @@ pub async fn publish_stream(
     // The last batch read or ack sent: the idle timeout counts from it.
     let mut last_activity = Instant::now();
     let mut deposed = false;
-    // A reload that revokes the caller ends the stream at its next batch.
-    let mut session = super::Session::new(ctx);
+    // A reload that revokes the caller ends the stream at its next batch (one that only
+    // takes a topic away denies that topic's batches).
     let mut access = access.clone();
     // A stream opened on the leader ends with its leadership (on a follower, each batch is
     // refused naming the leader).
