@@ -249,6 +249,28 @@ impl fmt::Display for Refusal {
 
 impl std::error::Error for Refusal {}
 
+/// `google.rpc.ErrorInfo.domain` of futureq's refusals.
+pub const ERROR_DOMAIN: &str = "futureq";
+
+/// The reason and outcome an `ErrorInfo` (its `domain`, `reason` and `metadata.outcome`)
+/// names when it is one of futureq's (`None`: another domain, or a reason this version does
+/// not know). A missing or unknown outcome is the reason's default.
+#[must_use]
+pub fn of_error_info(
+    domain: &str,
+    reason: &str,
+    outcome: Option<&str>,
+) -> Option<(Reason, Outcome)> {
+    if domain != ERROR_DOMAIN {
+        return None;
+    }
+    let reason = Reason::from_name(reason)?;
+    let outcome = outcome
+        .and_then(Outcome::from_name)
+        .unwrap_or(reason.default_outcome());
+    Some((reason, outcome))
+}
+
 /// Why a write (or a membership change) did not succeed, as the write path knows it: each
 /// variant says what became of the write ([`WriteError::outcome`]).
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]

@@ -7,23 +7,15 @@ use tonic_types::StatusExt as _;
 
 use crate::pb;
 
-/// `google.rpc.ErrorInfo.domain` of futureq's refusals.
-const ERROR_DOMAIN: &str = "futureq";
-
 /// The reason and outcome a status carries in its details (`None`: a transport failure, or a
 /// server older than typed refusals). For callers of the generated stubs ([`crate::pb`]).
 pub fn of_status(s: &tonic::Status) -> Option<(Reason, Outcome)> {
     let info = s.get_details_error_info()?;
-    if info.domain != ERROR_DOMAIN {
-        return None;
-    }
-    let reason = Reason::from_name(&info.reason)?;
-    let outcome = info
-        .metadata
-        .get("outcome")
-        .and_then(|o| Outcome::from_name(o))
-        .unwrap_or(reason.default_outcome());
-    Some((reason, outcome))
+    futureq_core::refusal::of_error_info(
+        &info.domain,
+        &info.reason,
+        info.metadata.get("outcome").map(String::as_str),
+    )
 }
 
 /// The reason and outcome of a refused batch's ack (`None` from a server older than them).
@@ -90,7 +82,7 @@ mod tests {
             "for people",
             tonic_types::ErrorDetails::with_error_info(
                 reason.name(),
-                ERROR_DOMAIN,
+                futureq_core::refusal::ERROR_DOMAIN,
                 [("outcome".to_owned(), outcome.name().to_owned())],
             ),
         )

@@ -70,7 +70,7 @@ impl fmt::Display for Code {
 pub const LEADER_ADDRESS: &str = "futureq-leader-address";
 
 /// `google.rpc.ErrorInfo.domain` of futureq's refusals.
-pub const ERROR_DOMAIN: &str = "futureq";
+pub use futureq_core::refusal::ERROR_DOMAIN;
 
 /// The trailer holding the `google.rpc.Status` of a refusal (base64, unpadded).
 pub const DETAILS_HEADER: &str = "grpc-status-details-bin";
@@ -243,16 +243,11 @@ impl Status {
                 return None;
             }
             let info: ErrorInfo = prost::Message::decode(any.value.as_slice()).ok()?;
-            if info.domain != ERROR_DOMAIN {
-                return None;
-            }
-            let reason = Reason::from_name(&info.reason)?;
-            let outcome = info
-                .metadata
-                .get("outcome")
-                .and_then(|o| Outcome::from_name(o))
-                .unwrap_or(reason.default_outcome());
-            Some((reason, outcome))
+            futureq_core::refusal::of_error_info(
+                &info.domain,
+                &info.reason,
+                info.metadata.get("outcome").map(String::as_str),
+            )
         })
     }
 }
