@@ -140,9 +140,12 @@ pub struct CertExpiry {
 
 /// The ring provider (the design's choice: no aws-lc build). rustls deprecates it for lacking
 /// post-quantum key exchange; X25519 and the NIST curves remain.
+/// Built once: the client-certificate verifier asks for it at every handshake.
 #[allow(deprecated)]
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    static PROVIDER: std::sync::OnceLock<Arc<rustls::crypto::CryptoProvider>> =
+        std::sync::OnceLock::new();
+    Arc::clone(PROVIDER.get_or_init(|| Arc::new(rustls::crypto::ring::default_provider())))
 }
 
 const VERSIONS: &[&rustls::SupportedProtocolVersion] =

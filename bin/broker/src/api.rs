@@ -239,8 +239,8 @@ fn authenticate(ctx: &Ctx, call: &Call) -> Result<Access, Refusal> {
 
 /// Answers `r` to a call refused before its service saw it. A unary request's message is read
 /// first (within a second), so the client sees the status rather than a reset.
-async fn drained(mut call: Call, r: Refusal) -> Status {
-    if UNARY.contains(&call.path.as_str()) {
+pub(super) async fn drained(mut call: Call, r: Refusal) -> Status {
+    if UNARY.contains(&call.path.as_str()) || is_membership(&call.path) {
         let _ =
             futures_lite::future::or(async { call.inbound.next_raw().await.map(|_| ()) }, async {
                 glommio::timer::sleep(std::time::Duration::from_secs(1)).await;
@@ -251,7 +251,7 @@ async fn drained(mut call: Call, r: Refusal) -> Status {
     Status::from(r)
 }
 
-/// The unary methods (one request message).
+/// The unary methods (one request message) besides the membership ones ([`is_membership`]).
 const UNARY: &[&str] = &[
     "/futureq.FutureQProducer/Cancel",
     "/futureq.FutureQProducer/Reschedule",
@@ -259,10 +259,6 @@ const UNARY: &[&str] = &[
     "/futureq.FutureQAdmin/Peek",
     "/futureq.FutureQAdmin/DeleteGroup",
     "/futureq.FutureQCluster/GetClusterInfo",
-    "/futureq.FutureQCluster/JoinCluster",
-    "/futureq.FutureQCluster/LeaveCluster",
-    "/futureq.FutureQCluster/JoinMetadata",
-    "/futureq.FutureQCluster/LeaveMetadata",
 ];
 
 /// Waits until the write path is open (the journal replayed, the Raft groups started), at

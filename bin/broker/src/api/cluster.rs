@@ -1,6 +1,6 @@
 //! `FutureQCluster` (clustered, or the standalone answers) and the gRPC health service.
 
-use futureq_core::refusal::Reason;
+use futureq_core::refusal::{Reason, Refusal};
 use futureq_net::grpc::{Call, Outbound, Status};
 use futureq_net::pb;
 use futureq_net::pb::health::{
@@ -272,7 +272,7 @@ pub async fn membership(
     secret: &futureq_net::peer_link::PeerSecret,
     admin: bool,
     needs_certificate: bool,
-    mut call: Call,
+    call: Call,
     out: &mut Outbound,
 ) -> Status {
     if !secret.is_open() && !admin {
@@ -281,20 +281,18 @@ pub async fn membership(
             .get(crate::cluster::SECRET_HEADER)
             .map(|v| v.as_bytes().to_vec());
         if !offered.is_some_and(|o| secret.matches(&o)) {
-            // Drain the request so the client sees the status, not a reset.
-            let _ = call.inbound.next_raw().await;
             tracing::warn!(target: "grpc", method = %call.path, "membership call without the cluster secret refused");
-            return Status::refused(Reason::Unauthenticated, "membership changes need the cluster secret (header futureq-cluster-secret): missing or wrong",
-            );
+            let r = Refusal::new(Reason::Unauthenticated, "membership changes need the cluster secret (header futureq-cluster-secret): missing or wrong");
+            return super::drained(call, r).await;
         }
     }
     if needs_certificate {
-        let _ = call.inbound.next_raw().await;
         tracing::warn!(target: "grpc", method = %call.path, "membership call without a certificate of the cluster CA refused");
-        return Status::refused(
+        let r = Refusal::new(
             Reason::PermissionDenied,
             "membership changes need a client certificate of the cluster CA (cluster.tls) or an admin principal",
         );
+        return super::drained(call, r).await;
     }
     match call.path.as_str() {
         "/futureq.FutureQCluster/JoinCluster" => {
