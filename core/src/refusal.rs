@@ -249,12 +249,24 @@ impl fmt::Display for Refusal {
 
 impl std::error::Error for Refusal {}
 
+/// The outcome named (`outcome`, a name from [`Outcome::name`]) for a refusal of `reason`: the
+/// reason's default when none is named, and [`Outcome::Unknown`] for a name this version does
+/// not know (a newer server's outcome is never taken as "not stored": that would resend, and
+/// duplicate, what it may have stored).
+#[must_use]
+pub fn outcome_or(reason: Reason, outcome: Option<&str>) -> Outcome {
+    match outcome {
+        None | Some("") => reason.default_outcome(),
+        Some(name) => Outcome::from_name(name).unwrap_or(Outcome::Unknown),
+    }
+}
+
 /// `google.rpc.ErrorInfo.domain` of futureq's refusals.
 pub const ERROR_DOMAIN: &str = "futureq";
 
 /// The reason and outcome an `ErrorInfo` (its `domain`, `reason` and `metadata.outcome`)
 /// names when it is one of futureq's (`None`: another domain, or a reason this version does
-/// not know). A missing or unknown outcome is the reason's default.
+/// not know); the outcome as [`outcome_or`] reads it.
 #[must_use]
 pub fn of_error_info(
     domain: &str,
@@ -265,10 +277,7 @@ pub fn of_error_info(
         return None;
     }
     let reason = Reason::from_name(reason)?;
-    let outcome = outcome
-        .and_then(Outcome::from_name)
-        .unwrap_or(reason.default_outcome());
-    Some((reason, outcome))
+    Some((reason, outcome_or(reason, outcome)))
 }
 
 /// Why a write (or a membership change) did not succeed, as the write path knows it: each
@@ -369,6 +378,26 @@ impl WriteError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A newer server's outcome is never read as "not stored"; none named is the default.
+    #[test]
+    fn unknown_outcome_names_are_unknown() {
+        assert_eq!(outcome_or(Reason::NotLeader, None), Outcome::NotStored);
+        assert_eq!(outcome_or(Reason::Timeout, None), Outcome::Unknown);
+        assert_eq!(
+            outcome_or(Reason::NotLeader, Some("PARTLY_STORED")),
+            Outcome::Unknown
+        );
+        assert_eq!(
+            outcome_or(Reason::Timeout, Some("NOT_STORED")),
+            Outcome::NotStored
+        );
+        assert_eq!(
+            of_error_info(ERROR_DOMAIN, "NOT_LEADER", Some("SOMETHING_NEW")),
+            Some((Reason::NotLeader, Outcome::Unknown))
+        );
+        assert_eq!(of_error_info("other", "NOT_LEADER", None), None);
+    }
 
     #[test]
     fn wire_names_are_unique_and_parse_back() {

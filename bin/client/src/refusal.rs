@@ -22,11 +22,14 @@ pub fn of_status(s: &tonic::Status) -> Option<(Reason, Outcome)> {
 pub fn of_ack(ack: &pb::PublishBatchAck) -> Option<(Reason, Outcome)> {
     let reason = pb::ErrorReason::try_from(ack.error_reason).ok()?;
     let reason = Reason::from_name(reason.as_str_name().strip_prefix("ERROR_REASON_")?)?;
-    let outcome = pb::WriteOutcome::try_from(ack.write_outcome)
-        .ok()
-        .and_then(|o| Outcome::from_name(o.as_str_name().strip_prefix("WRITE_OUTCOME_")?))
-        .unwrap_or(reason.default_outcome());
-    Some((reason, outcome))
+    // UNSPECIFIED (0): an older server, which sent no outcome; a number this version does not
+    // know: a newer server's outcome, taken as unknown.
+    let outcome = match pb::WriteOutcome::try_from(ack.write_outcome) {
+        Ok(pb::WriteOutcome::Unspecified) => None,
+        Ok(o) => Some(o.as_str_name().strip_prefix("WRITE_OUTCOME_").unwrap_or("")),
+        Err(_) => Some("?"),
+    };
+    Some((reason, futureq_core::refusal::outcome_or(reason, outcome)))
 }
 
 /// What to do after a refused call.

@@ -53,7 +53,12 @@ pub async fn delete_group(
     let done = match answer.await {
         Ok(Ok(done)) => done,
         Ok(Err(e)) => return super::write_refusal(ctx, "group deletion", &e).into(),
-        Err(_) => return Status::shutting_down(),
+        // The dispatcher took the command and gave no answer: it may have been carried out.
+        Err(_) => {
+            return futureq_core::refusal::Refusal::shutting_down()
+                .with_outcome(futureq_core::refusal::Outcome::Unknown)
+                .into()
+        }
     };
     let resp = pb::DeleteGroupResponse {
         found: done.found,

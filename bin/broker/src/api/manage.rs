@@ -58,7 +58,13 @@ async fn permitted(
                 reply,
             })
             .await
-            .map_err(|e| Status::from(super::write_refusal(ctx, "cancel", &e)))?;
+            // Whatever became of the barrier, nothing of the caller's request was sent.
+            .map_err(|e| {
+                Status::from(
+                    super::write_refusal(ctx, "the write path's barrier", &e)
+                        .with_outcome(futureq_core::refusal::Outcome::NotStored),
+                )
+            })?;
         names = super::inspect::read(ctx, move |s| s.topic_names(&hashes)).await?;
     }
     for (_, topic) in &names {
