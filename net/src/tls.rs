@@ -656,6 +656,10 @@ impl PeerTls {
         let Some((end, rest)) = certs.split_first() else {
             return false;
         };
+        // Most clients carry no node URI: they are not verified a second time.
+        if !is_node_certificate(end) {
+            return false;
+        }
         let now = rustls::pki_types::UnixTime::now();
         self.current()
             .member
