@@ -12,8 +12,8 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::compare::{Plan, Target};
+use crate::load::Ack;
 use crate::procs::{standalone, Broker, Cluster};
-use crate::Ack;
 
 /// The series measured: QUORUM publish at one message per request and at 100.
 const SERIES: [(usize, Ack); 2] = [(1, Ack::Quorum), (100, Ack::Quorum)];

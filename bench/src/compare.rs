@@ -39,9 +39,10 @@ use anyhow::{bail, Context};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use crate::load::{drain, lateness_run, publish_open, publish_run, Ack, PublishParams};
 use crate::openloop::Schedule;
 use crate::procs::{standalone, Broker, Cluster, PeerProcess, RssPeaks};
-use crate::{drain, lateness_run, publish_open, publish_run, Ack, PublishOut, PublishParams};
+use crate::stats::PublishOut;
 
 /// The systems `compare` can measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -453,7 +454,7 @@ impl Compare {
         self.step(format!(
             "futureq standalone: pending, {n} far-future messages, restart"
         ));
-        let fill = crate::fill(&broker.addr, n).await?;
+        let fill = crate::load::fill(&broker.addr, n).await?;
         let o = publish_run(
             &broker.addr,
             &self.plan.publish(100, Ack::Quorum, 3_600_000),
@@ -503,7 +504,7 @@ impl Compare {
         // Filled on the leader; a fill that fails because leadership moved (an election on
         // the loaded machine) runs again on the new leader (the backlog is then larger).
         let fill = Target::Three(cluster)
-            .on_leader(|addr| async move { crate::fill(&addr, n).await })
+            .on_leader(|addr| async move { crate::load::fill(&addr, n).await })
             .await?;
         let (o, cpu) = Target::Three(cluster)
             .publish(&self.plan.publish(100, Ack::Quorum, 3_600_000))
@@ -1116,7 +1117,7 @@ mod tests {
     use super::*;
 
     fn run(key: Key, rate: f64, latency_us: u64) -> Run {
-        let mut h = crate::hist();
+        let mut h = crate::stats::hist();
         h.record(latency_us).unwrap();
         Run::new(key, rate, h, None)
     }

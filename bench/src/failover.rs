@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use hdrhistogram::Histogram;
 
+use crate::load::{Ack, PublishParams};
 use crate::procs::Cluster;
-use crate::{hist, Ack, PublishParams};
+use crate::stats::hist;
 
 /// Longest a failover may take before the run fails.
 const FAILOVER_LIMIT: Duration = Duration::from_secs(30);
@@ -21,9 +22,9 @@ const FAILOVER_LIMIT: Duration = Duration::from_secs(30);
 /// for a commit that never comes).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// One QUORUM message to `addr` ([`crate::drain`]): Ok once it is acked.
+/// One QUORUM message to `addr` ([`crate::load::drain`]): Ok once it is acked.
 async fn probe(addr: &str) -> anyhow::Result<()> {
-    tokio::time::timeout(PROBE_TIMEOUT, crate::drain(addr))
+    tokio::time::timeout(PROBE_TIMEOUT, crate::load::drain(addr))
         .await
         .context("no ack")?
 }
@@ -79,7 +80,7 @@ pub(crate) async fn run(
             dedup: false,
         };
         // The load ends with an error when its node dies: that is expected.
-        let load = tokio::spawn(async move { crate::publish_run(&addr, &params).await });
+        let load = tokio::spawn(async move { crate::load::publish_run(&addr, &params).await });
         tokio::time::sleep(Duration::from_millis(500)).await;
         if load.is_finished() {
             let why = match load.await {

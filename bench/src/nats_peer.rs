@@ -23,8 +23,9 @@ use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use hdrhistogram::Histogram;
 
+use crate::load::PublishParams;
 use crate::procs::{free_port, PeerProcess};
-use crate::{hist, PublishOut, PublishParams};
+use crate::stats::{hist, PublishOut};
 
 /// The JetStream durability of a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,7 +159,7 @@ pub async fn publish(port: u16, p: &PublishParams) -> anyhow::Result<PublishOut>
                 async move {
                     let t0 = Instant::now();
                     let ack = if delay_ms > 0 {
-                        let due_s = (crate::now_us() / 1000 + delay_ms + 999) / 1000;
+                        let due_s = (crate::stats::now_us() / 1000 + delay_ms + 999) / 1000;
                         let headers = schedule_headers(due_s, "bench.fired");
                         js.publish_with_headers(subject, headers, payload)
                             .await?
@@ -189,7 +190,7 @@ pub async fn publish(port: u16, p: &PublishParams) -> anyhow::Result<PublishOut>
             Ok::<_, anyhow::Error>((msgs, acked, local))
         }));
     }
-    crate::collect(tasks, p.measure).await
+    crate::stats::collect(tasks, p.measure).await
 }
 
 /// The sending half of an open-loop connection: hands each publish's ack future to
@@ -351,7 +352,7 @@ pub async fn lateness(
     rate: u64,
     lead_ms: i64,
 ) -> anyhow::Result<(Histogram<u64>, u64)> {
-    let stream = format!("late{}", crate::now_us());
+    let stream = format!("late{}", crate::stats::now_us());
     create_stream(port, &stream, &[&format!("{stream}.>")], 1).await?;
     let js = context(port).await?;
     let measured = measure_lateness(&js, port, &stream, (count, rate, lead_ms)).await;
@@ -389,20 +390,20 @@ async fn measure_lateness(
         .context("starting the lateness consumer")?;
     // JetStream publishes one message per request: room for 20k/s (release builds of this
     // bench schedule ~40k/s).
-    let first_due_us = crate::now_us() + lead_ms * 1000 + i64::try_from(count / 20)? * 1000;
+    let first_due_us = crate::stats::now_us() + lead_ms * 1000 + i64::try_from(count / 20)? * 1000;
     let count = u64::try_from(count)?;
     let due_s = move |i: u64| {
         let offset_us = (i * 1_000_000).checked_div(rate).unwrap_or(0);
         (first_due_us + i64::try_from(offset_us).unwrap_or(0) + 999_999) / 1_000_000
     };
     schedule(port, &format!("{stream}.s"), &target, count, due_s).await?;
-    if crate::now_us() > first_due_us {
+    if crate::stats::now_us() > first_due_us {
         bail!("publishing the schedules took longer than the lead time");
     }
     let (mut h, mut early, mut pull_errors) = (hist(), 0u64, 0u64);
     let deadline = Instant::now()
-        + Duration::from_secs(60 + crate::due_span_s(usize::try_from(count)?, rate))
-        + Duration::from_micros(u64::try_from(first_due_us - crate::now_us()).unwrap_or(0));
+        + Duration::from_secs(60 + crate::load::due_span_s(usize::try_from(count)?, rate))
+        + Duration::from_micros(u64::try_from(first_due_us - crate::stats::now_us()).unwrap_or(0));
     while h.len() + early < count {
         let m = tokio::time::timeout_at(deadline.into(), messages.next())
             .await
@@ -423,7 +424,7 @@ async fn measure_lateness(
                 continue;
             }
         };
-        let now = crate::now_us();
+        let now = crate::stats::now_us();
         let due_us: i64 = std::str::from_utf8(&m.payload)?
             .split(':')
             .next()
@@ -454,7 +455,7 @@ pub fn has_schedules(version: &str) -> bool {
 /// Fills `count` schedules a year ahead into the stream `BENCH` (subjects `bench.>`, which
 /// [`create_stream`] made): the pending scenario. Returns the fill rate, msgs/s.
 pub async fn fill_schedules(port: u16, count: u64) -> anyhow::Result<f64> {
-    let due = crate::now_us() / 1_000_000 + 365 * 86_400;
+    let due = crate::stats::now_us() / 1_000_000 + 365 * 86_400;
     schedule(port, "bench.pending", "bench.fired", count, move |_| due).await
 }
 

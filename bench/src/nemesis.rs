@@ -246,7 +246,7 @@ impl Drop for Firewall {
 
 /// A channel to `addr` (over TLS in a `--tls` run), or `None` within [`CALL_TIMEOUT`].
 async fn channel(addr: &str) -> Option<Channel> {
-    tokio::time::timeout(CALL_TIMEOUT, crate::connect(addr))
+    tokio::time::timeout(CALL_TIMEOUT, crate::conn::connect(addr))
         .await
         .ok()?
         .ok()
@@ -869,7 +869,7 @@ pub(crate) async fn run(
     let mut tls_env = Vec::new();
     if let Some(m) = &material {
         tls_env = crate::security::tls_env(m);
-        crate::set_client_security(Some(crate::security::tls_client(m)));
+        crate::conn::set_client_security(Some(crate::security::tls_client(m)));
     }
     std::fs::create_dir_all(out)?;
     let dir = tempfile::Builder::new()

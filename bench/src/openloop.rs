@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 
-use crate::{hist, StreamTask};
+use crate::stats::{hist, StreamTask};
 
 /// How long acks may still come after the schedule ends. A system that has not acknowledged a
 /// request by then is overloaded: each such request is recorded as late as it is at that
@@ -63,13 +63,13 @@ impl Schedule {
 pub(crate) async fn run<S: Sender, A: Acks>(
     halves: Vec<(S, A)>,
     s: Schedule,
-) -> anyhow::Result<crate::PublishOut> {
+) -> anyhow::Result<crate::stats::PublishOut> {
     let start = Instant::now();
     let tasks = halves
         .into_iter()
         .map(|(tx, rx)| stream(tx, rx, s, start))
         .collect();
-    crate::collect(tasks, s.measure).await
+    crate::stats::collect(tasks, s.measure).await
 }
 
 /// Runs one connection's halves against the schedule that starts at `start`; the task yields

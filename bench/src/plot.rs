@@ -215,7 +215,7 @@ mod tests {
     #[test]
     fn the_axis_of_no_histograms_is_none_and_otherwise_finite() {
         assert_eq!(axis(std::iter::empty()), None);
-        let mut h = crate::hist();
+        let mut h = crate::stats::hist();
         h.record(2_000).unwrap();
         h.record(50_000).unwrap();
         let (lo, hi) = axis([&h].into_iter()).unwrap();

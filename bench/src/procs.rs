@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::connect;
+use crate::conn::connect;
 
 /// A free TCP port on 127.0.0.1 (nothing listens on it when this returns).
 pub(crate) fn free_port() -> anyhow::Result<u16> {

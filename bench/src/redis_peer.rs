@@ -13,8 +13,9 @@ use futures::StreamExt;
 use hdrhistogram::Histogram;
 use redis::aio::MultiplexedConnection;
 
+use crate::load::PublishParams;
 use crate::procs::PeerProcess;
-use crate::{hist, PublishOut, PublishParams};
+use crate::stats::{hist, PublishOut};
 
 /// Starts `redis-server` with AOF and the given `appendfsync` policy, or `Ok(None)` when it
 /// is not installed.
@@ -73,8 +74,8 @@ pub async fn lateness(
     rate: u64,
     lead_ms: i64,
 ) -> anyhow::Result<Histogram<u64>> {
-    let key = format!("lateness-{}", crate::now_us());
-    let first_due_us = crate::now_us() + crate::lead_time_ms(count, lead_ms) * 1000;
+    let key = format!("lateness-{}", crate::stats::now_us());
+    let first_due_us = crate::stats::now_us() + crate::load::lead_time_ms(count, lead_ms) * 1000;
     let mut con = open(port).await?;
     for chunk in (0..count).collect::<Vec<_>>().chunks(100) {
         let mut zadd = redis::cmd("ZADD");
@@ -90,11 +91,11 @@ pub async fn lateness(
         }
         zadd.query_async::<i64>(&mut con).await?;
     }
-    if crate::now_us() > first_due_us {
+    if crate::stats::now_us() > first_due_us {
         bail!("publishing to redis took longer than the lead time");
     }
     let mut h = hist();
-    let deadline = Instant::now() + Duration::from_secs(60 + crate::due_span_s(count, rate));
+    let deadline = Instant::now() + Duration::from_secs(60 + crate::load::due_span_s(count, rate));
     while h.len() < count as u64 {
         if Instant::now() > deadline {
             bail!("redis lateness: only {} of {count} taken in time", h.len());
@@ -103,11 +104,11 @@ pub async fn lateness(
             .arg(TAKE_DUE)
             .arg(1)
             .arg(&key)
-            .arg(crate::now_us())
+            .arg(crate::stats::now_us())
             .arg(1000)
             .query_async(&mut con)
             .await?;
-        let now = crate::now_us();
+        let now = crate::stats::now_us();
         if taken.is_empty() {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
@@ -139,7 +140,7 @@ impl Zadd {
     fn new(stream: usize, batch: usize, size: usize, delay_ms: i64) -> Self {
         Zadd {
             key: format!("bench-{}", stream % 4),
-            tag: format!("{}-{stream}", crate::now_us()),
+            tag: format!("{}-{stream}", crate::stats::now_us()),
             seq: 0,
             batch,
             size,
@@ -148,7 +149,7 @@ impl Zadd {
     }
 
     fn next(&mut self) -> redis::Cmd {
-        let due = crate::now_us() / 1000 + self.delay_ms;
+        let due = crate::stats::now_us() / 1000 + self.delay_ms;
         let mut cmd = redis::cmd("ZADD");
         cmd.arg(&self.key);
         for _ in 0..self.batch {
@@ -205,7 +206,7 @@ pub async fn publish(port: u16, p: &PublishParams) -> anyhow::Result<PublishOut>
             Ok::<_, anyhow::Error>((msgs, acked, local))
         }));
     }
-    crate::collect(tasks, p.measure).await
+    crate::stats::collect(tasks, p.measure).await
 }
 
 type Reply = std::pin::Pin<Box<dyn std::future::Future<Output = anyhow::Result<()>> + Send>>;

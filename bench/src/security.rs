@@ -15,8 +15,9 @@ use serde::Serialize;
 
 use crate::ab::spread;
 use crate::compare::{Plan, Target};
+use crate::conn::{authed, connect, set_client_security, ClientSecurity};
+use crate::load::Ack;
 use crate::procs::{free_port, Broker, Cluster};
-use crate::{authed, connect, set_client_security, Ack, ClientSecurity};
 
 /// How the broker is reached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

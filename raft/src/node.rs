@@ -2,10 +2,12 @@
 //! logs on io_uring, the peer listener, and what the broker asks of them — proposals with the
 //! three ack levels, forwarded metadata proposals, membership changes and leadership status.
 //!
-//! Jobs: this file starts the node and answers leadership questions; `open` opens the logs
-//! and the Raft configuration; `changes` runs requests on a group this node leads, retried
-//! while leadership settles; `forward` sends requests to a group's leader over the peer link
-//! and serves the ones forwarded here.
+//! Jobs: this file starts the node and answers leadership questions; `config` holds its
+//! settings, sizes and start errors; `write` the vocabulary of an event-shard write (ack
+//! levels, proposals, stages); `open` opens the logs and the Raft configuration; `changes`
+//! runs requests on a group this node leads, retried while leadership settles; `request` is
+//! the wire format of forwarded requests; `forward` sends them to a group's leader over the
+//! peer link and serves the ones forwarded here.
 //!
 //! Everything here runs on the Raft core's glommio executor; other cores talk to it over
 //! channels (see the broker). No blocking call runs on this reactor: redb calls go to the
@@ -18,13 +20,11 @@
 //!   itself yet, is retried until the caller's deadline; every other refusal is returned.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use crate::persisted::{PersistKey, PersistTracker};
+use crate::persisted::PersistTracker;
 use futureq_core::command::Answer;
 use futureq_core::metadata::Member;
 pub use futureq_core::refusal::WriteError;
@@ -36,10 +36,19 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ReadPolicy, ServerState, SnapshotPolicy};
 
 mod changes;
+mod config;
 mod forward;
 mod open;
+mod request;
+mod write;
 
-pub use forward::Forward;
+use self::config::RETRY_PAUSE;
+pub use self::config::{
+    EventRaft, MetaRaft, NodeConfig, NodeError, META_SNAPSHOT_ENTRIES, PROPOSALS_MAX, RPC_TIMEOUT,
+    SEGMENT_BYTES,
+};
+pub use self::request::{Forward, EVENT_GROUP, KIND_FORWARD, META_GROUP};
+pub use self::write::{outcome_after, Ack, EventWrite, Proposal};
 
 use self::changes::{settling, write_error};
 pub use self::open::EVENT_LOG_BYTES_MAX;
@@ -50,108 +59,6 @@ use crate::network::{PeerNetwork, PEER_FRAME_MAX, SNAPSHOT_BYTES_MAX};
 use crate::snapshot::Receiving;
 use crate::state_machine::{EventStateMachine, OnApplied};
 use crate::types::{Applied, Command, TypeConfig};
-
-/// Peer-frame group id of the metadata group.
-pub const META_GROUP: u8 = 0;
-/// Peer-frame group id of the event shard.
-pub const EVENT_GROUP: u8 = 1;
-/// Peer-frame kind of a request forwarded to a group's leader (see [`Forward`]).
-pub const KIND_FORWARD: u8 = 4;
-/// Snapshot policy of the metadata group (its state is tiny).
-pub const META_SNAPSHOT_ENTRIES: u64 = 5;
-/// Raft log segment size.
-pub const SEGMENT_BYTES: u64 = 64 << 20;
-// A command at the API's entry limit fits in one record of a segment (with the entry's
-// openraft envelope, a few dozen bytes).
-const _: () = assert!(
-    (futureq_core::command::ENTRY_BYTES_MAX + futureq_storage::log::format::HEADER_LEN + 4096)
-        as u64
-        <= SEGMENT_BYTES - futureq_storage::log::format::BLOCK
-);
-/// Per-RPC timeout between peers (snapshots get `network::SNAPSHOT_RPC_TIMEOUT`).
-pub const RPC_TIMEOUT: Duration = Duration::from_secs(2);
-/// Most event-shard proposals outstanding (proposed, not yet applied) on a leader.
-pub const PROPOSALS_MAX: u64 = 1024;
-/// Pause between retries of a write refused while leadership settles.
-const RETRY_PAUSE: Duration = Duration::from_millis(5);
-
-/// The event shard.
-pub type EventRaft = openraft::Raft<TypeConfig, EventStateMachine>;
-/// The metadata group.
-pub type MetaRaft = openraft::Raft<TypeConfig, MetaStateMachine>;
-
-/// How a node is set up (from `cluster.*`).
-#[derive(Debug, Clone)]
-pub struct NodeConfig {
-    /// `cluster.nodeId`.
-    pub node_id: u64,
-    /// `cluster.raft.listen`.
-    pub raft_listen: SocketAddr,
-    /// `cluster.raft.advertise`.
-    pub raft_advertise: String,
-    /// `cluster.raft.dataDir`.
-    pub data_dir: PathBuf,
-    /// `cluster.raft.rtt`: heartbeat every rtt, election timeout 10–15 rtt (randomised).
-    pub rtt: Duration,
-    /// `cluster.raft.snapshotEntries`.
-    pub snapshot_entries: u64,
-    /// `cluster.raft.compactionOverhead`: applied entries kept behind a snapshot.
-    pub compaction_overhead: u64,
-    /// `cluster.secret`: peer links must open with it (empty = open).
-    pub secret: futureq_net::peer_link::PeerSecret,
-    /// `cluster.tls`: mutual TLS on every peer link (`None`: plain TCP).
-    pub tls: Option<std::sync::Arc<futureq_net::tls::PeerTls>>,
-    /// Record bytes of the event log past which it is snapshotted and purged to half
-    /// ([`EVENT_LOG_BYTES_MAX`] by default).
-    pub log_bytes_max: u64,
-    /// Event-log segment size ([`SEGMENT_BYTES`] by default; it must hold the largest entry).
-    pub segment_bytes: u64,
-}
-
-/// Why a node could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum NodeError {
-    /// The Raft data directory or a log could not be opened.
-    #[error("opening the Raft log in {path}: {cause}")]
-    Log {
-        /// The directory.
-        path: String,
-        /// The cause.
-        cause: io::Error,
-    },
-    /// `cluster.raft.listen` could not be bound.
-    #[error("cannot listen on cluster.raft.listen {addr}: {reason}")]
-    Listen {
-        /// The address.
-        addr: SocketAddr,
-        /// The cause.
-        reason: String,
-    },
-    /// openraft refused to start or initialize.
-    #[error("raft: {0}")]
-    Raft(String),
-    /// The store applied less than the log purged: the entries between are in neither.
-    #[error("the event store applied log index {applied}, but the Raft log was purged up to {purged}: entries {from}..={purged} are in neither, so this node cannot serve its state; remove it from the cluster (futureq leave --seed <member>), delete its Raft data ({dir}) and its store, and join it again", from = applied + 1)]
-    BehindPurge {
-        /// The store's applied index (0 = none).
-        applied: u64,
-        /// The log's purge point.
-        purged: u64,
-        /// The Raft data directory.
-        dir: String,
-    },
-}
-
-/// How long a write waits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ack {
-    /// Committed by a majority and applied here.
-    Quorum,
-    /// Fsynced in the leader's own log (the leader-persist tracker fired).
-    Leader,
-    /// Handed to Raft.
-    Submitted,
-}
 
 /// What the broker needs to know about the event shard's leadership.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -684,76 +591,5 @@ impl Node {
         self.stop.trigger();
         let _ = self.event.shutdown().await;
         let _ = self.meta.shutdown().await;
-    }
-}
-
-/// The stages of one event-shard write ([`Node::propose_event`]), each reported at most
-/// once, in this order; a stage the write ended before is never reported (its sender is
-/// dropped).
-pub struct EventWrite {
-    /// The command was handed to Raft (its first attempt).
-    pub submitted: futures::channel::oneshot::Receiver<()>,
-    /// The entry is fsynced in this leader's log (asked for, and the proposal had a key).
-    pub persisted: Option<futures::channel::oneshot::Receiver<()>>,
-    /// The outcome: applied (or refused by the state machine) after its commit, or why not.
-    pub done: futures::channel::oneshot::Receiver<Result<Answer, WriteError>>,
-}
-
-impl EventWrite {
-    /// Waits until the write reached `ack` (a LEADER ack without a persisted stage waits for
-    /// the outcome), or ended before.
-    ///
-    /// # Errors
-    /// How the write ended, when it ended before reaching `ack`.
-    pub async fn until(self, ack: Ack) -> Result<Answer, WriteError> {
-        let stage = match ack {
-            Ack::Quorum => None,
-            Ack::Leader => self.persisted,
-            Ack::Submitted => Some(self.submitted),
-        };
-        outcome_after(stage, self.done).await
-    }
-}
-
-/// Ok when `stage` fires; else (no stage, or its sender dropped) the write's outcome.
-pub async fn outcome_after(
-    stage: Option<futures::channel::oneshot::Receiver<()>>,
-    done: futures::channel::oneshot::Receiver<Result<Answer, WriteError>>,
-) -> Result<Answer, WriteError> {
-    if let Some(stage) = stage {
-        if stage.await.is_ok() {
-            return Ok(Answer::None);
-        }
-    }
-    done.await
-        .unwrap_or_else(|_| Err(WriteError::failed("raft stopped")))
-}
-
-/// One attempt of an event-shard write, built by [`Node::write_event`]'s `make`.
-#[derive(Debug, Clone)]
-pub struct Proposal {
-    command: bytes::Bytes,
-    persist: Option<PersistKey>,
-}
-
-impl Proposal {
-    /// A command no LEADER ack waits for by key (it answers at commit).
-    #[must_use]
-    pub fn command(command: bytes::Bytes) -> Self {
-        Proposal {
-            command,
-            persist: None,
-        }
-    }
-
-    /// A store command proposed by this node as the leader of `term` (the caller checked
-    /// that it leads `term`, in the same read of the leadership it assigned the ids in): its
-    /// LEADER ack waits for the entry of `term` whose first event id the command carries,
-    /// read from the bytes themselves. A batch without items has no key.
-    #[must_use]
-    pub fn store(command: bytes::Bytes, term: u64) -> Self {
-        let persist = futureq_core::command::first_event_id(&command)
-            .map(|first_id| PersistKey { term, first_id });
-        Proposal { command, persist }
     }
 }

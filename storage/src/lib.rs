@@ -40,8 +40,7 @@ pub mod store_faults;
 
 pub use error::StoreError;
 pub use service::StoreService;
-pub use snapshot::SnapshotReader;
+pub use snapshot::{SnapshotInfo, SnapshotReader};
 pub use store::{
-    ApplyOutcome, ApplyStats, Refusal, SnapshotInfo, Store, StoreMode, TopicCounts, TopicRow,
-    TopicStat,
+    ApplyOutcome, ApplyStats, Refusal, Store, StoreMode, TopicCounts, TopicRow, TopicStat,
 };

@@ -7,6 +7,7 @@
 //! - A record is valid only with a matching CRC-32C; an all-zero header ends a segment.
 //! - The persist hook fires only after a successful fsync, and never after a failed one.
 
+mod error;
 #[cfg(feature = "fault-injection")]
 pub mod faults;
 pub mod format;
@@ -16,5 +17,6 @@ pub mod segmented;
 pub mod uring;
 pub mod vote;
 
+pub use error::LogError;
 pub use format::{LogIndex, Term};
-pub use segmented::{FlushError, Log, LogConfig, LogError};
+pub use segmented::{FlushError, Log, LogConfig};

@@ -18,11 +18,11 @@ use std::ops::Bound;
 
 use redb::{ReadTransaction, TableDefinition};
 
-use crate::store::{
+use crate::store::schema::{
     APPLIED_INDEX, APPLIED_TERM, DEDUP, EXPIRY, GROUPS, INDEXES, LAST_ID, MESSAGES, META,
     RAFT_META, TOPICS,
 };
-use crate::{SnapshotInfo, StoreError};
+use crate::StoreError;
 
 pub(crate) const SNAPSHOT_MAGIC: &[u8; 8] = b"FQSNAP1\0";
 /// Table tags of the records.
@@ -245,4 +245,13 @@ impl io::Read for SnapshotReader {
         self.at += n;
         Ok(n)
     }
+}
+
+/// What a snapshot holds besides the data, read in the same transaction.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    /// Applied `(index, term)`.
+    pub applied: Option<(u64, u64)>,
+    /// The replication layer's state at that point.
+    pub raft_meta: BTreeMap<String, Vec<u8>>,
 }

@@ -4,8 +4,9 @@
 //! Ingress cores never touch openraft: they read the [`Replication`] view (thread-safe) and
 //! send [`RaftReq`]s over a bounded channel; the Raft core answers over oneshots.
 //!
-//! Jobs: this file runs the node (start, the request loop, leadership tracking, topology
-//! publication); `ids` decides who may assign event ids (a pure state machine);
+//! Jobs: this file starts the node and serves the write core's requests; `core` holds the
+//! Raft core's state and tracks leadership (confirming a term, publishing the view and the
+//! topology); `coalesce` groups publishes into entries; `ids` decides who may assign event ids (a pure state machine);
 //! `membership` joins this node through seeds and runs the leader's membership changes.
 //! Writes a follower takes are forwarded to the leader by `futureq_raft::node`.
 //!
@@ -21,58 +22,43 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use futureq_core::command::StoreItem;
 use futureq_core::command::{
     encode_cancel, encode_delete, encode_delete_group, encode_register_group, Answer, Cancel,
     DeleteBatch, DeleteGroup, RegisterGroup, WithId,
 };
-use futureq_core::metadata::{MetaCommand, NodeAddr, ShardTopology};
+use futureq_core::metadata::{MetaCommand, NodeAddr};
 use futureq_core::{AckLevel, EventKey, TopicHash};
 use futureq_net::Shutdown;
 use futureq_raft::node::{
-    Ack, Forward, Leadership, Node, NodeConfig, NodeError, Proposal, Standing, WriteError,
+    Ack, Forward, Node, NodeConfig, NodeError, Proposal, Standing, WriteError,
 };
 use futureq_storage::Store;
 use futures_lite::future;
 
 mod coalesce;
+mod core;
 mod ids;
 mod membership;
 
 pub use membership::{secret_header, JoinError, SECRET_HEADER};
 
+use self::core::{unanswered, Core, Pending, META_DEADLINE};
 use self::ids::Ids;
-use self::membership::{join, META_DEADLINE};
+use self::membership::join;
 use crate::config::ClusterSettings;
+use crate::fatal::FatalReporter;
 use crate::metrics::Metrics;
 use crate::replication::{
     answer, group_known, serve_requests, MembershipError, MembershipOp, RaftReq, Replication,
     Stored, WriteCore,
 };
-use crate::server::FatalReporter;
 
 /// How often leadership is re-checked when nothing changes (the quorum-freshness check
 /// needs a clock, not an event).
 const WATCH_INTERVAL: Duration = Duration::from_millis(20);
 /// Pause between attempts to register this node's client address.
 const REGISTER_RETRY: Duration = Duration::from_secs(2);
-
-/// The Raft core's state besides the node.
-struct Core {
-    node: Node,
-    cfg: ClusterSettings,
-    grpc_advertise: String,
-    cluster: Arc<Replication>,
-    store: Store,
-    /// Who may assign event ids, and the next one.
-    ids: RefCell<Ids>,
-    /// Publishes waiting to be proposed in a group (`coalesce`).
-    publishes: flume::Sender<coalesce::Pending>,
-    publishing_topology: Cell<bool>,
-    metrics: Arc<Metrics>,
-    fatal: FatalReporter,
-}
 
 /// Why a cluster node did not start.
 #[derive(Debug, thiserror::Error)]
@@ -292,219 +278,6 @@ async fn watch_stalls(shutdown: Shutdown) {
 }
 
 /// A command applied without the answer it must give (a defect).
-fn unanswered(what: &str) -> WriteError {
-    tracing::error!(target: "raft", command = what, "a command was applied without its answer (a defect)");
-    WriteError::unanswered(what)
-}
-
-impl Core {
-    /// Proposes a command built once (a delete, a group registration, a cancel) at QUORUM,
-    /// each attempt only while this node takes writes; what its apply answers.
-    async fn propose_while_leading(
-        self: &Rc<Self>,
-        cmd: Vec<u8>,
-        deadline: Instant,
-    ) -> Result<Answer, WriteError> {
-        let cmd = Bytes::from(cmd);
-        let core = Rc::clone(self);
-        let make = move || {
-            core.leading_now()?;
-            Ok(Proposal::command(cmd.clone()))
-        };
-        self.node.write_event(make, Ack::Quorum, deadline).await
-    }
-
-    /// Assigns `n` ids for a proposal made now (see `ids`); the first.
-    ///
-    /// # Errors
-    /// [`WriteError::NotLeader`] when this node does not take writes; [`WriteError::Refused`]
-    /// (nothing proposed, safe to send again) while the ids in flight are a full window ahead
-    /// of the apply.
-    fn assign(&self, n: u64) -> Result<u64, WriteError> {
-        let l = self.node.leadership();
-        self.ids
-            .borrow_mut()
-            .assign(l.leading, l.term, n, self.store.applied_last_id())
-            .map_err(|r| match r {
-                ids::Refused::NotReady => WriteError::NotLeader { leader: l.leader },
-                ids::Refused::TooFarAhead => WriteError::Refused(format!(
-                    "more than {} event ids are in entries not yet applied; the leader takes more once they are",
-                    futureq_core::command::IDS_UNAPPLIED_MAX
-                )),
-            })
-    }
-
-    fn leading_now(&self) -> Result<Leadership, WriteError> {
-        let l = self.node.leadership();
-        if self.ids.borrow().ready(l.leading, l.term) {
-            Ok(l)
-        } else {
-            Err(WriteError::NotLeader { leader: l.leader })
-        }
-    }
-
-    /// Brings this node's leadership in line with Raft: confirms a new term (then ids may be
-    /// assigned), publishes the view, ends a lost leadership, and keeps the topology in the
-    /// metadata group current.
-    async fn tick(self: &Rc<Self>) {
-        if let Some(e) = self.node.fatal() {
-            // A failed fsync leaves the page cache's state unknown (nothing may be assumed
-            // durable); serving on with a stopped Raft core would answer nothing. The broker
-            // stops: a restart recovers from what is durable.
-            self.fatal.fail("a Raft group", &e);
-            return;
-        }
-        let l = self.node.leadership();
-        if self.ids.borrow_mut().start_confirming(l.leading, l.term) {
-            let core = Rc::clone(self);
-            glommio::spawn_local(async move { core.confirm().await }).detach();
-        }
-        let leading = self.ids.borrow().ready(l.leading, l.term);
-        let meta = self.node.meta_sm.state();
-        let leader_addr = l
-            .leader
-            .and_then(|id| {
-                meta.grpc_addrs.get(&id).cloned().or_else(|| {
-                    l.members
-                        .iter()
-                        .find(|m| m.node_id == id)
-                        .map(|m| m.raft_addr.clone())
-                })
-            })
-            .unwrap_or_default();
-        let info = meta.cluster_view(self.cfg.shard_id);
-        let m = &self.metrics;
-        m.raft_term.store(l.term, Ordering::Relaxed);
-        m.raft_is_leader
-            .store(u64::from(leading), Ordering::Relaxed);
-        m.raft_applied_index.store(l.applied, Ordering::Relaxed);
-        m.raft_last_log_index.store(l.last_log, Ordering::Relaxed);
-        m.raft_purged_index.store(l.purged, Ordering::Relaxed);
-        m.raft_refused_entries
-            .store(self.node.refused_entries(), Ordering::Relaxed);
-        self.cluster.update(|v| {
-            if v.leading != leading {
-                m.raft_leader_changes.fetch_add(1, Ordering::Relaxed);
-            }
-            if !leading && v.leader_id != l.leader {
-                match l.leader {
-                    Some(id) => tracing::info!(target: "raft", term = l.term, leader = id, address = %leader_addr, "event-shard leader changed"),
-                    None => tracing::info!(target: "raft", term = l.term, "event-shard leader unknown (an election is on)"),
-                }
-            }
-            if v.leading && !leading {
-                tracing::warn!(target: "raft", term = l.term, "no longer the event-shard leader: consumers disconnected");
-                v.lost.trigger();
-                v.lost = Shutdown::new();
-            } else if !v.leading && leading {
-                tracing::info!(target: "raft", term = l.term, "leading the event shard");
-            }
-            v.leading = leading;
-            v.leader_id = l.leader;
-            v.leader_addr = leader_addr;
-            v.term = l.term;
-            v.info = info;
-            v.alive = if leading { l.alive.clone() } else { None };
-        });
-        if leading && !self.publishing_topology.get() {
-            let members = l.members.clone();
-            let stored = meta.shards.get(&self.cfg.shard_id);
-            let current = stored.is_some_and(|t| {
-                t.leader_id == self.node.id && t.term == l.term && t.members == members
-            });
-            if !current {
-                let epoch = stored.map_or(0, |t| t.epoch + 1).max(l.term << 32);
-                let topo = ShardTopology {
-                    shard_id: self.cfg.shard_id,
-                    leader_id: self.node.id,
-                    term: l.term,
-                    epoch,
-                    members,
-                };
-                self.publishing_topology.set(true);
-                let core = Rc::clone(self);
-                glommio::spawn_local(async move {
-                    let cmd = MetaCommand::UpdateTopology(topo).encode();
-                    if let Err(e) = core
-                        .node
-                        .meta_request(Forward::Write(cmd), Instant::now() + META_DEADLINE)
-                        .await
-                    {
-                        tracing::debug!(target: "raft", error = %e, "topology update not committed; will retry");
-                        glommio::timer::sleep(Duration::from_millis(200)).await;
-                    }
-                    core.publishing_topology.set(false);
-                })
-                .detach();
-            }
-        }
-    }
-
-    /// Confirms a fresh leadership: waits until everything up to this term's first entry is
-    /// applied, then raises the id counter above the store's high-water mark.
-    async fn confirm(self: Rc<Self>) {
-        let outcome = match self.node.confirm_leadership().await {
-            Ok(term) => {
-                let store = self.store.clone();
-                match glommio::executor()
-                    .spawn_blocking(move || store.last_id())
-                    .await
-                {
-                    Ok(last) => self
-                        .reserve_ids(term, last)
-                        .await
-                        .map(|floor| (term, floor)),
-                    Err(e) => {
-                        tracing::error!(target: "raft", error = %e, "cannot read the id high-water mark; not taking writes");
-                        None
-                    }
-                }
-            }
-            Err(e) => {
-                tracing::debug!(target: "raft", error = %e, "leadership not confirmed");
-                None
-            }
-        };
-        let mut ids = self.ids.borrow_mut();
-        ids.confirmed(outcome);
-        if let Some((term, _)) = outcome {
-            tracing::info!(target: "raft", term, next_id = ids.next(), "leadership confirmed; taking writes");
-        }
-    }
-}
-
-impl Core {
-    /// Commits a reservation of the ids up to `last + IDS_UNAPPLIED_MAX` in `term` (see
-    /// `ids`): the floor, once applied here, or `None` (logged) when it did not commit.
-    async fn reserve_ids(&self, term: u64, last: u64) -> Option<u64> {
-        use futureq_core::command::{ReserveIds, IDS_UNAPPLIED_MAX};
-        let floor = last.saturating_add(IDS_UNAPPLIED_MAX);
-        let cmd = Bytes::from(ReserveIds { floor }.encode());
-        let node = self.node.clone();
-        let make = move || {
-            let l = node.leadership();
-            if l.leading && l.term == term {
-                Ok(Proposal::command(cmd.clone()))
-            } else {
-                Err(WriteError::NotLeader { leader: l.leader })
-            }
-        };
-        let deadline =
-            Instant::now() + self.cfg.rtt.saturating_mul(100).max(Duration::from_secs(5));
-        match self.node.write_event(make, Ack::Quorum, deadline).await {
-            Ok(_) if self.store.applied_last_id() >= floor => Some(floor),
-            Ok(_) => {
-                tracing::error!(target: "raft", floor, "an id reservation was committed but not applied (a defect); not taking writes");
-                None
-            }
-            Err(e) => {
-                tracing::debug!(target: "raft", error = %e, "id reservation not committed; leadership not confirmed");
-                None
-            }
-        }
-    }
-}
-
 /// The Raft core as the write core.
 impl WriteCore for Rc<Core> {
     async fn publish(
@@ -518,7 +291,7 @@ impl WriteCore for Rc<Core> {
         // Proposed in a group with the publishes that arrive meanwhile (`coalesce`). A batch
         // with dedup ids comes at QUORUM: its answer carries what the apply found.
         let (reply, answered) = futures::channel::oneshot::channel();
-        let pending = coalesce::Pending {
+        let pending = Pending {
             items,
             admitted,
             level,

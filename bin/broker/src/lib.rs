@@ -27,6 +27,8 @@ mod cluster;
 pub mod config;
 mod disk;
 mod dispatcher;
+mod exit;
+mod fatal;
 mod local;
 pub mod metrics;
 mod replication;
@@ -34,5 +36,6 @@ pub mod runtime;
 pub mod security;
 pub mod server;
 
+pub use exit::{ServerError, EXIT_WRITE_PATH_FAILED};
 pub use futureq_net::Shutdown;
-pub use server::{run, ServerError, EXIT_WRITE_PATH_FAILED};
+pub use server::run;

@@ -16,10 +16,10 @@ use futureq_storage::log::LogConfig;
 use futureq_storage::Store;
 use futures_lite::future;
 
+use crate::fatal::FatalReporter;
 use crate::replication::{
     group_known, serve_requests, MembershipError, MembershipOp, RaftReq, Stored, WriteCore,
 };
-use crate::server::FatalReporter;
 
 /// Directory of the journal's log under `storage.dataDir`.
 pub const JOURNAL_DIR: &str = "journal";

@@ -619,10 +619,7 @@ impl Metrics {
             &mut o,
             "futureq_publish_in_service_bytes",
             "gauge",
-            &format!(
-                "Publish bytes read from clients and not yet answered by the write core (streams stop reading from {} bytes on).",
-                crate::budget::IN_SERVICE_BYTES_MAX
-            ),
+            "Publish bytes read from clients and not yet answered by the write core (streams stop reading while the node's budget is used up).",
             self.publish_bytes_in_service.load(r),
         );
         scalar(

@@ -1,6 +1,5 @@
 //! The broker process: one glommio executor per core, started and stopped together.
 
-use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,164 +8,17 @@ use futureq_core::hub::HubConfig;
 use futureq_net::grpc::ServerConfig;
 use futureq_net::http::HttpResponse;
 use futureq_net::Shutdown;
-use futureq_storage::{StoreError, StoreMode, StoreService};
+use futureq_storage::{StoreMode, StoreService};
 use glommio::{LocalExecutorBuilder, Placement, PoolPlacement};
 
 use crate::api::Ctx;
 use crate::config::Settings;
 use crate::dispatcher::{DispatcherConfig, HubCmd, HUB_QUEUE_MAX};
+use crate::exit::{Exit, Ready, ServerError, StoppedGuard};
+use crate::fatal::FatalReporter;
 use crate::metrics::Metrics;
 use crate::replication::{RaftReq, Replication};
-use crate::runtime::RuntimeError;
 use crate::{api, cluster, dispatcher, local, runtime};
-
-/// Why the broker did not start.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ServerError {
-    /// `runtime.raftCore` names no executor.
-    #[error("runtime.raftCore {raft_core} is not one of the {cores} executors (0..{})", cores - 1)]
-    RaftCore {
-        /// The configured core.
-        raft_core: u32,
-        /// Executors.
-        cores: usize,
-    },
-    /// The process cannot host the executors.
-    #[error(transparent)]
-    Runtime(#[from] RuntimeError),
-    /// A cluster node was pointed at a standalone broker's store.
-    #[error("storage.dataDir {} holds a standalone broker's store ({} exists): a cluster node starts from its own store; give it another storage.dataDir, or start this one without cluster.enabled", dir.display(), journal.display())]
-    StandaloneStore {
-        /// `storage.dataDir`.
-        dir: PathBuf,
-        /// The journal's directory in it.
-        journal: PathBuf,
-    },
-    /// The data directory holds the write-ahead log of a futureq before the journal.
-    #[error("{} was written by an older futureq, whose standalone write-ahead log this version does not read: start that version once and stop it cleanly (SIGTERM: it checkpoints, leaving nothing to replay), then delete the file", path.display())]
-    OldWal {
-        /// The file.
-        path: PathBuf,
-    },
-    /// The store did not open.
-    #[error("opening the store ({place})")]
-    Storage {
-        /// Its directory, or "memory".
-        place: String,
-        /// Why.
-        #[source]
-        source: StoreError,
-    },
-    /// An executor thread did not start.
-    #[error("starting executor {core} on CPU {cpu}: {reason}")]
-    Executor {
-        /// The executor.
-        core: usize,
-        /// Its CPU.
-        cpu: usize,
-        /// Why.
-        reason: String,
-    },
-    /// The descriptors for server reflection do not match the routed services (a build defect).
-    #[error("the API descriptors compiled into this binary are damaged: {0}")]
-    Reflection(#[from] futureq_net::reflection::ReflectionError),
-    /// An executor ended before it reported, or before the shutdown (a panic).
-    #[error("an executor stopped unexpectedly (during start-up, or a panic while serving)")]
-    ExecutorLost,
-    /// The disk-space thread did not start.
-    #[error("starting the disk-space thread: {0}")]
-    Thread(std::io::Error),
-    /// A listener could not be opened.
-    #[error("cannot listen on {key} {addr}: {reason}")]
-    Listen {
-        /// The configuration key.
-        key: &'static str,
-        /// The address.
-        addr: std::net::SocketAddr,
-        /// Why.
-        reason: String,
-    },
-    /// The standalone write path did not open.
-    #[error("storage")]
-    Journal(#[source] local::OpenError),
-    /// The Raft node did not start.
-    #[error("cluster")]
-    Cluster(#[source] cluster::StartError),
-    /// The write path's log failed a write or an fsync while serving: nothing since the last
-    /// good fsync may be assumed durable, and no write can be taken any more.
-    #[error("{what} failed ({reason}); the broker stopped so that a restart recovers from its durable state")]
-    WritePathFailed {
-        /// "the journal" or "a Raft group" (its log or its state machine).
-        what: &'static str,
-        /// Why.
-        reason: String,
-    },
-}
-
-/// Exit status of a broker whose write path failed ([`ServerError::WritePathFailed`]):
-/// EX_IOERR.
-pub const EXIT_WRITE_PATH_FAILED: i32 = 74;
-
-impl ServerError {
-    /// The process exit status this error calls for: [`EXIT_WRITE_PATH_FAILED`] for a
-    /// failed write path, 1 otherwise.
-    #[must_use]
-    pub fn exit_status(&self) -> i32 {
-        match self {
-            ServerError::WritePathFailed { .. } => EXIT_WRITE_PATH_FAILED,
-            _ => 1,
-        }
-    }
-}
-
-/// What an executor tells [`run`]'s thread: whether it started, that the write path failed,
-/// that it stopped.
-enum Exit {
-    /// The executor's start-up finished (serving) or failed.
-    Ready(Result<(), ServerError>),
-    /// The write path failed: [`run`] returns at once.
-    Failed(ServerError),
-    /// The executor stopped (also after a panic).
-    Stopped,
-}
-
-/// Reports an executor's start-up outcome to [`run`]'s thread.
-struct Ready(std::sync::mpsc::Sender<Exit>);
-
-impl Ready {
-    fn send(&self, outcome: Result<(), ServerError>) {
-        let _ = self.0.send(Exit::Ready(outcome));
-    }
-}
-
-/// Reports a failed write path to [`run`]'s thread and starts the shutdown. [`run`] returns
-/// on the first report; later ones go nowhere.
-#[derive(Clone)]
-pub(crate) struct FatalReporter {
-    exits: std::sync::mpsc::Sender<Exit>,
-    shutdown: Shutdown,
-}
-
-impl FatalReporter {
-    /// Reports the failure ([`run`]'s caller logs it).
-    pub(crate) fn fail(&self, what: &'static str, reason: &str) {
-        let _ = self.exits.send(Exit::Failed(ServerError::WritePathFailed {
-            what,
-            reason: reason.to_owned(),
-        }));
-        self.shutdown.trigger();
-    }
-}
-
-/// Tells [`run`]'s thread that an executor stopped, also when it panicked.
-struct StoppedGuard(std::sync::mpsc::Sender<Exit>);
-
-impl Drop for StoppedGuard {
-    fn drop(&mut self) {
-        let _ = self.0.send(Exit::Stopped);
-    }
-}
 
 /// `/metrics`, and `/healthz`: 200 once the write path is open and until shutdown.
 fn metrics_handler(
@@ -313,9 +165,17 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
     });
 
     let (exits, exit_rx) = std::sync::mpsc::channel::<Exit>();
-    let fatal = FatalReporter {
-        exits: exits.clone(),
-        shutdown: shutdown.clone(),
+    let fatal = {
+        let exits = exits.clone();
+        FatalReporter::new(
+            move |what, reason: &str| {
+                let _ = exits.send(Exit::Failed(ServerError::WritePathFailed {
+                    what,
+                    reason: reason.to_owned(),
+                }));
+            },
+            shutdown.clone(),
+        )
     };
     let mut handles = Vec::new();
     let mut hub_rx = Some(hub_rx);

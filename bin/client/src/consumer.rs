@@ -15,7 +15,8 @@ use tokio::sync::mpsc;
 
 use crate::pb::future_q_consumer_client::FutureQConsumerClient;
 use crate::pb::{self, consumer_frame, AckRequest, ConsumerFrame, SubscribeInit};
-use crate::{leader_named, Client, Error, Tag};
+use crate::refusal::leader_named;
+use crate::{Client, Error, Tag};
 
 /// What to subscribe to.
 #[derive(Debug, Clone, PartialEq, Eq)]

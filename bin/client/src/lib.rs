@@ -35,6 +35,7 @@
 //! Runnable examples: `cargo run -p futureq-client --example publish` and `--example consume`.
 
 mod consumer;
+mod proto;
 mod publisher;
 pub mod refusal;
 
@@ -46,32 +47,13 @@ use tonic::transport::{Channel, Endpoint};
 pub use consumer::{Consumer, Delivery, Subscription};
 pub use futureq_core::refusal::{Outcome, Reason};
 pub use futureq_core::EventKey as Tag;
+pub use proto::{health, pb, reflection};
 pub use publisher::{Message, Pending, Publisher, PublisherConfig};
-
-/// Generated tonic client and prost messages for `package futureq`.
-#[allow(clippy::all, clippy::pedantic, missing_docs)]
-pub mod pb {
-    tonic::include_proto!("futureq");
-}
-
-/// Generated client for `grpc.health.v1`.
-#[allow(clippy::all, clippy::pedantic, missing_docs)]
-pub mod health {
-    tonic::include_proto!("grpc.health.v1");
-}
-
-/// Generated client for `grpc.reflection.v1`.
-#[allow(clippy::all, clippy::pedantic, missing_docs)]
-pub mod reflection {
-    tonic::include_proto!("grpc.reflection.v1");
-}
+pub use refusal::LEADER_HEADER;
 
 use pb::future_q_admin_client::FutureQAdminClient;
 use pb::future_q_cluster_client::FutureQClusterClient;
 use pb::future_q_producer_client::FutureQProducerClient;
-
-/// The response header naming the leader on a follower's FAILED_PRECONDITION.
-pub const LEADER_HEADER: &str = "futureq-leader-address";
 
 /// What went wrong.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -567,14 +549,6 @@ impl Client {
     pub async fn subscribe(&self, sub: Subscription) -> Result<Consumer, Error> {
         Consumer::start(self.clone(), sub).await
     }
-}
-
-/// The leader a follower's refusal names (the `futureq-leader-address` header), if any.
-pub(crate) fn leader_named(s: &tonic::Status) -> Option<String> {
-    s.metadata()
-        .get(LEADER_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
 }
 
 /// The leader's address as this client can dial it: a broker listening on a wildcard address

@@ -52,7 +52,7 @@ pub(crate) enum Next {
 pub(crate) fn next_step(s: &tonic::Status, safe: bool) -> Next {
     let resend = |outcome: Outcome| safe || outcome.retry_is_safe();
     match of_status(s) {
-        Some((Reason::NotLeader, _)) => Next::Leader(crate::leader_named(s)),
+        Some((Reason::NotLeader, _)) => Next::Leader(leader_named(s)),
         Some((
             Reason::ShuttingDown | Reason::Recovering | Reason::WriteFailed | Reason::Timeout,
             o,
@@ -64,8 +64,8 @@ pub(crate) fn next_step(s: &tonic::Status, safe: bool) -> Next {
         // No typed refusal: a transport failure (the node went away, an h2 reset), or a
         // server from before typed refusals, whose follower still names the leader.
         None => match s.code() {
-            tonic::Code::FailedPrecondition if crate::leader_named(s).is_some() => {
-                Next::Leader(crate::leader_named(s))
+            tonic::Code::FailedPrecondition if leader_named(s).is_some() => {
+                Next::Leader(leader_named(s))
             }
             tonic::Code::Unavailable | tonic::Code::Unknown if safe => {
                 Next::Again { elsewhere: true }
@@ -73,6 +73,17 @@ pub(crate) fn next_step(s: &tonic::Status, safe: bool) -> Next {
             _ => Next::Fail,
         },
     }
+}
+
+/// The response header naming the leader on a follower's FAILED_PRECONDITION.
+pub const LEADER_HEADER: &str = "futureq-leader-address";
+
+/// The leader a follower's refusal names (the `futureq-leader-address` header), if any.
+pub(crate) fn leader_named(s: &tonic::Status) -> Option<String> {
+    s.metadata()
+        .get(LEADER_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
 }
 
 #[cfg(test)]

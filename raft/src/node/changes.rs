@@ -8,9 +8,10 @@ use futures_lite::future;
 use openraft::error::{ClientWriteError, ForwardReason, ForwardToLeader, RaftError};
 use openraft::{BasicNode, ChangeMembers};
 
-use super::forward::Forward;
-use super::{WriteError, RETRY_PAUSE};
+use super::config::RETRY_PAUSE;
+use super::request::Forward;
 use crate::types::{Command, TypeConfig};
+use futureq_core::refusal::WriteError;
 use openraft_rt::watch::WatchReceiver as _;
 
 /// Whether a ForwardToLeader refusal is transient on a node that leads (or may lead soon).

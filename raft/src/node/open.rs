@@ -11,7 +11,7 @@ use futureq_storage::log::LogConfig;
 use futureq_storage::Store;
 use openraft::SnapshotPolicy;
 
-use super::NodeError;
+use super::config::NodeError;
 use crate::log_store::LogStore;
 use crate::network::SNAPSHOT_RPC_TIMEOUT;
 
@@ -147,7 +147,7 @@ const LOG_BYTES_CHECK: Duration = Duration::from_millis(500);
 /// covers it (a snapshot is built first when none does). A follower that is further behind
 /// gets a snapshot instead of the log, as with the entry policy.
 pub(super) async fn bound_log_bytes(
-    raft: crate::node::EventRaft,
+    raft: super::config::EventRaft,
     log: LogStore<DiskIo>,
     max: u64,
     stop: futureq_net::Shutdown,

@@ -12,9 +12,9 @@
 
 use std::cell::Cell;
 
+use super::error::LogError;
 use super::format::BLOCK;
 use super::io::LogIo;
-use super::segmented::LogError;
 
 /// File name of the vote.
 pub const VOTE_FILE: &str = "vote";

@@ -11,13 +11,13 @@ use std::time::Duration;
 
 use futures::channel::oneshot;
 
-use super::{unary_request, Ctx};
+use super::context::{unary_request, Ctx};
 use crate::replication::{MembershipError, MembershipOp, RaftReq, Replication};
 
 /// Whether the health check knows `service`: the server as a whole (""), or one of its API
 /// services.
 fn known_service(service: &str) -> bool {
-    service.is_empty() || super::API_SERVICES.contains(&service)
+    service.is_empty() || super::context::API_SERVICES.contains(&service)
 }
 
 /// How long a follower waits for the leader's answer to a `GetClusterInfo` it passes on.
@@ -283,7 +283,7 @@ pub async fn membership(
         if !offered.is_some_and(|o| secret.matches(&o)) {
             tracing::warn!(target: "grpc", method = %call.path, "membership call without the cluster secret refused");
             let r = Refusal::new(Reason::Unauthenticated, "membership changes need the cluster secret (header futureq-cluster-secret): missing or wrong");
-            return super::drained(call, r).await;
+            return super::context::drained(call, r).await;
         }
     }
     if needs_certificate {
@@ -292,7 +292,7 @@ pub async fn membership(
             Reason::PermissionDenied,
             "membership changes need a client certificate of the cluster CA (cluster.tls) or an admin principal",
         );
-        return super::drained(call, r).await;
+        return super::context::drained(call, r).await;
     }
     match call.path.as_str() {
         "/futureq.FutureQCluster/JoinCluster" => {

@@ -13,7 +13,7 @@ use futureq_net::pb::{consumer_frame, ConsumerFrame, QueueMessage};
 use futures::channel::oneshot;
 use futures_lite::future;
 
-use super::Ctx;
+use super::context::Ctx;
 use crate::dispatcher::{now_ms, ConsumerSink, HubCmd};
 use crate::replication::RaftReq;
 
@@ -92,7 +92,7 @@ async fn register_group(ctx: &Ctx, topic: &str, group: &str) -> Result<(), Write
 /// Serves one Subscribe stream.
 pub async fn subscribe(
     ctx: &Ctx,
-    (access, mut session): (&crate::auth::Access, super::Session),
+    (access, mut session): (&crate::auth::Access, super::context::Session),
     mut call: Call,
     out: &mut Outbound,
 ) -> Status {
@@ -146,7 +146,7 @@ pub async fn subscribe(
     if !init.group_id.is_empty() {
         if let Err(e) = register_group(ctx, &init.topic, &init.group_id).await {
             tracing::warn!(target: "consumer", topic = %init.topic, group = %init.group_id, error = %e, "group registration failed");
-            let mut r = super::write_refusal(ctx, "the group's registration", &e);
+            let mut r = super::context::write_refusal(ctx, "the group's registration", &e);
             r.message = format!(
                 "cannot register consumer group {:?} of topic {:?}: {}",
                 init.group_id, init.topic, r.message

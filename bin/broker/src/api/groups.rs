@@ -6,7 +6,7 @@ use futureq_net::grpc::{Call, Outbound, Status};
 use futureq_net::pb;
 use futures::channel::oneshot;
 
-use super::{unary_request, Ctx};
+use super::context::{unary_request, Ctx};
 use crate::dispatcher::HubCmd;
 
 /// `DeleteGroup`: removes the group's registration through the write path (durable before
@@ -35,11 +35,11 @@ pub async fn delete_group(
     if let Err(r) = access.admin("delete a consumer group") {
         return r.into();
     }
-    if let Err(s) = super::recovered(ctx).await {
+    if let Err(s) = super::context::recovered(ctx).await {
         return s;
     }
     if !ctx.repl.leading() {
-        return super::not_leader(ctx);
+        return super::context::not_leader(ctx);
     }
     let (reply, answer) = oneshot::channel();
     let cmd = HubCmd::DeleteGroup {
@@ -52,7 +52,7 @@ pub async fn delete_group(
     }
     let done = match answer.await {
         Ok(Ok(done)) => done,
-        Ok(Err(e)) => return super::write_refusal(ctx, "group deletion", &e).into(),
+        Ok(Err(e)) => return super::context::write_refusal(ctx, "group deletion", &e).into(),
         // The dispatcher took the command and gave no answer: it may have been carried out.
         Err(_) => {
             return futureq_core::refusal::Refusal::shutting_down()

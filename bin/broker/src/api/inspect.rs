@@ -3,15 +3,15 @@
 
 use std::collections::HashMap;
 
-use futureq_core::refusal::{Outcome, Reason, Refusal};
+use futureq_core::refusal::Reason;
 use futureq_core::{topic_hash, TopicHash};
 use futureq_net::grpc::{Call, Outbound, Status};
 use futureq_net::pb;
 use futures::channel::oneshot;
 use prost::Message as _;
 
-use super::manage::tag_of;
-use super::{unary_request, Ctx};
+use super::context::tag_of;
+use super::context::{read, unary_request, Ctx};
 use crate::dispatcher::HubCmd;
 
 /// Most messages one `Peek` returns.
@@ -24,21 +24,6 @@ const TOPIC_STATS_BYTES_MIN: usize = 16;
 fn check_topic(topic: &str) -> Result<(), Status> {
     futureq_core::publish::check_topic(topic)
         .map_err(|why| Status::invalid(format!("topic: {why}")))
-}
-
-/// Reads the store on its admin thread (one such read at a time on the node, on no
-/// executor: see [`futureq_storage::StoreService::admin`]).
-pub(super) async fn read<T: Send + 'static>(
-    ctx: &Ctx,
-    f: impl FnOnce(&futureq_storage::Store) -> Result<T, futureq_storage::StoreError> + Send + 'static,
-) -> Result<T, Status> {
-    ctx.store.admin(f).await.and_then(|r| r).map_err(|e| {
-        tracing::error!(target: "api", error = %e, "reading the store failed");
-        // A read: nothing was written.
-        Refusal::new(Reason::Internal, format!("reading the store failed: {e}"))
-            .with_outcome(Outcome::NotStored)
-            .into()
-    })
 }
 
 /// `TopicStats`: per topic (or the one asked for) its stored count (exact, kept by the state
@@ -66,11 +51,11 @@ pub async fn topic_stats(
             return r.into();
         }
     }
-    if let Err(s) = super::recovered(ctx).await {
+    if let Err(s) = super::context::recovered(ctx).await {
         return s;
     }
     if !ctx.repl.leading() {
-        return super::not_leader(ctx);
+        return super::context::not_leader(ctx);
     }
     let only = (!req.topic.is_empty()).then(|| topic_hash(&req.topic));
     let limit = ctx.settings.max_send_message_len / TOPIC_STATS_BYTES_MIN;
@@ -210,11 +195,11 @@ pub async fn peek(
             Err(s) => return s,
         }
     };
-    if let Err(s) = super::recovered(ctx).await {
+    if let Err(s) = super::context::recovered(ctx).await {
         return s;
     }
     if !ctx.repl.leading() {
-        return super::not_leader(ctx);
+        return super::context::not_leader(ctx);
     }
     let max_bytes = ctx.settings.max_send_message_len;
     let limit = req.limit as usize;

@@ -7,7 +7,7 @@ use futureq_net::grpc::{Call, Outbound, Status};
 use futureq_net::pb;
 use futures::channel::oneshot;
 
-use super::{unary_request, Ctx};
+use super::context::{tag_of, unary_request, Ctx};
 use crate::auth::Access;
 use crate::dispatcher::HubCmd;
 use crate::replication::RaftReq;
@@ -48,7 +48,7 @@ async fn permitted(
     let mut hashes: Vec<TopicHash> = keys.iter().map(EventKey::topic_hash).collect();
     hashes.dedup(); // sorted keys: equal hashes are adjacent
     let asked = hashes.clone();
-    let mut names = super::inspect::read(ctx, move |s| s.topic_names(&asked)).await?;
+    let mut names = super::context::read(ctx, move |s| s.topic_names(&asked)).await?;
     if names.len() < hashes.len() {
         let deadline = std::time::Instant::now() + ctx.settings.proposal_timeout;
         ctx.repl
@@ -61,11 +61,11 @@ async fn permitted(
             // Whatever became of the barrier, nothing of the caller's request was sent.
             .map_err(|e| {
                 Status::from(
-                    super::write_refusal(ctx, "the write path's barrier", &e)
+                    super::context::write_refusal(ctx, "the write path's barrier", &e)
                         .with_outcome(futureq_core::refusal::Outcome::NotStored),
                 )
             })?;
-        names = super::inspect::read(ctx, move |s| s.topic_names(&hashes)).await?;
+        names = super::context::read(ctx, move |s| s.topic_names(&hashes)).await?;
     }
     for (_, topic) in &names {
         access.publish(topic)?;
@@ -74,17 +74,6 @@ async fn permitted(
         .into_iter()
         .filter(|k| names.iter().any(|(h, _)| *h == k.topic_hash()))
         .collect())
-}
-
-/// A delivery tag from a request's `field`: 24 bytes, else INVALID_ARGUMENT naming it.
-pub(super) fn tag_of(field: &str, tag: &[u8]) -> Result<EventKey, Status> {
-    EventKey::from_slice(tag).map_err(|_| {
-        Status::invalid(format!(
-            "{field}: {} bytes; a delivery tag is {} bytes, as received",
-            tag.len(),
-            futureq_core::KEY_LEN
-        ))
-    })
 }
 
 /// Drops `keys` from the dispatcher's memory (read-ahead copies, waiting recipients,
@@ -122,11 +111,11 @@ pub async fn cancel(ctx: &Ctx, access: &Access, mut call: Call, out: &mut Outbou
     let mut keys = asked.clone();
     keys.sort_unstable();
     keys.dedup();
-    if let Err(s) = super::recovered(ctx).await {
+    if let Err(s) = super::context::recovered(ctx).await {
         return s;
     }
     if !ctx.repl.leading() {
-        return super::not_leader(ctx);
+        return super::context::not_leader(ctx);
     }
     let keys = match permitted(ctx, access, keys).await {
         Ok(k) => k,
@@ -146,7 +135,7 @@ pub async fn cancel(ctx: &Ctx, access: &Access, mut call: Call, out: &mut Outbou
             .await
         {
             Ok(c) => c,
-            Err(e) => return super::write_refusal(ctx, "cancel", &e).into(),
+            Err(e) => return super::context::write_refusal(ctx, "cancel", &e).into(),
         }
     };
     let n = found.iter().filter(|c| **c).count() as u64;
@@ -187,11 +176,11 @@ pub async fn reschedule(ctx: &Ctx, access: &Access, mut call: Call, out: &mut Ou
     if let Err(why) = check_delay(req.delay_ms, &ctx.settings.publish_limits()) {
         return Status::invalid(format!("delay_ms: {why}"));
     }
-    if let Err(s) = super::recovered(ctx).await {
+    if let Err(s) = super::context::recovered(ctx).await {
         return s;
     }
     if !ctx.repl.leading() {
-        return super::not_leader(ctx);
+        return super::context::not_leader(ctx);
     }
     match permitted(ctx, access, vec![key]).await {
         Ok(k) if k.is_empty() => {
@@ -224,7 +213,7 @@ pub async fn reschedule(ctx: &Ctx, access: &Access, mut call: Call, out: &mut Ou
         .await
     {
         Ok(m) => m,
-        Err(e) => return super::write_refusal(ctx, "reschedule", &e).into(),
+        Err(e) => return super::context::write_refusal(ctx, "reschedule", &e).into(),
     };
     if moved.is_some() {
         revoke(ctx, vec![key]).await;

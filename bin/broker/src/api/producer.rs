@@ -27,7 +27,7 @@ use futures::channel::oneshot;
 use futures::stream::{FuturesOrdered, StreamExt};
 use futures_lite::future;
 
-use super::Ctx;
+use super::context::Ctx;
 use crate::auth::Access;
 use crate::budget::Admitted;
 use crate::dispatcher::now_ms;
@@ -246,7 +246,7 @@ async fn store_batch(
             if !matches!(e, WriteError::NotLeader { .. } | WriteError::Timeout) {
                 tracing::warn!(target: "producer", error = %e, "batch not stored or failed");
             }
-            Outcome::Failed(super::write_refusal(ctx, "batch", &e))
+            Outcome::Failed(super::context::write_refusal(ctx, "batch", &e))
         }
         // The write core dropped the request unanswered (it stopped while holding it).
         Err(_) => Outcome::Failed(Refusal::shutting_down().with_outcome(WriteOutcome::Unknown)),
@@ -433,7 +433,7 @@ async fn known_leader(ctx: &Ctx) -> String {
 ///   then), an ack's send and an idle stream by `publish.streamIdleTimeout`.
 pub async fn publish_stream(
     ctx: &Rc<Ctx>,
-    (access, mut session): (&Access, super::Session),
+    (access, mut session): (&Access, super::context::Session),
     mut call: Call,
     out: &mut Outbound,
 ) -> Status {

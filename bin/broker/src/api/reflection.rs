@@ -6,7 +6,7 @@ use futureq_net::pb::reflection::ServerReflectionRequest;
 use futureq_net::reflection::{Reflection, ReflectionError, DESCRIPTORS};
 use futures_lite::future;
 
-use super::Ctx;
+use super::context::Ctx;
 
 /// The index of the API's descriptors, listing the API services, health and reflection's own.
 ///
@@ -14,7 +14,7 @@ use super::Ctx;
 /// Only if the descriptors compiled into the binary do not match the services (a build defect,
 /// caught by the tests).
 pub fn index() -> Result<Reflection, ReflectionError> {
-    let mut services = super::API_SERVICES.to_vec();
+    let mut services = super::context::API_SERVICES.to_vec();
     services.push("grpc.health.v1.Health");
     services.extend(futureq_net::reflection::SERVICES);
     Reflection::new(DESCRIPTORS, &services)

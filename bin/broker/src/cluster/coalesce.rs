@@ -27,7 +27,7 @@ use futureq_core::AckLevel;
 use futureq_raft::node::{EventWrite, Proposal};
 use futures::channel::oneshot;
 
-use super::Core;
+use super::core::{Core, Pending};
 
 /// Most messages in one group's entry (a single larger batch goes alone).
 pub(crate) const GROUP_ITEMS_MAX: usize = 16_384;
@@ -37,19 +37,6 @@ pub(crate) const GROUP_BYTES_MAX: usize = 4 << 20;
 pub(crate) const GROUPS_IN_FLIGHT: u64 = 2;
 /// Publishes waiting for a group, at most (as many as the write core serves at once).
 pub(crate) const QUEUE_MAX: usize = crate::replication::REQUESTS_IN_SERVICE_MAX as usize;
-
-/// A publish batch waiting for its group.
-pub(crate) struct Pending {
-    pub(crate) items: Vec<StoreItem>,
-    /// The batch's bytes in the node's publish budget, held while the coalescer holds the
-    /// items: in the queue (also past the deadline, until the coalescer reaches and drops
-    /// it), then in its group until the group's entry is done, even when the batch was
-    /// answered earlier (NO_ACK, LEADER) or left out of a retry.
-    pub(crate) admitted: Admitted,
-    pub(crate) level: AckLevel,
-    pub(crate) deadline: Instant,
-    pub(crate) reply: oneshot::Sender<Result<Stored, WriteError>>,
-}
 
 /// One batch of a group.
 struct Part {

@@ -6,12 +6,10 @@ use std::time::{Duration, Instant};
 use futureq_core::refusal::WriteError;
 use futureq_raft::node::{Forward, Node, Standing};
 
-use super::Core;
+use super::core::{Core, META_DEADLINE};
 use crate::config::ClusterSettings;
 use crate::replication::{MembershipError, MembershipOp};
 
-/// Deadline of one metadata proposal.
-pub(super) const META_DEADLINE: Duration = Duration::from_secs(5);
 /// How long a joining node may take to catch up before it is promoted: a snapshot of 10^7
 /// messages (~1.7 GB) is sent and installed in about a minute here, so 30 s refused joins
 /// to a cluster with a large backlog (found by `futureq-bench compare`'s cluster pending

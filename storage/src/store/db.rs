@@ -1,0 +1,388 @@
+//! Opening the database, the [`Store`] handle, and the commits that publish the digest.
+//!
+//! # Invariants
+//! - Commits and digests are published in the same order ([`Store::commit_with_digest`]).
+//! - `last-id` is raised in the same transaction as the messages that carry the ids, or by a
+//!   durable reservation ([`Store::reserve_ids`]); it never goes down.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use futureq_core::{EventKey, StoredMessage, TopicHash};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable};
+
+use super::schema::{
+    row_hash, APPLIED_INDEX, APPLIED_TERM, DEDUP, DEDUP_EXPIRY, DIGEST, EXPIRY, GROUPS, INDEXES,
+    LAST_ID, MESSAGES, META, RAFT_META, ROW_DEDUP, ROW_DEDUP_EXPIRY, ROW_EXPIRY, ROW_GROUP,
+    ROW_INDEX, ROW_MESSAGE, ROW_TOPIC, SYNC_MARK, TOPICS, TOPICS_COUNTED,
+};
+use super::tables::Tables;
+use crate::StoreError;
+
+/// Where the store keeps its data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreMode {
+    /// One redb file in this directory, with a page cache of this many bytes.
+    Disk(PathBuf, usize),
+    /// In memory; lost at exit.
+    Memory,
+}
+
+/// The store. Cheap to clone (shares the database).
+#[derive(Clone)]
+pub struct Store {
+    pub(super) db: Arc<Database>,
+    /// The digest as of the last commit (see the module docs).
+    pub(super) digest: Arc<AtomicU64>,
+    /// Held from a commit until its digest is published.
+    pub(super) commit_order: Arc<std::sync::Mutex<()>>,
+    pub(super) stats: Arc<ApplyStats>,
+    /// `last-id` as of the last commit that wrote it (read without I/O by the writers that
+    /// bound the ids they hand out beyond it).
+    pub(super) last_id: Arc<AtomicU64>,
+}
+
+/// What [`Store::apply_entries`] committed since the store was opened (for the metrics).
+#[derive(Debug, Default)]
+pub struct ApplyStats {
+    /// Apply transactions committed.
+    pub transactions: AtomicU64,
+    /// Log entries they applied.
+    pub entries: AtomicU64,
+}
+
+impl Store {
+    /// Opens (or creates) the store.
+    ///
+    /// # Errors
+    /// The data directory cannot be created, or redb cannot open the file.
+    pub fn open(mode: &StoreMode) -> Result<Self, StoreError> {
+        let db = match mode {
+            StoreMode::Disk(dir, cache_bytes) => {
+                std::fs::create_dir_all(dir).map_err(|source| StoreError::DataDir {
+                    path: dir.display().to_string(),
+                    source,
+                })?;
+                let builder = {
+                    let mut b = Database::builder();
+                    b.set_cache_size(*cache_bytes);
+                    b
+                };
+                #[cfg(feature = "fault-injection")]
+                let db =
+                    builder.create_with_backend(crate::store_faults::FaultyBackend::create(
+                        &dir.join("futureq.redb"),
+                        dir.join(crate::log::faults::TRIGGER_FILE),
+                    )?)?;
+                #[cfg(not(feature = "fault-injection"))]
+                let db = builder.create(dir.join("futureq.redb"))?;
+                db
+            }
+            StoreMode::Memory => {
+                Database::builder().create_with_backend(redb::backends::InMemoryBackend::new())?
+            }
+        };
+        let mut txn = db.begin_write()?;
+        txn.set_durability(Durability::Immediate)?;
+        {
+            txn.open_table(MESSAGES)?;
+            txn.open_table(INDEXES)?;
+            txn.open_table(EXPIRY)?;
+            txn.open_table(META)?;
+            txn.open_table(RAFT_META)?;
+            txn.open_table(GROUPS)?;
+            txn.open_table(TOPICS)?;
+            txn.open_table(DEDUP)?;
+            txn.open_table(DEDUP_EXPIRY)?;
+        }
+        txn.commit()?;
+        let store = Store {
+            db: Arc::new(db),
+            digest: Arc::new(AtomicU64::new(0)),
+            commit_order: Arc::default(),
+            stats: Arc::default(),
+            last_id: Arc::default(),
+        };
+        let kept = store
+            .db
+            .begin_read()?
+            .open_table(META)?
+            .get(DIGEST)?
+            .map(|v| v.value());
+        let digest = match kept {
+            Some(d) => d,
+            None => {
+                // A store written before the digest existed: compute it once.
+                let d = store.computed_digest()?;
+                let txn = store.begin_write(true)?;
+                txn.open_table(META)?.insert(DIGEST, d)?;
+                txn.commit()?;
+                d
+            }
+        };
+        store.digest.store(digest, Ordering::Relaxed);
+        store.last_id.store(store.last_id()?, Ordering::Relaxed);
+        store.count_topics()?;
+        Ok(store)
+    }
+
+    /// Fills `topics` from `messages` once, for a store written before the table existed
+    /// (one pass over the messages; a no-op afterwards).
+    pub(super) fn count_topics(&self) -> Result<(), StoreError> {
+        let txn = self.begin_write(true)?;
+        let digest;
+        {
+            let mut t = Tables::open(&txn)?;
+            if t.meta.get(TOPICS_COUNTED)?.is_some() {
+                return Ok(());
+            }
+            let mut counts: HashMap<u64, (u64, String)> = HashMap::new();
+            for r in t.messages.range::<&[u8]>(..)? {
+                let (k, v) = r?;
+                let Ok(key) = EventKey::from_slice(k.value()) else {
+                    continue;
+                };
+                let c = counts.entry(key.topic_hash().0).or_default();
+                c.0 += 1;
+                if c.1.is_empty() {
+                    c.1 = StoredMessage::topic_of(v.value()).unwrap_or("").to_owned();
+                }
+            }
+            if !counts.is_empty() {
+                tracing::info!(target: "storage", topics = counts.len(), "counted the stored messages per topic once (a store from an earlier version)");
+            }
+            for (h, (n, name)) in counts {
+                let d = t.topic_delta(TopicHash(h), &name);
+                d.0 += i64::try_from(n).unwrap_or(i64::MAX);
+            }
+            t.meta.insert(TOPICS_COUNTED, 1)?;
+            digest = t.finish()?;
+        }
+        self.commit_with_digest(txn, digest)
+    }
+
+    /// Commits a transaction that wrote the data tables and publishes its digest. Commits and
+    /// digests are published in the same order.
+    pub(super) fn commit_with_digest(
+        &self,
+        txn: redb::WriteTransaction,
+        digest: u64,
+    ) -> Result<(), StoreError> {
+        let _order = self
+            .commit_order
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        txn.commit()?;
+        self.digest.store(digest, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// The digest of the stored state as of the last commit (see the module docs).
+    #[must_use]
+    pub fn digest(&self) -> u64 {
+        self.digest.load(Ordering::Relaxed)
+    }
+
+    /// Apply statistics, shared by every clone of the store.
+    #[must_use]
+    pub fn stats(&self) -> Arc<ApplyStats> {
+        Arc::clone(&self.stats)
+    }
+
+    /// A handle on [`Store::digest`] for readers that must not touch the database (metrics).
+    #[must_use]
+    pub fn digest_cell(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.digest)
+    }
+
+    /// The digest computed from every row (the kept one must always equal it).
+    ///
+    /// # Errors
+    /// A storage error.
+    pub fn computed_digest(&self) -> Result<u64, StoreError> {
+        let txn = self.db.begin_read()?;
+        let mut d = 0;
+        for (tag, def) in [
+            (ROW_MESSAGE, MESSAGES),
+            (ROW_TOPIC, TOPICS),
+            (ROW_DEDUP, DEDUP),
+        ] {
+            for r in txn.open_table(def)?.range::<&[u8]>(..)? {
+                let (k, v) = r?;
+                d ^= row_hash(tag, k.value(), v.value());
+            }
+        }
+        for (tag, def) in [
+            (ROW_INDEX, INDEXES),
+            (ROW_EXPIRY, EXPIRY),
+            (ROW_GROUP, GROUPS),
+            (ROW_DEDUP_EXPIRY, DEDUP_EXPIRY),
+        ] {
+            for r in txn.open_table(def)?.range::<&[u8]>(..)? {
+                d ^= row_hash(tag, r?.0.value(), &[]);
+            }
+        }
+        Ok(d)
+    }
+
+    /// A write transaction that fsyncs on commit when `durable`.
+    pub(super) fn begin_write(&self, durable: bool) -> Result<redb::WriteTransaction, StoreError> {
+        let mut txn = self.db.begin_write()?;
+        txn.set_durability(if durable {
+            Durability::Immediate
+        } else {
+            Durability::None
+        })?;
+        Ok(txn)
+    }
+
+    /// `last-id` as of the last commit, without I/O: the highest event id applied or
+    /// reserved ([`futureq_core::command::ReserveIds`], [`Store::reserve_ids`]).
+    #[must_use]
+    pub fn applied_last_id(&self) -> u64 {
+        self.last_id.load(Ordering::Acquire)
+    }
+
+    /// Reserves [`futureq_core::command::IDS_UNAPPLIED_MAX`] ids above `last-id` in one
+    /// durable commit and returns the new `last-id`: the journal's writer hands out ids from
+    /// above it only, so that no id it handed out before a crash (for an entry the crash cut)
+    /// is handed out again. A replicated store is raised by a committed `ReserveIds` instead.
+    ///
+    /// # Errors
+    /// A storage error; then nothing changed.
+    pub fn reserve_ids(&self) -> Result<u64, StoreError> {
+        let txn = self.begin_write(true)?;
+        let floor = {
+            let mut meta = txn.open_table(META)?;
+            let last = meta.get(LAST_ID)?.map_or(0, |v| v.value());
+            let floor = last.saturating_add(futureq_core::command::IDS_UNAPPLIED_MAX);
+            meta.insert(LAST_ID, floor)?;
+            floor
+        };
+        // No data table changed: the digest stays.
+        self.commit_with_digest(txn, self.digest())?;
+        self.last_id.store(floor, Ordering::Release);
+        Ok(floor)
+    }
+
+    /// The highest event id ever stored or reserved (0 for a new store).
+    ///
+    /// # Errors
+    /// A storage error.
+    pub fn last_id(&self) -> Result<u64, StoreError> {
+        let txn = self.db.begin_read()?;
+        let meta = txn.open_table(META)?;
+        Ok(meta.get(LAST_ID)?.map_or(0, |v| v.value()))
+    }
+
+    /// The last applied Raft log id `(index, term)`, if any entry was applied.
+    ///
+    /// # Errors
+    /// A storage error.
+    pub fn applied(&self) -> Result<Option<(u64, u64)>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let meta = txn.open_table(META)?;
+        let index = meta.get(APPLIED_INDEX)?.map(|v| v.value());
+        let term = meta.get(APPLIED_TERM)?.map(|v| v.value());
+        Ok(index.zip(term))
+    }
+
+    /// Makes every earlier commit durable (one fsynced commit). Callers that apply without
+    /// fsync call it before anything may rely on the applied state surviving a crash, such as
+    /// purging the Raft log behind a snapshot.
+    ///
+    /// # Errors
+    /// A storage error.
+    pub fn sync(&self) -> Result<(), StoreError> {
+        let txn = self.begin_write(true)?;
+        {
+            // A write makes sure redb really commits (and fsyncs) this transaction.
+            let mut rm = txn.open_table(RAFT_META)?;
+            rm.insert(SYNC_MARK, [].as_slice())?;
+        }
+        txn.commit()?;
+        Ok(())
+    }
+
+    /// A value of the replication layer's state (see [`Store::apply_entries`]).
+    ///
+    /// # Errors
+    /// A storage error.
+    pub fn raft_meta(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let txn = self.db.begin_read()?;
+        let t = txn.open_table(RAFT_META)?;
+        Ok(t.get(key)?.map(|v| v.value().to_vec()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use futureq_core::command::{encode_store, StoreBatch, StoreItem};
+
+    fn item(topic: &str, id: u64) -> StoreItem {
+        let m = StoredMessage {
+            topic: topic.into(),
+            payload: Bytes::from_static(b"x"),
+            enqueued_at_ms: 1000,
+            delay: futureq_core::DelayMs(0),
+            ttl: futureq_core::TtlMs(0),
+            indexes: vec![],
+            extras: Default::default(),
+        };
+        StoreItem {
+            event_id: id,
+            bucket: 1000,
+            topic_hash: futureq_core::topic_hash(topic).0,
+            expires_at_ms: 0,
+            index_keys: vec![],
+            message: m.encode().to_vec(),
+        }
+    }
+
+    /// A store from before the `topics` table (no rows, no mark, a digest without them) is
+    /// counted once at open, digest included.
+    #[test]
+    fn a_store_without_topic_counts_is_counted_once() {
+        let s = Store::open(&StoreMode::Memory).unwrap();
+        let cmd = encode_store(&StoreBatch {
+            items: vec![item("a", 1), item("a", 2), item("b", 3)],
+        });
+        s.apply_entries(&[(1, 1, &cmd)], &[], true).unwrap();
+        let counted = s.topic_stats(None, usize::MAX).unwrap();
+        assert_eq!(counted.len(), 2);
+        // Back to the earlier version's state.
+        let txn = s.begin_write(true).unwrap();
+        {
+            let mut t = Tables::open(&txn).unwrap();
+            let rows: Vec<(Vec<u8>, Vec<u8>)> = t
+                .topics
+                .range::<&[u8]>(..)
+                .unwrap()
+                .map(|r| {
+                    let (k, v) = r.unwrap();
+                    (k.value().to_vec(), v.value().to_vec())
+                })
+                .collect();
+            for (k, v) in rows {
+                t.topics.remove(k.as_slice()).unwrap();
+                t.digest ^= row_hash(ROW_TOPIC, &k, &v);
+            }
+            t.meta.remove(TOPICS_COUNTED).unwrap();
+            let d = t.finish().unwrap();
+            s.digest.store(d, Ordering::Relaxed);
+        }
+        txn.commit().unwrap();
+        assert!(s.topic_stats(None, usize::MAX).unwrap().is_empty());
+        assert_eq!(s.digest(), s.computed_digest().unwrap());
+        s.count_topics().unwrap();
+        assert_eq!(s.topic_stats(None, usize::MAX).unwrap(), counted);
+        assert_eq!(s.digest(), s.computed_digest().unwrap());
+        let before = s.digest();
+        s.count_topics().unwrap();
+        assert_eq!(s.digest(), before, "counted once");
+    }
+}

@@ -1,0 +1,170 @@
+//! The store's tables and the layout of their keys and values.
+//!
+//! # Invariants
+//! - Keys sort as the readers walk them: big-endian numbers first, so a range read is a
+//!   time or topic order.
+//! - A row's share of the digest is [`row_hash`] of its table tag, key and value; the tags
+//!   never change meaning (a stored digest would no longer match its rows).
+
+use futureq_core::{EventKey, TopicHash, KEY_LEN};
+use redb::TableDefinition;
+
+pub(crate) const MESSAGES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("messages");
+pub(crate) const INDEXES: TableDefinition<&[u8], ()> = TableDefinition::new("indexes");
+pub(crate) const EXPIRY: TableDefinition<&[u8], ()> = TableDefinition::new("expiry");
+pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// The durable group registry: topic hash (u64 BE) · group name → ().
+pub(crate) const GROUPS: TableDefinition<&[u8], ()> = TableDefinition::new("groups");
+/// Per-topic counts: topic hash (u64 BE) → [`TopicRow`] (see the module docs).
+pub(crate) const TOPICS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("topics");
+/// Remembered dedup ids (see the module docs).
+pub(crate) const DEDUP: TableDefinition<&[u8], &[u8]> = TableDefinition::new("dedup");
+/// `dedup` rows by when they are forgotten.
+pub(crate) const DEDUP_EXPIRY: TableDefinition<&[u8], ()> = TableDefinition::new("dedup-expiry");
+/// Most expired `dedup` rows one item with a dedup id removes.
+pub(super) const DEDUP_SWEEP: usize = 8;
+/// How far a writer's clock may run ahead of another's (or step forward and back) without
+/// making a dedup id forgotten early: the check judges each message by its own enqueue
+/// time, and the sweep removes a row only once a message's clock passed its window's end by
+/// this much more. The rule: a message is a duplicate when a message with the same
+/// `(topic, dedup id)` was stored and `its enqueue time < that message's enqueue time +
+/// publish.dedupWindow`. A clock stepped back keeps ids longer; one ahead by up to this much
+/// forgets none early; ahead by more, ids whose window would still be open by the other
+/// clocks can be forgotten (they are then stored again).
+pub const DEDUP_CLOCK_SKEW_MAX_MS: i64 = 60_000;
+/// Opaque state of the replication layer (applied log id, membership), written with the
+/// data it describes.
+pub(crate) const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft-meta");
+pub(crate) const LAST_ID: &str = "last-id";
+pub(crate) const APPLIED_INDEX: &str = "applied-index";
+pub(crate) const APPLIED_TERM: &str = "applied-term";
+/// The digest of the data tables (see the module docs).
+pub(super) const DIGEST: &str = "digest";
+/// Meta key set once `topics` counts every stored message (a store written before it
+/// existed is counted at open).
+pub(super) const TOPICS_COUNTED: &str = "topics-counted";
+/// Raft-meta key written by [`Store::sync`] so that its transaction has a change to commit.
+pub(super) const SYNC_MARK: &str = "sync";
+
+/// Table tags of the digest's row hashes.
+pub(super) const ROW_MESSAGE: u64 = 1;
+pub(super) const ROW_INDEX: u64 = 2;
+pub(super) const ROW_EXPIRY: u64 = 3;
+pub(super) const ROW_GROUP: u64 = 5;
+pub(super) const ROW_TOPIC: u64 = 6;
+pub(super) const ROW_DEDUP: u64 = 7;
+pub(super) const ROW_DEDUP_EXPIRY: u64 = 8;
+
+pub(super) fn dedup_key(topic_hash: TopicHash, dedup_id: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + dedup_id.len());
+    k.extend_from_slice(&topic_hash.0.to_be_bytes());
+    k.extend_from_slice(dedup_id.as_bytes());
+    k
+}
+
+/// The start of the dedup keys that remember the dead letters of `original` (on its
+/// dead-letter topic `dlq`), one per recipient after it.
+pub(super) fn once_prefix(dlq: &str, original: &EventKey) -> Vec<u8> {
+    dedup_key(
+        futureq_core::topic_hash(dlq),
+        &format!("\0dead-letter\0{original}\0"),
+    )
+}
+
+pub(super) fn dedup_value(first: &EventKey, until_ms: i64) -> [u8; KEY_LEN + 8] {
+    let mut v = [0u8; KEY_LEN + 8];
+    v[..KEY_LEN].copy_from_slice(&first.0);
+    v[KEY_LEN..].copy_from_slice(&until_ms.to_le_bytes());
+    v
+}
+
+/// A `dedup` row's value: the first key and until (`None` for bytes the store never writes).
+pub(super) fn parse_dedup_value(v: &[u8]) -> Option<(EventKey, i64)> {
+    let key = EventKey::from_slice(v.get(..KEY_LEN)?).ok()?;
+    let until = i64::from_le_bytes(v.get(KEY_LEN..KEY_LEN + 8)?.try_into().ok()?);
+    Some((key, until))
+}
+
+pub(super) fn dedup_expiry_key(until_ms: i64, dedup_key: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + dedup_key.len());
+    k.extend_from_slice(&u64::try_from(until_ms.max(0)).unwrap_or(0).to_be_bytes());
+    k.extend_from_slice(dedup_key);
+    k
+}
+
+/// One topic's counts (a `topics` row).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TopicRow {
+    /// Messages stored for the topic.
+    pub stored: u64,
+    /// Copies moved to its dead-letter topic since the store was created.
+    pub dead_lettered: u64,
+    /// The topic's name.
+    pub name: String,
+}
+
+impl TopicRow {
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(16 + self.name.len());
+        v.extend_from_slice(&self.stored.to_le_bytes());
+        v.extend_from_slice(&self.dead_lettered.to_le_bytes());
+        v.extend_from_slice(self.name.as_bytes());
+        v
+    }
+
+    /// Decodes a row the store wrote (`None` for bytes it could not have written).
+    pub(super) fn decode(v: &[u8]) -> Option<Self> {
+        let word = |at: usize| -> Option<u64> {
+            Some(u64::from_le_bytes(v.get(at..at + 8)?.try_into().ok()?))
+        };
+        Some(TopicRow {
+            stored: word(0)?,
+            dead_lettered: word(8)?,
+            name: std::str::from_utf8(v.get(16..)?).ok()?.to_owned(),
+        })
+    }
+}
+
+/// One row's share of the digest.
+pub(super) fn row_hash(table: u64, key: &[u8], value: &[u8]) -> u64 {
+    let mut h = xxhash_rust::xxh64::Xxh64::new(table);
+    h.update(&(key.len() as u64).to_le_bytes());
+    h.update(key);
+    h.update(value);
+    h.digest()
+}
+
+pub(super) fn expiry_key(expires_at_ms: i64, key: &EventKey) -> [u8; 8 + KEY_LEN] {
+    let mut k = [0u8; 8 + KEY_LEN];
+    k[..8].copy_from_slice(
+        &u64::try_from(expires_at_ms.max(0))
+            .unwrap_or(0)
+            .to_be_bytes(),
+    );
+    k[8..].copy_from_slice(&key.0);
+    k
+}
+
+/// The event key of an expiry-table key (`expires-at · event key`; the store writes only
+/// full-length keys, a short one reads as zeros rather than panicking).
+pub(super) fn expiry_entry_key(k: &[u8]) -> EventKey {
+    let mut e = [0u8; KEY_LEN];
+    if let Some(key) = k.get(8..8 + KEY_LEN) {
+        e.copy_from_slice(key);
+    }
+    EventKey(e)
+}
+
+pub(super) fn group_key(topic_hash: TopicHash, group: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(8 + group.len());
+    k.extend_from_slice(&topic_hash.0.to_be_bytes());
+    k.extend_from_slice(group.as_bytes());
+    k
+}
+
+pub(super) fn index_entry(index_key: &[u8], key: &EventKey) -> Vec<u8> {
+    let mut k = Vec::with_capacity(index_key.len() + KEY_LEN);
+    k.extend_from_slice(index_key);
+    k.extend_from_slice(&key.0);
+    k
+}
