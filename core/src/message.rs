@@ -310,6 +310,18 @@ impl StoredMessage {
     /// # Errors
     /// [`DecodeError`] for anything but a complete, well-formed version-1 record.
     pub fn decode(buf: &Bytes) -> Result<Self, DecodeError> {
+        let (mut m, payload) = Self::decode_borrowed(buf)?;
+        m.payload = buf.slice_ref(payload);
+        Ok(m)
+    }
+
+    /// Decodes untrusted stored bytes without copying them: the message with an empty
+    /// payload, and its payload as a slice of `buf` (for readers that need everything but
+    /// the payload, such as the store's deletes).
+    ///
+    /// # Errors
+    /// As [`StoredMessage::decode`].
+    pub fn decode_borrowed(buf: &[u8]) -> Result<(Self, &[u8]), DecodeError> {
         let mut r = Reader { buf, pos: 0 };
         let version = r.u8("version")?;
         if version != FORMAT_VERSION && version != FORMAT_VERSION_EXTRAS {
@@ -362,33 +374,34 @@ impl StoredMessage {
             Extras::default()
         };
         let pl = r.u32("payload length")? as usize;
-        let payload = r.bytes(pl, "payload")?;
+        let payload = r.take(pl, "payload")?;
         if r.remaining() != 0 {
             return Err(DecodeError::Trailing(r.remaining()));
         }
-        Ok(StoredMessage {
+        let m = StoredMessage {
             topic,
-            payload,
+            payload: Bytes::new(),
             enqueued_at_ms,
             delay,
             ttl,
             indexes,
             extras,
-        })
+        };
+        Ok((m, payload))
     }
 }
 
 struct Reader<'a> {
-    buf: &'a Bytes,
+    buf: &'a [u8],
     pos: usize,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
     fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }
 
-    fn take(&mut self, n: usize, what: &'static str) -> Result<&[u8], DecodeError> {
+    fn take(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], DecodeError> {
         if self.remaining() < n {
             return Err(DecodeError::Truncated(what));
         }
@@ -421,15 +434,6 @@ impl Reader<'_> {
     fn string(&mut self, n: usize, what: &'static str) -> Result<String, DecodeError> {
         let s = self.take(n, what)?;
         String::from_utf8(s.to_vec()).map_err(|_| DecodeError::BadUtf8(what))
-    }
-
-    fn bytes(&mut self, n: usize, what: &'static str) -> Result<Bytes, DecodeError> {
-        if self.remaining() < n {
-            return Err(DecodeError::Truncated(what));
-        }
-        let b = self.buf.slice(self.pos..self.pos + n);
-        self.pos += n;
-        Ok(b)
     }
 }
 
@@ -505,7 +509,12 @@ mod tests {
             prop_assert_eq!(enc[0], if v1 { FORMAT_VERSION } else { FORMAT_VERSION_EXTRAS });
             prop_assert_eq!(StoredMessage::topic_of(&enc), Some(m.topic.as_str()));
             prop_assert_eq!(StoredMessage::due_of(&enc), Some(m.due_at_ms()));
-            prop_assert_eq!(StoredMessage::decode(&enc).unwrap(), m);
+            prop_assert_eq!(StoredMessage::decode(&enc).unwrap(), m.clone());
+            let (mut borrowed, payload) = StoredMessage::decode_borrowed(&enc).unwrap();
+            prop_assert_eq!(payload, &m.payload[..]);
+            prop_assert!(borrowed.payload.is_empty());
+            borrowed.payload = m.payload.clone();
+            prop_assert_eq!(borrowed, m);
         }
 
         #[test]

@@ -84,7 +84,7 @@ fn main() {
             let log = LogStore::open(
                 move || DmaLogIo::new(&d).expect("dir"),
                 LogConfig {
-                    segment_bytes: 64 << 20,
+                    segment_bytes: futureq_storage::log::SEGMENT_BYTES,
                     cache_bytes: futureq_storage::log::segmented::DEFAULT_CACHE_BYTES,
                 },
                 Box::new(|_| {}),

@@ -27,8 +27,8 @@ use crate::types::{Entry, TypeConfig, Vote};
 
 /// Name of the purge-marker file.
 pub const PURGED_FILE: &str = "purged";
-/// Name of the vote file.
-pub const VOTE_FILE: &str = "vote";
+/// Name of the vote file (the storage log's vote file, also the Raft vote's home).
+pub use futureq_storage::log::vote::VOTE_FILE;
 
 /// Most record bytes the state machine's entry stream reads at a time (see
 /// [`LogStore::entries_stream`]); one entry larger than this is read alone.

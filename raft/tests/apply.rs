@@ -59,7 +59,7 @@ fn a_long_run_of_committed_entries_is_read_and_applied_a_bounded_piece_at_a_time
         let mut log = LogStore::open(
             move || files.clone(),
             LogConfig {
-                segment_bytes: 64 << 20,
+                segment_bytes: futureq_storage::log::SEGMENT_BYTES,
                 cache_bytes: 0,
             },
             Box::new(|_| {}),

@@ -19,4 +19,4 @@ pub mod vote;
 
 pub use error::LogError;
 pub use format::{LogIndex, Term};
-pub use segmented::{FlushError, Log, LogConfig};
+pub use segmented::{FlushError, Log, LogConfig, SEGMENT_BYTES};

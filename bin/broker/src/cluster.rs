@@ -2,7 +2,7 @@
 //! Raft groups, and what the other cores share with it.
 //!
 //! Ingress cores never touch openraft: they read the [`Replication`] view (thread-safe) and
-//! send [`RaftReq`]s over a bounded channel; the Raft core answers over oneshots.
+//! send [`WriteReq`]s over a bounded channel; the Raft core answers over oneshots.
 //!
 //! Jobs: this file starts the node and serves the write core's requests; `core` holds the
 //! Raft core's state and tracks leadership (confirming a term, publishing the view and the
@@ -50,8 +50,8 @@ use crate::config::ClusterSettings;
 use crate::fatal::FatalReporter;
 use crate::metrics::Metrics;
 use crate::replication::{
-    answer, group_known, serve_requests, MembershipError, MembershipOp, RaftReq, Replication,
-    Stored, WriteCore,
+    answer, group_known, serve_requests, MembershipError, MembershipOp, Replication, Stored,
+    WriteCore, WriteReq,
 };
 
 /// How often leadership is re-checked when nothing changes (the quorum-freshness check
@@ -187,7 +187,7 @@ pub async fn serve(
     cfg: ClusterSettings,
     grpc_advertise: String,
     cluster: Arc<Replication>,
-    rx: flume::Receiver<RaftReq>,
+    rx: flume::Receiver<WriteReq>,
     store: Store,
     shutdown: Shutdown,
     dispatcher_done: Shutdown,

@@ -4,16 +4,17 @@
 //! with consumers), a waiting redelivery, an in-flight deadline, a delete flush — or until a
 //! command arrives (a consumer, an ack, a commit that stored an earlier message). Topics
 //! without consumers are never scanned, and a scan reads only keys of due buckets.
+//!
+//! Jobs: this file runs the dispatcher's loop (commands, passes, delete flushes, dead
+//! letters, group deletions); `inbox` is what other tasks and threads send it; `sweeper`
+//! deletes messages whose TTL passed; `gauges` refreshes the per-topic gauges.
 
-use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
-use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use futureq_core::command::{DeadLetter, WithId};
-use futureq_core::hub::{ConsumerId, Delivery, Hub, HubConfig, Sink, Subscription};
+use futureq_core::hub::{Hub, HubConfig};
 use futureq_core::refusal::WriteError;
 use futureq_core::EventKey;
 use futureq_net::Shutdown;
@@ -21,13 +22,19 @@ use futureq_storage::StoreService;
 use futures::channel::oneshot;
 use futures_lite::future;
 
-use crate::metrics::Metrics;
-use crate::replication::{RaftReq, Replication};
+mod gauges;
+mod inbox;
+mod sweeper;
 
-/// Capacity of the dispatcher's command queue.
-pub const HUB_QUEUE_MAX: usize = 65_536;
-/// Keys per TTL sweep transaction.
-pub const SWEEP_BATCH_MAX: usize = 10_000;
+pub use self::gauges::refresh_topic_gauges;
+pub use self::inbox::{
+    applied_to_hub, ConsumerSink, GroupDeleted, HubCmd, RegisterRefused, HUB_QUEUE_MAX,
+};
+pub use self::sweeper::sweep_ttl;
+use crate::clock::{instant_of, now_ms};
+use crate::metrics::Metrics;
+use crate::replication::WriteReq;
+
 /// Pending deletes that trigger a flush before the interval ends.
 pub const DELETE_FLUSH_EARLY: usize = 16_384;
 /// Delay before retrying after a failed scan.
@@ -47,194 +54,6 @@ const FINAL_FLUSH_BY: Duration = Duration::from_millis(4500);
 /// Pause between attempts of the last delete flush.
 const FINAL_FLUSH_RETRY: Duration = Duration::from_millis(100);
 
-/// Current wall clock in Unix ms.
-#[must_use]
-pub fn now_ms() -> i64 {
-    i64::try_from(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis(),
-    )
-    .unwrap_or(i64::MAX)
-}
-
-/// The instant at which the wall clock reads `at_ms`.
-fn instant_of(at_ms: i64) -> Instant {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    let target = Duration::from_millis(u64::try_from(at_ms).unwrap_or(0));
-    Instant::now() + target.saturating_sub(now)
-}
-
-/// A consumer's delivery queue, bounded by its `max_in_flight`. Dropped by the hub when the
-/// consumer is removed: the stream then sees its queue end, and [`ConsumerSink::group_deleted`]
-/// says whether that was because its group was deleted.
-pub struct ConsumerSink {
-    tx: flume::Sender<Delivery>,
-    group_deleted: Arc<AtomicBool>,
-}
-
-impl ConsumerSink {
-    /// A sink over `tx`, and the flag set before it is dropped because the consumer's group
-    /// was deleted.
-    #[must_use]
-    pub fn new(tx: flume::Sender<Delivery>) -> (ConsumerSink, Arc<AtomicBool>) {
-        let flag = Arc::new(AtomicBool::new(false));
-        let sink = ConsumerSink {
-            tx,
-            group_deleted: Arc::clone(&flag),
-        };
-        (sink, flag)
-    }
-}
-
-impl Sink for ConsumerSink {
-    fn try_send(&self, d: Delivery) -> bool {
-        self.tx.try_send(d).is_ok()
-    }
-
-    fn room(&self) -> usize {
-        if self.tx.is_disconnected() {
-            return 0;
-        }
-        self.tx
-            .capacity()
-            .map_or(usize::MAX, |c| c.saturating_sub(self.tx.len()))
-    }
-}
-
-/// Why the dispatcher did not register a consumer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum RegisterRefused {
-    /// The durable group registry could not be read.
-    #[error("cannot read the topic's consumer groups; retry")]
-    RegistryUnreadable,
-    /// The group is not in the registry: it was deleted after the stream registered it.
-    #[error("the consumer group was deleted while subscribing; subscribe again")]
-    GroupDeleted,
-    /// A deletion of the group is in progress.
-    #[error("the consumer group is being deleted; subscribe again (a new group)")]
-    GroupDeleting,
-}
-
-impl RegisterRefused {
-    /// Why, for the client.
-    #[must_use]
-    pub fn reason(&self) -> futureq_core::refusal::Reason {
-        use futureq_core::refusal::Reason;
-        match self {
-            RegisterRefused::RegistryUnreadable => Reason::Internal,
-            RegisterRefused::GroupDeleted | RegisterRefused::GroupDeleting => Reason::Conflict,
-        }
-    }
-}
-
-/// The answer of [`HubCmd::DeleteGroup`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct GroupDeleted {
-    /// The group was registered.
-    pub found: bool,
-    /// Its members' streams ended by the deletion.
-    pub consumers_ended: u32,
-}
-
-/// Per topic, the consumer groups the hub knows ([`HubCmd::Groups`]).
-pub type GroupsByTopic = std::collections::HashMap<
-    futureq_core::TopicHash,
-    std::collections::BTreeMap<String, futureq_core::hub::GroupActivity>,
->;
-
-/// What other tasks and threads tell the dispatcher.
-pub enum HubCmd {
-    /// A Subscribe stream started.
-    Register {
-        /// What it asked for.
-        sub: Subscription,
-        /// Where its deliveries go.
-        sink: ConsumerSink,
-        /// Its id, or why it was not registered.
-        reply: oneshot::Sender<Result<ConsumerId, RegisterRefused>>,
-    },
-    /// An ACK or NACK frame.
-    Ack {
-        /// The stream.
-        consumer: ConsumerId,
-        /// The delivery tag.
-        key: EventKey,
-        /// ACK (true) or NACK.
-        success: bool,
-    },
-    /// A Subscribe stream ended.
-    Unregister(ConsumerId),
-    /// A commit stored messages; the smallest key per topic.
-    Published(Vec<EventKey>),
-    /// The TTL sweeper deleted these keys.
-    Expired(Vec<EventKey>),
-    /// A delete flush finished.
-    DeleteFlushed {
-        /// Whether it committed.
-        committed: bool,
-    },
-    /// Keys a cancel deleted: dropped from memory (read-ahead copies, waiting recipients,
-    /// deliveries in flight) like [`HubCmd::Expired`], then answered. Commands are handled
-    /// between passes, so once answered no scan that read the store before the commit can
-    /// deliver them. Carries its own keys: the apply's notice may reach the hub later (it
-    /// goes through a task when the queue is full).
-    Revoke {
-        /// The keys.
-        keys: Vec<EventKey>,
-        /// Answered once they are dropped.
-        done: oneshot::Sender<()>,
-    },
-    /// A dead letter's command ended: committed or not.
-    DeadLettered {
-        /// The recipient that gave up.
-        dl: futureq_core::hub::DeadLetter,
-        /// Whether the command committed.
-        committed: bool,
-    },
-    /// Delete a consumer group (`DeleteGroup`): its registration goes through the write
-    /// path, then [`HubCmd::GroupGone`] ends its members and drops it from the hub. Run by the
-    /// dispatcher, not the caller, so a caller that goes away midway leaves no group whose
-    /// registration is gone while the hub still holds messages for it.
-    DeleteGroup {
-        /// The topic.
-        topic: String,
-        /// The group.
-        group: String,
-        /// What was done, or why the deletion did not commit.
-        reply: oneshot::Sender<Result<GroupDeleted, WriteError>>,
-    },
-    /// A group's deletion ended: committed (`Some(found)`: drop it from the hub and answer),
-    /// or failed with an unknown outcome a proposal timeout ago (`None`: drop it if the
-    /// registry no longer has it, a commit that came late).
-    GroupGone {
-        /// The topic.
-        topic: String,
-        /// The group.
-        group: String,
-        /// Committed, and whether it was registered.
-        committed: Option<bool>,
-        /// Where the answer goes (answered already when the deletion failed).
-        reply: Option<oneshot::Sender<Result<GroupDeleted, WriteError>>>,
-    },
-    /// Per topic (or only one), the consumer groups the hub knows (`TopicStats`).
-    Groups {
-        /// Only this topic.
-        only: Option<futureq_core::TopicHash>,
-        /// The answer.
-        reply: oneshot::Sender<GroupsByTopic>,
-    },
-    /// Per topic with consumers: its streams and deliveries in flight (`TopicStats`).
-    Activity(
-        oneshot::Sender<
-            std::collections::HashMap<futureq_core::TopicHash, futureq_core::hub::TopicActivity>,
-        >,
-    ),
-}
-
 /// The dispatcher's configuration.
 pub struct DispatcherConfig {
     /// Hub timing.
@@ -251,7 +70,7 @@ struct Dispatcher {
     hub: Hub<ConsumerSink>,
     store: StoreService,
     /// Where deletes go: the Raft core, or the local journal standalone.
-    writes: flume::Sender<RaftReq>,
+    writes: flume::Sender<WriteReq>,
     delete_timeout: Duration,
     delete_interval: Duration,
     /// How long the next delete flush may take (see [`next_flush_attempt`]).
@@ -431,7 +250,7 @@ impl Dispatcher {
             let ended = self.hub.forget_group(topic, group, now_ms());
             consumers_ended = u32::try_from(ended.len()).unwrap_or(u32::MAX);
             for sink in ended {
-                sink.group_deleted.store(true, Ordering::Release);
+                sink.mark_group_deleted();
             }
             tracing::info!(target: "dispatcher", %topic, %group, consumers_ended, late = committed.is_none(), "consumer group deleted");
         }
@@ -463,7 +282,7 @@ impl Dispatcher {
             .or_default() += 1;
         glommio::spawn_local(async move {
             let topic_hash = futureq_core::topic_hash(&topic);
-            let written = crate::replication::request(&writes, |reply| RaftReq::DeleteGroup {
+            let written = crate::replication::request(&writes, |reply| WriteReq::DeleteGroup {
                 topic_hash,
                 group: group.clone(),
                 deadline,
@@ -558,7 +377,7 @@ impl Dispatcher {
             );
             let deadline = Instant::now() + self.delete_timeout;
             glommio::spawn_local(async move {
-                let r = crate::replication::request(&writes, |reply| RaftReq::WithId {
+                let r = crate::replication::request(&writes, |reply| WriteReq::WithId {
                     cmd,
                     deadline,
                     reply,
@@ -675,102 +494,17 @@ fn next_flush_attempt(
 /// Deletes keys through the log (the Raft log, or the journal standalone); a node that no
 /// longer leads forwards them to the leader. A failure (no leader known, timeout) keeps them
 /// queued for the next flush: deletes are idempotent, and an ACKed key is never dropped.
-async fn delete_logged(
-    writes: &flume::Sender<RaftReq>,
+pub(crate) async fn delete_logged(
+    writes: &flume::Sender<WriteReq>,
     keys: Vec<EventKey>,
     deadline: Instant,
 ) -> Result<(), WriteError> {
-    crate::replication::request(writes, |reply| RaftReq::Delete {
+    crate::replication::request(writes, |reply| WriteReq::Delete {
         keys,
         deadline,
         reply,
     })
     .await
-}
-
-/// What an apply tells the dispatcher (on every replica, and standalone): the smallest new
-/// key per topic (a scan cursor that passed it moves back) and the deleted keys (never
-/// delivered again). Called on the write core's executor, never blocking it (see
-/// [`HubFeed`]).
-pub fn applied_to_hub(hub: flume::Sender<HubCmd>) -> impl Fn(&[EventKey], &[EventKey]) {
-    let feed = HubFeed::new(hub);
-    move |published: &[EventKey], deleted: &[EventKey]| {
-        if !published.is_empty() {
-            feed.send(HubCmd::Published(published.to_vec()));
-        }
-        if !deleted.is_empty() {
-            feed.send(HubCmd::Expired(deleted.to_vec()));
-        }
-    }
-}
-
-/// Sends the applies' notices to the dispatcher in order without blocking the write core:
-/// when the hub's queue is full they wait in an overflow queue that one task forwards (never
-/// one task per notice). A notice is never dropped (a deleted key must not be delivered
-/// again). The overflow holds what the applies produced while the dispatcher was behind:
-/// consecutive `Published` notices are merged into one (only the smallest key per topic
-/// matters), so it grows with the deleted keys alone, which the applies bound.
-pub(crate) struct HubFeed {
-    hub: flume::Sender<HubCmd>,
-    overflow: Rc<RefCell<VecDeque<HubCmd>>>,
-    forwarding: Rc<Cell<bool>>,
-}
-
-impl HubFeed {
-    pub(crate) fn new(hub: flume::Sender<HubCmd>) -> Self {
-        HubFeed {
-            hub,
-            overflow: Rc::default(),
-            forwarding: Rc::default(),
-        }
-    }
-
-    /// Sends `cmd` after every notice sent before it.
-    pub(crate) fn send(&self, cmd: HubCmd) {
-        // While the forwarder runs (it may hold a notice in its send), later ones queue
-        // behind it: the order does not rest on how the channel admits waiting senders.
-        if self.overflow.borrow().is_empty() && !self.forwarding.get() {
-            match self.hub.try_send(cmd) {
-                Ok(()) | Err(flume::TrySendError::Disconnected(_)) => return,
-                Err(flume::TrySendError::Full(cmd)) => self.overflow.borrow_mut().push_back(cmd),
-            }
-        } else {
-            let mut q = self.overflow.borrow_mut();
-            match (q.back_mut(), cmd) {
-                (Some(HubCmd::Published(keys)), HubCmd::Published(more)) => {
-                    keys.extend(more);
-                    *keys = futureq_core::key::min_key_per_topic(std::mem::take(keys));
-                }
-                (_, cmd) => q.push_back(cmd),
-            }
-        }
-        if !self.forwarding.replace(true) {
-            let (hub, overflow, forwarding) = (
-                self.hub.clone(),
-                Rc::clone(&self.overflow),
-                Rc::clone(&self.forwarding),
-            );
-            glommio::spawn_local(async move {
-                loop {
-                    let Some(cmd) = overflow.borrow_mut().pop_front() else {
-                        break;
-                    };
-                    if hub.send_async(cmd).await.is_err() {
-                        overflow.borrow_mut().clear();
-                        break;
-                    }
-                }
-                forwarding.set(false);
-            })
-            .detach();
-        }
-    }
-
-    /// Notices waiting for room in the hub's queue.
-    #[cfg(test)]
-    fn waiting(&self) -> usize {
-        self.overflow.borrow().len()
-    }
 }
 
 /// Runs the dispatcher until shutdown, then flushes the pending deletes. Start it once the write path replayed what it holds (see
@@ -781,7 +515,7 @@ pub async fn run(
     rx: flume::Receiver<HubCmd>,
     tx: flume::Sender<HubCmd>,
     store: StoreService,
-    writes: flume::Sender<RaftReq>,
+    writes: flume::Sender<WriteReq>,
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
 ) {
@@ -912,133 +646,9 @@ pub async fn run(
     tracing::info!(target: "dispatcher", pending_deletes = d.hub.pending_deletes(), "dispatcher stopped");
 }
 
-/// Why a TTL sweep step failed (retried next interval).
-#[derive(Debug, thiserror::Error)]
-enum SweepError {
-    /// Reading the expiry index.
-    #[error("reading expired keys: {0}")]
-    Store(futureq_storage::StoreError),
-    /// Deleting them.
-    #[error("deleting expired keys: {0}")]
-    Write(WriteError),
-}
-
-impl From<futureq_storage::StoreError> for SweepError {
-    fn from(e: futureq_storage::StoreError) -> Self {
-        SweepError::Store(e)
-    }
-}
-
-impl From<WriteError> for SweepError {
-    fn from(e: WriteError) -> Self {
-        SweepError::Write(e)
-    }
-}
-
-/// One sweep step: the leader (or the standalone broker) reads expired keys from its store
-/// and deletes them through the log (every replica's apply tells its dispatcher). Followers
-/// do nothing.
-async fn sweep_step(
-    repl: &Replication,
-    store: &StoreService,
-    timeout: Duration,
-) -> Result<Vec<EventKey>, SweepError> {
-    if !repl.leading() {
-        return Ok(Vec::new());
-    }
-    let s = store.store().clone();
-    let now = now_ms();
-    let keys = glommio::executor()
-        .spawn_blocking(move || s.expired_keys(now, SWEEP_BATCH_MAX))
-        .await?;
-    if !keys.is_empty() {
-        delete_logged(repl.writes(), keys.clone(), Instant::now() + timeout).await?;
-    }
-    Ok(keys)
-}
-
-/// Refreshes the per-topic gauges every `interval` until shutdown: the store's exact topic
-/// counts (read on its admin thread, off every executor) and this dispatcher's deliveries in
-/// flight, each cut to the largest [`crate::metrics::TOPIC_LABELS_MAX`] topics and the rest.
-pub async fn refresh_topic_gauges(
-    interval: Duration,
-    store: StoreService,
-    hub: flume::Sender<HubCmd>,
-    metrics: Arc<Metrics>,
-    shutdown: Shutdown,
-) {
-    loop {
-        match store
-            .admin(|s| s.topic_counts(crate::metrics::TOPIC_LABELS_MAX))
-            .await
-        {
-            Ok(Ok(c)) => metrics.topic_messages_stored.set(c.top, c.rest),
-            Ok(Err(e)) | Err(e) => {
-                tracing::warn!(target: "metrics", error = %e, "reading the topic counts failed");
-            }
-        }
-        let (tx, rx) = oneshot::channel();
-        if hub.send_async(HubCmd::Activity(tx)).await.is_ok() {
-            if let Ok(activity) = rx.await {
-                metrics.topic_messages_in_flight.set_all(
-                    activity
-                        .into_values()
-                        .map(|a| (a.topic.to_string(), a.in_flight))
-                        .collect(),
-                );
-            }
-        }
-        if crate::runtime::sleep_or_shutdown(interval, &shutdown).await {
-            return;
-        }
-    }
-}
-
-/// Deletes expired messages every `interval` (expiry index: no full scan) and tells the
-/// dispatcher which keys went away. Started as [`run`] is.
-pub async fn sweep_ttl(
-    interval: Duration,
-    store: StoreService,
-    repl: Arc<Replication>,
-    metrics: Arc<Metrics>,
-    shutdown: Shutdown,
-    timeout: Duration,
-) {
-    loop {
-        if crate::runtime::sleep_or_shutdown(interval, &shutdown).await {
-            return;
-        }
-        loop {
-            let swept = sweep_step(&repl, &store, timeout).await;
-            match swept {
-                Ok(keys) => {
-                    let n = keys.len();
-                    if n > 0 {
-                        metrics.messages_expired.add(&["sweeper"], n as u64);
-                        // The apply hook tells the dispatcher.
-                        tracing::info!(target: "ttl_sweeper", expired = n, "deleted expired messages");
-                    }
-                    if n < SWEEP_BATCH_MAX {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    tracing::error!(target: "ttl_sweeper", error = %e, "TTL sweep failed; retrying next interval");
-                    break;
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use futureq_core::{Bucket, EventId, TopicHash};
-
-    fn key(topic: u64, id: u64) -> EventKey {
-        EventKey::new(TopicHash(topic), Bucket(0), EventId(id))
-    }
 
     /// Issue 26, late redelivery: one delete flush (only one runs at a time) gives up within
     /// max(1 s, 2 × the interval) after a committed one, not after publish.proposalTimeout:
@@ -1073,57 +683,5 @@ mod tests {
             assert!(x.abs_diff(y) >= 1 << 22, "{x} {y}");
         }
         assert_eq!(a & ((1 << 22) - 1), 1, "the sequence starts at 1");
-    }
-
-    /// Issue 26.8: notices sent while the hub's queue is full wait in one overflow queue (no
-    /// task per notice), merged where they may be, and arrive in order, none lost.
-    #[test]
-    fn notices_past_a_full_hub_queue_wait_in_order_in_one_queue() {
-        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
-            .spawn(|| async {
-                let (tx, rx) = flume::bounded::<HubCmd>(1);
-                let feed = HubFeed::new(tx);
-                for i in 0..1000u64 {
-                    feed.send(HubCmd::Published(vec![key(i % 3, 10_000 - i)]));
-                    if i % 100 == 99 {
-                        feed.send(HubCmd::Expired(vec![key(1, i)]));
-                    }
-                }
-                // The first went into the queue, the forwarder may hold the next; the rest
-                // wait, each run of Published merged into one notice of the smallest key per
-                // topic.
-                assert!(feed.waiting() <= 20, "{} waiting", feed.waiting());
-                let mut got = Vec::new();
-                let mut deletes = 0;
-                while deletes < 10 {
-                    let cmd = rx.recv_async().await.expect("forwarded");
-                    deletes += usize::from(matches!(cmd, HubCmd::Expired(_)));
-                    got.push(cmd);
-                }
-                assert!(got.len() <= 22, "{} notices", got.len());
-                assert_eq!(feed.waiting(), 0);
-                assert!(rx.is_empty(), "nothing after the last delete");
-                let mut deleted = Vec::new();
-                let mut smallest = std::collections::BTreeMap::new();
-                for cmd in got {
-                    match cmd {
-                        HubCmd::Published(keys) => {
-                            for k in keys {
-                                let m = smallest.entry(k.topic_hash()).or_insert(k);
-                                *m = (*m).min(k);
-                            }
-                        }
-                        HubCmd::Expired(keys) => deleted.extend(keys),
-                        _ => panic!("unexpected notice"),
-                    }
-                }
-                let want: Vec<EventKey> = (0..10).map(|n| key(1, n * 100 + 99)).collect();
-                assert_eq!(deleted, want, "every delete, in order");
-                assert_eq!(smallest.len(), 3);
-                assert_eq!(smallest[&TopicHash(0)], key(0, 10_000 - 999));
-            })
-            .expect("executor")
-            .join()
-            .expect("test body");
     }
 }

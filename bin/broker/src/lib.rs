@@ -8,7 +8,7 @@
 //! - `dispatcher`: core 0's delivery loop (the `futureq_core::hub` state machine over the
 //!   store) and the TTL sweeper.
 //! - `replication`: the seam between the modes, as every core sees it: the write requests
-//!   (`RaftReq`) and who leads (a standalone broker is a one-node cluster that always leads).
+//!   (`WriteReq`) and who leads (a standalone broker is a one-node cluster that always leads).
 //! - `local` and `cluster`: the two servers of the write requests on `runtime.raftCore`: the
 //!   local journal (standalone) or the Raft groups (clustered).
 //! - [`metrics`]: Prometheus text for every core's counters.
@@ -23,6 +23,7 @@ mod api;
 pub mod auth;
 mod budget;
 pub mod certs;
+mod clock;
 mod cluster;
 pub mod config;
 mod disk;

@@ -1,5 +1,5 @@
 //! The standalone write core: the local journal ([`futureq_storage::journal`]) serves the
-//! same write requests ([`RaftReq`]) the Raft core serves in a cluster, with the same replies:
+//! same write requests ([`WriteReq`]) the Raft core serves in a cluster, with the same replies:
 //! one write path (rkyv commands on the io_uring log, applied by the replicas' apply code)
 //! whatever the mode.
 
@@ -18,25 +18,17 @@ use futures_lite::future;
 
 use crate::fatal::FatalReporter;
 use crate::replication::{
-    group_known, serve_requests, MembershipError, MembershipOp, RaftReq, Stored, WriteCore,
+    group_known, serve_requests, MembershipError, MembershipOp, Stored, WriteCore, WriteReq,
 };
 
 /// Directory of the journal's log under `storage.dataDir`.
 pub const JOURNAL_DIR: &str = "journal";
-/// Segment size of the journal's log (preallocated and zero-filled; the purge keeps the
-/// newest).
-const SEGMENT_BYTES: u64 = 64 << 20;
-// A command at the API's entry limit fits in one record of a segment.
-const _: () = assert!(
-    (futureq_core::command::ENTRY_BYTES_MAX + futureq_storage::log::format::HEADER_LEN) as u64
-        <= SEGMENT_BYTES - futureq_storage::log::format::BLOCK
-);
 /// How long after shutdown the journal waits for the dispatcher's last deletes at most.
 const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
 
 const CONFIG: JournalConfig = JournalConfig {
     log: LogConfig {
-        segment_bytes: SEGMENT_BYTES,
+        segment_bytes: futureq_storage::log::SEGMENT_BYTES,
         // The journal holds each entry until its apply; only a replay reads the log.
         cache_bytes: 0,
     },
@@ -85,7 +77,7 @@ pub async fn serve(
     data_dir: Option<PathBuf>,
     store: Store,
     on_applied: OnApplied,
-    rx: flume::Receiver<RaftReq>,
+    rx: flume::Receiver<WriteReq>,
     (stop, shutdown): (Shutdown, Shutdown),
     fatal: FatalReporter,
     ready: impl FnOnce(Result<(), OpenError>),
@@ -159,7 +151,7 @@ async fn run<I: LogIo + 'static>(
     place: &str,
     store: Store,
     on_applied: OnApplied,
-    rx: flume::Receiver<RaftReq>,
+    rx: flume::Receiver<WriteReq>,
     stop: impl std::future::Future<Output = ()>,
     fatal: FatalReporter,
     ready: impl FnOnce(Result<(), OpenError>),

@@ -1,5 +1,5 @@
 //! The seam between the standalone and the clustered broker, as every core sees it: where
-//! write requests go ([`RaftReq`]: served by the local journal standalone, by the Raft core
+//! write requests go ([`WriteReq`]: served by the local journal standalone, by the Raft core
 //! in a cluster, with the same replies) and who leads ([`View`]). A standalone broker is a
 //! one-node cluster that always leads: the services and the dispatcher take one path.
 
@@ -19,7 +19,7 @@ use futures::channel::oneshot;
 pub const WRITES_QUEUE_MAX: usize = 4096;
 
 /// A request to the write core (`runtime.raftCore`).
-pub enum RaftReq {
+pub enum WriteReq {
     /// Store a publish batch (ids are assigned on the write core); replies with the first id.
     Publish {
         /// Items with `event_id` unset.
@@ -131,8 +131,8 @@ pub enum MembershipOp {
 /// # Errors
 /// As [`Replication::request`].
 pub async fn request<T>(
-    writes: &flume::Sender<RaftReq>,
-    make: impl FnOnce(oneshot::Sender<Result<T, WriteError>>) -> RaftReq,
+    writes: &flume::Sender<WriteReq>,
+    make: impl FnOnce(oneshot::Sender<Result<T, WriteError>>) -> WriteReq,
 ) -> Result<T, WriteError> {
     let (reply, rx) = oneshot::channel();
     writes
@@ -231,9 +231,9 @@ pub(crate) async fn group_known(
 }
 
 /// Serves one request with `core` and sends its reply.
-pub(crate) async fn answer(core: &impl WriteCore, req: RaftReq) {
+pub(crate) async fn answer(core: &impl WriteCore, req: WriteReq) {
     match req {
-        RaftReq::Publish {
+        WriteReq::Publish {
             items,
             admitted,
             level,
@@ -243,28 +243,28 @@ pub(crate) async fn answer(core: &impl WriteCore, req: RaftReq) {
         } => {
             let _ = reply.send(core.publish(items, admitted, level, dedup, deadline).await);
         }
-        RaftReq::Delete {
+        WriteReq::Delete {
             keys,
             deadline,
             reply,
         } => {
             let _ = reply.send(core.delete(keys, deadline).await);
         }
-        RaftReq::Cancel {
+        WriteReq::Cancel {
             keys,
             deadline,
             reply,
         } => {
             let _ = reply.send(core.cancel(keys, deadline).await);
         }
-        RaftReq::WithId {
+        WriteReq::WithId {
             cmd,
             deadline,
             reply,
         } => {
             let _ = reply.send(core.with_id(cmd, deadline).await);
         }
-        RaftReq::RegisterGroup {
+        WriteReq::RegisterGroup {
             topic_hash,
             group,
             deadline,
@@ -272,7 +272,7 @@ pub(crate) async fn answer(core: &impl WriteCore, req: RaftReq) {
         } => {
             let _ = reply.send(core.register_group(topic_hash, group, deadline).await);
         }
-        RaftReq::DeleteGroup {
+        WriteReq::DeleteGroup {
             topic_hash,
             group,
             deadline,
@@ -280,7 +280,7 @@ pub(crate) async fn answer(core: &impl WriteCore, req: RaftReq) {
         } => {
             let _ = reply.send(core.delete_group(topic_hash, group, deadline).await);
         }
-        RaftReq::Membership { op, reply } => {
+        WriteReq::Membership { op, reply } => {
             let _ = reply.send(core.membership(op).await);
         }
     }
@@ -294,7 +294,7 @@ pub const REQUESTS_IN_SERVICE_MAX: u64 = 4096;
 /// (back-pressure) instead of tasks piling up on the write core.
 pub(crate) async fn serve_requests<C: WriteCore + Clone + 'static>(
     core: C,
-    rx: &flume::Receiver<RaftReq>,
+    rx: &flume::Receiver<WriteReq>,
 ) {
     let in_service = std::rc::Rc::new(glommio::sync::Semaphore::new(REQUESTS_IN_SERVICE_MAX));
     while let Ok(req) = rx.recv_async().await {
@@ -380,7 +380,7 @@ pub struct View {
 /// Reads are cheap: [`Replication::leading`] is one atomic load, [`Replication::view`] an
 /// `Arc` clone under a read lock (the view is replaced, never changed in place).
 pub struct Replication {
-    writes: flume::Sender<RaftReq>,
+    writes: flume::Sender<WriteReq>,
     leading: AtomicBool,
     view: RwLock<Arc<View>>,
 }
@@ -392,7 +392,7 @@ impl Replication {
     pub fn standalone(
         node_id: u64,
         grpc_advertise: &str,
-    ) -> (Arc<Replication>, flume::Receiver<RaftReq>) {
+    ) -> (Arc<Replication>, flume::Receiver<WriteReq>) {
         let info = ClusterView {
             leader_id: node_id,
             leader_addr: grpc_advertise.to_owned(),
@@ -418,11 +418,11 @@ impl Replication {
 
     /// A cluster node: not leading until the Raft core says so.
     #[must_use]
-    pub fn clustered() -> (Arc<Replication>, flume::Receiver<RaftReq>) {
+    pub fn clustered() -> (Arc<Replication>, flume::Receiver<WriteReq>) {
         Self::new(View::default())
     }
 
-    fn new(view: View) -> (Arc<Replication>, flume::Receiver<RaftReq>) {
+    fn new(view: View) -> (Arc<Replication>, flume::Receiver<WriteReq>) {
         let (writes, rx) = flume::bounded(WRITES_QUEUE_MAX);
         let r = Replication {
             writes,
@@ -434,7 +434,7 @@ impl Replication {
 
     /// Where write requests go.
     #[must_use]
-    pub fn writes(&self) -> &flume::Sender<RaftReq> {
+    pub fn writes(&self) -> &flume::Sender<WriteReq> {
         &self.writes
     }
 
@@ -444,7 +444,7 @@ impl Replication {
     /// The write's failure; [`WriteError::Failed`] when the write core stopped.
     pub async fn request<T>(
         &self,
-        make: impl FnOnce(oneshot::Sender<Result<T, WriteError>>) -> RaftReq,
+        make: impl FnOnce(oneshot::Sender<Result<T, WriteError>>) -> WriteReq,
     ) -> Result<T, WriteError> {
         request(&self.writes, make).await
     }

@@ -17,7 +17,7 @@ use crate::dispatcher::{DispatcherConfig, HubCmd, HUB_QUEUE_MAX};
 use crate::exit::{Exit, Ready, ServerError, StoppedGuard};
 use crate::fatal::FatalReporter;
 use crate::metrics::Metrics;
-use crate::replication::{RaftReq, Replication};
+use crate::replication::{Replication, WriteReq};
 use crate::{api, cluster, dispatcher, local, runtime};
 
 /// `/metrics`, and `/healthz`: 200 once the write path is open and until shutdown.
@@ -141,7 +141,7 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
         Some(_) => Replication::clustered(),
         None => Replication::standalone(settings.node_id, &settings.grpc_advertise),
     };
-    let mut raft_rx = Some(write_rx);
+    let mut write_requests = Some(write_rx);
     let dispatcher_done = Shutdown::new();
     let writes_open = Shutdown::new();
     // The data disk's free space (on disk storage): below storage.minFreeBytes publishes
@@ -190,8 +190,8 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
             metrics: Arc::clone(&metrics),
             shutdown: shutdown.clone(),
             repl: Arc::clone(&repl),
-            raft_rx: if core == write_core {
-                raft_rx.take()
+            write_requests: if core == write_core {
+                write_requests.take()
             } else {
                 None
             },
@@ -322,7 +322,7 @@ struct CtxParts {
     shutdown: Shutdown,
     repl: Arc<Replication>,
     /// The write requests' queue (on the Raft core only): the Raft core's or the journal's.
-    raft_rx: Option<flume::Receiver<RaftReq>>,
+    write_requests: Option<flume::Receiver<WriteReq>>,
     /// Fires when the dispatcher stopped (its last deletes are through).
     dispatcher_done: Shutdown,
     /// Fires when the write path is open: the journal replayed (standalone), the Raft groups
@@ -356,7 +356,7 @@ async fn core_main(
         metrics,
         shutdown,
         repl,
-        raft_rx,
+        write_requests,
         dispatcher_done,
         writes_open,
         fatal,
@@ -385,7 +385,7 @@ async fn core_main(
     };
     let mut background = Vec::new();
     // The write core: one of the two servers of the write requests.
-    if let (Some(rx), None) = (&raft_rx, &settings.cluster) {
+    if let (Some(rx), None) = (&write_requests, &settings.cluster) {
         let (opened, open_rx) = futures::channel::oneshot::channel();
         let data_dir = (!settings.memory_storage).then(|| settings.data_dir.clone());
         background.push(glommio::spawn_local(local::serve(
@@ -411,7 +411,7 @@ async fn core_main(
             }
         }
     }
-    if let (Some(rx), Some(cfg)) = (raft_rx, &settings.cluster) {
+    if let (Some(rx), Some(cfg)) = (write_requests, &settings.cluster) {
         let node = match cluster::start(
             cfg,
             &settings.grpc_advertise,

@@ -12,15 +12,8 @@ use crate::types::TypeConfig;
 
 /// Snapshot policy of the metadata group (its state is tiny).
 pub const META_SNAPSHOT_ENTRIES: u64 = 5;
-/// Raft log segment size.
-pub const SEGMENT_BYTES: u64 = 64 << 20;
-// A command at the API's entry limit fits in one record of a segment (with the entry's
-// openraft envelope, a few dozen bytes).
-const _: () = assert!(
-    (futureq_core::command::ENTRY_BYTES_MAX + futureq_storage::log::format::HEADER_LEN + 4096)
-        as u64
-        <= SEGMENT_BYTES - futureq_storage::log::format::BLOCK
-);
+/// Raft log segment size (the one both logs use).
+pub use futureq_storage::log::SEGMENT_BYTES;
 /// Per-RPC timeout between peers (snapshots get `network::SNAPSHOT_RPC_TIMEOUT`).
 pub const RPC_TIMEOUT: Duration = Duration::from_secs(2);
 /// Most event-shard proposals outstanding (proposed, not yet applied) on a leader.

@@ -24,6 +24,16 @@ pub struct LogConfig {
     pub cache_bytes: usize,
 }
 
+/// The segment size of both logs (the journal's and the Raft groups'): preallocated and
+/// zero-filled; a purge keeps the newest.
+pub const SEGMENT_BYTES: u64 = 64 << 20;
+// A command at the API's entry limit fits in one record of a segment, with room for the
+// envelope a Raft entry adds (openraft's entry, a few dozen bytes).
+const _: () = assert!(
+    (futureq_core::command::ENTRY_BYTES_MAX + super::format::HEADER_LEN + 4096) as u64
+        <= SEGMENT_BYTES - super::format::BLOCK
+);
+
 /// A sensible [`LogConfig::cache_bytes`]: enough for the entries in flight at full load.
 pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
 

@@ -302,7 +302,7 @@ impl<'t> Tables<'t> {
         if message.first() != Some(&futureq_core::message::FORMAT_VERSION_EXTRAS) {
             return Ok(None);
         }
-        let Ok(m) = StoredMessage::decode(&Bytes::copy_from_slice(message)) else {
+        let Ok((m, _)) = StoredMessage::decode_borrowed(message) else {
             return Ok(None);
         };
         if m.extras.dedup_id.is_empty() {
@@ -366,50 +366,67 @@ impl<'t> Tables<'t> {
         Ok(found)
     }
 
-    /// Removes a message and its index and expiry entries; false if it did not exist.
+    /// Removes a message and its index and expiry entries; false if it did not exist. Nothing
+    /// of its payload is copied.
     pub(super) fn remove(&mut self, key: &EventKey) -> Result<bool, StoreError> {
-        Ok(self.take(key)?.is_some())
+        Ok(self.unlink(key, false)?.is_some())
     }
 
-    /// Removes a message and its index and expiry entries; its bytes, if it existed (an
-    /// undecodable one is removed too, and logged: its index entries may remain).
-    pub(super) fn take(&mut self, key: &EventKey) -> Result<Option<Bytes>, StoreError> {
+    /// Removes a message and its index and expiry entries; the message, if it existed and
+    /// decoded (its payload copied out of the table).
+    pub(super) fn take(&mut self, key: &EventKey) -> Result<Option<StoredMessage>, StoreError> {
+        Ok(self.unlink(key, true)?.flatten())
+    }
+
+    /// Removes a message and its index, expiry and once-rows: `None` when it was not stored;
+    /// else the message when `keep` and it decoded. An undecodable one is removed too, and
+    /// logged: its index entries may remain. The rows to remove are read from the stored
+    /// bytes in place; only `keep` copies the payload.
+    fn unlink(
+        &mut self,
+        key: &EventKey,
+        keep: bool,
+    ) -> Result<Option<Option<StoredMessage>>, StoreError> {
         let Some(v) = self.messages.remove(key.0.as_slice())? else {
             return Ok(None);
         };
-        let bytes = Bytes::copy_from_slice(v.value());
-        drop(v);
-        self.digest ^= row_hash(ROW_MESSAGE, &key.0, &bytes);
-        self.topic_delta(key.topic_hash(), "").0 -= 1;
-        match StoredMessage::decode(&bytes) {
-            Ok(m) => {
-                for i in &m.indexes {
-                    self.remove_row(KeyTable::Index, &index_entry(&i.index_key(), key))?;
-                }
-                if let Some(e) = m.expires_at_ms() {
-                    self.remove_row(KeyTable::Expiry, &expiry_key(e, key))?;
-                }
-                // Its dead letters' once-rows go with it (one seek when it has none).
-                let dlq =
-                    futureq_core::message::dead_letter_topic(&m.topic, &m.extras.dead_letter_topic);
-                let prefix = once_prefix(&dlq, key);
-                let mut gone = Vec::new();
-                for r in self.dedup.range::<&[u8]>(prefix.as_slice()..)? {
-                    let (k, _) = r?;
-                    if !k.value().starts_with(&prefix) {
-                        break;
-                    }
-                    gone.push(k.value().to_vec());
-                }
-                for k in gone {
-                    self.forget(&k)?;
-                }
+        self.digest ^= row_hash(ROW_MESSAGE, &key.0, v.value());
+        let decoded = StoredMessage::decode_borrowed(v.value()).map(|(mut m, payload)| {
+            if keep {
+                m.payload = Bytes::copy_from_slice(payload);
             }
+            m
+        });
+        drop(v);
+        self.topic_delta(key.topic_hash(), "").0 -= 1;
+        let m = match decoded {
+            Ok(m) => m,
             Err(e) => {
                 tracing::error!(target: "storage", key = %key, error = %e, "deleted an undecodable message; its index entries may remain");
+                return Ok(Some(None));
             }
+        };
+        for i in &m.indexes {
+            self.remove_row(KeyTable::Index, &index_entry(&i.index_key(), key))?;
         }
-        Ok(Some(bytes))
+        if let Some(e) = m.expires_at_ms() {
+            self.remove_row(KeyTable::Expiry, &expiry_key(e, key))?;
+        }
+        // Its dead letters' once-rows go with it (one seek when it has none).
+        let dlq = futureq_core::message::dead_letter_topic(&m.topic, &m.extras.dead_letter_topic);
+        let prefix = once_prefix(&dlq, key);
+        let mut gone = Vec::new();
+        for r in self.dedup.range::<&[u8]>(prefix.as_slice()..)? {
+            let (k, _) = r?;
+            if !k.value().starts_with(&prefix) {
+                break;
+            }
+            gone.push(k.value().to_vec());
+        }
+        for k in gone {
+            self.forget(&k)?;
+        }
+        Ok(Some(keep.then_some(m)))
     }
 
     /// Moves a stored message to a new key and due time ([`futureq_core::command::Reschedule`]):
@@ -422,17 +439,15 @@ impl<'t> Tables<'t> {
         let old = EventKey(r.key);
         let now_ms = r.now_ms.to_native();
         let live = match self.messages.get(old.0.as_slice())? {
-            Some(v) => StoredMessage::decode(&Bytes::copy_from_slice(v.value()))
-                .is_ok_and(|m| !m.is_expired(now_ms)),
+            Some(v) => {
+                StoredMessage::decode_borrowed(v.value()).is_ok_and(|(m, _)| !m.is_expired(now_ms))
+            }
             None => false,
         };
         if !live {
             return Ok(None);
         }
-        let Some(mut m) = self
-            .take(&old)?
-            .and_then(|b| StoredMessage::decode(&b).ok())
-        else {
+        let Some(mut m) = self.take(&old)? else {
             return Ok(None);
         };
         // Enqueued again at the command's clock, due at the asked time (so the key's bucket

@@ -12,7 +12,7 @@ use std::time::Duration;
 use futures::channel::oneshot;
 
 use super::context::{unary_request, Ctx};
-use crate::replication::{MembershipError, MembershipOp, RaftReq, Replication};
+use crate::replication::{MembershipError, MembershipOp, Replication, WriteReq};
 
 /// Whether the health check knows `service`: the server as a whole (""), or one of its API
 /// services.
@@ -219,7 +219,7 @@ where
     let (reply, rx) = oneshot::channel();
     if cluster
         .writes()
-        .send_async(RaftReq::Membership { op, reply })
+        .send_async(WriteReq::Membership { op, reply })
         .await
         .is_err()
     {

@@ -14,8 +14,9 @@ use futures::channel::oneshot;
 use futures_lite::future;
 
 use super::context::Ctx;
-use crate::dispatcher::{now_ms, ConsumerSink, HubCmd};
-use crate::replication::RaftReq;
+use crate::clock::now_ms;
+use crate::dispatcher::{ConsumerSink, HubCmd};
+use crate::replication::WriteReq;
 
 /// Most queued deliveries written to the stream in one go.
 const SEND_BATCH_MAX: usize = 64;
@@ -80,7 +81,7 @@ enum Event {
 async fn register_group(ctx: &Ctx, topic: &str, group: &str) -> Result<(), WriteError> {
     let deadline = std::time::Instant::now() + ctx.settings.proposal_timeout;
     ctx.repl
-        .request(|reply| RaftReq::RegisterGroup {
+        .request(|reply| WriteReq::RegisterGroup {
             topic_hash: futureq_core::topic_hash(topic),
             group: group.to_owned(),
             deadline,

@@ -10,7 +10,7 @@ use futures::channel::oneshot;
 use super::context::{tag_of, unary_request, Ctx};
 use crate::auth::Access;
 use crate::dispatcher::HubCmd;
-use crate::replication::RaftReq;
+use crate::replication::WriteReq;
 
 /// The tags of a request as keys: 1..=[`CANCEL_KEYS_MAX`] tags of 24 bytes each.
 fn keys_of(tags: &[bytes::Bytes]) -> Result<Vec<EventKey>, Status> {
@@ -52,7 +52,7 @@ async fn permitted(
     if names.len() < hashes.len() {
         let deadline = std::time::Instant::now() + ctx.settings.proposal_timeout;
         ctx.repl
-            .request(|reply| RaftReq::Cancel {
+            .request(|reply| WriteReq::Cancel {
                 keys: Vec::new(),
                 deadline,
                 reply,
@@ -127,7 +127,7 @@ pub async fn cancel(ctx: &Ctx, access: &Access, mut call: Call, out: &mut Outbou
     } else {
         match ctx
             .repl
-            .request(|reply| RaftReq::Cancel {
+            .request(|reply| WriteReq::Cancel {
                 keys: keys.clone(),
                 deadline,
                 reply,
@@ -193,7 +193,7 @@ pub async fn reschedule(ctx: &Ctx, access: &Access, mut call: Call, out: &mut Ou
         Ok(_) => {}
         Err(s) => return s,
     }
-    let now_ms = crate::dispatcher::now_ms();
+    let now_ms = crate::clock::now_ms();
     let due_at_ms = now_ms.saturating_add(req.delay_ms);
     let to = Reschedule {
         key: key.0,
@@ -205,7 +205,7 @@ pub async fn reschedule(ctx: &Ctx, access: &Access, mut call: Call, out: &mut Ou
     let deadline = std::time::Instant::now() + ctx.settings.proposal_timeout;
     let moved = match ctx
         .repl
-        .request(|reply| RaftReq::WithId {
+        .request(|reply| WriteReq::WithId {
             cmd: WithId::Reschedule(to),
             deadline,
             reply,

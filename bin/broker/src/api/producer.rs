@@ -30,8 +30,8 @@ use futures_lite::future;
 use super::context::Ctx;
 use crate::auth::Access;
 use crate::budget::Admitted;
-use crate::dispatcher::now_ms;
-use crate::replication::{RaftReq, Stored};
+use crate::clock::now_ms;
+use crate::replication::{Stored, WriteReq};
 
 /// Most batches outstanding (received, not yet acked) on one stream. Beyond it the stream
 /// stops reading, and HTTP/2 flow control pushes back on the client.
@@ -229,7 +229,7 @@ async fn store_batch(
         return Outcome::Failed(Refusal::not_leader(&ctx.repl.leader_addr()));
     }
     let (reply, rx) = oneshot::channel();
-    let req = RaftReq::Publish {
+    let req = WriteReq::Publish {
         items,
         admitted,
         level,
