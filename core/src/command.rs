@@ -353,7 +353,16 @@ pub enum CommandError {
 /// Only if rkyv cannot serialize plain vectors (it always can).
 #[must_use]
 pub fn encode_store(b: &StoreBatch) -> Vec<u8> {
-    frame(TAG_STORE_V1, b, store_len_bound(&b.items))
+    let bound = store_len_bound(&b.items);
+    let out = frame(TAG_STORE_V1, b, bound);
+    // The API refuses a batch by this bound before any id is assigned (ENTRY_BYTES_MAX): it
+    // must hold, or a batch it let through could not be appended.
+    debug_assert!(
+        out.len() <= bound,
+        "{} bytes over the bound {bound}",
+        out.len()
+    );
+    out
 }
 
 /// Encodes a delete command.

@@ -1261,6 +1261,10 @@ impl<S: Sink> Hub<S> {
             deadline_ms,
         };
         c.in_flight.insert(key);
+        debug_assert!(
+            c.in_flight.len() <= c.max_in_flight as usize,
+            "a consumer holds at most max_in_flight deliveries"
+        );
         self.timeouts.insert((deadline_ms, key, cid));
         self.counters.dispatched += 1;
         if r.attempts > 1 {
@@ -1590,6 +1594,13 @@ impl<S: Sink> Hub<S> {
         msg: Arc<StoredMessage>,
         now_ms: i64,
     ) -> Dispatch {
+        // The module's rule: a message enters delivery only once due and before its TTL
+        // (every caller checked both against this `now_ms`).
+        debug_assert!(
+            msg.due_at_ms() <= now_ms && !msg.is_expired(now_ms),
+            "{key}: due {} or expired at {now_ms}",
+            msg.due_at_ms()
+        );
         let Some(t) = self.topics.get(&h) else {
             return Dispatch::Passed;
         };

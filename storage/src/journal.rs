@@ -486,6 +486,14 @@ impl<I: LogIo + 'static> Journal<I> {
             let mut st = self.0.st.borrow_mut();
             let first_id = st.next_id;
             let bytes = make(&mut st.next_id);
+            // Event ids never regress (module docs): every id handed out is above the
+            // store's `last-id` and above the previous entry's.
+            assert!(
+                st.next_id >= first_id && first_id > self.0.store.applied_last_id(),
+                "journal ids regress: {first_id}..{} against last-id {}",
+                st.next_id,
+                self.0.store.applied_last_id()
+            );
             (st.next_index, bytes, first_id)
         };
         let (durable_tx, durable_rx) = match wait {

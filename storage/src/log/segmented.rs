@@ -785,6 +785,12 @@ impl<I: LogIo> Log<I> {
             .pending
             .drain(..pending_count)
             .collect();
+        // Indexes are contiguous (the log's invariants): what one flush made durable follows
+        // on itself; a hole here would be acknowledged and then lost at the next open.
+        assert!(
+            flushed.windows(2).all(|w| w[1].index == w[0].index + 1),
+            "a flush of non-contiguous log indexes"
+        );
         if let Some(hook) = &self.on_persisted {
             // The records were encoded by this process: the payload follows the header.
             for p in flushed.iter().filter(|p| p.index < hook_below) {

@@ -48,6 +48,11 @@ impl Store {
             .iter()
             .filter(|(i, _, _)| applied.is_none_or(|a| *i > a))
             .collect();
+        // Entries come in log order, each once: the deterministic apply depends on it.
+        assert!(
+            fresh.windows(2).all(|w| w[0].0 < w[1].0),
+            "entries to apply are not in ascending log order"
+        );
         let mut out = ApplyOutcome {
             max_event_id: self.last_id()?,
             ..ApplyOutcome::default()
@@ -84,7 +89,10 @@ impl Store {
                         let mut dups = Vec::new();
                         for item in b.items.iter() {
                             let key = item.key();
-                            out.max_event_id = out.max_event_id.max(key.event_id().0);
+                            // Event ids never regress: `ids_above` let only ascending ids
+                            // above every applied one through.
+                            assert!(key.event_id().0 > out.max_event_id, "{key}: id regresses");
+                            out.max_event_id = key.event_id().0;
                             if let Some(first) = t.deduplicate(&key, item.message.as_slice())? {
                                 dups.push((key.event_id().0, first));
                                 continue;
@@ -186,6 +194,12 @@ impl Store {
             }
         }
         self.commit_with_digest(txn, digest)?;
+        assert!(
+            out.max_event_id >= self.applied_last_id(),
+            "last-id goes down: {} below {}",
+            out.max_event_id,
+            self.applied_last_id()
+        );
         self.last_id.store(out.max_event_id, Ordering::Release);
         self.stats.transactions.fetch_add(1, Ordering::Relaxed);
         self.stats

@@ -33,6 +33,7 @@ use super::core::{Core, Pending};
 pub(crate) const GROUP_ITEMS_MAX: usize = 16_384;
 /// Most bytes of one group's entry, encoded (a single larger batch goes alone).
 pub(crate) const GROUP_BYTES_MAX: usize = 4 << 20;
+const _: () = assert!(GROUP_BYTES_MAX <= futureq_core::command::ENTRY_BYTES_MAX);
 /// Groups proposed and not yet applied at once.
 pub(crate) const GROUPS_IN_FLIGHT: u64 = 2;
 /// Publishes waiting for a group, at most (as many as the write core serves at once).
@@ -170,7 +171,11 @@ async fn propose(core: &Rc<Core>, group: Group) {
                     at += p.len as u64;
                 }
             }
-            Ok(Proposal::store(encode_store(&batch).into(), l.term))
+            let cmd = encode_store(&batch);
+            // A group fits in one log record: groups stop at GROUP_BYTES_MAX, and a batch
+            // larger than that alone was bounded by the API at ENTRY_BYTES_MAX.
+            assert!(cmd.len() <= futureq_core::command::ENTRY_BYTES_MAX);
+            Ok(Proposal::store(cmd.into(), l.term))
         }
     };
     let answer = |levels: Option<AckLevel>, r: &Result<Answer, WriteError>| {
