@@ -51,7 +51,7 @@ def strip(text):
         if m.start() < pos:
             continue  # inside a raw string already blanked
         stop = m.end()
-        if m.group(0).endswith('"') and "r" in m.group(0)[:2]:  # raw string: up to quote + hashes
+        if re.fullmatch(r'b?r#*"', m.group(0)):  # a raw string: up to its quote and hashes
             close = '"' + "#" * m.group(0).count("#")
             stop = text.find(close, m.end())
             stop = len(text) if stop < 0 else stop + len(close)

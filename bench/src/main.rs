@@ -25,6 +25,7 @@ mod openloop;
 mod plot;
 mod procs;
 mod redis_peer;
+mod row;
 mod security;
 mod stats;
 

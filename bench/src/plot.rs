@@ -8,7 +8,7 @@ use hdrhistogram::Histogram;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use crate::compare::Run;
+use crate::row::Run;
 
 /// Writes every plot for `runs` into `out`; returns the files written.
 pub(crate) fn write_all(runs: &[Run], out: &Path) -> anyhow::Result<Vec<PathBuf>> {

@@ -1,0 +1,128 @@
+//! One measured run of the comparison: a row of its table and of `results.json`, and what
+//! the plots draw.
+
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use crate::stats::PublishOut;
+
+/// Payload bytes of lateness messages (the bench publishes them with 100 B) and the default
+/// message size.
+pub(crate) const MSG_BYTES: usize = 100;
+
+/// One measured run (one row of the table, one element of `runs`).
+#[derive(Debug, Serialize)]
+pub(crate) struct Run {
+    pub(crate) system: &'static str,
+    pub(crate) mode: &'static str,
+    pub(crate) ack_level: &'static str,
+    pub(crate) scenario: &'static str,
+    pub(crate) msg_bytes: usize,
+    pub(crate) msgs_per_s: f64,
+    pub(crate) mb_per_s: f64,
+    pub(crate) p50_us: f64,
+    pub(crate) p90_us: f64,
+    pub(crate) p99_us: f64,
+    pub(crate) p999_us: f64,
+    pub(crate) max_us: f64,
+    pub(crate) rss_mb: Option<f64>,
+    /// Messages per publish request (1 = one ack per message); 0 for other scenarios.
+    pub(crate) batch: usize,
+    /// `closed` (fixed requests in flight) or `open` (fixed offered rate).
+    pub(crate) load: &'static str,
+    pub(crate) offered_msgs_per_s: Option<f64>,
+    pub(crate) pending_msgs: Option<u64>,
+    pub(crate) fill_msgs_per_s: Option<f64>,
+    pub(crate) restart_ms: Option<f64>,
+    /// Lateness runs: messages delivered before their due time (not in the percentiles).
+    pub(crate) early: Option<u64>,
+    /// Failover runs: how many failovers the percentiles are over.
+    pub(crate) repetitions: Option<usize>,
+    /// Closed-loop publish: the server's CPU time per acked message (all nodes of a cluster),
+    /// µs.
+    pub(crate) cpu_us_per_msg: Option<f64>,
+    /// Cluster pending: the largest RSS of one node when it starts (after the publish and
+    /// failover series on the same cluster), MiB: tells what the fill added.
+    pub(crate) node_rss_before_mb: Option<f64>,
+    /// Cluster pending: the largest RSS of one node while filling and publishing, MiB.
+    pub(crate) node_rss_max_mb: Option<f64>,
+    /// Cluster pending: time until a fresh node that joined applied what the leader had, ms.
+    pub(crate) join_ms: Option<f64>,
+    /// Cluster pending: the joining node's largest RSS until then, MiB.
+    pub(crate) join_rss_mb: Option<f64>,
+    /// The latency (or lateness) histogram, µs: for the plots.
+    #[serde(skip)]
+    pub(crate) hist: Histogram<u64>,
+}
+
+/// What a row measured: `(system, mode, ack level or peer setting, scenario, batch)`.
+pub(crate) type Key = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    usize,
+);
+
+impl Run {
+    pub(crate) fn new(
+        (system, mode, ack_level, scenario, batch): Key,
+        msgs_per_s: f64,
+        h: Histogram<u64>,
+        rss_mb: Option<f64>,
+    ) -> Run {
+        #[allow(clippy::cast_precision_loss)]
+        let q = |x| h.value_at_quantile(x) as f64;
+        #[allow(clippy::cast_precision_loss)]
+        let max_us = h.max() as f64;
+        Run {
+            system,
+            mode,
+            ack_level,
+            scenario,
+            msg_bytes: MSG_BYTES,
+            msgs_per_s,
+            // Set by `run` once the message size of every row is known.
+            mb_per_s: 0.0,
+            p50_us: q(0.5),
+            p90_us: q(0.9),
+            p99_us: q(0.99),
+            p999_us: q(0.999),
+            max_us,
+            rss_mb,
+            batch,
+            load: "closed",
+            offered_msgs_per_s: None,
+            pending_msgs: None,
+            fill_msgs_per_s: None,
+            restart_ms: None,
+            early: None,
+            repetitions: None,
+            cpu_us_per_msg: None,
+            node_rss_before_mb: None,
+            node_rss_max_mb: None,
+            join_ms: None,
+            join_rss_mb: None,
+            hist: h,
+        }
+    }
+
+    pub(crate) fn publish(key: Key, o: PublishOut, rss_mb: Option<f64>) -> Run {
+        Run::new(key, o.msgs_per_s, o.latency, rss_mb)
+    }
+
+    pub(crate) fn open(mut self, offered: f64) -> Run {
+        self.load = "open";
+        self.offered_msgs_per_s = Some(offered);
+        self
+    }
+
+    pub(crate) fn pending(mut self, count: u64, fill_rate: f64, restart: Duration) -> Run {
+        self.pending_msgs = Some(count);
+        self.fill_msgs_per_s = Some(fill_rate);
+        self.restart_ms = Some(restart.as_secs_f64() * 1000.0);
+        self
+    }
+}
