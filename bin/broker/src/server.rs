@@ -9,7 +9,8 @@ use futureq_net::grpc::ServerConfig;
 use futureq_net::http::HttpResponse;
 use futureq_net::Shutdown;
 use futureq_storage::{StoreMode, StoreService};
-use glommio::{LocalExecutorBuilder, Placement, PoolPlacement};
+use glommio::net::TcpListener;
+use glommio::{LocalExecutorBuilder, Placement, PoolPlacement, Task};
 
 use crate::api::Ctx;
 use crate::config::Settings;
@@ -68,63 +69,9 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
     let reflection = Arc::new(api::reflection_index()?);
     let settings = Arc::new(settings);
     let cpus = runtime::allowed_cpus();
-    let cores = if settings.cores == 0 {
-        cpus.len()
-    } else {
-        settings.cores as usize
-    };
-    // The write core (the Raft groups, or the journal standalone) must be an executor; by
-    // default the last one, apart from the dispatcher's core 0 (measured standalone at 1
-    // message/request on 2 executors: 5 of 6 alternating runs faster, median +8%).
-    let write_core = match settings.raft_core {
-        None => cores.saturating_sub(1),
-        Some(c) if (c as usize) < cores => c as usize,
-        Some(raft_core) => return Err(ServerError::RaftCore { raft_core, cores }),
-    };
-    if settings.security.auth.is_none() && !settings.grpc_listen.ip().is_loopback() {
-        tracing::warn!(target: "app", listen = %settings.grpc_listen, "api.grpc.listen is not a loopback address and api.auth.principalsFile is unset: anyone who reaches the port may publish, consume, cancel and peek on every topic");
-    }
-    let memlock = runtime::raise_memlock(cores)?;
-    tracing::debug!(target: "app", memlock, cores, "runtime limits");
-    // The executors' listeners share their ports (SO_REUSEPORT), which would also let them
-    // join a port another broker serves: clients would be split between two stores.
-    let mut exclusive = vec![("api.grpc.listen", settings.grpc_listen)];
-    exclusive.extend(
-        settings
-            .metrics_listen
-            .map(|a| ("observability.metrics.listen", a)),
-    );
-    exclusive.extend(
-        settings
-            .cluster
-            .as_ref()
-            .map(|c| ("cluster.raft.listen", c.raft_listen)),
-    );
-    for (key, addr) in exclusive {
-        runtime::check_port_free(key, addr)?;
-    }
-
-    let (hub_tx, hub_rx) = flume::bounded::<HubCmd>(HUB_QUEUE_MAX);
-    let mode = if settings.memory_storage {
-        StoreMode::Memory
-    } else {
-        StoreMode::Disk(settings.data_dir.clone(), settings.cache_bytes)
-    };
-    if let (StoreMode::Disk(dir, _), Some(_)) = (&mode, &settings.cluster) {
-        let journal = dir.join(local::JOURNAL_DIR);
-        if journal.exists() {
-            return Err(ServerError::StandaloneStore {
-                dir: dir.clone(),
-                journal,
-            });
-        }
-    }
-    if let StoreMode::Disk(dir, _) = &mode {
-        let wal = dir.join("futureq.wal");
-        if wal.exists() {
-            return Err(ServerError::OldWal { path: wal });
-        }
-    }
+    let (cores, write_core) = executors(&settings, cpus.len())?;
+    preflight(&settings, cores)?;
+    let mode = store_mode(&settings)?;
     // Writes reach redb through a log either way: the Raft log in a cluster, the local
     // journal standalone (both apply with the same code).
     let (store, store_threads) =
@@ -135,148 +82,29 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
             },
             source,
         })?;
-    // Every write request goes to one core: the Raft core in a cluster, the journal
-    // standalone (`runtime.raftCore` either way).
-    let (repl, write_rx) = match settings.cluster {
-        Some(_) => Replication::clustered(),
-        None => Replication::standalone(settings.node_id, &settings.grpc_advertise),
-    };
-    let mut write_requests = Some(write_rx);
-    let dispatcher_done = Shutdown::new();
-    let writes_open = Shutdown::new();
-    // The data disk's free space (on disk storage): below storage.minFreeBytes publishes
-    // are refused.
-    let disk = match &mode {
-        StoreMode::Disk(dir, _) => {
-            let space = Arc::new(crate::disk::DiskSpace::new(settings.min_free_bytes));
-            let mut dirs = vec![dir.clone()];
-            dirs.extend(settings.cluster.as_ref().map(|c| c.data_dir.clone()));
-            let thread = crate::disk::watch(Arc::clone(&space), dirs, shutdown.clone())
-                .map_err(ServerError::Thread)?;
-            Some((space, thread))
-        }
-        StoreMode::Memory => None,
-    };
+    let disk = watch_disk(&settings, &mode, &shutdown)?;
     let metrics = Arc::new(Metrics {
         store_digest: store.store().digest_cell(),
         disk: disk.as_ref().map(|(d, _)| Arc::clone(d)),
         security: Some(Arc::clone(&settings.security)),
         ..Metrics::default()
     });
-
     let (exits, exit_rx) = std::sync::mpsc::channel::<Exit>();
-    let fatal = {
-        let exits = exits.clone();
-        FatalReporter::new(
-            move |what, reason: &str| {
-                let _ = exits.send(Exit::Failed(ServerError::WritePathFailed {
-                    what,
-                    reason: reason.to_owned(),
-                }));
-            },
-            shutdown.clone(),
-        )
-    };
-    let mut handles = Vec::new();
-    let mut hub_rx = Some(hub_rx);
-    let publish_budget =
-        crate::budget::Budget::new(crate::budget::IN_SERVICE_BYTES_MAX, Arc::clone(&metrics));
-    for core in 0..cores {
-        let cpu = cpus[core % cpus.len()];
-        let ctx_parts = CtxParts {
+    let handles = spawn_executors(
+        Shared {
             settings: Arc::clone(&settings),
             store: store.clone(),
-            hub: hub_tx.clone(),
-            metrics: Arc::clone(&metrics),
-            shutdown: shutdown.clone(),
-            repl: Arc::clone(&repl),
-            write_requests: if core == write_core {
-                write_requests.take()
-            } else {
-                None
-            },
-            dispatcher_done: dispatcher_done.clone(),
-            writes_open: writes_open.clone(),
-            fatal: fatal.clone(),
-            stopped: StoppedGuard(exits.clone()),
-            publish_budget: Arc::clone(&publish_budget),
-            reflection: Arc::clone(&reflection),
+            metrics,
+            reflection,
             disk: disk.as_ref().map(|(d, _)| Arc::clone(d)),
-        };
-        let hub_rx = if core == 0 { hub_rx.take() } else { None };
-        let ready = Ready(exits.clone());
-        let spawned = LocalExecutorBuilder::new(Placement::Fixed(cpu))
-            .name(&format!("futureq-core{core}"))
-            .io_memory(runtime::IO_MEMORY_PER_EXECUTOR)
-            // Work handed off the reactor (Raft apply, snapshot builds, sweeps) must not queue
-            // behind one long job: a snapshot build stalled every apply for seconds.
-            .blocking_thread_pool_placement(PoolPlacement::Unbound(runtime::BLOCKING_THREADS))
-            .spawn(move || async move { core_main(core, ctx_parts, hub_rx, ready).await });
-        match spawned {
-            Ok(h) => handles.push(h),
-            Err(e) => {
-                return Err(stop_all(
-                    &shutdown,
-                    handles,
-                    ServerError::Executor {
-                        core,
-                        cpu,
-                        reason: e.to_string(),
-                    },
-                ))
-            }
-        }
-    }
-    drop(hub_tx);
-    drop((exits, fatal));
-    let mut started = 0;
-    while started < cores {
-        match exit_rx.recv() {
-            Ok(Exit::Ready(Ok(()))) => started += 1,
-            Ok(Exit::Ready(Err(e))) => return Err(stop_all(&shutdown, handles, e)),
-            // The reporter started the shutdown; the caller exits.
-            Ok(Exit::Failed(e)) => return Err(e),
-            // An executor ended (a panic) before it reported.
-            Ok(Exit::Stopped) | Err(_) => {
-                return Err(stop_all(&shutdown, handles, ServerError::ExecutorLost))
-            }
-        }
-    }
-    tracing::info!(
-        target: "app",
-        grpc = %settings.grpc_listen,
-        metrics = %settings
-            .metrics_listen
-            .map_or_else(|| "off".to_owned(), |a| a.to_string()),
-        storage = %match &mode {
-            futureq_storage::StoreMode::Disk(dir, cache) => {
-                format!("{} (cache {} MiB)", dir.display(), cache >> 20)
-            }
-            futureq_storage::StoreMode::Memory => "in memory".to_owned(),
+            shutdown: shutdown.clone(),
         },
-        cores,
-        mode = if settings.cluster.is_some() { "clustered" } else { "standalone" },
-        "futureq serving"
-    );
-    // An executor only stops once the shutdown began; one that stops before (a panic) takes
-    // the others down rather than leave a broker that serves half.
-    let mut stopped = 0;
-    let mut lost = false;
-    while stopped < cores {
-        match exit_rx.recv() {
-            Ok(Exit::Stopped) => {
-                stopped += 1;
-                if !shutdown.is_triggered() {
-                    tracing::error!(target: "app", "an executor stopped unexpectedly: shutting down");
-                    lost = true;
-                    shutdown.trigger();
-                }
-            }
-            Ok(Exit::Failed(e)) => return Err(e),
-            Ok(Exit::Ready(_)) => {}
-            Err(_) => break,
-        }
-    }
+        (&cpus, cores, write_core),
+        exits,
+    )?;
+    let handles = wait_started(&exit_rx, handles, cores, &shutdown)?;
+    log_serving(&settings, &mode, cores);
+    let lost = wait_stopped(&exit_rx, cores, &shutdown)?;
     for h in handles {
         if let Err(e) = h.join() {
             tracing::error!(target: "app", error = %e, "executor failed");
@@ -292,6 +120,259 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
         return Err(ServerError::ExecutorLost);
     }
     Ok(())
+}
+
+/// How many executors run, and which one is the write core (the Raft groups, or the journal
+/// standalone): by default the last one, apart from the dispatcher's core 0 (measured
+/// standalone at 1 message/request on 2 executors: 5 of 6 alternating runs faster, median
+/// +8%).
+fn executors(settings: &Settings, cpus: usize) -> Result<(usize, usize), ServerError> {
+    let cores = if settings.cores == 0 {
+        cpus
+    } else {
+        settings.cores as usize
+    };
+    let write_core = match settings.raft_core {
+        None => cores.saturating_sub(1),
+        Some(c) if (c as usize) < cores => c as usize,
+        Some(raft_core) => return Err(ServerError::RaftCore { raft_core, cores }),
+    };
+    Ok((cores, write_core))
+}
+
+/// What is checked before anything starts: the locked-memory limit the executors need, and
+/// that no other process serves our ports. The executors' listeners share their ports
+/// (SO_REUSEPORT), which would also let them join a port another broker serves: clients
+/// would be split between two stores.
+fn preflight(settings: &Settings, cores: usize) -> Result<(), ServerError> {
+    if settings.security.auth.is_none() && !settings.grpc_listen.ip().is_loopback() {
+        tracing::warn!(target: "app", listen = %settings.grpc_listen, "api.grpc.listen is not a loopback address and api.auth.principalsFile is unset: anyone who reaches the port may publish, consume, cancel and peek on every topic");
+    }
+    let memlock = runtime::raise_memlock(cores)?;
+    tracing::debug!(target: "app", memlock, cores, "runtime limits");
+    let mut exclusive = vec![("api.grpc.listen", settings.grpc_listen)];
+    exclusive.extend(
+        settings
+            .metrics_listen
+            .map(|a| ("observability.metrics.listen", a)),
+    );
+    exclusive.extend(
+        settings
+            .cluster
+            .as_ref()
+            .map(|c| ("cluster.raft.listen", c.raft_listen)),
+    );
+    for (key, addr) in exclusive {
+        runtime::check_port_free(key, addr)?;
+    }
+    Ok(())
+}
+
+/// Where the store lives; refused when the directory holds a store of another kind (a
+/// standalone broker's for a cluster node, or a write-ahead log of before the journal).
+fn store_mode(settings: &Settings) -> Result<StoreMode, ServerError> {
+    if settings.memory_storage {
+        return Ok(StoreMode::Memory);
+    }
+    let dir = &settings.data_dir;
+    let journal = dir.join(local::JOURNAL_DIR);
+    if settings.cluster.is_some() && journal.exists() {
+        return Err(ServerError::StandaloneStore {
+            dir: dir.clone(),
+            journal,
+        });
+    }
+    let wal = dir.join("futureq.wal");
+    if wal.exists() {
+        return Err(ServerError::OldWal { path: wal });
+    }
+    Ok(StoreMode::Disk(dir.clone(), settings.cache_bytes))
+}
+
+/// The data disks' free space and the thread that reads it.
+type DiskWatch = (Arc<crate::disk::DiskSpace>, std::thread::JoinHandle<()>);
+
+/// The data disks' free space, watched by a thread (on disk storage): below
+/// `storage.minFreeBytes` publishes are refused.
+fn watch_disk(
+    settings: &Settings,
+    mode: &StoreMode,
+    shutdown: &Shutdown,
+) -> Result<Option<DiskWatch>, ServerError> {
+    let StoreMode::Disk(dir, _) = mode else {
+        return Ok(None);
+    };
+    let space = Arc::new(crate::disk::DiskSpace::new(settings.min_free_bytes));
+    let mut dirs = vec![dir.clone()];
+    dirs.extend(settings.cluster.as_ref().map(|c| c.data_dir.clone()));
+    let thread = crate::disk::watch(Arc::clone(&space), dirs, shutdown.clone())
+        .map_err(ServerError::Thread)?;
+    Ok(Some((space, thread)))
+}
+
+/// What every executor shares, built once by [`run`].
+struct Shared {
+    settings: Arc<Settings>,
+    store: StoreService,
+    metrics: Arc<Metrics>,
+    reflection: Arc<futureq_net::reflection::Reflection>,
+    disk: Option<Arc<crate::disk::DiskSpace>>,
+    shutdown: Shutdown,
+}
+
+/// Starts one executor per core, pinned to `cpus` in turn: the write requests' queue goes to
+/// the write core, the dispatcher's to core 0. On a failure the ones started are stopped.
+fn spawn_executors(
+    shared: Shared,
+    (cpus, cores, write_core): (&[usize], usize, usize),
+    exits: std::sync::mpsc::Sender<Exit>,
+) -> Result<Vec<glommio::ExecutorJoinHandle<()>>, ServerError> {
+    let Shared {
+        settings,
+        store,
+        metrics,
+        reflection,
+        disk,
+        shutdown,
+    } = shared;
+    let (hub_tx, hub_rx) = flume::bounded::<HubCmd>(HUB_QUEUE_MAX);
+    let mut hub_rx = Some(hub_rx);
+    // Every write request goes to one core: the Raft core in a cluster, the journal
+    // standalone (`runtime.raftCore` either way).
+    let (repl, write_rx) = match settings.cluster {
+        Some(_) => Replication::clustered(),
+        None => Replication::standalone(settings.node_id, &settings.grpc_advertise),
+    };
+    let mut write_rx = Some(write_rx);
+    let (dispatcher_done, writes_open) = (Shutdown::new(), Shutdown::new());
+    let fatal = {
+        let exits = exits.clone();
+        FatalReporter::new(
+            move |what, reason: &str| {
+                let _ = exits.send(Exit::Failed(ServerError::WritePathFailed {
+                    what,
+                    reason: reason.to_owned(),
+                }));
+            },
+            shutdown.clone(),
+        )
+    };
+    let publish_budget =
+        crate::budget::Budget::new(crate::budget::IN_SERVICE_BYTES_MAX, Arc::clone(&metrics));
+    let mut handles = Vec::new();
+    for core in 0..cores {
+        let cpu = cpus[core % cpus.len()];
+        let parts = CtxParts {
+            settings: Arc::clone(&settings),
+            store: store.clone(),
+            hub: hub_tx.clone(),
+            metrics: Arc::clone(&metrics),
+            shutdown: shutdown.clone(),
+            repl: Arc::clone(&repl),
+            write_requests: if core == write_core {
+                write_rx.take()
+            } else {
+                None
+            },
+            dispatcher_done: dispatcher_done.clone(),
+            writes_open: writes_open.clone(),
+            fatal: fatal.clone(),
+            stopped: StoppedGuard(exits.clone()),
+            publish_budget: Arc::clone(&publish_budget),
+            reflection: Arc::clone(&reflection),
+            disk: disk.clone(),
+        };
+        let hub_rx = if core == 0 { hub_rx.take() } else { None };
+        let ready = Ready(exits.clone());
+        let spawned = LocalExecutorBuilder::new(Placement::Fixed(cpu))
+            .name(&format!("futureq-core{core}"))
+            .io_memory(runtime::IO_MEMORY_PER_EXECUTOR)
+            // Work handed off the reactor (Raft apply, snapshot builds, sweeps) must not queue
+            // behind one long job: a snapshot build stalled every apply for seconds.
+            .blocking_thread_pool_placement(PoolPlacement::Unbound(runtime::BLOCKING_THREADS))
+            .spawn(move || async move { core_main(core, parts, hub_rx, ready).await });
+        match spawned {
+            Ok(h) => handles.push(h),
+            Err(e) => {
+                let e = ServerError::Executor {
+                    core,
+                    cpu,
+                    reason: e.to_string(),
+                };
+                return Err(stop_all(&shutdown, handles, e));
+            }
+        }
+    }
+    Ok(handles)
+}
+
+/// Waits until every executor reported that it serves; the first failure stops them all.
+fn wait_started(
+    exit_rx: &std::sync::mpsc::Receiver<Exit>,
+    handles: Vec<glommio::ExecutorJoinHandle<()>>,
+    cores: usize,
+    shutdown: &Shutdown,
+) -> Result<Vec<glommio::ExecutorJoinHandle<()>>, ServerError> {
+    let mut started = 0;
+    while started < cores {
+        match exit_rx.recv() {
+            Ok(Exit::Ready(Ok(()))) => started += 1,
+            Ok(Exit::Ready(Err(e))) => return Err(stop_all(shutdown, handles, e)),
+            // The reporter started the shutdown; the caller exits.
+            Ok(Exit::Failed(e)) => return Err(e),
+            // An executor ended (a panic) before it reported.
+            Ok(Exit::Stopped) | Err(_) => {
+                return Err(stop_all(shutdown, handles, ServerError::ExecutorLost))
+            }
+        }
+    }
+    Ok(handles)
+}
+
+fn log_serving(settings: &Settings, mode: &StoreMode, cores: usize) {
+    tracing::info!(
+        target: "app",
+        grpc = %settings.grpc_listen,
+        metrics = %settings
+            .metrics_listen
+            .map_or_else(|| "off".to_owned(), |a| a.to_string()),
+        storage = %match mode {
+            StoreMode::Disk(dir, cache) => format!("{} (cache {} MiB)", dir.display(), cache >> 20),
+            StoreMode::Memory => "in memory".to_owned(),
+        },
+        cores,
+        mode = if settings.cluster.is_some() { "clustered" } else { "standalone" },
+        "futureq serving"
+    );
+}
+
+/// Waits until every executor stopped: whether one stopped before the shutdown began (a
+/// panic), which takes the others down rather than leave a broker that serves half.
+///
+/// # Errors
+/// A failed write path, reported while stopping.
+fn wait_stopped(
+    exit_rx: &std::sync::mpsc::Receiver<Exit>,
+    cores: usize,
+    shutdown: &Shutdown,
+) -> Result<bool, ServerError> {
+    let (mut stopped, mut lost) = (0, false);
+    while stopped < cores {
+        match exit_rx.recv() {
+            Ok(Exit::Stopped) => {
+                stopped += 1;
+                if !shutdown.is_triggered() {
+                    tracing::error!(target: "app", "an executor stopped unexpectedly: shutting down");
+                    lost = true;
+                    shutdown.trigger();
+                }
+            }
+            Ok(Exit::Failed(e)) => return Err(e),
+            Ok(Exit::Ready(_)) => {}
+            Err(_) => break,
+        }
+    }
+    Ok(lost)
 }
 
 /// A failed start: stops the executors started so far and waits for them; `e` is the error.
@@ -340,13 +421,218 @@ struct CtxParts {
     disk: Option<Arc<crate::disk::DiskSpace>>,
 }
 
-/// One executor: its gRPC listener; on core 0 the dispatcher, TTL sweeper and metrics; on the
-/// Raft core (clustered) both Raft groups.
-#[allow(clippy::too_many_lines)]
+/// One executor: its gRPC listener; on the write core (`runtime.raftCore`) the write path (the
+/// journal, or the Raft groups); on core 0 the dispatcher, the TTL sweeper and the metrics
+/// listener. Reports to [`run`]'s thread once serving, or why it could not start.
 async fn core_main(
     core: usize,
-    parts: CtxParts,
+    mut parts: CtxParts,
     hub_rx: Option<flume::Receiver<HubCmd>>,
+    ready: Ready,
+) {
+    let write_requests = parts.write_requests.take();
+    let started = async {
+        let awake = runtime::keep_awake()?;
+        let listener = bind("api.grpc.listen", parts.settings.grpc_listen)?;
+        let mut background = Vec::new();
+        if let Some(rx) = write_requests {
+            background.push(start_write_path(&parts, rx).await?);
+        }
+        if let Some(rx) = hub_rx {
+            background.extend(start_dispatcher(&parts, rx)?);
+        }
+        Ok::<_, ServerError>((awake, listener, background))
+    };
+    match started.await {
+        Ok((_awake, listener, background)) => {
+            serve_clients(core, parts, listener, background, ready).await;
+        }
+        Err(e) => ready.send(Err(e)),
+    }
+}
+
+/// A listener on `addr` (`key` names it in the error).
+fn bind(key: &'static str, addr: std::net::SocketAddr) -> Result<TcpListener, ServerError> {
+    TcpListener::bind(addr).map_err(|e| ServerError::Listen {
+        key,
+        addr,
+        reason: e.to_string(),
+    })
+}
+
+/// Opens the write path on the write core and starts serving its requests: the journal
+/// standalone (replayed before this returns), the Raft groups in a cluster.
+async fn start_write_path(
+    parts: &CtxParts,
+    rx: flume::Receiver<WriteReq>,
+) -> Result<Task<()>, ServerError> {
+    let task = match &parts.settings.cluster {
+        None => start_journal(parts, rx).await?,
+        Some(cfg) => start_raft(parts, cfg, rx).await?,
+    };
+    parts.writes_open.trigger();
+    Ok(task)
+}
+
+/// The standalone write core: the journal, replayed before this returns.
+async fn start_journal(
+    parts: &CtxParts,
+    rx: flume::Receiver<WriteReq>,
+) -> Result<Task<()>, ServerError> {
+    let settings = &parts.settings;
+    let (opened, open_rx) = futures::channel::oneshot::channel();
+    let data_dir = (!settings.memory_storage).then(|| settings.data_dir.clone());
+    let task = glommio::spawn_local(local::serve(
+        data_dir,
+        parts.store.store().clone(),
+        Box::new(dispatcher::applied_to_hub(parts.hub.clone())),
+        rx,
+        (parts.dispatcher_done.clone(), parts.shutdown.clone()),
+        parts.fatal.clone(),
+        move |r| {
+            let _ = opened.send(r);
+        },
+    ));
+    match open_rx.await {
+        Ok(Ok(())) => Ok(task),
+        Ok(Err(e)) => Err(ServerError::Journal(e)),
+        Err(_) => Err(ServerError::Journal(local::OpenError::Stopped)),
+    }
+}
+
+/// The clustered write core: this node's Raft groups, started.
+async fn start_raft(
+    parts: &CtxParts,
+    cfg: &crate::config::ClusterSettings,
+    rx: flume::Receiver<WriteReq>,
+) -> Result<Task<()>, ServerError> {
+    let settings = &parts.settings;
+    let node = cluster::start(
+        cfg,
+        &settings.grpc_advertise,
+        parts.store.store().clone(),
+        Rc::new(dispatcher::applied_to_hub(parts.hub.clone())),
+    )
+    .await
+    .map_err(|e| match e {
+        cluster::StartError::Failed(reason) => ServerError::WritePathFailed {
+            what: "a Raft group",
+            reason,
+        },
+        e => ServerError::Cluster(e),
+    })?;
+    Ok(glommio::spawn_local(cluster::serve(
+        node,
+        cfg.clone(),
+        settings.grpc_advertise.clone(),
+        Arc::clone(&parts.repl),
+        rx,
+        parts.store.store().clone(),
+        parts.shutdown.clone(),
+        parts.dispatcher_done.clone(),
+        Arc::clone(&parts.metrics),
+        parts.fatal.clone(),
+    )))
+}
+
+/// Core 0's roles: the metrics listener and the per-topic gauges, the TTL sweeper and the
+/// dispatcher. The sweeper, the gauges and the dispatcher read the store only once the write
+/// path replayed what it holds (on another core when `runtime.raftCore` is not 0): a delete
+/// still in the journal would otherwise let an acknowledged message be delivered again; a
+/// shutdown before the write path opened runs none of them.
+fn start_dispatcher(
+    parts: &CtxParts,
+    rx: flume::Receiver<HubCmd>,
+) -> Result<Vec<Task<()>>, ServerError> {
+    let settings = &parts.settings;
+    let once_open = |work: std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>| {
+        let open = opened(parts.writes_open.clone(), parts.shutdown.clone());
+        glommio::spawn_local(async move {
+            if open.await {
+                work.await;
+            }
+        })
+    };
+    let mut tasks = Vec::new();
+    if let Some(addr) = settings.metrics_listen {
+        let listener = bind("observability.metrics.listen", addr)?;
+        let h = metrics_handler(
+            Arc::clone(&parts.metrics),
+            parts.shutdown.clone(),
+            parts.writes_open.clone(),
+        );
+        tasks.push(glommio::spawn_local(futureq_net::http::serve(
+            listener,
+            h,
+            parts.shutdown.clone(),
+        )));
+        tasks.push(once_open(Box::pin(dispatcher::refresh_topic_gauges(
+            settings.metrics_topics_interval,
+            parts.store.clone(),
+            parts.hub.clone(),
+            Arc::clone(&parts.metrics),
+            parts.shutdown.clone(),
+        ))));
+    }
+    tasks.push(once_open(Box::pin(dispatcher::sweep_ttl(
+        settings.ttl_sweep_interval,
+        parts.store.clone(),
+        Arc::clone(&parts.repl),
+        Arc::clone(&parts.metrics),
+        parts.shutdown.clone(),
+        settings.proposal_timeout,
+    ))));
+    let run = dispatcher::run(
+        dispatcher_config(settings),
+        rx,
+        parts.hub.clone(),
+        parts.store.clone(),
+        parts.repl.writes().clone(),
+        Arc::clone(&parts.metrics),
+        parts.shutdown.clone(),
+    );
+    // Its end releases the write core's stop (its last deletes are through), also when the
+    // write path never opened and it never ran.
+    let (open, done) = (
+        opened(parts.writes_open.clone(), parts.shutdown.clone()),
+        parts.dispatcher_done.clone(),
+    );
+    tasks.push(glommio::spawn_local(async move {
+        if open.await {
+            run.await;
+        }
+        done.trigger();
+    }));
+    Ok(tasks)
+}
+
+/// The dispatcher's settings.
+fn dispatcher_config(settings: &Settings) -> DispatcherConfig {
+    DispatcherConfig {
+        hub: HubConfig {
+            in_flight_timeout_ms: i64::try_from(settings.in_flight_timeout.as_millis())
+                .unwrap_or(i64::MAX),
+            bucket_ms: settings.time_bucket_ms,
+            scan_limit: settings.scan_max_keys,
+            lookahead_ms: i64::try_from(settings.read_ahead.as_millis()).unwrap_or(i64::MAX),
+            max_attempts: settings.max_attempts,
+        },
+        delete_interval: settings.delete_batch_interval,
+        node_id: settings
+            .cluster
+            .as_ref()
+            .map_or(settings.node_id, |c| c.node_id),
+        delete_timeout: settings.proposal_timeout,
+    }
+}
+
+/// Every executor's role: serves the gRPC API on `listener` until shutdown, then lets the
+/// streams and the `background` tasks finish.
+async fn serve_clients(
+    core: usize,
+    parts: CtxParts,
+    listener: TcpListener,
+    background: Vec<Task<()>>,
     ready: Ready,
 ) {
     let CtxParts {
@@ -356,187 +642,15 @@ async fn core_main(
         metrics,
         shutdown,
         repl,
-        write_requests,
-        dispatcher_done,
+        write_requests: _,
+        dispatcher_done: _,
         writes_open,
-        fatal,
+        fatal: _,
         stopped: _stopped,
         publish_budget,
         reflection,
         disk,
     } = parts;
-    let _awake = match runtime::keep_awake() {
-        Ok(a) => a,
-        Err(e) => {
-            ready.send(Err(e.into()));
-            return;
-        }
-    };
-    let listener = match glommio::net::TcpListener::bind(settings.grpc_listen) {
-        Ok(l) => l,
-        Err(e) => {
-            ready.send(Err(ServerError::Listen {
-                key: "api.grpc.listen",
-                addr: settings.grpc_listen,
-                reason: e.to_string(),
-            }));
-            return;
-        }
-    };
-    let mut background = Vec::new();
-    // The write core: one of the two servers of the write requests.
-    if let (Some(rx), None) = (&write_requests, &settings.cluster) {
-        let (opened, open_rx) = futures::channel::oneshot::channel();
-        let data_dir = (!settings.memory_storage).then(|| settings.data_dir.clone());
-        background.push(glommio::spawn_local(local::serve(
-            data_dir,
-            store.store().clone(),
-            Box::new(dispatcher::applied_to_hub(hub.clone())),
-            rx.clone(),
-            (dispatcher_done.clone(), shutdown.clone()),
-            fatal.clone(),
-            move |r| {
-                let _ = opened.send(r);
-            },
-        )));
-        match open_rx.await {
-            Ok(Ok(())) => writes_open.trigger(),
-            Ok(Err(e)) => {
-                ready.send(Err(ServerError::Journal(e)));
-                return;
-            }
-            Err(_) => {
-                ready.send(Err(ServerError::Journal(local::OpenError::Stopped)));
-                return;
-            }
-        }
-    }
-    if let (Some(rx), Some(cfg)) = (write_requests, &settings.cluster) {
-        let node = match cluster::start(
-            cfg,
-            &settings.grpc_advertise,
-            store.store().clone(),
-            Rc::new(dispatcher::applied_to_hub(hub.clone())),
-        )
-        .await
-        {
-            Ok(n) => n,
-            Err(cluster::StartError::Failed(reason)) => {
-                ready.send(Err(ServerError::WritePathFailed {
-                    what: "a Raft group",
-                    reason,
-                }));
-                return;
-            }
-            Err(e) => {
-                ready.send(Err(ServerError::Cluster(e)));
-                return;
-            }
-        };
-        writes_open.trigger();
-        background.push(glommio::spawn_local(cluster::serve(
-            node,
-            cfg.clone(),
-            settings.grpc_advertise.clone(),
-            Arc::clone(&repl),
-            rx,
-            store.store().clone(),
-            shutdown.clone(),
-            dispatcher_done.clone(),
-            Arc::clone(&metrics),
-            fatal.clone(),
-        )));
-    }
-    if let Some(rx) = hub_rx {
-        if let Some(addr) = settings.metrics_listen {
-            match glommio::net::TcpListener::bind(addr) {
-                Ok(l) => {
-                    let h = metrics_handler(
-                        Arc::clone(&metrics),
-                        shutdown.clone(),
-                        writes_open.clone(),
-                    );
-                    background.push(glommio::spawn_local(futureq_net::http::serve(
-                        l,
-                        h,
-                        shutdown.clone(),
-                    )));
-                    let gauges = dispatcher::refresh_topic_gauges(
-                        settings.metrics_topics_interval,
-                        store.clone(),
-                        hub.clone(),
-                        Arc::clone(&metrics),
-                        shutdown.clone(),
-                    );
-                    let open = opened(writes_open.clone(), shutdown.clone());
-                    background.push(glommio::spawn_local(async move {
-                        if open.await {
-                            gauges.await;
-                        }
-                    }));
-                }
-                Err(e) => {
-                    ready.send(Err(ServerError::Listen {
-                        key: "observability.metrics.listen",
-                        addr,
-                        reason: e.to_string(),
-                    }));
-                    return;
-                }
-            }
-        }
-        let cfg = DispatcherConfig {
-            hub: HubConfig {
-                in_flight_timeout_ms: i64::try_from(settings.in_flight_timeout.as_millis())
-                    .unwrap_or(i64::MAX),
-                bucket_ms: settings.time_bucket_ms,
-                scan_limit: settings.scan_max_keys,
-                lookahead_ms: i64::try_from(settings.read_ahead.as_millis()).unwrap_or(i64::MAX),
-                max_attempts: settings.max_attempts,
-            },
-            delete_interval: settings.delete_batch_interval,
-            node_id: settings
-                .cluster
-                .as_ref()
-                .map_or(settings.node_id, |c| c.node_id),
-            delete_timeout: settings.proposal_timeout,
-        };
-        // The store is read once the write path replayed what it holds (on another core
-        // when `runtime.raftCore` is not 0): a delete still in the journal would otherwise
-        // let an acknowledged message be delivered again.
-        let sweep = dispatcher::sweep_ttl(
-            settings.ttl_sweep_interval,
-            store.clone(),
-            Arc::clone(&repl),
-            Arc::clone(&metrics),
-            shutdown.clone(),
-            settings.proposal_timeout,
-        );
-        // A shutdown before the write path opened (a failed or slow replay) runs neither:
-        // the store may still hold what the replay deletes.
-        let open = opened(writes_open.clone(), shutdown.clone());
-        background.push(glommio::spawn_local(async move {
-            if open.await {
-                sweep.await;
-            }
-        }));
-        let run = dispatcher::run(
-            cfg,
-            rx,
-            hub.clone(),
-            store.clone(),
-            repl.writes().clone(),
-            Arc::clone(&metrics),
-            shutdown.clone(),
-        );
-        let open = opened(writes_open.clone(), shutdown.clone());
-        background.push(glommio::spawn_local(async move {
-            if open.await {
-                run.await;
-            }
-            dispatcher_done.trigger();
-        }));
-    }
     let server_cfg = ServerConfig {
         max_recv_message_len: settings.max_recv_message_len,
         max_send_message_len: settings.max_send_message_len,
@@ -548,7 +662,7 @@ async fn core_main(
     };
     let ctx = Rc::new(Ctx {
         settings,
-        store: store.clone(),
+        store,
         hub,
         publish_budget,
         reflection,

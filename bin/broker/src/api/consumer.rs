@@ -9,7 +9,7 @@ use futureq_core::message::TOPIC_LEN_MAX;
 use futureq_core::refusal::{Outcome, Reason, Refusal, WriteError};
 use futureq_core::EventKey;
 use futureq_net::grpc::{Call, Outbound, Status};
-use futureq_net::pb::{consumer_frame, ConsumerFrame, QueueMessage};
+use futureq_net::pb::{consumer_frame, AckRequest, ConsumerFrame, QueueMessage, SubscribeInit};
 use futures::channel::oneshot;
 use futures_lite::future;
 
@@ -90,47 +90,19 @@ async fn register_group(ctx: &Ctx, topic: &str, group: &str) -> Result<(), Write
         .await
 }
 
-/// Serves one Subscribe stream.
+/// Serves one Subscribe stream: its init (validated), the consumer registered with the
+/// dispatcher, then the delivery loop until the stream or the leadership ends.
 pub async fn subscribe(
     ctx: &Ctx,
     (access, mut session): (&crate::auth::Access, super::context::Session),
     mut call: Call,
     out: &mut Outbound,
 ) -> Status {
-    let init = match call.inbound.next::<ConsumerFrame>().await {
+    let init = match read_init(&mut call, access).await {
+        Ok(Some(init)) => init,
         Ok(None) => return Status::ok(),
         Err(s) => return s,
-        Ok(Some(ConsumerFrame {
-            frame: Some(consumer_frame::Frame::Init(init)),
-        })) => init,
-        Ok(Some(_)) => {
-            return Status::invalid("the first ConsumerFrame must be init (SubscribeInit)");
-        }
     };
-    if init.topic.is_empty() {
-        return Status::invalid("SubscribeInit.topic must not be empty");
-    }
-    if init.topic.len() > TOPIC_LEN_MAX {
-        return Status::invalid(format!(
-            "SubscribeInit.topic is {} bytes, the limit is {TOPIC_LEN_MAX}",
-            init.topic.len()
-        ));
-    }
-    if init.group_id.len() > TOPIC_LEN_MAX {
-        return Status::invalid(format!(
-            "SubscribeInit.group_id is {} bytes, the limit is {TOPIC_LEN_MAX}",
-            init.group_id.len()
-        ));
-    }
-    if let Err(r) = access.consume(&init.topic) {
-        return r.into();
-    }
-    if init.max_in_flight > MAX_IN_FLIGHT_MAX {
-        return Status::invalid(format!(
-            "SubscribeInit.max_in_flight {} exceeds {MAX_IN_FLIGHT_MAX}",
-            init.max_in_flight
-        ));
-    }
     // Only the leader delivers; the stream ends when its leadership does (standalone:
     // never).
     let view = ctx.repl.view();
@@ -139,6 +111,77 @@ pub async fn subscribe(
     }
     let lost = view.lost.clone();
     drop(view);
+    let consumer = match join(ctx, &init).await {
+        Ok(c) => c,
+        Err(s) => return s,
+    };
+    ctx.metrics.active_consumers.fetch_add(1, Ordering::Relaxed);
+    let _registration = Registration {
+        ctx,
+        id: consumer.id,
+    };
+    tracing::debug!(target: "consumer", consumer = consumer.id.0, topic = %init.topic, group = %init.group_id, "consumer connected");
+    // Open the response now so the client knows it is subscribed.
+    if let Err(s) = out.start() {
+        return s;
+    }
+    let stream = Stream {
+        ctx,
+        init: &init,
+        consumer: &consumer,
+        lost: &lost,
+    };
+    stream.run(&mut session, &mut call, out).await
+}
+
+/// Reads and checks the stream's first frame (`None`: the client sent none).
+async fn read_init(
+    call: &mut Call,
+    access: &crate::auth::Access,
+) -> Result<Option<SubscribeInit>, Status> {
+    let init = match call.inbound.next::<ConsumerFrame>().await? {
+        None => return Ok(None),
+        Some(ConsumerFrame {
+            frame: Some(consumer_frame::Frame::Init(init)),
+        }) => init,
+        Some(_) => {
+            return Err(Status::invalid(
+                "the first ConsumerFrame must be init (SubscribeInit)",
+            ));
+        }
+    };
+    if init.topic.is_empty() {
+        return Err(Status::invalid("SubscribeInit.topic must not be empty"));
+    }
+    for (field, value) in [("topic", &init.topic), ("group_id", &init.group_id)] {
+        if value.len() > TOPIC_LEN_MAX {
+            return Err(Status::invalid(format!(
+                "SubscribeInit.{field} is {} bytes, the limit is {TOPIC_LEN_MAX}",
+                value.len()
+            )));
+        }
+    }
+    access.consume(&init.topic)?;
+    if init.max_in_flight > MAX_IN_FLIGHT_MAX {
+        return Err(Status::invalid(format!(
+            "SubscribeInit.max_in_flight {} exceeds {MAX_IN_FLIGHT_MAX}",
+            init.max_in_flight
+        )));
+    }
+    Ok(Some(init))
+}
+
+/// A consumer the dispatcher registered: its id, its delivery queue, and the flag set when
+/// its group is deleted.
+struct Joined {
+    id: ConsumerId,
+    deliveries: flume::Receiver<Delivery>,
+    group_deleted: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Registers the stream's group durably (when it names one), then the consumer with the
+/// dispatcher.
+async fn join(ctx: &Ctx, init: &SubscribeInit) -> Result<Joined, Status> {
     let max_in_flight = if init.max_in_flight == 0 {
         ctx.settings.consumer_queue_size
     } else {
@@ -152,31 +195,27 @@ pub async fn subscribe(
                 "cannot register consumer group {:?} of topic {:?}: {}",
                 init.group_id, init.topic, r.message
             );
-            return r.into();
+            return Err(r.into());
         }
     }
-    let (tx, rx) = flume::bounded::<Delivery>(max_in_flight as usize);
+    let (tx, deliveries) = flume::bounded::<Delivery>(max_in_flight as usize);
     let (sink, group_deleted) = ConsumerSink::new(tx);
-    let (reply_tx, reply_rx) = oneshot::channel();
+    let (reply, answer) = oneshot::channel();
     let sub = Subscription {
         topic: init.topic.clone(),
         group: init.group_id.clone(),
         max_in_flight,
     };
-    if ctx
-        .hub
-        .send_async(HubCmd::Register {
-            sub,
-            sink,
-            reply: reply_tx,
-        })
-        .await
-        .is_err()
-    {
-        return Status::shutting_down();
+    let cmd = HubCmd::Register { sub, sink, reply };
+    if ctx.hub.send_async(cmd).await.is_err() {
+        return Err(Status::shutting_down());
     }
-    let id = match reply_rx.await {
-        Ok(Ok(id)) => id,
+    match answer.await {
+        Ok(Ok(id)) => Ok(Joined {
+            id,
+            deliveries,
+            group_deleted,
+        }),
         Ok(Err(why)) => {
             let whose = if init.group_id.is_empty() {
                 format!("topic {:?}", init.topic)
@@ -186,151 +225,191 @@ pub async fn subscribe(
                     init.group_id, init.topic
                 )
             };
-            return Refusal::new(why.reason(), format!("{whose}: {why}"))
+            Err(Refusal::new(why.reason(), format!("{whose}: {why}"))
                 .with_outcome(Outcome::NotStored)
-                .into();
+                .into())
         }
-        Err(_) => return Status::shutting_down(),
-    };
-    ctx.metrics.active_consumers.fetch_add(1, Ordering::Relaxed);
-    let _registration = Registration { ctx, id };
-    tracing::debug!(target: "consumer", consumer = id.0, topic = %init.topic, group = %init.group_id, "consumer connected");
-    // Open the response now so the client knows it is subscribed.
-    if let Err(s) = out.start() {
-        return s;
+        Err(_) => Err(Status::shutting_down()),
     }
-    let mut half_closed = false;
-    loop {
-        // A reload that revokes the caller (or its right to the topic) ends the stream; looked
-        // at first, so that a busy stream does not put it off.
-        if let Some(again) = session.recheck(ctx, &call) {
-            if let Err(r) = again.and_then(|a| a.consume(&init.topic)) {
-                tracing::info!(target: "consumer", consumer = id.0, topic = %init.topic, error = %r.message, "ending a subscription: its caller lost the right after a reload");
-                return r.into();
+}
+
+/// A subscribed stream's delivery loop.
+struct Stream<'a> {
+    ctx: &'a Ctx,
+    init: &'a SubscribeInit,
+    consumer: &'a Joined,
+    lost: &'a futureq_net::Shutdown,
+}
+
+impl Stream<'_> {
+    /// Delivers, takes ACKs and NACKs, until the stream, the broker or the leadership ends.
+    async fn run(
+        &self,
+        session: &mut super::context::Session,
+        call: &mut Call,
+        out: &mut Outbound,
+    ) -> Status {
+        let (ctx, init, id) = (self.ctx, self.init, self.consumer.id);
+        let mut half_closed = false;
+        loop {
+            // A reload that revokes the caller (or its right to the topic) ends the stream;
+            // looked at first, so that a busy stream does not put it off.
+            if let Some(again) = session.recheck(ctx, call) {
+                if let Err(r) = again.and_then(|a| a.consume(&init.topic)) {
+                    tracing::info!(target: "consumer", consumer = id.0, topic = %init.topic, error = %r.message, "ending a subscription: its caller lost the right after a reload");
+                    return r.into();
+                }
+            }
+            let ended = match self.next_event(session, call, out, half_closed).await {
+                // Looked at by the next turn.
+                Event::Reloaded => None,
+                Event::Deliver(d) => self.deliver(d, out).await.err(),
+                Event::Frame(Ok(Some(ConsumerFrame {
+                    frame: Some(consumer_frame::Frame::Ack(a)),
+                }))) => self.ack(&a).await.err(),
+                Event::Frame(Ok(Some(ConsumerFrame {
+                    frame: Some(consumer_frame::Frame::Init(_)),
+                }))) => Some(Status::invalid(
+                    "SubscribeInit may only be the first ConsumerFrame",
+                )),
+                Event::Frame(Ok(Some(ConsumerFrame { frame: None }))) => None,
+                // The client will send no more frames (e.g. grpcurl, or a request iterator
+                // that ended): keep delivering until it cancels. It can no longer ACK, so what
+                // it receives is redelivered after delivery.inFlightTimeout.
+                Event::Frame(Ok(None)) => {
+                    half_closed = true;
+                    None
+                }
+                Event::Frame(Err(s)) => Some(s),
+                Event::Stop => Some(self.stopped()),
+                Event::Lost => Some(
+                    Refusal::new(
+                        Reason::NotLeader,
+                        "this node is no longer the cluster leader; reconnect to the leader",
+                    )
+                    .with_leader(&ctx.repl.leader_addr())
+                    .into(),
+                ),
+                Event::Gone => Some(Status::refused(
+                    Reason::Cancelled,
+                    "client cancelled the stream",
+                )),
+            };
+            if let Some(s) = ended {
+                return s;
             }
         }
-        let event = {
-            let deliver = async {
-                match rx.recv_async().await {
-                    Ok(d) => Event::Deliver(d),
-                    Err(_) => Event::Stop,
-                }
-            };
-            let frame = async {
-                if half_closed {
-                    future::pending::<()>().await;
-                }
-                Event::Frame(call.inbound.next::<ConsumerFrame>().await)
-            };
-            let stop = future::or(
-                async {
-                    ctx.shutdown.wait().await;
-                    Event::Stop
-                },
-                async {
-                    lost.wait().await;
-                    Event::Lost
-                },
-            );
-            let gone = async {
-                out.closed().await;
-                Event::Gone
-            };
-            let reloaded = async {
-                session.reloaded(ctx).await;
-                Event::Reloaded
-            };
-            future::or(
-                future::or(deliver, frame),
-                future::or(stop, future::or(gone, reloaded)),
-            )
-            .await
+    }
+
+    /// The next thing that happens to the stream.
+    async fn next_event(
+        &self,
+        session: &mut super::context::Session,
+        call: &mut Call,
+        out: &mut Outbound,
+        half_closed: bool,
+    ) -> Event {
+        let deliver = async {
+            match self.consumer.deliveries.recv_async().await {
+                Ok(d) => Event::Deliver(d),
+                Err(_) => Event::Stop,
+            }
         };
-        match event {
-            // Looked at by the next turn.
-            Event::Reloaded => {}
-            Event::Deliver(d) => {
-                // Send whatever else is already queued in the same write.
-                let mut batch = vec![d];
-                while batch.len() < SEND_BATCH_MAX {
-                    match rx.try_recv() {
-                        Ok(d) => batch.push(d),
-                        Err(_) => break,
-                    }
-                }
-                let now = now_ms();
-                let msgs: Vec<QueueMessage> = batch
-                    .iter()
-                    .map(|d| {
-                        let lateness = now - d.message.due_at_ms();
-                        #[allow(clippy::cast_precision_loss)]
-                        ctx.metrics
-                            .delivery_send_lateness_seconds
-                            .observe(lateness.max(0) as f64 / 1e3);
-                        queue_message(&d.key, &d.message, d.attempt)
-                    })
-                    .collect();
-                if let Err(s) = out.send_all(&msgs).await {
-                    return s;
-                }
-                ctx.metrics
-                    .delivery_grpc_sends
-                    .fetch_add(msgs.len() as u64, Ordering::Relaxed);
+        let frame = async {
+            if half_closed {
+                future::pending::<()>().await;
             }
-            Event::Frame(Ok(Some(ConsumerFrame {
-                frame: Some(consumer_frame::Frame::Ack(a)),
-            }))) => {
-                ctx.metrics
-                    .consumer_acks
-                    .add(&[if a.success { "true" } else { "false" }], 1);
-                match EventKey::from_slice(&a.delivery_tag) {
-                    Ok(key) => {
-                        let cmd = HubCmd::Ack {
-                            consumer: id,
-                            key,
-                            success: a.success,
-                        };
-                        if ctx.hub.send_async(cmd).await.is_err() {
-                            return Status::shutting_down();
-                        }
-                    }
-                    Err(e) => {
-                        tracing::debug!(target: "consumer", consumer = id.0, error = %e, "ignoring ACK with a malformed delivery tag");
-                    }
-                }
-            }
-            Event::Frame(Ok(Some(ConsumerFrame {
-                frame: Some(consumer_frame::Frame::Init(_)),
-            }))) => {
-                return Status::invalid("SubscribeInit may only be the first ConsumerFrame");
-            }
-            Event::Frame(Ok(Some(ConsumerFrame { frame: None }))) => {}
-            // The client will send no more frames (e.g. grpcurl, or a request iterator that
-            // ended): keep delivering until it cancels. It can no longer ACK, so what it
-            // receives is redelivered after delivery.inFlightTimeout.
-            Event::Frame(Ok(None)) => half_closed = true,
-            Event::Frame(Err(s)) => return s,
-            Event::Stop if group_deleted.load(Ordering::Acquire) => {
-                return Status::refused(
-                    Reason::NotFound,
-                    format!(
-                        "consumer group {:?} of topic {:?} was deleted",
-                        init.group_id, init.topic
-                    ),
-                );
-            }
-            Event::Stop => return Status::shutting_down(),
-            Event::Lost => {
-                return Refusal::new(
-                    Reason::NotLeader,
-                    "this node is no longer the cluster leader; reconnect to the leader",
-                )
-                .with_leader(&ctx.repl.leader_addr())
-                .into();
-            }
-            Event::Gone => {
-                return Status::refused(Reason::Cancelled, "client cancelled the stream")
+            Event::Frame(call.inbound.next::<ConsumerFrame>().await)
+        };
+        let stop = future::or(
+            async {
+                self.ctx.shutdown.wait().await;
+                Event::Stop
+            },
+            async {
+                self.lost.wait().await;
+                Event::Lost
+            },
+        );
+        let gone = async {
+            out.closed().await;
+            Event::Gone
+        };
+        let reloaded = async {
+            session.reloaded(self.ctx).await;
+            Event::Reloaded
+        };
+        future::or(
+            future::or(deliver, frame),
+            future::or(stop, future::or(gone, reloaded)),
+        )
+        .await
+    }
+
+    /// Sends `first` and whatever else is already queued, in one write.
+    async fn deliver(&self, first: Delivery, out: &mut Outbound) -> Result<(), Status> {
+        let mut batch = vec![first];
+        while batch.len() < SEND_BATCH_MAX {
+            match self.consumer.deliveries.try_recv() {
+                Ok(d) => batch.push(d),
+                Err(_) => break,
             }
         }
+        let now = now_ms();
+        let metrics = &self.ctx.metrics;
+        let msgs: Vec<QueueMessage> = batch
+            .iter()
+            .map(|d| {
+                let lateness = now - d.message.due_at_ms();
+                #[allow(clippy::cast_precision_loss)]
+                metrics
+                    .delivery_send_lateness_seconds
+                    .observe(lateness.max(0) as f64 / 1e3);
+                queue_message(&d.key, &d.message, d.attempt)
+            })
+            .collect();
+        out.send_all(&msgs).await?;
+        metrics
+            .delivery_grpc_sends
+            .fetch_add(msgs.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Hands an ACK or NACK frame to the dispatcher (a malformed tag is ignored).
+    async fn ack(&self, a: &AckRequest) -> Result<(), Status> {
+        let ctx = self.ctx;
+        ctx.metrics
+            .consumer_acks
+            .add(&[if a.success { "true" } else { "false" }], 1);
+        match EventKey::from_slice(&a.delivery_tag) {
+            Ok(key) => {
+                let cmd = HubCmd::Ack {
+                    consumer: self.consumer.id,
+                    key,
+                    success: a.success,
+                };
+                if ctx.hub.send_async(cmd).await.is_err() {
+                    return Err(Status::shutting_down());
+                }
+            }
+            Err(e) => {
+                tracing::debug!(target: "consumer", consumer = self.consumer.id.0, error = %e, "ignoring ACK with a malformed delivery tag");
+            }
+        }
+        Ok(())
+    }
+
+    /// How the stream ends when its delivery queue closed or the broker stops.
+    fn stopped(&self) -> Status {
+        if self.consumer.group_deleted.load(Ordering::Acquire) {
+            return Status::refused(
+                Reason::NotFound,
+                format!(
+                    "consumer group {:?} of topic {:?} was deleted",
+                    self.init.group_id, self.init.topic
+                ),
+            );
+        }
+        Status::shutting_down()
     }
 }

@@ -81,95 +81,23 @@ fn prepare(
     level: AckLevel,
     enqueued_at_ms: i64,
 ) -> Result<(Vec<StoreItem>, String), Refusal> {
-    let invalid = |e: ValidationError| Refusal::invalid(e.to_string());
-    let s = &ctx.settings;
-    let limits = s.publish_limits();
-    validate_batch(batch.messages.len(), level, &limits).map_err(invalid)?;
+    let limits = ctx.settings.publish_limits();
+    validate_batch(batch.messages.len(), level, &limits)
+        .map_err(|e| Refusal::invalid(e.to_string()))?;
     for (i, m) in batch.messages.iter().enumerate() {
-        validate_message(i, &m.topic, m.delay_ms, m.ttl_ms, m.indexes.len(), &limits)
-            .map_err(invalid)?;
-        validate_options(i, &m.topic, &m.dedup_id, &m.dead_letter_topic).map_err(invalid)?;
-        let denied = |r: Refusal| {
-            Refusal::new(
-                r.reason,
-                format!(
-                    "PublishBatch.messages[{i}]: {}; nothing of the batch was stored",
-                    r.message
-                ),
-            )
-        };
-        access.publish(&m.topic).map_err(denied)?;
-        // Its dead letters are published to their topic in the publisher's name.
-        access
-            .publish(&futureq_core::message::dead_letter_topic(
-                &m.topic,
-                &m.dead_letter_topic,
-            ))
-            .map_err(denied)?;
-        let dead_letters = m.max_attempts > 0 || s.max_attempts > 0;
-        let dlq = futureq_core::message::dead_letter_topic_len(&m.topic, &m.dead_letter_topic);
-        if dead_letters && dlq > TOPIC_LEN_MAX {
-            return Err(Refusal::invalid(format!(
-                "PublishBatch.messages[{i}].dead_letter_topic: the default \"<topic>.dlq\" would be {dlq} bytes, over the limit of {TOPIC_LEN_MAX}; name one"
-            )));
-        }
-        // A message no consumer stream could carry would block its topic forever.
-        let delivery = delivery_len(m, enqueued_at_ms);
-        if delivery > s.max_send_message_len {
-            return Err(Refusal::new(
-                Reason::TooLarge,
-                format!(
-                    "PublishBatch.messages[{i}]: its delivery would be {delivery} bytes, over api.grpc.maxSendMessageSize ({} bytes); nothing of the batch was stored",
-                    s.max_send_message_len
-                ),
-            ));
-        }
+        check_message(ctx, access, i, m, enqueued_at_ms)?;
     }
     // The batch's one topic for the metrics label ("" once a second one shows).
     let mut label: Option<String> = None;
     let mut items = Vec::with_capacity(batch.messages.len());
     for (i, m) in batch.messages.into_iter().enumerate() {
-        let indexes = m
-            .indexes
-            .into_iter()
-            .enumerate()
-            .map(|(j, x)| index_value(i, j, x))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(invalid)?;
-        let dedup_until_ms = if m.dedup_id.is_empty() {
-            0
-        } else {
-            enqueued_at_ms
-                .saturating_add(i64::try_from(s.dedup_window.as_millis()).unwrap_or(i64::MAX))
-        };
-        let stored = StoredMessage {
-            topic: m.topic,
-            payload: m.payload,
-            enqueued_at_ms,
-            delay: DelayMs(m.delay_ms),
-            ttl: TtlMs(m.ttl_ms),
-            indexes,
-            extras: Extras {
-                dedup_id: m.dedup_id,
-                dedup_until_ms,
-                max_attempts: m.max_attempts,
-                dead_letter_topic: m.dead_letter_topic,
-                ..Extras::default()
-            },
-        };
+        let item = store_item(&ctx.settings, i, m, enqueued_at_ms)?;
         match &label {
-            None => label = Some(stored.topic.clone()),
-            Some(t) if !t.is_empty() && *t != stored.topic => label = Some(String::new()),
+            None => label = Some(item.1),
+            Some(t) if !t.is_empty() && *t != item.1 => label = Some(String::new()),
             Some(_) => {}
         }
-        items.push(StoreItem {
-            event_id: 0,
-            bucket: bucket_of(stored.due_at_ms(), s.time_bucket_ms).0,
-            topic_hash: topic_hash(&stored.topic).0,
-            expires_at_ms: stored.expires_at_ms().unwrap_or(0),
-            index_keys: stored.indexes.iter().map(IndexValue::index_key).collect(),
-            message: Vec::from(stored.encode()),
-        });
+        items.push(item.0);
     }
     // The batch is one log entry, and a log record must fit in a segment.
     let entry = futureq_core::command::store_len_bound(&items);
@@ -184,6 +112,104 @@ fn prepare(
         ));
     }
     Ok((items, label.unwrap_or_default()))
+}
+
+/// Checks message `i` of a batch: its fields, the caller's right to publish to its topic and
+/// to its dead-letter topic, and that a consumer stream can carry its delivery.
+fn check_message(
+    ctx: &Ctx,
+    access: &Access,
+    i: usize,
+    m: &pb::PublishMessage,
+    enqueued_at_ms: i64,
+) -> Result<(), Refusal> {
+    let invalid = |e: ValidationError| Refusal::invalid(e.to_string());
+    let s = &ctx.settings;
+    let limits = s.publish_limits();
+    validate_message(i, &m.topic, m.delay_ms, m.ttl_ms, m.indexes.len(), &limits)
+        .map_err(invalid)?;
+    validate_options(i, &m.topic, &m.dedup_id, &m.dead_letter_topic).map_err(invalid)?;
+    let denied = |r: Refusal| {
+        Refusal::new(
+            r.reason,
+            format!(
+                "PublishBatch.messages[{i}]: {}; nothing of the batch was stored",
+                r.message
+            ),
+        )
+    };
+    access.publish(&m.topic).map_err(denied)?;
+    // Its dead letters are published to their topic in the publisher's name.
+    access
+        .publish(&futureq_core::message::dead_letter_topic(
+            &m.topic,
+            &m.dead_letter_topic,
+        ))
+        .map_err(denied)?;
+    let dead_letters = m.max_attempts > 0 || s.max_attempts > 0;
+    let dlq = futureq_core::message::dead_letter_topic_len(&m.topic, &m.dead_letter_topic);
+    if dead_letters && dlq > TOPIC_LEN_MAX {
+        return Err(Refusal::invalid(format!(
+            "PublishBatch.messages[{i}].dead_letter_topic: the default \"<topic>.dlq\" would be {dlq} bytes, over the limit of {TOPIC_LEN_MAX}; name one"
+        )));
+    }
+    // A message no consumer stream could carry would block its topic forever.
+    let delivery = delivery_len(m, enqueued_at_ms);
+    if delivery > s.max_send_message_len {
+        return Err(Refusal::new(
+            Reason::TooLarge,
+            format!(
+                "PublishBatch.messages[{i}]: its delivery would be {delivery} bytes, over api.grpc.maxSendMessageSize ({} bytes); nothing of the batch was stored",
+                s.max_send_message_len
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Message `i` (checked) as a store item without its id, and its topic.
+fn store_item(
+    s: &crate::config::Settings,
+    i: usize,
+    m: pb::PublishMessage,
+    enqueued_at_ms: i64,
+) -> Result<(StoreItem, String), Refusal> {
+    let indexes = m
+        .indexes
+        .into_iter()
+        .enumerate()
+        .map(|(j, x)| index_value(i, j, x))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| Refusal::invalid(e.to_string()))?;
+    let dedup_until_ms = if m.dedup_id.is_empty() {
+        0
+    } else {
+        enqueued_at_ms.saturating_add(i64::try_from(s.dedup_window.as_millis()).unwrap_or(i64::MAX))
+    };
+    let stored = StoredMessage {
+        topic: m.topic,
+        payload: m.payload,
+        enqueued_at_ms,
+        delay: DelayMs(m.delay_ms),
+        ttl: TtlMs(m.ttl_ms),
+        indexes,
+        extras: Extras {
+            dedup_id: m.dedup_id,
+            dedup_until_ms,
+            max_attempts: m.max_attempts,
+            dead_letter_topic: m.dead_letter_topic,
+            ..Extras::default()
+        },
+    };
+    let item = StoreItem {
+        event_id: 0,
+        bucket: bucket_of(stored.due_at_ms(), s.time_bucket_ms).0,
+        topic_hash: topic_hash(&stored.topic).0,
+        expires_at_ms: stored.expires_at_ms().unwrap_or(0),
+        index_keys: stored.indexes.iter().map(IndexValue::index_key).collect(),
+        message: Vec::from(stored.encode()),
+    };
+    Ok((item, stored.topic))
 }
 
 /// The encoded size of the largest `QueueMessage` that delivers `m` (every field at its
@@ -437,199 +463,277 @@ pub async fn publish_stream(
     mut call: Call,
     out: &mut Outbound,
 ) -> Status {
-    let mut durable: FuturesOrdered<AckFuture> = FuturesOrdered::new();
-    let mut no_ack: FuturesOrdered<AckFuture> = FuturesOrdered::new();
-    let outstanding_bytes = Rc::new(Cell::new(0usize));
-    // A batch read and waiting for the core's budget, with its encoded size.
-    let mut admitting: Option<(pb::PublishBatch, usize, Instant)> = None;
-    let mut reading = true;
-    let mut end = Status::ok();
-    let idle_timeout = ctx.settings.stream_idle_timeout;
-    // The last batch read or ack sent: the idle timeout counts from it.
-    let mut last_activity = Instant::now();
-    let mut deposed = false;
-    // A reload that revokes the caller ends the stream at its next batch (one that only
-    // takes a topic away denies that topic's batches).
-    let mut access = access.clone();
-    // A stream opened on the leader ends with its leadership (on a follower, each batch is
-    // refused naming the leader).
-    let lost = {
-        let view = ctx.repl.view();
-        view.leading.then(|| view.lost.clone())
+    let mut stream = PublishStream {
+        ctx,
+        durable: FuturesOrdered::new(),
+        no_ack: FuturesOrdered::new(),
+        outstanding_bytes: Rc::new(Cell::new(0usize)),
+        admitting: None,
+        reading: true,
+        end: Status::ok(),
+        last_activity: Instant::now(),
+        deposed: false,
+        // A reload that revokes the caller ends the stream at its next batch (one that only
+        // takes a topic away denies that topic's batches).
+        access: access.clone(),
+        // A stream opened on the leader ends with its leadership (on a follower, each batch
+        // is refused naming the leader).
+        lost: {
+            let view = ctx.repl.view();
+            view.leading.then(|| view.lost.clone())
+        },
     };
     // Response headers go out at once: clients such as tonic wait for them before sending.
     if let Err(s) = out.start() {
         return s;
     }
     loop {
-        let outstanding = durable.len() + no_ack.len();
-        let room = admitting.is_none()
-            && outstanding < PIPELINE_MAX
-            && outstanding_bytes.get() < PIPELINE_BYTES_MAX;
-        if !reading && outstanding == 0 && admitting.is_none() {
-            if deposed {
-                // Named as late as possible: right after the loss the new leader may not be
-                // known yet.
-                let leader = known_leader(ctx).await;
-                return Refusal::new(
+        if let Some(end) = stream.finished().await {
+            return end;
+        }
+        let event = stream.next_event(&mut call).await;
+        if let Err(end) = stream.handle(event, &mut session, &call, out).await {
+            return end;
+        }
+    }
+}
+
+/// One PublishStream's state (see [`publish_stream`]).
+struct PublishStream<'a> {
+    ctx: &'a Rc<Ctx>,
+    /// Acks of QUORUM and LEADER batches, in the order read.
+    durable: FuturesOrdered<AckFuture>,
+    /// Acks of NO_ACK batches, in the order read.
+    no_ack: FuturesOrdered<AckFuture>,
+    /// Encoded bytes of the batches being served.
+    outstanding_bytes: Rc<Cell<usize>>,
+    /// A batch read and waiting for the node's budget: (batch, encoded size, when read).
+    admitting: Option<(pb::PublishBatch, usize, Instant)>,
+    /// The stream still reads batches.
+    reading: bool,
+    /// How the stream ends once everything read is answered.
+    end: Status,
+    /// The last batch read or ack sent: the idle timeout counts from it.
+    last_activity: Instant,
+    /// The leadership the stream was opened under ended.
+    deposed: bool,
+    access: Access,
+    lost: Option<futureq_net::Shutdown>,
+}
+
+impl PublishStream<'_> {
+    fn outstanding(&self) -> usize {
+        self.durable.len() + self.no_ack.len()
+    }
+
+    /// How the stream ends, once it reads no more and every batch read was answered.
+    async fn finished(&self) -> Option<Status> {
+        if self.reading || self.outstanding() > 0 || self.admitting.is_some() {
+            return None;
+        }
+        if self.deposed {
+            // Named as late as possible: right after the loss the new leader may not be
+            // known yet.
+            let leader = known_leader(self.ctx).await;
+            return Some(
+                Refusal::new(
                     Reason::NotLeader,
                     "this node is no longer the cluster leader; every batch read was answered; publish to the leader",
                 )
                 .with_leader(&leader)
-                .into();
-            }
-            return end;
+                .into(),
+            );
         }
-        let event = {
-            let acks = future::poll_fn(|cx| {
-                for q in [&mut durable, &mut no_ack] {
-                    if let Poll::Ready(Some(a)) = q.poll_next_unpin(cx) {
-                        return Poll::Ready(Event::Ack(a));
-                    }
-                }
-                Poll::Pending
-            });
-            let recv = async {
-                if let Some((_, bytes, received)) = &admitting {
-                    // The proposal timeout counts from the read, also while waiting here.
-                    let timeout = async {
-                        let end = *received + ctx.settings.proposal_timeout;
-                        glommio::timer::sleep(end.saturating_duration_since(Instant::now())).await;
-                        Event::NotAdmitted
-                    };
-                    let admit = async { Event::Admitted(ctx.publish_budget.admit(*bytes).await) };
-                    future::or(admit, timeout).await
-                } else if reading && room {
-                    Event::Batch(call.inbound.next::<pb::PublishBatch>().await)
-                } else {
-                    future::pending().await
-                }
-            };
-            let stop = async {
-                if !reading {
-                    future::pending::<()>().await;
-                }
-                let lost = async {
-                    match &lost {
-                        Some(l) => l.wait().await,
-                        None => future::pending().await,
-                    }
-                    Event::Lost
-                };
-                let shutdown = async {
-                    ctx.shutdown.wait().await;
-                    Event::Stop
-                };
-                future::or(shutdown, lost).await
-            };
-            let idle = async {
-                if outstanding > 0 || admitting.is_some() {
-                    future::pending::<()>().await;
-                }
-                let end = last_activity + idle_timeout;
-                glommio::timer::sleep(end.saturating_duration_since(Instant::now())).await;
-                Event::Idle
-            };
-            future::or(future::or(acks, recv), future::or(stop, idle)).await
-        };
-        match event {
-            Event::Ack(a) => {
-                // Bounded: a client that reads no ack holds no stream for good.
-                let sent = future::or(async { Some(out.send(&a).await) }, async {
-                    glommio::timer::sleep(idle_timeout).await;
-                    None
-                })
-                .await;
-                match sent {
-                    Some(Ok(())) => last_activity = Instant::now(),
-                    Some(Err(s)) => return s,
-                    None => {
-                        return Status::refused(
-                            Reason::StreamIdle,
-                            format!(
-                                "the client read no ack for publish.streamIdleTimeout ({} ms); stream ended",
-                                idle_timeout.as_millis()
-                            ),
-                        )
-                    }
+        Some(self.end.clone())
+    }
+
+    /// The next thing that happens: an ack ready, a batch read (while there is room), the
+    /// budget admitting the waiting batch, shutdown, the leadership's end, or idleness.
+    async fn next_event(&mut self, call: &mut Call) -> Event {
+        let ctx = self.ctx;
+        let outstanding = self.outstanding();
+        let room = self.admitting.is_none()
+            && outstanding < PIPELINE_MAX
+            && self.outstanding_bytes.get() < PIPELINE_BYTES_MAX;
+        let PublishStream {
+            durable,
+            no_ack,
+            admitting,
+            reading,
+            last_activity,
+            lost,
+            ..
+        } = self;
+        let idle_timeout = ctx.settings.stream_idle_timeout;
+        let acks = future::poll_fn(|cx| {
+            for q in [&mut *durable, &mut *no_ack] {
+                if let Poll::Ready(Some(a)) = q.poll_next_unpin(cx) {
+                    return Poll::Ready(Event::Ack(a));
                 }
             }
+            Poll::Pending
+        });
+        let recv = async {
+            if let Some((_, bytes, received)) = &admitting {
+                // The proposal timeout counts from the read, also while waiting here.
+                let timeout = async {
+                    let end = *received + ctx.settings.proposal_timeout;
+                    glommio::timer::sleep(end.saturating_duration_since(Instant::now())).await;
+                    Event::NotAdmitted
+                };
+                let admit = async { Event::Admitted(ctx.publish_budget.admit(*bytes).await) };
+                future::or(admit, timeout).await
+            } else if *reading && room {
+                Event::Batch(call.inbound.next::<pb::PublishBatch>().await)
+            } else {
+                future::pending().await
+            }
+        };
+        let stop = async {
+            if !*reading {
+                future::pending::<()>().await;
+            }
+            let lost = async {
+                match &lost {
+                    Some(l) => l.wait().await,
+                    None => future::pending().await,
+                }
+                Event::Lost
+            };
+            let shutdown = async {
+                ctx.shutdown.wait().await;
+                Event::Stop
+            };
+            future::or(shutdown, lost).await
+        };
+        let idle = async {
+            if outstanding > 0 || admitting.is_some() {
+                future::pending::<()>().await;
+            }
+            let end = *last_activity + idle_timeout;
+            glommio::timer::sleep(end.saturating_duration_since(Instant::now())).await;
+            Event::Idle
+        };
+        future::or(future::or(acks, recv), future::or(stop, idle)).await
+    }
+
+    /// Acts on one event; `Err` ends the stream with that status at once.
+    async fn handle(
+        &mut self,
+        event: Event,
+        session: &mut super::context::Session,
+        call: &Call,
+        out: &mut Outbound,
+    ) -> Result<(), Status> {
+        let ctx = self.ctx;
+        let idle_timeout = ctx.settings.stream_idle_timeout;
+        match event {
+            Event::Ack(a) => self.send_ack(&a, out).await?,
             Event::Idle => {
-                return Status::refused(
+                return Err(Status::refused(
                     Reason::StreamIdle,
                     format!(
                         "no batch for publish.streamIdleTimeout ({} ms) and nothing outstanding; stream ended (open a new one)",
                         idle_timeout.as_millis()
                     ),
-                );
+                ));
             }
             Event::Lost => {
-                reading = false;
-                deposed = true;
+                self.reading = false;
+                self.deposed = true;
                 let leader = ctx.repl.leader_addr();
-                tracing::debug!(target: "producer", leader = %leader, outstanding, "leadership lost: ending a publish stream once its batches are answered");
-                if let Some((b, _, _)) = admitting.take() {
-                    refuse(
-                        &b,
-                        Refusal::not_leader(&leader),
-                        (&mut durable, &mut no_ack),
-                    );
-                }
+                tracing::debug!(target: "producer", leader = %leader, outstanding = self.outstanding(), "leadership lost: ending a publish stream once its batches are answered");
+                self.refuse_waiting(Refusal::not_leader(&leader));
             }
-            Event::Batch(Ok(Some(b))) => {
-                last_activity = Instant::now();
-                match session.recheck(ctx, &call) {
-                    Some(Ok(a)) => access = a,
-                    Some(Err(r)) => {
-                        // Revoked: this batch is refused, those read before are answered,
-                        // then the stream ends.
-                        refuse(&b, r.clone(), (&mut durable, &mut no_ack));
-                        reading = false;
-                        end = r.into();
-                        continue;
-                    }
-                    None => {}
-                }
-                let batch = (prost::Message::encoded_len(&b), Instant::now());
-                match ctx.publish_budget.try_admit(batch.0) {
-                    Some(admitted) => {
-                        let streams = (&outstanding_bytes, &mut durable, &mut no_ack);
-                        serve(ctx, &access, (b, batch.0, batch.1), admitted, streams);
-                    }
-                    None => admitting = Some((b, batch.0, batch.1)),
-                }
-            }
+            Event::Batch(Ok(Some(b))) => self.take_batch(b, session, call),
             Event::Admitted(admitted) => {
-                if let Some(batch) = admitting.take() {
-                    let streams = (&outstanding_bytes, &mut durable, &mut no_ack);
-                    serve(ctx, &access, batch, admitted, streams);
+                if let Some(batch) = self.admitting.take() {
+                    let streams = (&self.outstanding_bytes, &mut self.durable, &mut self.no_ack);
+                    serve(ctx, &self.access, batch, admitted, streams);
                 }
             }
             Event::NotAdmitted => {
-                if let Some((b, _, _)) = admitting.take() {
-                    let message = format!(
-                        "the node's publish budget had no room within publish.proposalTimeout ({} ms); batch not stored",
-                        ctx.settings.proposal_timeout.as_millis()
-                    );
-                    let refusal = Refusal::new(Reason::Overloaded, message);
-                    refuse(&b, refusal, (&mut durable, &mut no_ack));
-                }
+                let message = format!(
+                    "the node's publish budget had no room within publish.proposalTimeout ({} ms); batch not stored",
+                    ctx.settings.proposal_timeout.as_millis()
+                );
+                self.refuse_waiting(Refusal::new(Reason::Overloaded, message));
             }
-            Event::Batch(Ok(None)) => reading = false,
+            Event::Batch(Ok(None)) => self.reading = false,
             Event::Batch(Err(s)) => {
-                reading = false;
-                end = s;
+                self.reading = false;
+                self.end = s;
             }
             Event::Stop => {
-                reading = false;
-                end = Status::shutting_down();
+                self.reading = false;
+                self.end = Status::shutting_down();
                 // A batch still waiting for the budget is not stored: say so now rather
                 // than wait for bytes that a stopping write core may never return.
-                if let Some((b, _, _)) = admitting.take() {
-                    let refusal = Refusal::shutting_down();
-                    refuse(&b, refusal, (&mut durable, &mut no_ack));
-                }
+                self.refuse_waiting(Refusal::shutting_down());
             }
+        }
+        Ok(())
+    }
+
+    /// Sends an ack, within the idle timeout: a client that reads no ack holds no stream for
+    /// good.
+    async fn send_ack(&mut self, a: &PublishBatchAck, out: &mut Outbound) -> Result<(), Status> {
+        let idle_timeout = self.ctx.settings.stream_idle_timeout;
+        let sent = future::or(async { Some(out.send(a).await) }, async {
+            glommio::timer::sleep(idle_timeout).await;
+            None
+        })
+        .await;
+        match sent {
+            Some(Ok(())) => {
+                self.last_activity = Instant::now();
+                Ok(())
+            }
+            Some(Err(s)) => Err(s),
+            None => Err(Status::refused(
+                Reason::StreamIdle,
+                format!(
+                    "the client read no ack for publish.streamIdleTimeout ({} ms); stream ended",
+                    idle_timeout.as_millis()
+                ),
+            )),
+        }
+    }
+
+    /// A batch read: served at once when the node's budget has room, else it waits for room.
+    fn take_batch(
+        &mut self,
+        b: pb::PublishBatch,
+        session: &mut super::context::Session,
+        call: &Call,
+    ) {
+        self.last_activity = Instant::now();
+        match session.recheck(self.ctx, call) {
+            Some(Ok(a)) => self.access = a,
+            Some(Err(r)) => {
+                // Revoked: this batch is refused, those read before are answered, then the
+                // stream ends.
+                refuse(&b, r.clone(), (&mut self.durable, &mut self.no_ack));
+                self.reading = false;
+                self.end = r.into();
+                return;
+            }
+            None => {}
+        }
+        let (bytes, read) = (prost::Message::encoded_len(&b), Instant::now());
+        match self.ctx.publish_budget.try_admit(bytes) {
+            Some(admitted) => {
+                let streams = (&self.outstanding_bytes, &mut self.durable, &mut self.no_ack);
+                serve(self.ctx, &self.access, (b, bytes, read), admitted, streams);
+            }
+            None => self.admitting = Some((b, bytes, read)),
+        }
+    }
+
+    /// Refuses the batch waiting for the budget, if any.
+    fn refuse_waiting(&mut self, refusal: Refusal) {
+        if let Some((b, _, _)) = self.admitting.take() {
+            refuse(&b, refusal, (&mut self.durable, &mut self.no_ack));
         }
     }
 }

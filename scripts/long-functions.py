@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Fail on a function of 100 lines or more that does not say why it is that long.
+
+A reader holds a function of a screen or two; a longer one is split into named steps, unless
+it is one flat table or sequence (a match over every variant, a list of checks), which a
+comment in it or just above it says, starting with `Long:` (e.g. `// Long: one flat table of
+every metric family`). Tests are not counted (`#[cfg(test)]` modules, `tests/`, `*/tests.rs`).
+
+Usage: long-functions.py DIR...       (every .rs under each DIR's src/)
+       long-functions.py --self-test
+"""
+import importlib.util
+import os
+import re
+import sys
+import tempfile
+
+LIMIT = 100
+FN = re.compile(r"\bfn\s+(\w+)\s*(?:<[^{;]*?>)?\s*\([^;{]*?\)[^;{]*\{", re.S)
+TEST_MOD = re.compile(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*\{")
+
+spec = importlib.util.spec_from_file_location(
+    "file_cycles", os.path.join(os.path.dirname(os.path.abspath(__file__)), "file-cycles.py"))
+file_cycles = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(file_cycles)
+
+
+def close(text, open_at):
+    """The index of the brace closing the one at `open_at`."""
+    depth = 0
+    for i in range(open_at, len(text)):
+        depth += text[i] == "{"
+        depth -= text[i] == "}"
+        if depth == 0:
+            return i
+    return len(text) - 1
+
+
+def long_functions(path):
+    raw = open(path, encoding="utf-8").read()
+    text = file_cycles.strip(raw)
+    tests = [(m.start(), close(text, m.end() - 1)) for m in TEST_MOD.finditer(text)]
+    lines = raw.split("\n")
+    for m in FN.finditer(text):
+        if any(a <= m.start() <= b for a, b in tests):
+            continue
+        end = close(text, m.end() - 1)
+        first, last = text.count("\n", 0, m.start()), text.count("\n", 0, end)
+        n = last - first + 1
+        if n < LIMIT:
+            continue
+        around = lines[max(0, first - 12):last + 1]  # its doc comment and attributes, and itself
+        if any(re.match(r"\s*//[/!]?\s*Long:", l) for l in around):
+            continue
+        yield path, first + 1, m.group(1), n
+
+
+def check(dirs):
+    found = []
+    for d in dirs:
+        for root, _, files in os.walk(os.path.join(d, "src")):
+            for f in sorted(files):
+                if f.endswith(".rs") and f != "tests.rs":
+                    found.extend(long_functions(os.path.join(root, f)))
+    return found
+
+
+def self_test():
+    body = "\n".join("    let x%d = %d;" % (i, i) for i in range(LIMIT))
+    with tempfile.TemporaryDirectory() as d:
+        os.makedirs(os.path.join(d, "src"))
+        src = os.path.join(d, "src", "lib.rs")
+        with open(src, "w") as f:
+            f.write("/// Short.\nfn short() { let s = \"}\"; }\n\n#[cfg(test)]\nmod tests {\n"
+                    "    fn long_test() {\n" + body + "\n    }\n}\n")
+        assert check([d]) == [], check([d])
+        with open(src, "a") as f:
+            f.write("fn planted(a: u32) -> u32 {\n" + body + "\n    a\n}\n")
+        found = check([d])
+        assert [(x[2], x[3]) for x in found] == [("planted", LIMIT + 3)], found
+        with open(src, "w") as f:
+            f.write("// Long: one flat sequence, said here.\nfn planted() {\n" + body + "\n}\n")
+        assert check([d]) == [], check([d])
+    print("long-functions self-test: a planted long function is found; tests and explained ones pass")
+
+
+def main(argv):
+    if argv == ["--self-test"]:
+        self_test()
+        return 0
+    found = check(argv)
+    for path, line, name, n in found:
+        print("%s:%d: fn %s is %d lines: split it into named steps, or say why not (// Long: ...)" % (path, line, name, n))
+    return 1 if found else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
