@@ -42,7 +42,7 @@ impl Store {
         raft_meta: &[(&str, &[u8])],
         durable: bool,
     ) -> Result<ApplyOutcome, StoreError> {
-        use futureq_core::command::{decode, CommandRef};
+        use futureq_core::command::decode;
         let applied = self.applied()?.map(|(i, _)| i);
         let fresh: Vec<&(u64, u64, &[u8])> = entries
             .iter()
@@ -80,109 +80,7 @@ impl Store {
         {
             let mut t = Tables::open(&txn)?;
             for (index, c) in &commands {
-                match c {
-                    CommandRef::Store(b) => {
-                        if let Err(r) = ids_above(b, out.max_event_id) {
-                            out.refused.push((*index, r));
-                            continue;
-                        }
-                        let mut dups = Vec::new();
-                        for item in b.items.iter() {
-                            let key = item.key();
-                            // Event ids never regress: `ids_above` let only ascending ids
-                            // above every applied one through.
-                            assert!(key.event_id().0 > out.max_event_id, "{key}: id regresses");
-                            out.max_event_id = key.event_id().0;
-                            if let Some(first) = t.deduplicate(&key, item.message.as_slice())? {
-                                dups.push((key.event_id().0, first));
-                                continue;
-                            }
-                            stored.push(key);
-                            let exp = item.expires_at_ms.to_native();
-                            t.insert(
-                                &key,
-                                (exp != 0).then_some(exp),
-                                item.index_keys.iter().map(|k| k.as_slice()),
-                                item.message.as_slice(),
-                            )?;
-                            out.stored += 1;
-                        }
-                        if !dups.is_empty() {
-                            out.answers
-                                .push((*index, futureq_core::command::Answer::Deduplicated(dups)));
-                        }
-                    }
-                    CommandRef::Delete(d) => {
-                        for k in d.keys.iter() {
-                            let key = EventKey(*k);
-                            t.remove(&key)?;
-                            out.deleted.push(key);
-                        }
-                    }
-                    CommandRef::Cancel(c) => {
-                        let mut cancelled = Vec::with_capacity(c.keys.len());
-                        for k in c.keys.iter() {
-                            let key = EventKey(*k);
-                            cancelled.push(t.remove(&key)?);
-                            out.deleted.push(key);
-                        }
-                        out.answers
-                            .push((*index, futureq_core::command::Answer::Cancelled(cancelled)));
-                    }
-                    CommandRef::Reschedule(r) => {
-                        if let Err(refusal) = take_id(r.event_id.to_native(), &mut out) {
-                            out.refused.push((*index, refusal));
-                            continue;
-                        }
-                        let moved = t.reschedule(r)?;
-                        if let Some(key) = moved {
-                            out.deleted.push(EventKey(r.key));
-                            stored.push(key);
-                        }
-                        out.answers
-                            .push((*index, futureq_core::command::Answer::Rescheduled(moved)));
-                    }
-                    CommandRef::DeadLetter(d) => {
-                        // A leader never builds a longer group (consumers' group ids are
-                        // checked); the copy could not be encoded: refused, never fatal.
-                        if d.group.len() > futureq_core::message::TOPIC_LEN_MAX {
-                            out.refused.push((
-                                *index,
-                                Refusal::Undecodable {
-                                    reason: format!(
-                                        "a dead letter's group of {} bytes",
-                                        d.group.len()
-                                    ),
-                                },
-                            ));
-                            continue;
-                        }
-                        if let Err(refusal) = take_id(d.event_id.to_native(), &mut out) {
-                            out.refused.push((*index, refusal));
-                            continue;
-                        }
-                        let (copy, new) = t.dead_letter(d)?;
-                        if new {
-                            stored.extend(copy);
-                        }
-                        out.answers
-                            .push((*index, futureq_core::command::Answer::DeadLettered(copy)));
-                    }
-                    CommandRef::RegisterGroup(r) => {
-                        t.add_group(&group_key(
-                            TopicHash(r.topic_hash.to_native()),
-                            r.group.as_str(),
-                        ))?;
-                    }
-                    CommandRef::DeleteGroup(d) => {
-                        let found = t.remove_group(&group_key(
-                            TopicHash(d.topic_hash.to_native()),
-                            d.group.as_str(),
-                        ))?;
-                        out.answers
-                            .push((*index, futureq_core::command::Answer::GroupDeleted(found)));
-                    }
-                }
+                apply_command(&mut t, *index, c, &mut out, &mut stored)?;
             }
             t.meta.insert(LAST_ID, out.max_event_id)?;
             t.meta.insert(APPLIED_INDEX, last_index)?;
@@ -210,6 +108,130 @@ impl Store {
         out.published = futureq_core::key::min_key_per_topic(stored);
         Ok(out)
     }
+}
+
+/// Applies one decoded command of the entry at `index` inside the group's transaction: what
+/// it answers and refuses goes to `out`, the keys it stores to `stored`.
+fn apply_command(
+    t: &mut Tables<'_>,
+    index: u64,
+    c: &futureq_core::command::CommandRef<'_>,
+    out: &mut ApplyOutcome,
+    stored: &mut Vec<EventKey>,
+) -> Result<(), StoreError> {
+    use futureq_core::command::CommandRef;
+    match c {
+        CommandRef::Store(b) => apply_store(t, index, b, out, stored)?,
+        CommandRef::Delete(d) => {
+            for k in d.keys.iter() {
+                let key = EventKey(*k);
+                t.remove(&key)?;
+                out.deleted.push(key);
+            }
+        }
+        CommandRef::Cancel(c) => {
+            let mut cancelled = Vec::with_capacity(c.keys.len());
+            for k in c.keys.iter() {
+                let key = EventKey(*k);
+                cancelled.push(t.remove(&key)?);
+                out.deleted.push(key);
+            }
+            out.answers
+                .push((index, futureq_core::command::Answer::Cancelled(cancelled)));
+        }
+        CommandRef::Reschedule(r) => {
+            if let Err(refusal) = take_id(r.event_id.to_native(), out) {
+                out.refused.push((index, refusal));
+                return Ok(());
+            }
+            let moved = t.reschedule(r)?;
+            if let Some(key) = moved {
+                out.deleted.push(EventKey(r.key));
+                stored.push(key);
+            }
+            out.answers
+                .push((index, futureq_core::command::Answer::Rescheduled(moved)));
+        }
+        CommandRef::DeadLetter(d) => {
+            // A leader never builds a longer group (consumers' group ids are
+            // checked); the copy could not be encoded: refused, never fatal.
+            if d.group.len() > futureq_core::message::TOPIC_LEN_MAX {
+                out.refused.push((
+                    index,
+                    Refusal::Undecodable {
+                        reason: format!("a dead letter's group of {} bytes", d.group.len()),
+                    },
+                ));
+                return Ok(());
+            }
+            if let Err(refusal) = take_id(d.event_id.to_native(), out) {
+                out.refused.push((index, refusal));
+                return Ok(());
+            }
+            let (copy, new) = t.dead_letter(d)?;
+            if new {
+                stored.extend(copy);
+            }
+            out.answers
+                .push((index, futureq_core::command::Answer::DeadLettered(copy)));
+        }
+        CommandRef::RegisterGroup(r) => {
+            t.add_group(&group_key(
+                TopicHash(r.topic_hash.to_native()),
+                r.group.as_str(),
+            ))?;
+        }
+        CommandRef::DeleteGroup(d) => {
+            let found = t.remove_group(&group_key(
+                TopicHash(d.topic_hash.to_native()),
+                d.group.as_str(),
+            ))?;
+            out.answers
+                .push((index, futureq_core::command::Answer::GroupDeleted(found)));
+        }
+    }
+    Ok(())
+}
+
+/// Stores the items of a store command (`index`): refused whole unless its ids ascend above
+/// every applied one; an item whose dedup id is remembered is answered with the first key.
+fn apply_store(
+    t: &mut Tables<'_>,
+    index: u64,
+    b: &futureq_core::command::ArchivedStoreBatch,
+    out: &mut ApplyOutcome,
+    stored: &mut Vec<EventKey>,
+) -> Result<(), StoreError> {
+    if let Err(r) = ids_above(b, out.max_event_id) {
+        out.refused.push((index, r));
+        return Ok(());
+    }
+    let mut dups = Vec::new();
+    for item in b.items.iter() {
+        let key = item.key();
+        // Event ids never regress: `ids_above` let only ascending ids
+        // above every applied one through.
+        assert!(key.event_id().0 > out.max_event_id, "{key}: id regresses");
+        out.max_event_id = key.event_id().0;
+        if let Some(first) = t.deduplicate(&key, item.message.as_slice())? {
+            dups.push((key.event_id().0, first));
+            continue;
+        }
+        stored.push(key);
+        let exp = item.expires_at_ms.to_native();
+        t.insert(
+            &key,
+            (exp != 0).then_some(exp),
+            item.index_keys.iter().map(|k| k.as_slice()),
+            item.message.as_slice(),
+        )?;
+        out.stored += 1;
+    }
+    if !dups.is_empty() {
+        out.answers
+            .push((index, futureq_core::command::Answer::Deduplicated(dups)));
+    }
+    Ok(())
 }
 
 /// What [`Store::apply_entries`] did.
