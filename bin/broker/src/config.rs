@@ -696,6 +696,14 @@ fn size(key: &str, v: &str) -> Result<usize, ConfigError> {
     parse_size(v).or_else(|e| err(key, e))
 }
 
+/// The cluster's TLS files, the client plane's TLS and the principals (see
+/// `Config::tls_and_auth`).
+type TlsAndAuth = (
+    Option<PeerFiles>,
+    Option<Arc<ReloadableServer>>,
+    Option<Arc<crate::auth::Auth>>,
+);
+
 impl Config {
     /// Checks every key and builds [`Settings`].
     ///
@@ -733,6 +741,215 @@ impl Config {
         if handshake_timeout < Duration::from_millis(100) {
             return err("api.grpc.handshakeTimeout", "must be at least 100ms");
         }
+        let (peer_files, grpc_tls, auth) = self.tls_and_auth(grpc_listen)?;
+        let cluster = self.cluster_checked(peer_files, auth.is_some())?;
+        let (memory_storage, cache_bytes, min_free_bytes) =
+            self.storage_settings(cluster.is_some())?;
+        let (min_ack_level, proposal_timeout, max_delay, dedup_window, stream_idle_timeout) =
+            self.publish_settings()?;
+        let d = &self.delivery;
+        let (tb, in_flight_timeout, delete_batch_interval, ttl_sweep_interval, read_ahead) =
+            self.delivery_settings()?;
+        self.compat.validate(d.scan_max_keys)?;
+        let (level, log_format, metrics_listen, metrics_topics_interval) =
+            self.observability_settings()?;
+        Ok(Settings {
+            grpc_listen,
+            grpc_advertise: if g.advertise.is_empty() {
+                g.listen.clone()
+            } else {
+                g.advertise.clone()
+            },
+            max_concurrent_streams: g.max_concurrent_streams,
+            max_recv_message_len,
+            max_send_message_len,
+            keepalive_timeout,
+            handshake_timeout,
+            security: Arc::new(crate::security::Security::new(
+                grpc_tls,
+                cluster.as_ref().and_then(|c| c.tls.clone()),
+                auth,
+                advertise_host(&self.api.grpc.advertise),
+            )),
+            node_id: self.cluster.node_id,
+            data_dir: PathBuf::from(&self.storage.data_dir),
+            memory_storage,
+            cache_bytes,
+            min_free_bytes,
+            min_ack_level,
+            proposal_timeout,
+            max_delay,
+            dedup_window,
+            stream_idle_timeout,
+            max_attempts: d.max_attempts,
+            consumer_queue_size: d.consumer_queue_size,
+            time_bucket_ms: u64::try_from(tb.as_millis()).unwrap_or(u64::MAX),
+            in_flight_timeout,
+            delete_batch_interval,
+            ttl_sweep_interval,
+            read_ahead,
+            scan_max_keys: d.scan_max_keys as usize,
+            log_level: level.to_owned(),
+            log_format,
+            metrics_listen,
+            metrics_topics_interval,
+            cores: self.runtime.cores,
+            raft_core: self.runtime.raft_core,
+            cluster,
+            deprecated: Vec::new(),
+        })
+    }
+
+    /// `cluster.*` when enabled (with its TLS loaded), checked also when not: a clustered
+    /// node with principals needs the cluster secret.
+    fn cluster_checked(
+        &self,
+        peer_files: Option<PeerFiles>,
+        principals: bool,
+    ) -> Result<Option<ClusterSettings>, ConfigError> {
+        let c = &self.cluster;
+        if !c.join_seeds.is_empty() && !c.raft.initial_members.is_empty() {
+            return err(
+                "cluster.joinSeeds",
+                "cluster.joinSeeds and cluster.raft.initialMembers cannot both be set",
+            );
+        }
+        let rtt = dur("cluster.raft.rtt", &c.raft.rtt)?;
+        if rtt.subsec_nanos() % 1_000_000 != 0 {
+            return err("cluster.raft.rtt", "must be whole milliseconds");
+        }
+        if c.raft.snapshot_entries == 0 {
+            return err("cluster.raft.snapshotEntries", "must be greater than zero");
+        }
+        if c.raft.compaction_overhead == 0 {
+            return err(
+                "cluster.raft.compactionOverhead",
+                "must be greater than zero",
+            );
+        }
+        let cluster = if c.enabled {
+            let mut settings = self.cluster_settings(rtt)?;
+            settings.tls = self.peer_tls(peer_files)?;
+            Some(settings)
+        } else {
+            None
+        };
+        if cluster.as_ref().is_some_and(|c| c.secret.is_open()) && principals {
+            // Joining nodes prove they belong to the cluster with its secret, not a token.
+            return err(
+                "cluster.secret",
+                "is required with api.auth.principalsFile on a clustered node: nodes join with it",
+            );
+        }
+        Ok(cluster)
+    }
+
+    /// `storage.*`: in memory or not, the page cache and the free-space floor.
+    fn storage_settings(&self, clustered: bool) -> Result<(bool, usize, u64), ConfigError> {
+        let memory_storage = match self.storage.mode.as_str() {
+            "disk" => false,
+            "memory" => true,
+            m => return err("storage.mode", format!("{m:?} must be disk or memory")),
+        };
+        if memory_storage && clustered {
+            // The Raft log purges entries behind snapshots of the store: a store lost at
+            // exit cannot be rebuilt from it, and the node would serve an empty replica.
+            return err(
+                "storage.mode",
+                "memory cannot be used with cluster.enabled: a clustered node needs storage.mode: disk",
+            );
+        }
+        if !memory_storage && self.storage.data_dir.trim().is_empty() {
+            return err("storage.dataDir", "is required when storage.mode is disk");
+        }
+        let cache_bytes = size("storage.cacheSize", &self.storage.cache_size)?;
+        let min_free_bytes = size("storage.minFreeBytes", &self.storage.min_free_bytes)? as u64;
+        Ok((memory_storage, cache_bytes, min_free_bytes))
+    }
+
+    /// `publish.*`: the lowest ack level, the proposal timeout, the longest delay, the dedup
+    /// window and the idle timeout of a publish stream.
+    fn publish_settings(
+        &self,
+    ) -> Result<(AckLevel, Duration, Duration, Duration, Duration), ConfigError> {
+        let p = &self.publish;
+        let min_ack_level = match p.min_ack_level.as_str() {
+            "quorum" => AckLevel::Quorum,
+            "leader" => AckLevel::Leader,
+            "noAck" => AckLevel::NoAck,
+            v => {
+                return err(
+                    "publish.minAckLevel",
+                    format!("{v:?} must be quorum, leader or noAck"),
+                )
+            }
+        };
+        let proposal_timeout = dur("publish.proposalTimeout", &p.proposal_timeout)?;
+        let max_delay = dur("publish.maxDelay", &p.max_delay)?;
+        let dedup_window = dur("publish.dedupWindow", &p.dedup_window)?;
+        if dedup_window > Duration::from_secs(7 * 86_400) {
+            return err("publish.dedupWindow", "must be at most 7d");
+        }
+        // A retry after an unknown outcome (a timeout, a failover) must still find its id.
+        if dedup_window < Duration::from_secs(60) {
+            return err(
+                "publish.dedupWindow",
+                "must be at least 1m (a publish retried after a timeout must still find its id)",
+            );
+        }
+        let stream_idle_timeout = dur("publish.streamIdleTimeout", &p.stream_idle_timeout)?;
+        if stream_idle_timeout < Duration::from_secs(1) {
+            return err("publish.streamIdleTimeout", "must be at least 1s");
+        }
+        Ok((
+            min_ack_level,
+            proposal_timeout,
+            max_delay,
+            dedup_window,
+            stream_idle_timeout,
+        ))
+    }
+
+    /// `delivery.*`'s durations: the time bucket, the in-flight timeout, the delete batch
+    /// and TTL sweep intervals, the read-ahead window (and the queue and scan sizes checked).
+    fn delivery_settings(
+        &self,
+    ) -> Result<(Duration, Duration, Duration, Duration, Duration), ConfigError> {
+        let d = &self.delivery;
+        if !(1..=65_536).contains(&d.consumer_queue_size) {
+            return err(
+                "delivery.consumerQueueSize",
+                format!("{} must be 1..65536", d.consumer_queue_size),
+            );
+        }
+        let tb = parse_duration(&d.time_bucket).or_else(|e| err("delivery.timeBucket", e))?;
+        if !tb.is_zero() && tb < Duration::from_millis(1) {
+            return err("delivery.timeBucket", "must be 0 or at least 1ms");
+        }
+        let in_flight_timeout = dur("delivery.inFlightTimeout", &d.in_flight_timeout)?;
+        let delete_batch_interval = dur("delivery.deleteBatchInterval", &d.delete_batch_interval)?;
+        let ttl_sweep_interval = dur("delivery.ttlSweepInterval", &d.ttl_sweep_interval)?;
+        let read_ahead = parse_duration(&d.read_ahead).or_else(|e| err("delivery.readAhead", e))?;
+        if read_ahead > Duration::from_secs(10) {
+            return err("delivery.readAhead", "must be at most 10s");
+        }
+        if d.scan_max_keys < 2 {
+            return err("delivery.scanMaxKeys", "must be at least 2");
+        }
+        Ok((
+            tb,
+            in_flight_timeout,
+            delete_batch_interval,
+            ttl_sweep_interval,
+            read_ahead,
+        ))
+    }
+
+    /// The TLS files of both planes and the principals: a cluster's TLS on both planes or
+    /// neither, the client plane's certificate vouched for by the cluster CA, no token in
+    /// clear beyond loopback.
+    fn tls_and_auth(&self, grpc_listen: SocketAddr) -> Result<TlsAndAuth, ConfigError> {
+        let g = &self.api.grpc;
         let peer_files = if self.cluster.enabled {
             peer_files(&self.cluster.tls)?
         } else {
@@ -765,130 +982,38 @@ impl Config {
                 format!("tokens would cross the network in clear: api.grpc.listen {grpc_listen} is not a loopback address and api.grpc.tls is off (set api.grpc.tls.certFile and keyFile)"),
             );
         }
+        Ok((peer_files, grpc_tls, auth))
+    }
+
+    /// `cluster.tls` loaded, each failure named by the key of its file.
+    fn peer_tls(&self, files: Option<PeerFiles>) -> Result<Option<Arc<PeerTls>>, ConfigError> {
         let c = &self.cluster;
-        if !c.join_seeds.is_empty() && !c.raft.initial_members.is_empty() {
-            return err(
-                "cluster.joinSeeds",
-                "cluster.joinSeeds and cluster.raft.initialMembers cannot both be set",
-            );
-        }
-        let rtt = dur("cluster.raft.rtt", &c.raft.rtt)?;
-        if rtt.subsec_nanos() % 1_000_000 != 0 {
-            return err("cluster.raft.rtt", "must be whole milliseconds");
-        }
-        if c.raft.snapshot_entries == 0 {
-            return err("cluster.raft.snapshotEntries", "must be greater than zero");
-        }
-        if c.raft.compaction_overhead == 0 {
-            return err(
-                "cluster.raft.compactionOverhead",
-                "must be greater than zero",
-            );
-        }
-        let cluster = if c.enabled {
-            let mut settings = self.cluster_settings(rtt)?;
-            settings.tls = match peer_files {
-                None => None,
-                Some(files) => Some(Arc::new(PeerTls::load(files).or_else(|e| {
-                    let key = match &e {
-                        TlsError::ServerName(_) => "cluster.tls.serverName",
-                        TlsError::NoKey { .. } | TlsError::Pair { .. } => "cluster.tls.keyFile",
-                        TlsError::BadCa { .. } | TlsError::Verifier(_) => "cluster.tls.caFile",
-                        TlsError::Pem { path, .. }
-                            if path.as_os_str() == c.tls.key_file.as_str() =>
-                        {
-                            "cluster.tls.keyFile"
-                        }
-                        TlsError::Pem { path, .. }
-                            if path.as_os_str() == c.tls.ca_file.as_str() =>
-                        {
-                            "cluster.tls.caFile"
-                        }
-                        _ => "cluster.tls.certFile",
-                    };
-                    err(key, e)
-                })?)),
-            };
-            Some(settings)
-        } else {
-            None
+        let Some(files) = files else {
+            return Ok(None);
         };
-        if cluster.as_ref().is_some_and(|c| c.secret.is_open()) && auth.is_some() {
-            // Joining nodes prove they belong to the cluster with its secret, not a token.
-            return err(
-                "cluster.secret",
-                "is required with api.auth.principalsFile on a clustered node: nodes join with it",
-            );
-        }
-        let memory_storage = match self.storage.mode.as_str() {
-            "disk" => false,
-            "memory" => true,
-            m => return err("storage.mode", format!("{m:?} must be disk or memory")),
-        };
-        if memory_storage && cluster.is_some() {
-            // The Raft log purges entries behind snapshots of the store: a store lost at
-            // exit cannot be rebuilt from it, and the node would serve an empty replica.
-            return err(
-                "storage.mode",
-                "memory cannot be used with cluster.enabled: a clustered node needs storage.mode: disk",
-            );
-        }
-        if !memory_storage && self.storage.data_dir.trim().is_empty() {
-            return err("storage.dataDir", "is required when storage.mode is disk");
-        }
-        let cache_bytes = size("storage.cacheSize", &self.storage.cache_size)?;
-        let min_free_bytes = size("storage.minFreeBytes", &self.storage.min_free_bytes)? as u64;
-        let p = &self.publish;
-        let min_ack_level = match p.min_ack_level.as_str() {
-            "quorum" => AckLevel::Quorum,
-            "leader" => AckLevel::Leader,
-            "noAck" => AckLevel::NoAck,
-            v => {
-                return err(
-                    "publish.minAckLevel",
-                    format!("{v:?} must be quorum, leader or noAck"),
-                )
-            }
-        };
-        let proposal_timeout = dur("publish.proposalTimeout", &p.proposal_timeout)?;
-        let max_delay = dur("publish.maxDelay", &p.max_delay)?;
-        let dedup_window = dur("publish.dedupWindow", &p.dedup_window)?;
-        if dedup_window > Duration::from_secs(7 * 86_400) {
-            return err("publish.dedupWindow", "must be at most 7d");
-        }
-        // A retry after an unknown outcome (a timeout, a failover) must still find its id.
-        if dedup_window < Duration::from_secs(60) {
-            return err(
-                "publish.dedupWindow",
-                "must be at least 1m (a publish retried after a timeout must still find its id)",
-            );
-        }
-        let stream_idle_timeout = dur("publish.streamIdleTimeout", &p.stream_idle_timeout)?;
-        if stream_idle_timeout < Duration::from_secs(1) {
-            return err("publish.streamIdleTimeout", "must be at least 1s");
-        }
-        let d = &self.delivery;
-        if !(1..=65_536).contains(&d.consumer_queue_size) {
-            return err(
-                "delivery.consumerQueueSize",
-                format!("{} must be 1..65536", d.consumer_queue_size),
-            );
-        }
-        let tb = parse_duration(&d.time_bucket).or_else(|e| err("delivery.timeBucket", e))?;
-        if !tb.is_zero() && tb < Duration::from_millis(1) {
-            return err("delivery.timeBucket", "must be 0 or at least 1ms");
-        }
-        let in_flight_timeout = dur("delivery.inFlightTimeout", &d.in_flight_timeout)?;
-        let delete_batch_interval = dur("delivery.deleteBatchInterval", &d.delete_batch_interval)?;
-        let ttl_sweep_interval = dur("delivery.ttlSweepInterval", &d.ttl_sweep_interval)?;
-        let read_ahead = parse_duration(&d.read_ahead).or_else(|e| err("delivery.readAhead", e))?;
-        if read_ahead > Duration::from_secs(10) {
-            return err("delivery.readAhead", "must be at most 10s");
-        }
-        if d.scan_max_keys < 2 {
-            return err("delivery.scanMaxKeys", "must be at least 2");
-        }
-        self.compat.validate(d.scan_max_keys)?;
+        PeerTls::load(files)
+            .map(|t| Some(Arc::new(t)))
+            .or_else(|e| {
+                let key = match &e {
+                    TlsError::ServerName(_) => "cluster.tls.serverName",
+                    TlsError::NoKey { .. } | TlsError::Pair { .. } => "cluster.tls.keyFile",
+                    TlsError::BadCa { .. } | TlsError::Verifier(_) => "cluster.tls.caFile",
+                    TlsError::Pem { path, .. } if path.as_os_str() == c.tls.key_file.as_str() => {
+                        "cluster.tls.keyFile"
+                    }
+                    TlsError::Pem { path, .. } if path.as_os_str() == c.tls.ca_file.as_str() => {
+                        "cluster.tls.caFile"
+                    }
+                    _ => "cluster.tls.certFile",
+                };
+                err(key, e)
+            })
+    }
+
+    /// `observability.*`: log level and format, the metrics listener and its refresh.
+    fn observability_settings(
+        &self,
+    ) -> Result<(&str, LogFormat, Option<SocketAddr>, Duration), ConfigError> {
         let level = self.observability.logging.level.as_str();
         if !["trace", "debug", "info", "warn", "error"].contains(&level) {
             return err(
@@ -923,51 +1048,7 @@ impl Config {
                 "must be at least 100ms",
             );
         }
-        Ok(Settings {
-            grpc_listen,
-            grpc_advertise: if g.advertise.is_empty() {
-                g.listen.clone()
-            } else {
-                g.advertise.clone()
-            },
-            max_concurrent_streams: g.max_concurrent_streams,
-            max_recv_message_len,
-            max_send_message_len,
-            keepalive_timeout,
-            handshake_timeout,
-            security: Arc::new(crate::security::Security::new(
-                grpc_tls,
-                cluster.as_ref().and_then(|c| c.tls.clone()),
-                auth,
-                advertise_host(&self.api.grpc.advertise),
-            )),
-            node_id: c.node_id,
-            data_dir: PathBuf::from(&self.storage.data_dir),
-            memory_storage,
-            cache_bytes,
-            min_free_bytes,
-            min_ack_level,
-            proposal_timeout,
-            max_delay,
-            dedup_window,
-            stream_idle_timeout,
-            max_attempts: d.max_attempts,
-            consumer_queue_size: d.consumer_queue_size,
-            time_bucket_ms: u64::try_from(tb.as_millis()).unwrap_or(u64::MAX),
-            in_flight_timeout,
-            delete_batch_interval,
-            ttl_sweep_interval,
-            read_ahead,
-            scan_max_keys: d.scan_max_keys as usize,
-            log_level: level.to_owned(),
-            log_format,
-            metrics_listen,
-            metrics_topics_interval,
-            cores: self.runtime.cores,
-            raft_core: self.runtime.raft_core,
-            cluster,
-            deprecated: Vec::new(),
-        })
+        Ok((level, log_format, metrics_listen, metrics_topics_interval))
     }
 
     /// Validates `cluster.*` for a clustered node.

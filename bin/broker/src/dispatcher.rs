@@ -542,32 +542,87 @@ pub async fn run(
         last_counters: futureq_core::hub::HubCounters::default(),
     };
     tracing::info!(target: "dispatcher", "dispatcher started");
-    let mut next_flush = Instant::now() + cfg.delete_interval;
-    let mut stop_by: Option<Instant> = None;
-    let mut stopping_at: Option<Instant> = None;
-    loop {
-        while let Ok(cmd) = rx.try_recv() {
-            d.handle(cmd).await;
-        }
-        let scanned = d.pass().await;
-        d.start_dead_letters();
-        if Instant::now() >= next_flush || d.hub.pending_deletes() >= DELETE_FLUSH_EARLY {
-            next_flush = Instant::now() + cfg.delete_interval;
-            d.start_flush(None);
-        }
-        d.export();
-        if stop_by.is_none() && shutdown.is_triggered() {
-            stopping_at = Some(Instant::now());
-            stop_by = Some(Instant::now() + SHUTDOWN_GRACE);
-        }
-        if let Some(t) = stop_by {
-            if d.hub.consumer_count() == 0 || Instant::now() >= t {
-                break;
+    let stopping_at = d.serve(&rx, &shutdown).await;
+    d.final_flush(&rx, stopping_at + FINAL_FLUSH_BY).await;
+    d.export();
+    tracing::info!(target: "dispatcher", pending_deletes = d.hub.pending_deletes(), "dispatcher stopped");
+}
+
+impl Dispatcher {
+    /// The dispatcher's loop: commands, a pass, dead letters and delete flushes, then a sleep
+    /// until the next work, a command or shutdown. After shutdown it serves acks while
+    /// consumers leave, at most [`SHUTDOWN_GRACE`]; returns when the stop began.
+    async fn serve(&mut self, rx: &flume::Receiver<HubCmd>, shutdown: &Shutdown) -> Instant {
+        let mut next_flush = Instant::now() + self.delete_interval;
+        let mut stopping_at: Option<Instant> = None;
+        loop {
+            while let Ok(cmd) = rx.try_recv() {
+                self.handle(cmd).await;
+            }
+            let scanned = self.pass().await;
+            self.start_dead_letters();
+            if Instant::now() >= next_flush || self.hub.pending_deletes() >= DELETE_FLUSH_EARLY {
+                next_flush = Instant::now() + self.delete_interval;
+                self.start_flush(None);
+            }
+            self.export();
+            if stopping_at.is_none() && shutdown.is_triggered() {
+                stopping_at = Some(Instant::now());
+            }
+            let stop_by = stopping_at.map(|t| t + SHUTDOWN_GRACE);
+            if let (Some(at), Some(t)) = (stopping_at, stop_by) {
+                if self.hub.consumer_count() == 0 || Instant::now() >= t {
+                    return at;
+                }
+            }
+            let wake = self.next_wake(next_flush, scanned, stop_by);
+            if wake.is_some_and(|w| w <= Instant::now()) {
+                // More work is due already (a scan stopped at its key limit, a redelivery):
+                // let the other tasks of this core run, then go on. A zero timer would cost a
+                // reactor round trip (~1 ms).
+                future::yield_now().await;
+                continue;
+            }
+            let sleep = async {
+                match wake {
+                    Some(w) => {
+                        glommio::timer::Timer::new(w.saturating_duration_since(Instant::now()))
+                            .await;
+                    }
+                    None => future::pending::<()>().await,
+                }
+                None
+            };
+            let stop = async {
+                if stop_by.is_none() {
+                    shutdown.wait().await;
+                } else {
+                    future::pending::<()>().await;
+                }
+                None
+            };
+            let cmd = future::or(
+                future::or(async { rx.recv_async().await.ok() }, sleep),
+                stop,
+            )
+            .await;
+            if let Some(cmd) = cmd {
+                self.handle(cmd).await;
             }
         }
-        let mut wake = d.hub.next_wakeup(now_ms()).map(instant_of);
+    }
+
+    /// When the loop must run again at the latest: the hub's next work, the next delete flush
+    /// (when deletes wait), a scan retry, the end of the shutdown grace.
+    fn next_wake(
+        &self,
+        next_flush: Instant,
+        scanned: bool,
+        stop_by: Option<Instant>,
+    ) -> Option<Instant> {
+        let mut wake = self.hub.next_wakeup(now_ms()).map(instant_of);
         let mut merge = |i: Instant| wake = Some(wake.map_or(i, |w| w.min(i)));
-        if d.hub.pending_deletes() > 0 && !d.flushing {
+        if self.hub.pending_deletes() > 0 && !self.flushing {
             merge(next_flush);
         }
         if !scanned {
@@ -576,74 +631,43 @@ pub async fn run(
         if let Some(t) = stop_by {
             merge(t.min(Instant::now() + Duration::from_millis(50)));
         }
-        if wake.is_some_and(|w| w <= Instant::now()) {
-            // More work is due already (a scan stopped at its key limit, a redelivery): let
-            // the other tasks of this core run, then go on. A zero timer would cost a
-            // reactor round trip (~1 ms).
-            future::yield_now().await;
-            continue;
-        }
-        let sleep = async {
-            match wake {
-                Some(w) => {
-                    glommio::timer::Timer::new(w.saturating_duration_since(Instant::now())).await;
-                }
-                None => future::pending::<()>().await,
+        wake
+    }
+
+    /// The final flush: waits for a running one, then flushes the rest, again after each
+    /// failure (a pause between) until `by`: an ACK the client was told was taken is not
+    /// dropped while the write core could still take its delete.
+    async fn final_flush(&mut self, rx: &flume::Receiver<HubCmd>, by: Instant) {
+        loop {
+            while let Ok(cmd) = rx.try_recv() {
+                self.handle(cmd).await;
             }
-            None
-        };
-        let stop = async {
-            if stop_by.is_none() {
-                shutdown.wait().await;
-            } else {
-                future::pending::<()>().await;
+            if !self.flushing && self.hub.pending_deletes() == 0 {
+                return;
             }
-            None
-        };
-        let cmd = future::or(
-            future::or(async { rx.recv_async().await.ok() }, sleep),
-            stop,
-        )
-        .await;
-        if let Some(cmd) = cmd {
-            d.handle(cmd).await;
+            let now = Instant::now();
+            if now >= by {
+                tracing::warn!(target: "dispatcher", pending_deletes = self.hub.pending_deletes(), "acknowledged deletes not made durable before the stop: those messages are delivered again after the restart");
+                return;
+            }
+            if self.flush_failed && !self.flushing {
+                self.flush_failed = false;
+                glommio::timer::sleep(FINAL_FLUSH_RETRY.min(by - now)).await;
+                continue;
+            }
+            self.start_flush(Some(by));
+            let answer = future::or(async { rx.recv_async().await.ok() }, async {
+                glommio::timer::sleep(by.saturating_duration_since(Instant::now())).await;
+                None
+            })
+            .await;
+            match answer {
+                Some(cmd) => self.handle(cmd).await,
+                None if !self.flushing => glommio::timer::sleep(FINAL_FLUSH_RETRY).await,
+                None => {}
+            }
         }
     }
-    // Final flush: wait for a running one, then flush the rest, again after each failure (a
-    // pause between) until FINAL_FLUSH_BY after the stop began: an ACK the client was told
-    // was taken is not dropped while the write core could still take its delete.
-    let by = stopping_at.unwrap_or_else(Instant::now) + FINAL_FLUSH_BY;
-    loop {
-        while let Ok(cmd) = rx.try_recv() {
-            d.handle(cmd).await;
-        }
-        if !d.flushing && d.hub.pending_deletes() == 0 {
-            break;
-        }
-        let now = Instant::now();
-        if now >= by {
-            tracing::warn!(target: "dispatcher", pending_deletes = d.hub.pending_deletes(), "acknowledged deletes not made durable before the stop: those messages are delivered again after the restart");
-            break;
-        }
-        if d.flush_failed && !d.flushing {
-            d.flush_failed = false;
-            glommio::timer::sleep(FINAL_FLUSH_RETRY.min(by - now)).await;
-            continue;
-        }
-        d.start_flush(Some(by));
-        let answer = future::or(async { rx.recv_async().await.ok() }, async {
-            glommio::timer::sleep(by.saturating_duration_since(Instant::now())).await;
-            None
-        })
-        .await;
-        match answer {
-            Some(cmd) => d.handle(cmd).await,
-            None if !d.flushing => glommio::timer::sleep(FINAL_FLUSH_RETRY).await,
-            None => {}
-        }
-    }
-    d.export();
-    tracing::info!(target: "dispatcher", pending_deletes = d.hub.pending_deletes(), "dispatcher stopped");
 }
 
 #[cfg(test)]

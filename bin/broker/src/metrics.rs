@@ -350,7 +350,6 @@ impl Metrics {
     #[must_use]
     pub fn render(&self) -> String {
         let mut o = String::with_capacity(8 << 10);
-        let r = Ordering::Relaxed;
         header(
             &mut o,
             "futureq_build_info",
@@ -362,43 +361,59 @@ impl Metrics {
             "futureq_build_info{{version=\"{}\"}} 1",
             env!("CARGO_PKG_VERSION")
         );
+        self.render_publish(&mut o);
+        self.render_raft(&mut o);
+        self.render_security(&mut o);
+        self.render_delivery(&mut o);
+        self.render_deletes(&mut o);
+        self.render_storage(&mut o);
+        o
+    }
+
+    /// Publishing: requests, messages, batch sizes, latency per ack level.
+    fn render_publish(&self, o: &mut String) {
         header(
-            &mut o,
+            o,
             "futureq_publish_requests_total",
             "counter",
             "Publish batches by outcome.",
         );
         self.publish_requests
-            .render(&mut o, "futureq_publish_requests_total");
+            .render(o, "futureq_publish_requests_total");
         header(
-            &mut o,
+            o,
             "futureq_messages_published_total",
             "counter",
             "Messages accepted for storage.",
         );
         self.messages_published
-            .render(&mut o, "futureq_messages_published_total");
+            .render(o, "futureq_messages_published_total");
         header(
-            &mut o,
+            o,
             "futureq_publish_batch_size",
             "histogram",
             "Messages per publish batch.",
         );
         self.publish_batch_size
-            .render(&mut o, "futureq_publish_batch_size", "");
+            .render(o, "futureq_publish_batch_size", "");
         header(
-            &mut o,
+            o,
             "futureq_publish_latency_seconds",
             "histogram",
             "Broker-side batch latency from receipt to ack.",
         );
         for (i, l) in ["quorum", "leader", "no_ack"].iter().enumerate() {
             self.publish_latency_seconds[i].render(
-                &mut o,
+                o,
                 "futureq_publish_latency_seconds",
                 &format!("ack_level=\"{l}\""),
             );
         }
+    }
+
+    /// The Raft group (clustered only): term, leadership, log indexes, entry batches.
+    fn render_raft(&self, o: &mut String) {
+        let r = Ordering::Relaxed;
         if self.clustered.load(r) {
             for (name, kind, help, v) in [
                 (
@@ -444,200 +459,214 @@ impl Metrics {
                     &self.raft_refused_entries,
                 ),
             ] {
-                scalar(&mut o, name, kind, help, v.load(r));
+                scalar(o, name, kind, help, v.load(r));
             }
             header(
-                &mut o,
+                o,
                 "futureq_raft_entry_batches",
                 "histogram",
                 "Publish batches coalesced into each proposed event-shard entry.",
             );
             self.raft_entry_batches
-                .render(&mut o, "futureq_raft_entry_batches", "");
+                .render(o, "futureq_raft_entry_batches", "");
         }
+    }
+
+    /// Authentication refusals, and the certificates' reloads and expiry.
+    fn render_security(&self, o: &mut String) {
         header(
-            &mut o,
+            o,
             "futureq_auth_refusals_total",
             "counter",
             "Calls refused for want of a valid credential, by reason.",
         );
-        self.auth_refusals
-            .render(&mut o, "futureq_auth_refusals_total");
+        self.auth_refusals.render(o, "futureq_auth_refusals_total");
         if let Some(s) = &self.security {
-            s.render(&mut o);
+            s.render(o);
         }
+    }
+
+    /// Delivery: consumers, in flight, per-topic gauges, dispatches, expiry, lateness.
+    fn render_delivery(&self, o: &mut String) {
+        let r = Ordering::Relaxed;
         scalar(
-            &mut o,
+            o,
             "futureq_active_consumers",
             "gauge",
             "Connected consumers.",
             self.active_consumers.load(r),
         );
         header(
-            &mut o,
+            o,
             "futureq_consumer_ack_total",
             "counter",
             "ACK (success=true) and NACK frames.",
         );
-        self.consumer_acks
-            .render(&mut o, "futureq_consumer_ack_total");
+        self.consumer_acks.render(o, "futureq_consumer_ack_total");
         scalar(
-            &mut o,
+            o,
             "futureq_messages_in_flight",
             "gauge",
             "Delivered, not yet acknowledged.",
             self.messages_in_flight.load(r),
         );
         header(
-            &mut o,
+            o,
             "futureq_topic_messages_stored",
             "gauge",
             &format!("Messages stored per topic, exact as of the last refresh (observability.metrics.topicsInterval); the {TOPIC_LABELS_MAX} topics with the most, the others summed under topic=\"\"."),
         );
         self.topic_messages_stored
-            .render(&mut o, "futureq_topic_messages_stored");
+            .render(o, "futureq_topic_messages_stored");
         header(
-            &mut o,
+            o,
             "futureq_topic_messages_in_flight",
             "gauge",
             &format!("Deliveries in flight per topic on this node, as of the last refresh; the {TOPIC_LABELS_MAX} topics with the most, the others summed under topic=\"\"."),
         );
         self.topic_messages_in_flight
-            .render(&mut o, "futureq_topic_messages_in_flight");
+            .render(o, "futureq_topic_messages_in_flight");
         scalar(
-            &mut o,
+            o,
             "futureq_messages_dispatched_total",
             "counter",
             "Deliveries handed to consumers.",
             self.messages_dispatched.load(r),
         );
         scalar(
-            &mut o,
+            o,
             "futureq_messages_redelivered_total",
             "counter",
             "Of those, redeliveries.",
             self.messages_redelivered.load(r),
         );
         scalar(
-            &mut o,
+            o,
             "futureq_in_flight_timeouts_total",
             "counter",
             "Deliveries not acknowledged within delivery.inFlightTimeout.",
             self.in_flight_timeouts.load(r),
         );
         header(
-            &mut o,
+            o,
             "futureq_messages_expired_total",
             "counter",
             "Messages removed because their TTL passed.",
         );
         self.messages_expired
-            .render(&mut o, "futureq_messages_expired_total");
+            .render(o, "futureq_messages_expired_total");
         header(
-            &mut o,
+            o,
             "futureq_delivery_send_lateness_seconds",
             "histogram",
             "Send time minus due time.",
         );
-        self.delivery_send_lateness_seconds.render(
-            &mut o,
-            "futureq_delivery_send_lateness_seconds",
-            "",
-        );
+        self.delivery_send_lateness_seconds
+            .render(o, "futureq_delivery_send_lateness_seconds", "");
         scalar(
-            &mut o,
+            o,
             "futureq_delivery_grpc_sends_total",
             "counter",
             "Messages written to consumer streams.",
             self.delivery_grpc_sends.load(r),
         );
+    }
+
+    /// Deletes: batch sizes, failures, commits, pending and parked messages.
+    fn render_deletes(&self, o: &mut String) {
+        let r = Ordering::Relaxed;
         header(
-            &mut o,
+            o,
             "futureq_delete_batch_size",
             "histogram",
             "Keys per delete flush.",
         );
         self.delete_batch_size
-            .render(&mut o, "futureq_delete_batch_size", "");
+            .render(o, "futureq_delete_batch_size", "");
         scalar(
-            &mut o,
+            o,
             "futureq_delete_failures_total",
             "counter",
             "Failed delete flushes (retried).",
             self.delete_failures.load(r),
         );
         scalar(
-            &mut o,
+            o,
             "futureq_deletes_committed_total",
             "counter",
             "Keys whose delete (acknowledged or dropped deliveries) the write path committed: durable in the journal or the Raft log.",
             self.deletes_committed.load(r),
         );
         scalar(
-            &mut o,
+            o,
             "futureq_pending_deletes",
             "gauge",
             "Acknowledged keys awaiting their delete flush.",
             self.pending_deletes.load(r),
         );
         scalar(
-            &mut o,
+            o,
             "futureq_messages_parked",
             "gauge",
             "Messages acked by some consumer groups and kept for groups without members (remembered in memory, at most 1000000).",
             self.parked_messages.load(r),
         );
+    }
+
+    /// The write path's other commands, the publish budget, the store and the data disk.
+    fn render_storage(&self, o: &mut String) {
+        let r = Ordering::Relaxed;
         scalar(
-            &mut o,
+            o,
             "futureq_messages_cancelled_total",
             "counter",
             "Stored messages deleted by Cancel requests.",
             self.messages_cancelled.load(r),
         );
         scalar(
-            &mut o,
+            o,
             "futureq_messages_rescheduled_total",
             "counter",
             "Stored messages moved to a new due time by Reschedule requests.",
             self.messages_rescheduled.load(r),
         );
         scalar(
-            &mut o,
+            o,
             "futureq_messages_deduplicated_total",
             "counter",
             "Published messages not stored because their dedup id was remembered (publish.dedupWindow); each answered with the first message's tag.",
             self.messages_deduplicated.load(r),
         );
         scalar(
-            &mut o,
+            o,
             "futureq_messages_dead_lettered_total",
             "counter",
             "Copies stored on a dead-letter topic by recipients that gave up (max_attempts deliveries without an ACK).",
             self.messages_dead_lettered.load(r),
         );
         scalar(
-            &mut o,
+            o,
             "futureq_publish_in_service_bytes",
             "gauge",
             "Publish bytes read from clients and not yet answered by the write core (streams stop reading while the node's budget is used up).",
             self.publish_bytes_in_service.load(r),
         );
         scalar(
-            &mut o,
+            o,
             "futureq_store_commits_total",
             "counter",
             "Apply transactions committed to the store (each applies a group of log entries).",
             self.store_commits.load(r),
         );
         scalar(
-            &mut o,
+            o,
             "futureq_store_commit_ops_total",
             "counter",
             "Log entries applied by those transactions.",
             self.store_commit_ops.load(r),
         );
         scalar(
-            &mut o,
+            o,
             "futureq_store_digest",
             "gauge",
             "Digest of the stored messages, indexes and groups (its low 52 bits, exact as a float): equal on replicas that applied the same log (compare at equal futureq_raft_applied_index).",
@@ -646,7 +675,7 @@ impl Metrics {
         if let Some(d) = &self.disk {
             if d.free_bytes() != u64::MAX {
                 scalar(
-                    &mut o,
+                    o,
                     "futureq_disk_free_bytes",
                     "gauge",
                     "Free bytes of the fullest data directory's file system, read every 500 ms.",
@@ -654,21 +683,20 @@ impl Metrics {
                 );
             }
             scalar(
-                &mut o,
+                o,
                 "futureq_disk_min_free_bytes",
                 "gauge",
                 "storage.minFreeBytes: below it publishes are refused.",
                 d.min_free(),
             );
             scalar(
-                &mut o,
+                o,
                 "futureq_disk_low",
                 "gauge",
                 "1 while the data disk is below storage.minFreeBytes and publishes are refused (deliveries, ACKs and cancels go on).",
                 u8::from(d.low()),
             );
         }
-        o
     }
 }
 

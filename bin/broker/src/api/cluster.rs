@@ -262,6 +262,35 @@ fn raft_address(a: String) -> Result<String, Status> {
     }
 }
 
+/// Why a membership call's caller may not change the membership, if it may not: without
+/// the cluster secret (when one is set, and the caller is no admin), or without a node
+/// certificate when `needs_certificate`.
+fn refused_caller(
+    secret: &futureq_net::peer_link::PeerSecret,
+    admin: bool,
+    needs_certificate: bool,
+    call: &Call,
+) -> Option<Refusal> {
+    if !secret.is_open() && !admin {
+        let offered = call
+            .headers
+            .get(crate::cluster::SECRET_HEADER)
+            .map(|v| v.as_bytes().to_vec());
+        if !offered.is_some_and(|o| secret.matches(&o)) {
+            tracing::warn!(target: "grpc", method = %call.path, "membership call without the cluster secret refused");
+            return Some(Refusal::new(Reason::Unauthenticated, "membership changes need the cluster secret (header futureq-cluster-secret): missing or wrong"));
+        }
+    }
+    if needs_certificate {
+        tracing::warn!(target: "grpc", method = %call.path, "membership call without a certificate of the cluster CA refused");
+        return Some(Refusal::new(
+            Reason::PermissionDenied,
+            "membership changes need a client certificate of the cluster CA (cluster.tls) or an admin principal",
+        ));
+    }
+    None
+}
+
 /// `JoinCluster`, `LeaveCluster`, `JoinMetadata`, `LeaveMetadata` on a clustered node; with a
 /// cluster secret, only calls that carry it (header `futureq-cluster-secret`, compared in
 /// constant time) or come from an `admin` principal are served, others get UNAUTHENTICATED;
@@ -275,23 +304,7 @@ pub async fn membership(
     call: Call,
     out: &mut Outbound,
 ) -> Status {
-    if !secret.is_open() && !admin {
-        let offered = call
-            .headers
-            .get(crate::cluster::SECRET_HEADER)
-            .map(|v| v.as_bytes().to_vec());
-        if !offered.is_some_and(|o| secret.matches(&o)) {
-            tracing::warn!(target: "grpc", method = %call.path, "membership call without the cluster secret refused");
-            let r = Refusal::new(Reason::Unauthenticated, "membership changes need the cluster secret (header futureq-cluster-secret): missing or wrong");
-            return super::context::drained(call, r).await;
-        }
-    }
-    if needs_certificate {
-        tracing::warn!(target: "grpc", method = %call.path, "membership call without a certificate of the cluster CA refused");
-        let r = Refusal::new(
-            Reason::PermissionDenied,
-            "membership changes need a client certificate of the cluster CA (cluster.tls) or an admin principal",
-        );
+    if let Some(r) = refused_caller(secret, admin, needs_certificate, &call) {
         return super::context::drained(call, r).await;
     }
     match call.path.as_str() {

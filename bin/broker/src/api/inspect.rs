@@ -58,32 +58,76 @@ pub async fn topic_stats(
         return super::context::not_leader(ctx);
     }
     let only = (!req.topic.is_empty()).then(|| topic_hash(&req.topic));
+    let (rows, registered) = match stored_stats(ctx, only).await {
+        Ok(r) => r,
+        Err(s) => return s,
+    };
+    let mut topics = with_activity(ctx, rows, only).await;
+    if topics.is_empty() && only.is_some() {
+        topics.insert(
+            topic_hash(&req.topic),
+            pb::TopicStats {
+                topic: req.topic,
+                ..pb::TopicStats::default()
+            },
+        );
+    }
+    with_groups(ctx, &mut topics, registered, only).await;
+    // A principal sees the topics it may publish to or consume from.
+    let mut topics: Vec<pb::TopicStats> = topics
+        .into_values()
+        .filter(|t| access.sees(&t.topic))
+        .collect();
+    topics.sort_by(|a, b| a.topic.cmp(&b.topic));
+    let resp = pb::TopicStatsResponse { topics };
+    let len = resp.encoded_len();
+    if len > ctx.settings.max_send_message_len {
+        return Status::refused(Reason::TooLarge, format!(
+                "the stats of {} topics take {len} bytes, over api.grpc.maxSendMessageSize ({} bytes); ask for one topic at a time",
+                resp.topics.len(),
+                ctx.settings.max_send_message_len
+            ),
+        );
+    }
+    match out.send(&resp).await {
+        Ok(()) => Status::ok(),
+        Err(s) => s,
+    }
+}
+
+/// What the store knows: per topic its counts and next due time, and the registered groups;
+/// refused when more than fit one response.
+async fn stored_stats(
+    ctx: &Ctx,
+    only: Option<TopicHash>,
+) -> Result<(Vec<futureq_storage::TopicStat>, Vec<(TopicHash, String)>), Status> {
     let limit = ctx.settings.max_send_message_len / TOPIC_STATS_BYTES_MIN;
-    let (rows, registered) = match read(ctx, move |s| {
+    let (rows, registered) = read(ctx, move |s| {
         Ok((
             s.topic_stats(only, limit)?,
             s.groups(only, limit.saturating_add(1))?,
         ))
     })
-    .await
-    {
-        Ok(r) => r,
-        Err(s) => return s,
-    };
+    .await?;
     if rows.len() > limit || registered.len() > limit {
-        return Status::refused(Reason::TooLarge, format!(
+        return Err(Status::refused(Reason::TooLarge, format!(
                 "more than {limit} topics or groups: their stats cannot fit api.grpc.maxSendMessageSize ({} bytes); ask for one topic at a time, or raise the limit",
                 ctx.settings.max_send_message_len
             ),
-        );
+        ));
     }
+    Ok((rows, registered))
+}
+
+/// The stored rows as stats, with what the dispatcher knows of each topic: deliveries in
+/// flight and consumer streams (a topic with consumers and nothing stored is listed too).
+async fn with_activity(
+    ctx: &Ctx,
+    rows: Vec<futureq_storage::TopicStat>,
+    only: Option<TopicHash>,
+) -> HashMap<TopicHash, pb::TopicStats> {
     let (tx, rx) = oneshot::channel();
     let activity = match ctx.hub.send_async(HubCmd::Activity(tx)).await {
-        Ok(()) => rx.await.unwrap_or_default(),
-        Err(_) => HashMap::new(),
-    };
-    let (reply, rx) = oneshot::channel();
-    let mut hub_groups = match ctx.hub.send_async(HubCmd::Groups { only, reply }).await {
         Ok(()) => rx.await.unwrap_or_default(),
         Err(_) => HashMap::new(),
     };
@@ -111,15 +155,22 @@ pub async fn topic_stats(
         t.in_flight = a.in_flight;
         t.consumers = a.consumers;
     }
-    if topics.is_empty() && only.is_some() {
-        topics.insert(
-            topic_hash(&req.topic),
-            pb::TopicStats {
-                topic: req.topic,
-                ..pb::TopicStats::default()
-            },
-        );
-    }
+    topics
+}
+
+/// Each listed topic's registered groups, with what the dispatcher knows of each: members,
+/// deliveries in flight, and pending (stored less what the group is done with).
+async fn with_groups(
+    ctx: &Ctx,
+    topics: &mut HashMap<TopicHash, pb::TopicStats>,
+    registered: Vec<(TopicHash, String)>,
+    only: Option<TopicHash>,
+) {
+    let (reply, rx) = oneshot::channel();
+    let mut hub_groups = match ctx.hub.send_async(HubCmd::Groups { only, reply }).await {
+        Ok(()) => rx.await.unwrap_or_default(),
+        Err(_) => HashMap::new(),
+    };
     for (h, group) in registered {
         let Some(t) = topics.get_mut(&h) else {
             // A topic with groups, nothing stored and no consumer: listed when asked for.
@@ -135,26 +186,6 @@ pub async fn topic_stats(
             consumers: known.consumers,
             group,
         });
-    }
-    // A principal sees the topics it may publish to or consume from.
-    let mut topics: Vec<pb::TopicStats> = topics
-        .into_values()
-        .filter(|t| access.sees(&t.topic))
-        .collect();
-    topics.sort_by(|a, b| a.topic.cmp(&b.topic));
-    let resp = pb::TopicStatsResponse { topics };
-    let len = resp.encoded_len();
-    if len > ctx.settings.max_send_message_len {
-        return Status::refused(Reason::TooLarge, format!(
-                "the stats of {} topics take {len} bytes, over api.grpc.maxSendMessageSize ({} bytes); ask for one topic at a time",
-                resp.topics.len(),
-                ctx.settings.max_send_message_len
-            ),
-        );
-    }
-    match out.send(&resp).await {
-        Ok(()) => Status::ok(),
-        Err(s) => s,
     }
 }
 
