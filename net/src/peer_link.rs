@@ -493,24 +493,11 @@ impl PeerClient {
         (RECONNECT_MIN * 2u32.pow(doublings)).min(self.reconnect_max)
     }
 
+    /// The live connection to the peer, or a new one: waits for an attempt in progress; a
+    /// new attempt only after the backoff since the last.
     async fn connection(&self) -> Result<Rc<Conn>, PeerError> {
-        loop {
-            if let Some(c) = self.conn.borrow().as_ref().filter(|c| c.alive.get()) {
-                return Ok(Rc::clone(c));
-            }
-            if !self.connecting.get() {
-                break;
-            }
-            let l = self.connect_done.listen();
-            if self.connecting.get() {
-                l.await;
-            }
-            if self.conn.borrow().as_ref().is_none_or(|c| !c.alive.get()) {
-                return Err(PeerError::Unreachable(
-                    self.addr,
-                    "connection attempt failed".into(),
-                ));
-            }
+        if let Some(c) = self.current().await {
+            return c;
         }
         if self
             .last_attempt
@@ -527,32 +514,65 @@ impl PeerClient {
         // Ends the attempt however this future ends: also when the caller drops it (an
         // openraft RPC timeout), which left `connecting` set and the peer unreachable.
         let _attempt = AttemptGuard(self);
+        let io = match self.dial().await {
+            Ok(io) => io,
+            Err(e) => {
+                self.failures.set(self.failures.get().saturating_add(1));
+                return Err(e);
+            }
+        };
+        self.failures.set(0);
+        let c = self.open(io).await?;
+        *self.conn.borrow_mut() = Some(Rc::clone(&c));
+        Ok(c)
+    }
+
+    /// The live connection, or the outcome of the attempt in progress; `None` when neither
+    /// (a new attempt may start).
+    async fn current(&self) -> Option<Result<Rc<Conn>, PeerError>> {
+        loop {
+            if let Some(c) = self.conn.borrow().as_ref().filter(|c| c.alive.get()) {
+                return Some(Ok(Rc::clone(c)));
+            }
+            if !self.connecting.get() {
+                return None;
+            }
+            let l = self.connect_done.listen();
+            if self.connecting.get() {
+                l.await;
+            }
+            if self.conn.borrow().as_ref().is_none_or(|c| !c.alive.get()) {
+                return Some(Err(PeerError::Unreachable(
+                    self.addr,
+                    "connection attempt failed".into(),
+                )));
+            }
+        }
+    }
+
+    /// A TCP connection to the peer (from the bound address, if any), with TLS when set.
+    async fn dial(&self) -> Result<Box<dyn Io>, PeerError> {
         let connected = match self.bind {
             None => TcpStream::connect(self.addr)
                 .await
                 .map_err(std::io::Error::from),
             Some(ip) => connect_from(ip, self.addr, CONNECT_TIMEOUT, &self.connect_thread).await,
         };
-        let stream = match connected {
-            Ok(s) => s,
-            Err(e) => {
-                self.failures.set(self.failures.get().saturating_add(1));
-                return Err(PeerError::Unreachable(self.addr, e.to_string()));
-            }
-        };
+        let stream = connected.map_err(|e| PeerError::Unreachable(self.addr, e.to_string()))?;
         let _ = stream.set_nodelay(true);
-        let io: Box<dyn Io> = match &self.tls {
-            None => Box::new(stream),
-            Some(tls) => match tls_connect(tls, self.addr, stream).await {
-                Ok(s) => s,
-                Err(e) => {
-                    self.failures.set(self.failures.get().saturating_add(1));
-                    tracing::debug!(target: "net.peer", peer = %self.addr, error = %e, "peer link: TLS handshake failed");
-                    return Err(PeerError::Unreachable(self.addr, format!("TLS: {e}")));
-                }
-            },
-        };
-        self.failures.set(0);
+        match &self.tls {
+            None => Ok(Box::new(stream)),
+            Some(tls) => tls_connect(tls, self.addr, stream).await.map_err(|e| {
+                tracing::debug!(target: "net.peer", peer = %self.addr, error = %e, "peer link: TLS handshake failed");
+                PeerError::Unreachable(self.addr, format!("TLS: {e}"))
+            }),
+        }
+    }
+
+    /// Starts a connection's writer and reader and sends its hello (the secret: the server
+    /// closes the connection if it is wrong). Replies go to their waiting requests; when the
+    /// connection ends, every waiting request sees it closed.
+    async fn open(&self, io: Box<dyn Io>) -> Result<Rc<Conn>, PeerError> {
         let (r, w) = futures_lite::io::split(io);
         let alive = Rc::new(Cell::new(true));
         let pending: Pending = Rc::default();
@@ -564,7 +584,6 @@ impl PeerClient {
             }
         };
         let tx = spawn_writer(w, dead.clone());
-        // The first frame: the secret (the server closes the connection if it is wrong).
         let hello = encode(&PeerFrame {
             group: 0,
             kind: KIND_HELLO,
@@ -589,9 +608,7 @@ impl PeerClient {
             })
             .detach();
         }
-        let c = Rc::new(Conn { tx, pending, alive });
-        *self.conn.borrow_mut() = Some(Rc::clone(&c));
-        Ok(c)
+        Ok(Rc::new(Conn { tx, pending, alive }))
     }
 
     /// Sends a request and waits for its response.

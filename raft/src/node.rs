@@ -147,34 +147,8 @@ impl Node {
         on_applied: OnApplied,
     ) -> Result<Node, NodeError> {
         let tracker = PersistTracker::default();
-        let t = tracker.clone();
-        let hook: futureq_storage::log::segmented::PersistHook =
-            Box::new(move |entry| t.persisted(entry));
-        let mut event_log = open_log(
-            cfg.data_dir.join("event"),
-            (cfg.segment_bytes, EVENT_LOG_CACHE_BYTES),
-            hook,
-        )
-        .await?;
-        check_not_behind_purge(&mut event_log, &store, &cfg.data_dir).await?;
-        let meta_log = open_log(
-            cfg.data_dir.join("meta"),
-            (SEGMENT_BYTES, META_LOG_CACHE_BYTES),
-            Box::new(|_| {}),
-        )
-        .await?;
-        let event_cfg = raft_config(
-            "futureq-event",
-            cfg.rtt,
-            SnapshotPolicy::LogsSinceLast(cfg.snapshot_entries),
-            cfg.compaction_overhead,
-        )?;
-        let meta_cfg = raft_config(
-            "futureq-meta",
-            cfg.rtt,
-            SnapshotPolicy::LogsSinceLast(META_SNAPSHOT_ENTRIES),
-            META_SNAPSHOT_ENTRIES,
-        )?;
+        let (event_log, meta_log) = open_logs(cfg, &store, &tracker).await?;
+        let (event_cfg, meta_cfg) = group_configs(cfg)?;
         let election_timeout = Duration::from_millis(event_cfg.election_timeout_min);
         // A restarted peer must hear from the leader well within its election timeout
         // (10 rtt): retry links to a down peer at least every 2 rtt.
@@ -208,11 +182,6 @@ impl Node {
         )
         .await
         .map_err(|e| NodeError::Raft(e.to_string()))?;
-        let listener =
-            glommio::net::TcpListener::bind(cfg.raft_listen).map_err(|e| NodeError::Listen {
-                addr: cfg.raft_listen,
-                reason: e.to_string(),
-            })?;
         let node = Node {
             id: cfg.node_id,
             event,
@@ -225,6 +194,25 @@ impl Node {
             proposals: Rc::new(glommio::sync::Semaphore::new(PROPOSALS_MAX)),
             event_sm,
         };
+        node.serve_peer_port(cfg)?;
+        glommio::spawn_local(bound_log_bytes(
+            node.event.clone(),
+            bounded_log,
+            cfg.log_bytes_max,
+            node.stop.clone(),
+        ))
+        .detach();
+        Ok(node)
+    }
+
+    /// Listens on `cluster.raft.listen` for the peers' links: Raft RPCs to their group,
+    /// forwarded requests to this node.
+    fn serve_peer_port(&self, cfg: &NodeConfig) -> Result<(), NodeError> {
+        let listener =
+            glommio::net::TcpListener::bind(cfg.raft_listen).map_err(|e| NodeError::Listen {
+                addr: cfg.raft_listen,
+                reason: e.to_string(),
+            })?;
         // Snapshot transfers are spooled beside each group's log.
         let receiving = |dir: PathBuf, group, max_bytes| {
             Receiving::new(&dir, group, max_bytes).map_err(|cause| NodeError::Log {
@@ -232,9 +220,13 @@ impl Node {
                 cause,
             })
         };
-        let handler = node.peer_handler(
+        let handler = self.peer_handler(
             receiving(cfg.data_dir.join("event"), EVENT_GROUP, SNAPSHOT_BYTES_MAX)?,
-            receiving(meta_dir, META_GROUP, crate::metadata_sm::META_SNAPSHOT_MAX)?,
+            receiving(
+                cfg.data_dir.join("meta"),
+                META_GROUP,
+                crate::metadata_sm::META_SNAPSHOT_MAX,
+            )?,
         );
         glommio::spawn_local(serve_peers(
             listener,
@@ -244,17 +236,10 @@ impl Node {
                 secret: cfg.secret.clone(),
                 tls: cfg.tls.clone(),
             },
-            node.stop.clone(),
+            self.stop.clone(),
         ))
         .detach();
-        glommio::spawn_local(bound_log_bytes(
-            node.event.clone(),
-            bounded_log,
-            cfg.log_bytes_max,
-            node.stop.clone(),
-        ))
-        .detach();
-        Ok(node)
+        Ok(())
     }
 
     /// Whether either group has state on disk (a restart: no bootstrap, no join).
@@ -592,4 +577,52 @@ impl Node {
         let _ = self.event.shutdown().await;
         let _ = self.meta.shutdown().await;
     }
+}
+
+/// A group's log on disk.
+type GroupLog = crate::log_store::LogStore<self::open::DiskIo>;
+/// A group's Raft configuration.
+type RaftConfig = std::sync::Arc<openraft::Config>;
+
+/// Opens both groups' logs; the event log's persist hook feeds `tracker` (LEADER acks), and
+/// a store behind the event log's purge point refuses the start.
+async fn open_logs(
+    cfg: &NodeConfig,
+    store: &Store,
+    tracker: &PersistTracker,
+) -> Result<(GroupLog, GroupLog), NodeError> {
+    let t = tracker.clone();
+    let hook: futureq_storage::log::segmented::PersistHook =
+        Box::new(move |entry| t.persisted(entry));
+    let mut event_log = open_log(
+        cfg.data_dir.join("event"),
+        (cfg.segment_bytes, EVENT_LOG_CACHE_BYTES),
+        hook,
+    )
+    .await?;
+    check_not_behind_purge(&mut event_log, store, &cfg.data_dir).await?;
+    let meta_log = open_log(
+        cfg.data_dir.join("meta"),
+        (SEGMENT_BYTES, META_LOG_CACHE_BYTES),
+        Box::new(|_| {}),
+    )
+    .await?;
+    Ok((event_log, meta_log))
+}
+
+/// The Raft configurations of the event shard and of the metadata group.
+fn group_configs(cfg: &NodeConfig) -> Result<(RaftConfig, RaftConfig), NodeError> {
+    let event = raft_config(
+        "futureq-event",
+        cfg.rtt,
+        SnapshotPolicy::LogsSinceLast(cfg.snapshot_entries),
+        cfg.compaction_overhead,
+    )?;
+    let meta = raft_config(
+        "futureq-meta",
+        cfg.rtt,
+        SnapshotPolicy::LogsSinceLast(META_SNAPSHOT_ENTRIES),
+        META_SNAPSHOT_ENTRIES,
+    )?;
+    Ok((event, meta))
 }

@@ -480,52 +480,12 @@ async fn serve_h2<T: AsyncRead + AsyncWrite + Unpin>(
     cfg: Rc<ServerConfig>,
     shutdown: Shutdown,
 ) {
-    let mut builder = h2::server::Builder::new();
-    builder
-        .initial_window_size(cfg.stream_window)
-        .initial_connection_window_size(cfg.connection_window)
-        .max_concurrent_streams(advertised_streams(cfg.max_concurrent_streams))
-        .max_frame_size(1 << 20)
-        .max_header_list_size(64 << 10);
-    let mut conn = match within(deadline, builder.handshake::<_, Bytes>(io)).await {
-        Some(Ok(c)) => c,
-        Some(Err(e)) => {
-            if !is_quiet_disconnect(&e) {
-                tracing::debug!(target: "net.grpc", ?peer, error = %e, "HTTP/2 handshake failed");
-            }
-            return;
-        }
-        None => {
-            tracing::info!(target: "net.grpc", ?peer, timeout_ms = cfg.handshake_timeout.as_millis() as u64, "closing connection: no HTTP/2 handshake within the timeout");
-            return;
-        }
+    let Some(mut conn) = h2_handshake(io, peer, deadline, &cfg).await else {
+        return;
     };
+    let dead = keepalive(&mut conn, &cfg);
     let streams = Rc::new(Cell::new(0u32)); // requests being served on this connection
     let mut refused_logged = false;
-    // Keepalive: a peer that stops answering pings (half-open TCP, frozen client) is dropped.
-    let dead = Shutdown::new(); // set when a keepalive ping goes unanswered
-    if let (Some(interval), Some(mut pings)) = (cfg.keepalive_interval, conn.ping_pong()) {
-        let dead = dead.clone();
-        let timeout = cfg.keepalive_timeout;
-        glommio::spawn_local(async move {
-            loop {
-                glommio::timer::sleep(interval).await;
-                let answered = future::or(
-                    async { pings.ping(h2::Ping::opaque()).await.is_ok() },
-                    async {
-                        glommio::timer::sleep(timeout).await;
-                        false
-                    },
-                )
-                .await;
-                if !answered {
-                    dead.trigger();
-                    return;
-                }
-            }
-        })
-        .detach();
-    }
     let mut closing = false;
     loop {
         let watch_dead = async {
@@ -555,18 +515,12 @@ async fn serve_h2<T: AsyncRead + AsyncWrite + Unpin>(
         match next {
             Some(Ok((req, mut respond))) => {
                 if streams.get() >= cfg.max_concurrent_streams {
-                    // Refused at once (Trailers-Only): the client sees why, and the stream
-                    // ends, so the refusal holds no slot.
-                    let limit = cfg.max_concurrent_streams;
-                    if !refused_logged {
-                        refused_logged = true;
-                        tracing::warn!(target: "net.grpc", ?peer, limit, "a connection opened more streams than api.grpc.maxConcurrentStreams; refusing the excess with RESOURCE_EXHAUSTED");
-                    }
-                    let status = Status::refused(
-                        Reason::Overloaded,
-                        format!("this connection has {limit} streams open, the server's limit (api.grpc.maxConcurrentStreams); end some streams or open another connection"),
+                    refuse_stream(
+                        &mut respond,
+                        cfg.max_concurrent_streams,
+                        peer,
+                        &mut refused_logged,
                     );
-                    let _ = respond.send_response(grpc_response(Some(&status)), true);
                     drop(req);
                     continue;
                 }
@@ -589,6 +543,86 @@ async fn serve_h2<T: AsyncRead + AsyncWrite + Unpin>(
             None => break,
         }
     }
+}
+
+/// The HTTP/2 handshake, by `deadline`; `None` (logged) when it failed or came too late.
+async fn h2_handshake<T: AsyncRead + AsyncWrite + Unpin>(
+    io: T,
+    peer: Option<std::net::SocketAddr>,
+    deadline: Instant,
+    cfg: &ServerConfig,
+) -> Option<h2::server::Connection<T, Bytes>> {
+    let mut builder = h2::server::Builder::new();
+    builder
+        .initial_window_size(cfg.stream_window)
+        .initial_connection_window_size(cfg.connection_window)
+        .max_concurrent_streams(advertised_streams(cfg.max_concurrent_streams))
+        .max_frame_size(1 << 20)
+        .max_header_list_size(64 << 10);
+    match within(deadline, builder.handshake::<_, Bytes>(io)).await {
+        Some(Ok(c)) => Some(c),
+        Some(Err(e)) => {
+            if !is_quiet_disconnect(&e) {
+                tracing::debug!(target: "net.grpc", ?peer, error = %e, "HTTP/2 handshake failed");
+            }
+            None
+        }
+        None => {
+            tracing::info!(target: "net.grpc", ?peer, timeout_ms = cfg.handshake_timeout.as_millis() as u64, "closing connection: no HTTP/2 handshake within the timeout");
+            None
+        }
+    }
+}
+
+/// Keepalive: a peer that stops answering pings (half-open TCP, frozen client) is dropped.
+/// The signal fires when a ping goes unanswered.
+fn keepalive<T: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut h2::server::Connection<T, Bytes>,
+    cfg: &ServerConfig,
+) -> Shutdown {
+    let dead = Shutdown::new();
+    if let (Some(interval), Some(mut pings)) = (cfg.keepalive_interval, conn.ping_pong()) {
+        let dead = dead.clone();
+        let timeout = cfg.keepalive_timeout;
+        glommio::spawn_local(async move {
+            loop {
+                glommio::timer::sleep(interval).await;
+                let answered = future::or(
+                    async { pings.ping(h2::Ping::opaque()).await.is_ok() },
+                    async {
+                        glommio::timer::sleep(timeout).await;
+                        false
+                    },
+                )
+                .await;
+                if !answered {
+                    dead.trigger();
+                    return;
+                }
+            }
+        })
+        .detach();
+    }
+    dead
+}
+
+/// Refuses a stream past the connection's limit at once (Trailers-Only): the client sees why,
+/// and the stream ends, so the refusal holds no slot. Logged once per connection.
+fn refuse_stream(
+    respond: &mut h2::server::SendResponse<Bytes>,
+    limit: u32,
+    peer: Option<std::net::SocketAddr>,
+    logged: &mut bool,
+) {
+    if !*logged {
+        *logged = true;
+        tracing::warn!(target: "net.grpc", ?peer, limit, "a connection opened more streams than api.grpc.maxConcurrentStreams; refusing the excess with RESOURCE_EXHAUSTED");
+    }
+    let status = Status::refused(
+        Reason::Overloaded,
+        format!("this connection has {limit} streams open, the server's limit (api.grpc.maxConcurrentStreams); end some streams or open another connection"),
+    );
+    let _ = respond.send_response(grpc_response(Some(&status)), true);
 }
 
 /// Accepts connections on `listener` until `shutdown`, serving each on this executor, over
