@@ -459,13 +459,12 @@ impl<I: LogIo + 'static> Journal<I> {
         Ok(())
     }
 
-    /// Appends the command `make` encodes (given the next event id to assign, which it
-    /// advances past the ids it used) and waits as `wait` says.
-    async fn submit(
-        &self,
-        make: impl FnOnce(&mut u64) -> Vec<u8>,
-        wait: Wait,
-    ) -> Result<Answer, JournalError> {
+    /// Waits until the journal takes another entry: fewer than its bounds of unapplied
+    /// entries, bytes and ids ahead of the store.
+    ///
+    /// # Errors
+    /// The journal failed or stopped.
+    async fn room(&self) -> Result<(), JournalError> {
         loop {
             self.check()?;
             let listener = {
@@ -475,36 +474,23 @@ impl<I: LogIo + 'static> Journal<I> {
                     && st.queue_bytes < UNAPPLIED_BYTES_MAX
                     && ids_ahead < IDS_AHEAD_MAX
                 {
-                    break;
+                    return Ok(());
                 }
                 self.0.changed.listen()
             };
             listener.await;
         }
-        // No await from here to the append: ids and indexes are taken in log order.
-        let (index, bytes, first_id) = {
-            let mut st = self.0.st.borrow_mut();
-            let first_id = st.next_id;
-            let bytes = make(&mut st.next_id);
-            // Event ids never regress (module docs): every id handed out is above the
-            // store's `last-id` and above the previous entry's.
-            assert!(
-                st.next_id >= first_id && first_id > self.0.store.applied_last_id(),
-                "journal ids regress: {first_id}..{} against last-id {}",
-                st.next_id,
-                self.0.store.applied_last_id()
-            );
-            (st.next_index, bytes, first_id)
-        };
-        let (durable_tx, durable_rx) = match wait {
-            Wait::Durable => {
-                let (tx, rx) = oneshot::channel();
-                (Some(tx), Some(rx))
-            }
-            _ => (None, None),
-        };
+    }
+
+    /// The log's callback for the entry at `index`: records it flushed (durable) and answers
+    /// a `Wait::Durable` writer; a failed flush fails the journal and every writer.
+    fn on_flushed(
+        &self,
+        index: u64,
+        durable_tx: Option<oneshot::Sender<Result<Answer, JournalError>>>,
+    ) -> crate::log::segmented::Flushed {
         let weak = Rc::downgrade(&self.0);
-        let done = Box::new(move |r: Result<(), FlushError>| {
+        Box::new(move |r: Result<(), FlushError>| {
             let Some(inner) = weak.upgrade() else { return };
             let out = {
                 let mut st = inner.st.borrow_mut();
@@ -528,7 +514,40 @@ impl<I: LogIo + 'static> Journal<I> {
                 let _ = tx.send(out);
             }
             inner.changed.notify(usize::MAX);
-        });
+        })
+    }
+
+    /// Appends the command `make` encodes (given the next event id to assign, which it
+    /// advances past the ids it used) and waits as `wait` says.
+    async fn submit(
+        &self,
+        make: impl FnOnce(&mut u64) -> Vec<u8>,
+        wait: Wait,
+    ) -> Result<Answer, JournalError> {
+        self.room().await?;
+        // No await from here to the append: ids and indexes are taken in log order.
+        let (index, bytes, first_id) = {
+            let mut st = self.0.st.borrow_mut();
+            let first_id = st.next_id;
+            let bytes = make(&mut st.next_id);
+            // Event ids never regress (module docs): every id handed out is above the
+            // store's `last-id` and above the previous entry's.
+            assert!(
+                st.next_id >= first_id && first_id > self.0.store.applied_last_id(),
+                "journal ids regress: {first_id}..{} against last-id {}",
+                st.next_id,
+                self.0.store.applied_last_id()
+            );
+            (st.next_index, bytes, first_id)
+        };
+        let (durable_tx, durable_rx) = match wait {
+            Wait::Durable => {
+                let (tx, rx) = oneshot::channel();
+                (Some(tx), Some(rx))
+            }
+            _ => (None, None),
+        };
+        let done = self.on_flushed(index, durable_tx);
         if let Err(e) = self.0.log.append(
             vec![(Term::JOURNAL, LogIndex(index), bytes.as_slice())],
             done,

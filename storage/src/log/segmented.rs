@@ -37,6 +37,9 @@ const _: () = assert!(
 /// A sensible [`LogConfig::cache_bytes`]: enough for the entries in flight at full load.
 pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
 
+/// One segment's part of a flush: (name, create it?, write offset, buffer, new flushed end).
+type PlannedWrite = (String, bool, u64, Vec<u8>, u64);
+
 /// Sees each entry's payload once its flush made it durable (the leader-persist hook).
 pub type PersistHook = Box<dyn Fn(&[u8])>;
 
@@ -250,17 +253,7 @@ impl<I: LogIo> Log<I> {
                 Some((seq, v)) => (seq, decode_mark(&v)),
                 None => (0, None),
             };
-        let mut names: Vec<(u64, String)> = io
-            .list()
-            .await?
-            .into_iter()
-            .filter_map(|n| {
-                n.strip_suffix(".log")
-                    .and_then(|f| f.parse().ok())
-                    .map(|f| (f, n))
-            })
-            .collect();
-        names.sort();
+        let names = segment_names(&io).await?;
         let mut st = State::default();
         let mut expected: Option<u64> = None;
         // Entries up to `mark` were fsynced: damage there is corruption, not a torn write.
@@ -284,29 +277,11 @@ impl<I: LogIo> Log<I> {
             let img = io
                 .read_at(name, 0, usize::try_from(len).unwrap_or(usize::MAX))
                 .await?;
-            let mut offset = 0usize;
-            let mut next = expected.unwrap_or(*first);
-            let mut problem: Option<&'static str> = None;
-            if expected.is_some_and(|e| e != *first) {
-                problem = Some("segment does not follow the previous one");
-            }
-            while problem.is_none() {
-                match decode(&img[offset..]) {
-                    Decoded::Record(r, n) if r.index.0 == next => {
-                        st.locs.insert(r.index.0, (*first, offset as u64, n));
-                        next += 1;
-                        offset += n;
-                    }
-                    Decoded::Record(..) => problem = Some("index out of sequence"),
-                    Decoded::End => {
-                        if img[offset..].iter().any(|b| *b != 0) {
-                            problem = Some("zeroed block before later data");
-                        }
-                        break;
-                    }
-                    Decoded::Bad(reason) => problem = Some(reason),
-                }
-            }
+            let (offset, next, problem) = if expected.is_some_and(|e| e != *first) {
+                (0, *first, Some("segment does not follow the previous one"))
+            } else {
+                scan_segment(&img, *first, expected.unwrap_or(*first), &mut st.locs)
+            };
             if let Some(reason) = problem {
                 if !torn_ok(&st) {
                     return Err(LogError::Corrupt {
@@ -316,15 +291,7 @@ impl<I: LogIo> Log<I> {
                     });
                 }
                 tracing::warn!(target: "storage.recovery", segment = %name, offset, reason, "cutting torn tail");
-                // Zero everything after the last good record so the cut is durable.
-                let dirty_end = img.iter().rposition(|b| *b != 0).map_or(offset, |p| p + 1) as u64;
-                let start = floor(offset as u64);
-                let mut buf = img[start as usize..offset].to_vec();
-                buf.resize(usize::try_from(ceil(dirty_end) - start).unwrap_or(0), 0);
-                if !buf.is_empty() {
-                    io.write_at(name, start, buf).await?;
-                    io.sync(name).await?;
-                }
+                cut_torn_tail(&io, name, &img, offset).await?;
                 cut = true;
                 if offset == 0 {
                     // Nothing of this segment survives.
@@ -361,27 +328,24 @@ impl<I: LogIo> Log<I> {
             mark_seq += 1;
             mark = None;
         }
-        while st.segments.last().is_some_and(|s| s.end == 0)
-            && (st.segments.len() > 1 || st.locs.is_empty())
-        {
-            let s = st.segments.pop().expect("checked");
-            io.remove(&s.name).await?;
-        }
+        drop_empty_tail(&io, &mut st).await?;
         // Records beyond the durable mark may have been written by a process that died
         // before their fsync: they are made durable before the log reports them (Raft counts
         // what a log holds as persisted, and the durable mark may name them from the first
         // flush on).
-        let last = st.locs.keys().next_back().copied();
-        for (i, seg) in st.segments.iter().enumerate() {
-            let seg_last = st
-                .segments
-                .get(i + 1)
-                .map_or(last, |next| next.first.checked_sub(1));
-            if seg.end > 0 && seg_last.is_some_and(|l| mark.is_none_or(|m| l > m)) {
-                io.sync(&seg.name).await?;
-            }
-        }
-        Ok(Log {
+        sync_beyond_mark(&io, &st, mark).await?;
+        Ok(Self::recovered(io, cfg, st, on_persisted, (mark, mark_seq)))
+    }
+
+    /// The log as recovery left it: its segments and records, and the durable mark.
+    fn recovered(
+        io: I,
+        cfg: LogConfig,
+        st: State,
+        on_persisted: Option<PersistHook>,
+        (mark, mark_seq): (Option<u64>, u64),
+    ) -> Self {
+        Log {
             io,
             cfg,
             st: RefCell::new(st),
@@ -394,7 +358,7 @@ impl<I: LogIo> Log<I> {
             mark_saved_at: std::cell::Cell::new(None),
             flushed_at: std::cell::Cell::new(None),
             waiting_for_space: std::cell::Cell::new(false),
-        })
+        }
     }
 
     /// The durable mark as saved (see [`MARK_FILE`]).
@@ -696,33 +660,7 @@ impl<I: LogIo> Log<I> {
 
     /// Writes everything pending; the persist hook sees the entries below `hook_below`.
     async fn flush_once(&self, hook_below: u64) -> Result<(), LogError> {
-        let (pending_count, callbacks, plan) = {
-            let mut st = self.st.borrow_mut();
-            if st.poisoned {
-                return Err(LogError::Poisoned);
-            }
-            // Records stay in `pending` (readable from memory) until they are on disk.
-            let callbacks = std::mem::take(&mut st.callbacks);
-            let pending = &st.pending;
-            let pending_count = pending.len();
-            // Per touched segment: (name, create?, write offset, buffer, new flushed end).
-            let mut plan: Vec<(String, bool, u64, Vec<u8>, u64)> = Vec::new();
-            for seg in st
-                .segments
-                .iter()
-                .filter(|s| pending.iter().any(|p| p.segment == s.first))
-            {
-                let mut buf = seg.tail.clone();
-                for p in pending.iter().filter(|p| p.segment == seg.first) {
-                    buf.extend_from_slice(&p.bytes);
-                }
-                let start = floor(seg.flushed_end);
-                let new_end = start + buf.len() as u64;
-                buf.resize(usize::try_from(ceil(new_end) - start).unwrap_or(0), 0);
-                plan.push((seg.name.clone(), !seg.created, start, buf, new_end));
-            }
-            (pending_count, callbacks, plan)
-        };
+        let (pending_count, callbacks, plan) = self.plan_flush()?;
         let mut result = Ok(());
         // Per written segment: (name, new flushed end, its last partial block).
         let mut written: Vec<(String, u64, Vec<u8>)> = Vec::with_capacity(plan.len());
@@ -769,6 +707,51 @@ impl<I: LogIo> Log<I> {
             }
             return Err(LogError::Io(std::io::Error::new(e.kind(), e.to_string())));
         }
+        self.flushed(written, pending_count, hook_below, callbacks);
+        Ok(())
+    }
+
+    /// What one flush writes: the pending records grouped per segment (behind each one's
+    /// last partial block, padded to whole blocks), how many records that is, and the
+    /// callbacks it answers. Records stay in `pending` (readable from memory) until they are
+    /// on disk.
+    fn plan_flush(&self) -> Result<(usize, Vec<Flushed>, Vec<PlannedWrite>), LogError> {
+        let mut st = self.st.borrow_mut();
+        if st.poisoned {
+            return Err(LogError::Poisoned);
+        }
+        // Records stay in `pending` (readable from memory) until they are on disk.
+        let callbacks = std::mem::take(&mut st.callbacks);
+        let pending = &st.pending;
+        let pending_count = pending.len();
+        // Per touched segment: (name, create?, write offset, buffer, new flushed end).
+        let mut plan: Vec<PlannedWrite> = Vec::new();
+        for seg in st
+            .segments
+            .iter()
+            .filter(|s| pending.iter().any(|p| p.segment == s.first))
+        {
+            let mut buf = seg.tail.clone();
+            for p in pending.iter().filter(|p| p.segment == seg.first) {
+                buf.extend_from_slice(&p.bytes);
+            }
+            let start = floor(seg.flushed_end);
+            let new_end = start + buf.len() as u64;
+            buf.resize(usize::try_from(ceil(new_end) - start).unwrap_or(0), 0);
+            plan.push((seg.name.clone(), !seg.created, start, buf, new_end));
+        }
+        Ok((pending_count, callbacks, plan))
+    }
+
+    /// After a flush's writes and fsyncs succeeded: the segments' new flushed ends, the
+    /// records out of `pending` (into the read cache), the persist hook, then the callbacks.
+    fn flushed(
+        &self,
+        written: Vec<(String, u64, Vec<u8>)>,
+        pending_count: usize,
+        hook_below: u64,
+        callbacks: Vec<Flushed>,
+    ) {
         {
             let mut st = self.st.borrow_mut();
             for (name, new_end, tail) in written {
@@ -807,7 +790,6 @@ impl<I: LogIo> Log<I> {
         for cb in callbacks {
             cb(Ok(()));
         }
-        Ok(())
     }
 
     /// Reads one entry.
@@ -1016,4 +998,99 @@ impl<I: LogIo> Log<I> {
         }
         Ok(())
     }
+}
+
+/// Reads a segment image's records from index `next` on into `locs` (segment `first`):
+/// where the good records end, the index after the last, and what stopped the read before a
+/// clean zeroed end (`None` at one).
+fn scan_segment(
+    img: &[u8],
+    first: u64,
+    mut next: u64,
+    locs: &mut BTreeMap<u64, (u64, u64, usize)>,
+) -> (usize, u64, Option<&'static str>) {
+    let mut offset = 0usize;
+    loop {
+        match decode(&img[offset..]) {
+            Decoded::Record(r, n) if r.index.0 == next => {
+                locs.insert(r.index.0, (first, offset as u64, n));
+                next += 1;
+                offset += n;
+            }
+            Decoded::Record(..) => return (offset, next, Some("index out of sequence")),
+            Decoded::End => {
+                let problem = img[offset..]
+                    .iter()
+                    .any(|b| *b != 0)
+                    .then_some("zeroed block before later data");
+                return (offset, next, problem);
+            }
+            Decoded::Bad(reason) => return (offset, next, Some(reason)),
+        }
+    }
+}
+
+/// Zeroes a segment after its last good record (at `offset`), durably, so that the cut of a
+/// torn tail holds across another crash.
+async fn cut_torn_tail<I: LogIo>(
+    io: &I,
+    name: &str,
+    img: &[u8],
+    offset: usize,
+) -> Result<(), LogError> {
+    let dirty_end = img.iter().rposition(|b| *b != 0).map_or(offset, |p| p + 1) as u64;
+    let start = floor(offset as u64);
+    let mut buf = img[start as usize..offset].to_vec();
+    buf.resize(usize::try_from(ceil(dirty_end) - start).unwrap_or(0), 0);
+    if !buf.is_empty() {
+        io.write_at(name, start, buf).await?;
+        io.sync(name).await?;
+    }
+    Ok(())
+}
+
+/// Makes durable the segments holding records beyond the durable mark: a process that died
+/// before their fsync may have written them, and Raft counts what a log holds as persisted
+/// (the durable mark may name them from the first flush on).
+async fn sync_beyond_mark<I: LogIo>(io: &I, st: &State, mark: Option<u64>) -> Result<(), LogError> {
+    let last = st.locs.keys().next_back().copied();
+    for (i, seg) in st.segments.iter().enumerate() {
+        let seg_last = st
+            .segments
+            .get(i + 1)
+            .map_or(last, |next| next.first.checked_sub(1));
+        if seg.end > 0 && seg_last.is_some_and(|l| mark.is_none_or(|m| l > m)) {
+            io.sync(&seg.name).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The log's segment files, `(first index, name)`, by first index.
+async fn segment_names<I: LogIo>(io: &I) -> Result<Vec<(u64, String)>, LogError> {
+    let mut names: Vec<(u64, String)> = io
+        .list()
+        .await?
+        .into_iter()
+        .filter_map(|n| {
+            n.strip_suffix(".log")
+                .and_then(|f| f.parse().ok())
+                .map(|f| (f, n))
+        })
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Removes empty trailing segments (a crash right after a roll): they carry nothing, and a
+/// log without entries keeps no segment at all (see the invariants).
+async fn drop_empty_tail<I: LogIo>(io: &I, st: &mut State) -> Result<(), LogError> {
+    while st.segments.last().is_some_and(|s| s.end == 0)
+        && (st.segments.len() > 1 || st.locs.is_empty())
+    {
+        if let Some(s) = st.segments.pop() {
+            io.remove(&s.name).await?;
+        }
+    }
+    Ok(())
 }
