@@ -255,17 +255,7 @@ pub fn run(target: &Target, server: String, cmd: ClientCommand) -> anyhow::Resul
         .build()
         .context("starting the client runtime")?;
     rt.block_on(async move {
-        // A person waits a few seconds for a leader, not a service's quarter of a minute.
-        let (tls, token) = target.security()?;
-        let cfg = futureq_client::ClientConfig {
-            tls,
-            token,
-            retry_for: Duration::from_secs(5),
-            ..futureq_client::ClientConfig::default()
-        };
-        let client = Client::connect_with([server.clone()], cfg)
-            .await
-            .with_context(|| format!("connecting to {server}"))?;
+        let client = connect(target, &server).await?;
         let out = &mut std::io::stdout().lock();
         match cmd {
             ClientCommand::Publish {
@@ -298,19 +288,7 @@ pub fn run(target: &Target, server: String, cmd: ClientCommand) -> anyhow::Resul
                 if let Some(t) = dead_letter_topic {
                     m = m.dead_letter_topic(t);
                 }
-                // One message, retried only if it has a dedup id (then it is stored once).
-                let publisher = client.publisher(PublisherConfig {
-                    idempotent: false,
-                    linger: Duration::ZERO,
-                    ..PublisherConfig::default()
-                });
-                let tag = publisher.publish(m).await?;
-                publisher.close().await;
-                if target.json {
-                    writeln!(out, "{}", json!({ "tag": tag.to_string() }))?;
-                } else {
-                    writeln!(out, "{tag}")?;
-                }
+                publish(&client, target, out, m).await?;
             }
             ClientCommand::Consume {
                 topic,
@@ -330,19 +308,7 @@ pub fn run(target: &Target, server: String, cmd: ClientCommand) -> anyhow::Resul
                 }
             }
             ClientCommand::Reschedule { tag, delay } => {
-                let moved = client.reschedule(&tag, delay).await?;
-                if target.json {
-                    writeln!(
-                        out,
-                        "{}",
-                        json!({ "found": moved.is_some(), "tag": moved.map(|t| t.to_string()) })
-                    )?;
-                } else if let Some(t) = moved {
-                    writeln!(out, "{t}")?;
-                }
-                if moved.is_none() {
-                    bail!("{tag}: not stored (delivered and acked, cancelled, expired, or never published)");
-                }
+                reschedule(&client, target, out, &tag, delay).await?;
             }
             ClientCommand::Stats { topic } => {
                 let stats = client.topic_stats(topic.as_deref()).await?;
@@ -367,25 +333,7 @@ pub fn run(target: &Target, server: String, cmd: ClientCommand) -> anyhow::Resul
             }
             ClientCommand::Groups {
                 cmd: GroupCommand::Delete { topic, group },
-            } => {
-                let r = client.delete_group(&topic, &group).await?;
-                if target.json {
-                    writeln!(
-                        out,
-                        "{}",
-                        json!({ "found": r.found, "consumers_ended": r.consumers_ended })
-                    )?;
-                } else if r.found {
-                    writeln!(
-                        out,
-                        "deleted group {group:?} of topic {topic:?} ({} consumer streams ended)",
-                        r.consumers_ended
-                    )?;
-                }
-                if !r.found {
-                    bail!("group {group:?} of topic {topic:?}: not found");
-                }
-            }
+            } => delete_group(&client, target, out, &topic, &group).await?,
             ClientCommand::Cluster {
                 cmd: ClusterCommand::Info,
             } => {
@@ -395,6 +343,96 @@ pub fn run(target: &Target, server: String, cmd: ClientCommand) -> anyhow::Resul
         }
         Ok(())
     })
+}
+
+/// A client of `server` for one command: a person waits a few seconds for a leader, not a
+/// service's quarter of a minute.
+async fn connect(target: &Target, server: &str) -> anyhow::Result<Client> {
+    let (tls, token) = target.security()?;
+    let cfg = futureq_client::ClientConfig {
+        tls,
+        token,
+        retry_for: Duration::from_secs(5),
+        ..futureq_client::ClientConfig::default()
+    };
+    Client::connect_with([server.to_owned()], cfg)
+        .await
+        .with_context(|| format!("connecting to {server}"))
+}
+
+/// `publish`: one message, retried only if it has a dedup id (then it is stored once); prints
+/// its tag.
+async fn publish(
+    client: &Client,
+    target: &Target,
+    out: &mut impl Write,
+    m: Message,
+) -> anyhow::Result<()> {
+    let publisher = client.publisher(PublisherConfig {
+        idempotent: false,
+        linger: Duration::ZERO,
+        ..PublisherConfig::default()
+    });
+    let tag = publisher.publish(m).await?;
+    publisher.close().await;
+    if target.json {
+        writeln!(out, "{}", json!({ "tag": tag.to_string() }))?;
+    } else {
+        writeln!(out, "{tag}")?;
+    }
+    Ok(())
+}
+
+/// `reschedule`: prints the moved message's new tag; fails when it was not stored.
+async fn reschedule(
+    client: &Client,
+    target: &Target,
+    out: &mut impl Write,
+    tag: &Tag,
+    delay: Duration,
+) -> anyhow::Result<()> {
+    let moved = client.reschedule(tag, delay).await?;
+    if target.json {
+        writeln!(
+            out,
+            "{}",
+            json!({ "found": moved.is_some(), "tag": moved.map(|t| t.to_string()) })
+        )?;
+    } else if let Some(t) = moved {
+        writeln!(out, "{t}")?;
+    }
+    if moved.is_none() {
+        bail!("{tag}: not stored (delivered and acked, cancelled, expired, or never published)");
+    }
+    Ok(())
+}
+
+/// `groups delete`: prints what was ended; fails when the group was not registered.
+async fn delete_group(
+    client: &Client,
+    target: &Target,
+    out: &mut impl Write,
+    topic: &str,
+    group: &str,
+) -> anyhow::Result<()> {
+    let r = client.delete_group(topic, group).await?;
+    if target.json {
+        writeln!(
+            out,
+            "{}",
+            json!({ "found": r.found, "consumers_ended": r.consumers_ended })
+        )?;
+    } else if r.found {
+        writeln!(
+            out,
+            "deleted group {group:?} of topic {topic:?} ({} consumer streams ended)",
+            r.consumers_ended
+        )?;
+    }
+    if !r.found {
+        bail!("group {group:?} of topic {topic:?}: not found");
+    }
+    Ok(())
 }
 
 fn read_stdin(max: usize) -> anyhow::Result<Vec<u8>> {

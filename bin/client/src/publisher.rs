@@ -351,197 +351,299 @@ fn next_batch(
     items
 }
 
-async fn run(client: Client, cfg: PublisherConfig, mut rx: mpsc::Receiver<Item>) {
-    let retry_for = client.config().retry_for;
-    let prefix = format!(
-        "fqc-{:x}-{:x}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos())
-    );
-    let mut seq = 0u64;
-    let mut queue: VecDeque<Item> = VecDeque::new();
-    // Since when the queue's oldest message waits (a partial batch goes after `linger`).
-    let mut waiting_since: Option<tokio::time::Instant> = None;
-    // Batches sent and not answered, by id (ascending: send order), with when they were sent.
-    let mut in_flight: BTreeMap<u64, (tokio::time::Instant, Vec<Item>)> = BTreeMap::new();
-    // A batch not answered within this is taken for lost with its connection (the server
-    // answers every batch within its publish.proposalTimeout).
-    let ack_timeout = client.config().request_timeout;
-    let mut next_id = 1u64;
-    let mut stream: Option<Stream> = None;
-    // The pause before the next reopen after a refusal (zero after a stored batch).
-    let mut reopen_pause = Duration::ZERO;
-    let mut closed = false;
-    // Messages the task holds at most (queued and in flight): the rest wait in the channel,
-    // so `send` waits when the publisher is behind.
+/// The publisher's task: takes messages from the channel, sends them in batches on one
+/// stream to the leader, answers each from its batch's ack, and retries what is safe to
+/// (see the module docs) until the publisher is closed and everything is answered.
+async fn run(client: Client, cfg: PublisherConfig, rx: mpsc::Receiver<Item>) {
     let window = cfg.max_in_flight_batches.max(1);
-    let hold = cfg.max_batch_messages.max(1) * (window + 1);
-    loop {
-        let held = queue.len() + in_flight.values().map(|(_, v)| v.len()).sum::<usize>();
-        for _ in held..hold {
-            match rx.try_recv() {
-                Ok(it) => queue.push_back(it),
+    let mut task = Task {
+        retry_for: client.config().retry_for,
+        ack_timeout: client.config().request_timeout,
+        prefix: format!(
+            "fqc-{:x}-{:x}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        ),
+        seq: 0,
+        queue: VecDeque::new(),
+        waiting_since: None,
+        in_flight: BTreeMap::new(),
+        next_id: 1,
+        stream: None,
+        reopen_pause: Duration::ZERO,
+        closed: false,
+        window,
+        hold: cfg.max_batch_messages.max(1) * (window + 1),
+        client,
+        cfg,
+        rx,
+    };
+    task.run().await;
+}
+
+/// The publisher task's state.
+struct Task {
+    client: Client,
+    cfg: PublisherConfig,
+    rx: mpsc::Receiver<Item>,
+    retry_for: Duration,
+    /// A batch not answered within this is taken for lost with its connection (the server
+    /// answers every batch within its publish.proposalTimeout).
+    ack_timeout: Duration,
+    /// Generated dedup ids: this prefix and a sequence number.
+    prefix: String,
+    seq: u64,
+    queue: VecDeque<Item>,
+    /// Since when the queue's oldest message waits (a partial batch goes after `linger`).
+    waiting_since: Option<tokio::time::Instant>,
+    /// Batches sent and not answered, by id (ascending: send order), with when they were sent.
+    in_flight: BTreeMap<u64, (tokio::time::Instant, Vec<Item>)>,
+    next_id: u64,
+    stream: Option<Stream>,
+    /// The pause before the next reopen after a refusal (zero after a stored batch).
+    reopen_pause: Duration,
+    /// The publisher was closed: no more messages come.
+    closed: bool,
+    /// Batches in flight at most.
+    window: usize,
+    /// Messages the task holds at most (queued and in flight): the rest wait in the channel,
+    /// so `send` waits when the publisher is behind.
+    hold: usize,
+}
+
+/// What the task waits for.
+enum TaskEvent {
+    /// An ack, or how the stream ended (`Ok(None)`: it ended cleanly).
+    Ack(Result<Option<pb::PublishBatchAck>, tonic::Status>),
+    /// The oldest batch in flight went unanswered past the ack timeout.
+    Silent,
+    /// A message from the publisher, or its close (`None`).
+    Message(Option<Item>),
+    /// A pause or the linger ended.
+    Linger,
+}
+
+impl Task {
+    /// Until the publisher is closed and everything it was given is answered.
+    async fn run(&mut self) {
+        loop {
+            let held = self.take_queued();
+            self.refuse_oversized();
+            // After the queue read and the refusals: a close the read saw is acted on here
+            // (the wait below would not see it again, and could wait on nothing).
+            if self.closed && self.queue.is_empty() && self.in_flight.is_empty() {
+                return;
+            }
+            if self.queue.is_empty() {
+                self.waiting_since = None;
+            } else {
+                self.waiting_since
+                    .get_or_insert_with(tokio::time::Instant::now);
+            }
+            if self.stream.is_none() && !self.queue.is_empty() {
+                match open(&self.client).await {
+                    Ok(s) => self.stream = Some(s),
+                    Err(e) => {
+                        for it in self.queue.drain(..) {
+                            it.fail(&e);
+                        }
+                        continue;
+                    }
+                }
+            }
+            self.send_ready();
+            if self.stream.as_ref().is_some_and(|s| s.moving) && self.in_flight.is_empty() {
+                // Refused by a follower, or the connection went away: reopen on the leader,
+                // after a pause that grows while refusals go on (a leader that has not
+                // confirmed its term yet refuses naming itself: without it, open and refusal
+                // would spin).
+                self.stream = None;
+                self.reopen_pause = next_reopen_pause(self.reopen_pause);
+                tokio::time::sleep(self.reopen_pause).await;
+                continue;
+            }
+            let event = self.next_event(!self.closed && held < self.hold).await;
+            self.handle(event).await;
+        }
+    }
+
+    /// Moves messages from the channel to the queue while the task holds fewer than `hold`;
+    /// what it held before.
+    fn take_queued(&mut self) -> usize {
+        let held = self.queue.len() + self.in_flight.values().map(|(_, v)| v.len()).sum::<usize>();
+        for _ in held..self.hold {
+            match self.rx.try_recv() {
+                Ok(it) => self.queue.push_back(it),
                 Err(mpsc::error::TryRecvError::Empty) => break,
                 Err(mpsc::error::TryRecvError::Disconnected) => {
-                    closed = true;
+                    self.closed = true;
                     break;
                 }
             }
         }
-        // Refuse what can never be sent (over the server's frame limit) before it can take a
-        // batch down with it.
-        if queue
-            .iter()
-            .any(|it| it.msg.encoded_len() > cfg.max_message_bytes)
-        {
-            for it in std::mem::take(&mut queue) {
-                let len = it.msg.encoded_len();
-                if len > cfg.max_message_bytes {
-                    it.fail(&Error::InvalidArgument(format!(
-                        "the message is {len} bytes encoded, over max_message_bytes ({})",
-                        cfg.max_message_bytes
-                    )));
-                } else {
-                    queue.push_back(it);
-                }
-            }
-        }
-        // After the queue read and the refusals: a close the read saw is acted on here (the
-        // wait below would not see it again, and could wait on nothing).
-        if closed && queue.is_empty() && in_flight.is_empty() {
+        held
+    }
+
+    /// Refuses what can never be sent (over the server's frame limit) before it can take a
+    /// batch down with it.
+    fn refuse_oversized(&mut self) {
+        let max = self.cfg.max_message_bytes;
+        if !self.queue.iter().any(|it| it.msg.encoded_len() > max) {
             return;
         }
-        if queue.is_empty() {
-            waiting_since = None;
-        } else {
-            waiting_since.get_or_insert_with(tokio::time::Instant::now);
-        }
-        if stream.is_none() && !queue.is_empty() {
-            match open(&client).await {
-                Ok(s) => stream = Some(s),
-                Err(e) => {
-                    for it in queue.drain(..) {
-                        it.fail(&e);
-                    }
-                    continue;
-                }
+        for it in std::mem::take(&mut self.queue) {
+            let len = it.msg.encoded_len();
+            if len > max {
+                it.fail(&Error::InvalidArgument(format!(
+                    "the message is {len} bytes encoded, over max_message_bytes ({max})"
+                )));
+            } else {
+                self.queue.push_back(it);
             }
         }
-        let due = waiting_since.is_some_and(|t| t.elapsed() >= cfg.linger);
-        if let Some(s) = stream.as_mut() {
-            // A partial batch waits for more messages while others are in flight, up to the
-            // linger; a full one (or the last, at close) goes at once.
-            if s.paused_until
-                .is_some_and(|t| t <= tokio::time::Instant::now())
-            {
-                s.paused_until = None;
-            }
-            while !s.moving
-                && s.paused_until.is_none()
-                && !queue.is_empty()
-                && in_flight.len() < window
-                && (queue.len() >= cfg.max_batch_messages || in_flight.is_empty() || due || closed)
-            {
-                let items = next_batch(&mut queue, &cfg, &prefix, &mut seq);
-                let batch_id = next_id;
-                next_id += 1;
-                let batch = pb::PublishBatch {
-                    messages: items.iter().map(|it| it.msg.clone()).collect(),
-                    ack_level: cfg.ack_level as i32,
-                    batch_id,
-                };
-                if s.batches.unbounded_send(batch).is_err() {
-                    // The connection went away: nothing of this batch was sent.
-                    settle(items, true, &Error::Closed, retry_for, &mut queue);
-                    s.moving = true;
-                    break;
-                }
-                in_flight.insert(batch_id, (tokio::time::Instant::now(), items));
-            }
-            if queue.is_empty() {
-                waiting_since = None;
-            }
+    }
+
+    /// Sends the batches that may go now: a partial batch waits for more messages while
+    /// others are in flight, up to the linger; a full one (or the last, at close) goes at
+    /// once.
+    fn send_ready(&mut self) {
+        let due = self
+            .waiting_since
+            .is_some_and(|t| t.elapsed() >= self.cfg.linger);
+        let Some(s) = self.stream.as_mut() else {
+            return;
+        };
+        if s.paused_until
+            .is_some_and(|t| t <= tokio::time::Instant::now())
+        {
+            s.paused_until = None;
         }
-        if stream.as_ref().is_some_and(|s| s.moving) && in_flight.is_empty() {
-            // Refused by a follower, or the connection went away: reopen on the leader, after
-            // a pause that grows while refusals go on (a leader that has not confirmed its term
-            // yet refuses naming itself: without it, open and refusal would spin).
-            stream = None;
-            reopen_pause = next_reopen_pause(reopen_pause);
-            tokio::time::sleep(reopen_pause).await;
-            continue;
+        while !s.moving
+            && s.paused_until.is_none()
+            && !self.queue.is_empty()
+            && self.in_flight.len() < self.window
+            && (self.queue.len() >= self.cfg.max_batch_messages
+                || self.in_flight.is_empty()
+                || due
+                || self.closed)
+        {
+            let items = next_batch(&mut self.queue, &self.cfg, &self.prefix, &mut self.seq);
+            let batch_id = self.next_id;
+            self.next_id += 1;
+            let batch = pb::PublishBatch {
+                messages: items.iter().map(|it| it.msg.clone()).collect(),
+                ack_level: self.cfg.ack_level as i32,
+                batch_id,
+            };
+            if s.batches.unbounded_send(batch).is_err() {
+                // The connection went away: nothing of this batch was sent.
+                settle(items, true, &Error::Closed, self.retry_for, &mut self.queue);
+                s.moving = true;
+                break;
+            }
+            self.in_flight
+                .insert(batch_id, (tokio::time::Instant::now(), items));
         }
-        // Wake at the end of a pause, else at the linger (a partial batch goes then) when a
-        // batch could go: not while the window is full or the stream moves (an ack wakes).
-        let can_send = stream.as_ref().is_some_and(|s| !s.moving) && in_flight.len() < window;
-        let linger = match stream.as_ref().and_then(|s| s.paused_until) {
+        if self.queue.is_empty() {
+            self.waiting_since = None;
+        }
+    }
+
+    /// Waits for an ack, the oldest batch's ack timeout, a message (while there is `room`),
+    /// or the end of a pause or of the linger (then a partial batch goes) when a batch could
+    /// go: not while the window is full or the stream moves (an ack wakes).
+    async fn next_event(&mut self, room: bool) -> TaskEvent {
+        let can_send =
+            self.stream.as_ref().is_some_and(|s| !s.moving) && self.in_flight.len() < self.window;
+        let linger = match self.stream.as_ref().and_then(|s| s.paused_until) {
             Some(t) => Some(t),
-            None if can_send => waiting_since.map(|t| t + cfg.linger),
+            None if can_send => self.waiting_since.map(|t| t + self.cfg.linger),
             None => None,
         };
-        let room = !closed && held < hold;
+        let (stream, in_flight, rx) = (&mut self.stream, &self.in_flight, &mut self.rx);
+        let ack_timeout = self.ack_timeout;
+        let queued = !self.queue.is_empty();
         let ack = async {
             match stream.as_mut() {
-                Some(s) => Some(s.acks.message().await),
+                Some(s) => s.acks.message().await,
                 None => std::future::pending().await,
             }
         };
         tokio::select! {
-            ack = ack => match ack {
-                Some(Ok(Some(ack))) => {
-                    let Some((_, items)) = in_flight.remove(&ack.batch_id) else {
-                        continue;
-                    };
-                    if ack.success {
-                        reopen_pause = Duration::ZERO;
-                    }
-                    if let Some(s) = stream.as_mut() {
-                        answer(&client, ack, items, retry_for, &mut queue, s);
-                    }
-                }
-                Some(end) => {
-                    let why = match &end {
-                        Err(st) => Error::status(st),
-                        _ => Error::OutcomeUnknown("the stream ended".into()),
-                    };
-                    // A deposed leader answers every batch it read, then ends its stream
-                    // FAILED_PRECONDITION naming the new leader: what is still unanswered was
-                    // never read, so nothing of it was stored.
-                    let named = match end.as_ref().err().map(|st| refusal::next_step(st, false)) {
-                        Some(refusal::Next::Leader(named)) => Some(named.unwrap_or_default()),
-                        _ => None,
-                    };
-                    let unread = named.is_some();
-                    lost(&client, &why, unread, &mut in_flight, &mut queue, retry_for);
-                    client.leader_moved(named.as_deref());
-                    stream = None;
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                None => {}
-            },
+            ack = ack => TaskEvent::Ack(ack),
             () = async {
                 match in_flight.values().next() {
                     Some((sent, _)) => tokio::time::sleep_until(*sent + ack_timeout).await,
                     None => std::future::pending().await,
                 }
-            } => {
-                // The connection went silent: start again on a new one.
-                let why = Error::OutcomeUnknown(format!("no answer within {ack_timeout:?}"));
-                lost(&client, &why, false, &mut in_flight, &mut queue, retry_for);
-                stream = None;
-            },
-            it = rx.recv(), if room => match it {
-                Some(it) => queue.push_back(it),
-                None => closed = true,
-            },
+            } => TaskEvent::Silent,
+            it = rx.recv(), if room => TaskEvent::Message(it),
             () = async {
                 match linger {
                     Some(t) => tokio::time::sleep_until(t).await,
                     None => std::future::pending().await,
                 }
-            }, if !queue.is_empty() => {}
+            }, if queued => TaskEvent::Linger,
+        }
+    }
+
+    /// Acts on one event.
+    async fn handle(&mut self, event: TaskEvent) {
+        match event {
+            TaskEvent::Ack(Ok(Some(ack))) => {
+                let Some((_, items)) = self.in_flight.remove(&ack.batch_id) else {
+                    return;
+                };
+                if ack.success {
+                    self.reopen_pause = Duration::ZERO;
+                }
+                if let Some(s) = self.stream.as_mut() {
+                    answer(&self.client, ack, items, self.retry_for, &mut self.queue, s);
+                }
+            }
+            TaskEvent::Ack(end) => {
+                let why = match &end {
+                    Err(st) => Error::status(st),
+                    _ => Error::OutcomeUnknown("the stream ended".into()),
+                };
+                // A deposed leader answers every batch it read, then ends its stream
+                // FAILED_PRECONDITION naming the new leader: what is still unanswered was
+                // never read, so nothing of it was stored.
+                let named = match end.as_ref().err().map(|st| refusal::next_step(st, false)) {
+                    Some(refusal::Next::Leader(named)) => Some(named.unwrap_or_default()),
+                    _ => None,
+                };
+                let unread = named.is_some();
+                lost(
+                    &self.client,
+                    &why,
+                    unread,
+                    &mut self.in_flight,
+                    &mut self.queue,
+                    self.retry_for,
+                );
+                self.client.leader_moved(named.as_deref());
+                self.stream = None;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            TaskEvent::Linger => {}
+            TaskEvent::Silent => {
+                // The connection went silent: start again on a new one.
+                let why = Error::OutcomeUnknown(format!("no answer within {:?}", self.ack_timeout));
+                lost(
+                    &self.client,
+                    &why,
+                    false,
+                    &mut self.in_flight,
+                    &mut self.queue,
+                    self.retry_for,
+                );
+                self.stream = None;
+            }
+            TaskEvent::Message(Some(it)) => self.queue.push_back(it),
+            TaskEvent::Message(None) => self.closed = true,
         }
     }
 }
