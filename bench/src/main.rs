@@ -199,20 +199,7 @@ enum Cmd {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     if let Some(ca) = &cli.tls_ca {
-        let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
-        let token = match &cli.token_file {
-            Some(f) => {
-                let t = std::fs::read_to_string(f)
-                    .with_context(|| format!("reading {}", f.display()))?;
-                Some(format!("Bearer {}", t.trim()).parse()?)
-            }
-            None => None,
-        };
-        set_client_security(Some(ClientSecurity {
-            tls: tonic::transport::ClientTlsConfig::new()
-                .ca_certificate(tonic::transport::Certificate::from_pem(pem)),
-            token,
-        }));
+        set_client_security(Some(client_security(ca, cli.token_file.as_deref())?));
     }
     match cli.cmd {
         Cmd::Publish {
@@ -260,24 +247,7 @@ async fn main() -> anyhow::Result<()> {
             let bin = compare::futureq_binary(futureq)?;
             security::run(&bin, rounds, quick, &out).await
         }
-        Cmd::Failover { reps, rtt, futureq } => {
-            let bin = compare::futureq_binary(futureq)?;
-            let dir = tempfile::tempdir()?;
-            let extra = rtt
-                .map(|r| ("CLUSTER_RAFT_RTT".to_owned(), r.into()))
-                .into_iter()
-                .collect();
-            let mut c = procs::Cluster::start_with(&bin, dir.path(), extra).await?;
-            let h = failover::run(&mut c, reps, |s| eprintln!("{s}")).await?;
-            println!(
-                "{HEADER}\n{}",
-                row(
-                    &format!("failover ({reps}×), kill -9 → first QUORUM ack"),
-                    &h
-                )
-            );
-            c.stop()
-        }
+        Cmd::Failover { reps, rtt, futureq } => failover(reps, rtt, futureq).await,
         Cmd::Ab {
             before,
             after,
@@ -318,4 +288,50 @@ async fn main() -> anyhow::Result<()> {
             }
         }
     }
+}
+
+/// `--tls-ca` and `--token-file`: TLS towards the broker, and the token of every call.
+fn client_security(
+    ca: &std::path::Path,
+    token_file: Option<&std::path::Path>,
+) -> anyhow::Result<ClientSecurity> {
+    let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+    let token = match token_file {
+        Some(f) => {
+            let t =
+                std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
+            Some(format!("Bearer {}", t.trim()).parse()?)
+        }
+        None => None,
+    };
+    Ok(ClientSecurity {
+        tls: tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(pem)),
+        token,
+    })
+}
+
+/// `failover`: kills the leader of a fresh 3-node cluster `reps` times and reports the time
+/// to the first QUORUM ack after each.
+async fn failover(
+    reps: usize,
+    rtt: Option<String>,
+    futureq: Option<std::path::PathBuf>,
+) -> anyhow::Result<()> {
+    let bin = compare::futureq_binary(futureq)?;
+    let dir = tempfile::tempdir()?;
+    let extra = rtt
+        .map(|r| ("CLUSTER_RAFT_RTT".to_owned(), r.into()))
+        .into_iter()
+        .collect();
+    let mut c = procs::Cluster::start_with(&bin, dir.path(), extra).await?;
+    let h = failover::run(&mut c, reps, |s| eprintln!("{s}")).await?;
+    println!(
+        "{HEADER}\n{}",
+        row(
+            &format!("failover ({reps}×), kill -9 → first QUORUM ack"),
+            &h
+        )
+    );
+    c.stop()
 }

@@ -157,6 +157,24 @@ pub(crate) struct Report {
 }
 
 impl Report {
+    /// The pass's summary: what ran, and each check's count.
+    fn print(&self) {
+        println!(
+            "nemesis seed {}: faults {:?}; {} publishes attempted, {} acked, {} deliveries ({} redeliveries)",
+            self.seed, self.faults, self.published_attempted, self.acked, self.deliveries, self.redeliveries
+        );
+        println!(
+            "lost {} · unexpected {} · early {} · tag reuse {} · resurrected {} · liveness {} · convergence {}",
+            self.lost.len(),
+            self.unexpected.len(),
+            self.early.len(),
+            self.tag_reuse.len(),
+            self.resurrected.len(),
+            self.liveness.as_deref().map_or_else(|| format!("ok ({} ms)", self.liveness_after_ms), str::to_owned),
+            self.convergence.as_deref().unwrap_or("ok"),
+        );
+    }
+
     fn violations(&self) -> usize {
         self.lost.len()
             + self.unexpected.len()
@@ -585,57 +603,11 @@ async fn nemesis(
                 fw.heal().map_err(anyhow::Error::msg)?;
             }
             Class::ReplaceFollower => {
-                let seed = c.nodes[leader]
-                    .addr
-                    .trim_start_matches("http://")
-                    .to_owned();
-                c.nodes[node].kill9();
-                let said = c.nodes[node]
-                    .cli(&["leave", "--seed", &seed])
-                    .with_context(|| format!("removing node {}", node + 1))?;
-                eprintln!("nemesis: {}", said.trim());
-                tokio::time::sleep(rng.ms(500, 2_000)).await;
-                let id = next_id;
+                replace_follower(c, (node, leader), rng, next_id).await?;
                 next_id += 1;
-                c.nodes[node]
-                    .rejoin_fresh(id, &seed)
-                    .await
-                    .with_context(|| format!("node {} joining again as {id}", node + 1))?;
-                let addrs: Vec<String> = c.nodes.iter().map(|n| n.addr.clone()).collect();
-                wait_voter(&addrs, id).await?;
             }
             Class::DiskFsync | Class::DiskFull | Class::DiskTorn => {
-                let word = class.disk_fault().unwrap_or_default();
-                let n = &mut c.nodes[node];
-                let trigger = n.dir().join("raft").join("inject-disk-fault");
-                std::fs::write(&trigger, word)?;
-                let Some(status) = n.wait_exit(Duration::from_secs(15)).await? else {
-                    bail!(
-                        "node {} kept running 15 s after an injected {word} fault under its Raft \
-                         log (is futureq built with --features fault-injection?)",
-                        node + 1
-                    );
-                };
-                // A failed write or fsync: exit status 74; a torn write: the crash (SIGABRT).
-                let expected = if class == Class::DiskTorn {
-                    std::os::unix::process::ExitStatusExt::signal(&status) == Some(6)
-                } else {
-                    status.code() == Some(74)
-                };
-                if !expected {
-                    bail!(
-                        "node {} ended with {status} after the {word} fault",
-                        node + 1
-                    );
-                }
-                eprintln!(
-                    "nemesis: node {} stopped after the {word} fault ({status})",
-                    node + 1
-                );
-                tokio::time::sleep(rng.ms(500, 2_000)).await;
-                n.respawn()
-                    .await
-                    .with_context(|| format!("restarting node {} after a disk fault", node + 1))?;
+                disk_fault(c, class, node, rng).await?;
             }
         }
         eprintln!(
@@ -652,6 +624,77 @@ async fn nemesis(
             end_ms: now_ms(),
         });
     }
+    Ok(())
+}
+
+/// Replaces follower `node`: kills it, removes it from the cluster through the leader
+/// (`leave`), and joins it again with a fresh store as node `next_id`; returns once the
+/// leader counts it as a voter.
+async fn replace_follower(
+    c: &mut Cluster,
+    (node, leader): (usize, usize),
+    rng: &mut Rng,
+    next_id: u64,
+) -> anyhow::Result<()> {
+    let seed = c.nodes[leader]
+        .addr
+        .trim_start_matches("http://")
+        .to_owned();
+    c.nodes[node].kill9();
+    let said = c.nodes[node]
+        .cli(&["leave", "--seed", &seed])
+        .with_context(|| format!("removing node {}", node + 1))?;
+    eprintln!("nemesis: {}", said.trim());
+    tokio::time::sleep(rng.ms(500, 2_000)).await;
+    let id = next_id;
+    c.nodes[node]
+        .rejoin_fresh(id, &seed)
+        .await
+        .with_context(|| format!("node {} joining again as {id}", node + 1))?;
+    let addrs: Vec<String> = c.nodes.iter().map(|n| n.addr.clone()).collect();
+    wait_voter(&addrs, id).await?;
+    Ok(())
+}
+
+/// Injects a disk fault under `node`'s Raft log and checks it stops as it must (status 74
+/// after a failed write or fsync, SIGABRT after a torn write); then restarts it.
+async fn disk_fault(
+    c: &mut Cluster,
+    class: Class,
+    node: usize,
+    rng: &mut Rng,
+) -> anyhow::Result<()> {
+    let word = class.disk_fault().unwrap_or_default();
+    let n = &mut c.nodes[node];
+    let trigger = n.dir().join("raft").join("inject-disk-fault");
+    std::fs::write(&trigger, word)?;
+    let Some(status) = n.wait_exit(Duration::from_secs(15)).await? else {
+        bail!(
+            "node {} kept running 15 s after an injected {word} fault under its Raft \
+             log (is futureq built with --features fault-injection?)",
+            node + 1
+        );
+    };
+    // A failed write or fsync: exit status 74; a torn write: the crash (SIGABRT).
+    let expected = if class == Class::DiskTorn {
+        std::os::unix::process::ExitStatusExt::signal(&status) == Some(6)
+    } else {
+        status.code() == Some(74)
+    };
+    if !expected {
+        bail!(
+            "node {} ended with {status} after the {word} fault",
+            node + 1
+        );
+    }
+    eprintln!(
+        "nemesis: node {} stopped after the {word} fault ({status})",
+        node + 1
+    );
+    tokio::time::sleep(rng.ms(500, 2_000)).await;
+    n.respawn()
+        .await
+        .with_context(|| format!("restarting node {} after a disk fault", node + 1))?;
     Ok(())
 }
 
@@ -852,6 +895,81 @@ fn check(h: &History, r: &mut Report) {
     }
 }
 
+/// The cluster under test: a short Raft rtt and in-flight timeout; with `tls`, the nodes on
+/// mutual TLS and TLS on the client plane, and the workload over TLS. The TLS material must
+/// live as long as the cluster: restarted nodes read it again.
+async fn start_cluster(
+    bin: &std::path::Path,
+    dir: &std::path::Path,
+    tls: bool,
+) -> anyhow::Result<(Cluster, Option<crate::security::Material>)> {
+    let material = tls.then(|| crate::security::material(bin)).transpose()?;
+    let mut tls_env = Vec::new();
+    if let Some(m) = &material {
+        tls_env = crate::security::tls_env(m);
+        crate::conn::set_client_security(Some(crate::security::tls_client(m)));
+    }
+    let c = Cluster::start_with(
+        bin,
+        dir,
+        vec![
+            ("CLUSTER_RAFT_RTT".into(), "20ms".into()),
+            ("DELIVERY_INFLIGHTTIMEOUT".into(), "2s".into()),
+            ("OBSERVABILITY_LOGGING_LEVEL".into(), "info".into()),
+        ]
+        .into_iter()
+        .chain(tls_env)
+        .collect(),
+    )
+    .await?;
+    Ok((c, material))
+}
+
+/// Partitions need nftables: without it they are left out of `kinds` (said once).
+fn firewall_for(kinds: &mut Vec<FaultKind>, raft_port: u16) -> Option<Firewall> {
+    if !kinds.contains(&FaultKind::Partition) {
+        return None;
+    }
+    match Firewall::new(raft_port) {
+        Ok(f) => Some(f),
+        Err(e) => {
+            println!("nemesis: partitions skipped: nftables cannot run here ({e}); install it with scripts/install-nemesis.sh (as root)");
+            kinds.retain(|k| *k != FaultKind::Partition);
+            None
+        }
+    }
+}
+
+/// Waits until everything acked was delivered: it is due within [`DELAY_MAX_MS`], and
+/// redeliveries get 15 s more.
+async fn wait_delivered(h: &Shared) {
+    let drain_until =
+        Instant::now() + Duration::from_millis(DELAY_MAX_MS) + Duration::from_secs(15);
+    loop {
+        let (acked, delivered) = {
+            let g = lock(h);
+            let delivered = g.acked.keys().filter(|p| g.acks.contains_key(*p)).count();
+            (g.acked.len(), delivered)
+        };
+        if delivered == acked || Instant::now() > drain_until {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Copies every node's log into `keep`.
+fn keep_logs(c: &Cluster, keep: &std::path::Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(keep)?;
+    for (i, n) in c.nodes.iter().enumerate() {
+        let _ = std::fs::copy(
+            n.dir().join("futureq.log"),
+            keep.join(format!("node{}.log", i + 1)),
+        );
+    }
+    Ok(())
+}
+
 /// Runs one nemesis pass; fails when the checker found a violation.
 pub(crate) async fn run(
     seed: u64,
@@ -864,13 +982,6 @@ pub(crate) async fn run(
         bail!("no fault kinds selected");
     }
     let bin = crate::compare::futureq_binary(futureq)?;
-    // --tls: the nodes on mutual TLS and TLS on the client plane, the workload over TLS.
-    let material = tls.then(|| crate::security::material(&bin)).transpose()?;
-    let mut tls_env = Vec::new();
-    if let Some(m) = &material {
-        tls_env = crate::security::tls_env(m);
-        crate::conn::set_client_security(Some(crate::security::tls_client(m)));
-    }
     std::fs::create_dir_all(out)?;
     let dir = tempfile::Builder::new()
         .prefix("futureq-nemesis")
@@ -881,31 +992,8 @@ pub(crate) async fn run(
         dir.path().display()
     );
     let mut kinds = kinds.to_vec();
-    let mut c = Cluster::start_with(
-        &bin,
-        dir.path(),
-        vec![
-            ("CLUSTER_RAFT_RTT".into(), "20ms".into()),
-            ("DELIVERY_INFLIGHTTIMEOUT".into(), "2s".into()),
-            ("OBSERVABILITY_LOGGING_LEVEL".into(), "info".into()),
-        ]
-        .into_iter()
-        .chain(tls_env)
-        .collect(),
-    )
-    .await?;
-    let firewall = if kinds.contains(&FaultKind::Partition) {
-        match Firewall::new(c.raft_port) {
-            Ok(f) => Some(f),
-            Err(e) => {
-                println!("nemesis: partitions skipped: nftables cannot run here ({e}); install it with scripts/install-nemesis.sh (as root)");
-                kinds.retain(|k| *k != FaultKind::Partition);
-                None
-            }
-        }
-    } else {
-        None
-    };
+    let (mut c, _material) = start_cluster(&bin, dir.path(), tls).await?;
+    let firewall = firewall_for(&mut kinds, c.raft_port);
     if kinds.is_empty() {
         bail!("no fault kind can run here");
     }
@@ -948,20 +1036,7 @@ pub(crate) async fn run(
         Ok(t) => report.liveness_after_ms = u64::try_from(t.as_millis()).unwrap_or(u64::MAX),
         Err(e) => report.liveness = Some(e),
     }
-    // Everything acked is due within DELAY_MAX_MS; give redeliveries time too.
-    let drain_until =
-        Instant::now() + Duration::from_millis(DELAY_MAX_MS) + Duration::from_secs(15);
-    loop {
-        let (acked, delivered) = {
-            let g = lock(&h);
-            let delivered = g.acked.keys().filter(|p| g.acks.contains_key(*p)).count();
-            (g.acked.len(), delivered)
-        };
-        if delivered == acked || Instant::now() > drain_until {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_delivered(&h).await;
     // A little longer: late redeliveries (resurrections) show up here.
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop_con.store(true, Ordering::Relaxed);
@@ -977,35 +1052,27 @@ pub(crate) async fn run(
         .collect();
     let json = serde_json::to_string_pretty(&report)?;
     std::fs::write(out.join("nemesis.json"), &json)?;
-    println!(
-        "nemesis seed {seed}: faults {:?}; {} publishes attempted, {} acked, {} deliveries ({} redeliveries)",
-        report.faults, report.published_attempted, report.acked, report.deliveries, report.redeliveries
-    );
-    println!(
-        "lost {} · unexpected {} · early {} · tag reuse {} · resurrected {} · liveness {} · convergence {}",
-        report.lost.len(),
-        report.unexpected.len(),
-        report.early.len(),
-        report.tag_reuse.len(),
-        report.resurrected.len(),
-        report.liveness.as_deref().map_or_else(|| format!("ok ({} ms)", report.liveness_after_ms), str::to_owned),
-        report.convergence.as_deref().unwrap_or("ok"),
-    );
+    report.print();
     let violations = report.violations();
     if faults.is_err() || violations > 0 || !report.classes_not_run.is_empty() {
         // Keep the nodes' logs for the post-mortem.
-        let keep = out.join("logs");
-        std::fs::create_dir_all(&keep)?;
-        for (i, n) in c.nodes.iter().enumerate() {
-            let _ = std::fs::copy(
-                n.dir().join("futureq.log"),
-                keep.join(format!("node{}.log", i + 1)),
-            );
-        }
+        keep_logs(&c, &out.join("logs"))?;
     }
-    // A fault that could not be carried out (a node that would not restart, leave or
-    // rejoin) fails the run first: the checks above then judged a cluster left broken.
+    verdict(faults, &report, out)?;
+    c.stop()?;
+    Ok(())
+}
+
+/// The pass fails on a fault that could not be carried out (a node that would not restart,
+/// leave or rejoin: the checks then judged a cluster left broken), on any violation, and
+/// when a fault class never ran.
+fn verdict(
+    faults: anyhow::Result<()>,
+    report: &Report,
+    out: &std::path::Path,
+) -> anyhow::Result<()> {
     faults.context("carrying out the fault schedule")?;
+    let violations = report.violations();
     if violations > 0 {
         bail!(
             "{violations} violation(s); details in {}",
@@ -1018,6 +1085,5 @@ pub(crate) async fn run(
             report.classes_not_run.join(", ")
         );
     }
-    c.stop()?;
     Ok(())
 }
