@@ -327,7 +327,9 @@ async fn cluster_rpcs_health_and_unknown_methods() {
     assert_eq!((code, body.as_str()), (200, "ok\n"));
     let (code, body) = b.http_get("/metrics").await;
     assert_eq!(code, 200);
-    assert!(body.contains("futureq_publish_requests_total"));
+    // Unlabelled metrics are there from the start; a labelled family appears with its first
+    // series (as in every Prometheus client).
+    assert!(body.contains("\nfutureq_active_consumers 0\n"), "{body}");
     assert!(
         body.contains(&format!(
             "futureq_build_info{{version=\"{}\"}} 1",

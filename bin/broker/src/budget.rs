@@ -58,7 +58,7 @@ impl Budget {
     }
 
     fn used(&self) -> &std::sync::atomic::AtomicU64 {
-        &self.metrics.publish_bytes_in_service
+        self.metrics.publish_bytes_in_service.inner()
     }
 
     /// Takes `bytes` now, if less than the total is in service.
@@ -101,11 +101,7 @@ mod tests {
     fn a_batch_enters_only_below_the_total_and_a_waiter_enters_when_bytes_return() {
         let metrics = Arc::new(Metrics::default());
         let budget = Budget::new(100, Arc::clone(&metrics));
-        let in_service = || {
-            metrics
-                .publish_bytes_in_service
-                .load(std::sync::atomic::Ordering::Relaxed)
-        };
+        let in_service = || metrics.publish_bytes_in_service.get();
         let a = budget.try_admit(60).expect("below the total");
         // Soft: one batch may go past the total, none after it.
         let b = budget.try_admit(60).expect("60 < 100 in service");

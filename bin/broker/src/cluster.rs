@@ -209,7 +209,7 @@ pub async fn serve(
         metrics,
         fatal,
     });
-    core.metrics.clustered.store(true, Ordering::Relaxed);
+    core.metrics.raft.clustered.store(true, Ordering::Relaxed);
     glommio::spawn_local(coalesce::run(Rc::downgrade(&core), pending)).detach();
     let watcher = glommio::spawn_local(watch(Rc::clone(&core), shutdown.clone()));
     glommio::spawn_local(watch_stalls(shutdown.clone())).detach();

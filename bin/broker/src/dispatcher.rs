@@ -189,7 +189,7 @@ impl Dispatcher {
                     self.delete_timeout,
                 );
                 if !committed {
-                    self.metrics.delete_failures.fetch_add(1, Ordering::Relaxed);
+                    self.metrics.delete_failures.inc_by(1);
                 }
             }
         }
@@ -336,7 +336,7 @@ impl Dispatcher {
             let result = delete_logged(&writes, batch, deadline).await;
             let committed = match result {
                 Ok(()) => {
-                    metrics.deletes_committed.fetch_add(keys, Ordering::Relaxed);
+                    metrics.deletes_committed.inc_by(keys);
                     true
                 }
                 Err(e) => {
@@ -385,7 +385,7 @@ impl Dispatcher {
                 .await;
                 let committed = match r {
                     Ok(Some(copy)) => {
-                        metrics.messages_dead_lettered.fetch_add(1, Ordering::Relaxed);
+                        metrics.messages_dead_lettered.inc_by(1);
                         tracing::info!(target: "dispatcher", key = %dl.key, group = %dl.group(), copy = %copy, "a recipient gave up on a message: copied to its dead-letter topic");
                         true
                     }
@@ -406,25 +406,24 @@ impl Dispatcher {
         let m = &self.metrics;
         let c = self.hub.counters();
         let r = Ordering::Relaxed;
-        m.messages_dispatched.store(c.dispatched, r);
-        m.messages_redelivered.store(c.redelivered, r);
-        m.in_flight_timeouts.store(c.timeouts, r);
+        // The hub's counters, mirrored whole.
+        m.messages_dispatched.inner().store(c.dispatched, r);
+        m.messages_redelivered.inner().store(c.redelivered, r);
+        m.in_flight_timeouts.inner().store(c.timeouts, r);
         if c.expired > self.last_counters.expired {
             m.messages_expired
                 .add(&["dispatcher"], c.expired - self.last_counters.expired);
         }
         self.last_counters = c;
-        m.messages_in_flight
-            .store(i64::try_from(self.hub.in_flight()).unwrap_or(i64::MAX), r);
-        m.pending_deletes.store(
-            i64::try_from(self.hub.pending_deletes()).unwrap_or(i64::MAX),
-            r,
-        );
-        m.parked_messages
-            .store(i64::try_from(self.hub.parked()).unwrap_or(i64::MAX), r);
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        m.messages_in_flight.set(count(self.hub.in_flight()));
+        m.pending_deletes.set(count(self.hub.pending_deletes()));
+        m.parked_messages.set(count(self.hub.parked()));
         let applied = self.store.store().stats();
-        m.store_commits.store(applied.transactions.load(r), r);
-        m.store_commit_ops.store(applied.entries.load(r), r);
+        m.store_commits
+            .inner()
+            .store(applied.transactions.load(r), r);
+        m.store_commit_ops.inner().store(applied.entries.load(r), r);
     }
 
     /// One pass: timeouts, waiting redeliveries, due scans. Returns false if a scan failed.

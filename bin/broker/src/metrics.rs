@@ -1,92 +1,47 @@
-//! Broker metrics in Prometheus text format (`futureq_` prefix), shared by every core.
+//! Broker metrics (`futureq_` prefix), shared by every core, on `prometheus-client`: typed
+//! counters, gauges, histograms and labelled families registered once in a [`Registry`] and
+//! encoded in the Prometheus text format (version 0.0.4) at each scrape. Values that live
+//! elsewhere (the store's digest, the data disk, the certificates, the per-topic gauges, the
+//! Raft group's state) are read at the scrape by collectors.
 //!
-//! Counters and histograms are atomics (lock-free on the hot path) except labelled series,
-//! which take a short mutex keyed by their label values. Units are Prometheus base units
-//! (`_seconds`, `_bytes`). A `topic` label names at most [`TOPIC_LABELS_MAX`] topics, the
-//! same ones in every counter (the first seen since the start; for the gauges, the largest at
-//! each refresh); everything else is counted under `topic=""` (no topic is named so: other
-//! topics, publish batches of several topics, refused ones), however many topics clients
-//! create.
+//! Units are Prometheus base units (`_seconds`, `_bytes`). A `topic` label names at most
+//! [`TOPIC_LABELS_MAX`] topics, the same ones in every counter (the first seen since the
+//! start; for the gauges, the largest at each refresh); everything else is counted under
+//! `topic=""` (no topic is named so: other topics, publish batches of several topics, refused
+//! ones), however many topics clients create.
 
-use std::collections::{BTreeMap, HashSet};
-use std::fmt::Write;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
-/// A histogram with fixed upper bounds.
-pub struct Histogram {
-    bounds: &'static [f64],
-    counts: Vec<AtomicU64>,
-    sum_micros: AtomicU64,
-    count: AtomicU64,
-}
-
-impl Histogram {
-    fn new(bounds: &'static [f64]) -> Self {
-        Histogram {
-            bounds,
-            counts: (0..bounds.len()).map(|_| AtomicU64::new(0)).collect(),
-            sum_micros: AtomicU64::new(0),
-            count: AtomicU64::new(0),
-        }
-    }
-
-    /// Records one observation.
-    pub fn observe(&self, v: f64) {
-        for (i, b) in self.bounds.iter().enumerate() {
-            if v <= *b {
-                self.counts[i].fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        // Stored as millionths so the sum stays an integer atomic.
-        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        self.sum_micros
-            .fetch_add((v.max(0.0) * 1e6) as u64, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn render(&self, out: &mut String, name: &str, labels: &str) {
-        let sep = if labels.is_empty() { "" } else { "," };
-        for (i, b) in self.bounds.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "{name}_bucket{{{labels}{sep}le=\"{b}\"}} {}",
-                self.counts[i].load(Ordering::Relaxed)
-            );
-        }
-        let n = self.count.load(Ordering::Relaxed);
-        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {n}");
-        #[allow(clippy::cast_precision_loss)]
-        let sum = self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
-        let braces = if labels.is_empty() {
-            String::new()
-        } else {
-            format!("{{{labels}}}")
-        };
-        let _ = writeln!(out, "{name}_sum{braces} {sum}");
-        let _ = writeln!(out, "{name}_count{braces} {n}");
-    }
-}
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 
 /// Buckets for latencies in seconds (100 µs to 5 s).
 pub const LATENCY_SECONDS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0,
 ];
-/// Topics that get a `topic` label value of their own (see the module docs).
-pub const TOPIC_LABELS_MAX: usize = 100;
-
-/// A label value in the text format: backslash, quote and newline escaped.
-fn escaped(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
 /// Buckets for batch sizes.
 pub const SIZES: &[f64] = &[
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0,
 ];
+/// Topics that get a `topic` label value of their own (see the module docs).
+pub const TOPIC_LABELS_MAX: usize = 100;
 
-type Labels = Vec<String>;
+/// A histogram over `bounds`.
+fn histogram(bounds: &[f64]) -> Histogram {
+    Histogram::new(bounds.iter().copied())
+}
+
+/// The label values of one series, in the order of its family's label names.
+type Labels = Vec<(&'static str, String)>;
 
 /// The topics the counters label (at most [`TOPIC_LABELS_MAX`], the first seen), shared by
 /// every counter with a `topic` label.
@@ -114,79 +69,79 @@ impl TopicLabels {
     }
 }
 
-/// A counter with labels.
+/// A counter with labels; a `topic` label, when it has one, is bounded (see the module docs).
 pub struct LabeledCounter {
     names: &'static [&'static str],
     /// For a counter with a `topic` label: the topics it may name.
-    topics: Option<std::sync::Arc<TopicLabels>>,
-    series: Mutex<BTreeMap<Labels, u64>>,
+    topics: Option<Arc<TopicLabels>>,
+    family: Family<Labels, Counter>,
 }
 
 impl LabeledCounter {
-    /// A counter without a `topic` label (see [`LabeledCounter::with_topic`]).
-    fn new(names: &'static [&'static str]) -> Self {
-        debug_assert!(!names.contains(&"topic"), "a topic label is bounded");
+    /// A counter named `names`, registered as `name` (without `_total`); the first label is
+    /// bounded by `topics` when given (it must then be `topic`).
+    fn register(
+        registry: &mut Registry,
+        (name, help): (&str, &str),
+        names: &'static [&'static str],
+        topics: Option<&Arc<TopicLabels>>,
+    ) -> Self {
+        debug_assert_eq!(
+            topics.is_some(),
+            names.first() == Some(&"topic"),
+            "a topic label is bounded, and only a topic label"
+        );
+        let family = Family::default();
+        registry.register(name, help, family.clone());
         LabeledCounter {
             names,
-            topics: None,
-            series: Mutex::new(BTreeMap::new()),
-        }
-    }
-
-    /// A counter whose first label is `topic`, named from `topics`.
-    fn with_topic(names: &'static [&'static str], topics: &std::sync::Arc<TopicLabels>) -> Self {
-        debug_assert_eq!(names.first(), Some(&"topic"));
-        LabeledCounter {
-            names,
-            topics: Some(std::sync::Arc::clone(topics)),
-            series: Mutex::new(BTreeMap::new()),
+            topics: topics.map(Arc::clone),
+            family,
         }
     }
 
     /// Adds `n` to the series with these label values (a topic without a label value of its
     /// own counts under `topic=""`).
     pub fn add(&self, values: &[&str], n: u64) {
-        let mut labels: Labels = values.iter().map(|v| (*v).to_owned()).collect();
-        if let (Some(topics), Some(t)) = (&self.topics, labels.first_mut()) {
+        let mut labels: Labels = self
+            .names
+            .iter()
+            .zip(values)
+            .map(|(k, v)| (*k, (*v).to_owned()))
+            .collect();
+        if let (Some(topics), Some((_, t))) = (&self.topics, labels.first_mut()) {
             topics.label(t);
         }
-        let mut s = self
-            .series
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *s.entry(labels).or_insert(0) += n;
-    }
-
-    fn render(&self, out: &mut String, name: &str) {
-        let s = self
-            .series
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        for (vals, n) in s.iter() {
-            let labels: Vec<String> = self
-                .names
-                .iter()
-                .zip(vals)
-                .map(|(k, v)| format!("{k}=\"{}\"", escaped(v)))
-                .collect();
-            let _ = writeln!(out, "{name}{{{}}} {n}", labels.join(","));
-        }
+        self.family.get_or_create(&labels).inc_by(n);
     }
 }
 
 /// A gauge per topic, set whole by each refresh: the [`TOPIC_LABELS_MAX`] largest topics and
-/// the sum over the others (`topic=""`). Nothing is exported before the first refresh.
-#[derive(Default)]
-pub struct TopicGauge(Mutex<Option<TopicValues>>);
+/// the sum over the others (`topic=""`). Nothing is exported before the first refresh; a
+/// scrape sees one refresh whole, never half of one.
+#[derive(Debug)]
+pub struct TopicGauge {
+    name: &'static str,
+    help: String,
+    values: Mutex<Option<TopicValues>>,
+}
 
 /// The labelled topics (name, value) and the sum over the others.
 type TopicValues = (Vec<(String, u64)>, u64);
 
 impl TopicGauge {
+    fn new(name: &'static str, help: String) -> Self {
+        TopicGauge {
+            name,
+            help,
+            values: Mutex::new(None),
+        }
+    }
+
     /// Sets the gauge: `top` (name, value), and `rest` for every other topic.
     pub fn set(&self, top: Vec<(String, u64)>, rest: u64) {
         *self
-            .0
+            .values
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((top, rest));
     }
@@ -202,502 +157,358 @@ impl TopicGauge {
         all.truncate(TOPIC_LABELS_MAX);
         self.set(all, rest);
     }
+}
 
-    fn render(&self, out: &mut String, name: &str) {
-        let g = self
-            .0
+impl Collector for TopicGauge {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let values = self
+            .values
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let Some((top, rest)) = g.as_ref() else {
-            return;
+        let Some((top, rest)) = values.as_ref() else {
+            return Ok(());
         };
-        for (topic, n) in top {
-            let _ = writeln!(out, "{name}{{topic=\"{}\"}} {n}", escaped(topic));
+        let mut family =
+            encoder.encode_descriptor(self.name, &self.help, None, MetricType::Gauge)?;
+        let rest = (*rest > 0).then(|| (String::new(), *rest));
+        for (topic, n) in top.iter().chain(rest.as_ref()) {
+            let labels = [("topic", topic.as_str())];
+            ConstGauge::new(i64::try_from(*n).unwrap_or(i64::MAX))
+                .encode(family.encode_family(&labels)?)?;
         }
-        if *rest > 0 {
-            let _ = writeln!(out, "{name}{{topic=\"\"}} {rest}");
+        Ok(())
+    }
+}
+
+/// The event shard's state, exported while the node is clustered.
+#[derive(Debug)]
+pub struct RaftMetrics {
+    /// Clustered mode: the metrics below are exported.
+    pub clustered: AtomicBool,
+    pub term: AtomicU64,
+    pub is_leader: AtomicU64,
+    pub applied_index: AtomicU64,
+    pub last_log_index: AtomicU64,
+    pub purged_index: AtomicU64,
+    pub leader_changes: AtomicU64,
+    pub refused_entries: AtomicU64,
+    /// Publish batches proposed in each event-shard entry (`cluster::coalesce`).
+    pub entry_batches: Histogram,
+}
+
+impl Default for RaftMetrics {
+    fn default() -> Self {
+        RaftMetrics {
+            clustered: AtomicBool::new(false),
+            term: AtomicU64::new(0),
+            is_leader: AtomicU64::new(0),
+            applied_index: AtomicU64::new(0),
+            last_log_index: AtomicU64::new(0),
+            purged_index: AtomicU64::new(0),
+            leader_changes: AtomicU64::new(0),
+            refused_entries: AtomicU64::new(0),
+            entry_batches: histogram(SIZES),
         }
     }
 }
 
-/// Every metric the broker exports.
+impl Collector for RaftMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let r = Ordering::Relaxed;
+        if !self.clustered.load(r) {
+            return Ok(());
+        }
+        let gauges = [
+            (
+                "futureq_raft_term",
+                "Current term of the event shard.",
+                &self.term,
+            ),
+            (
+                "futureq_raft_is_leader",
+                "1 while this node leads the event shard and takes clients.",
+                &self.is_leader,
+            ),
+            (
+                "futureq_raft_applied_index",
+                "Last event-shard log index applied to the store.",
+                &self.applied_index,
+            ),
+            (
+                "futureq_raft_last_log_index",
+                "Last index in this node's event-shard log.",
+                &self.last_log_index,
+            ),
+            (
+                "futureq_raft_purged_index",
+                "Event-shard log entries up to this index were compacted into a snapshot.",
+                &self.purged_index,
+            ),
+        ];
+        for (name, help, v) in gauges {
+            gauge(&mut encoder, name, help, v.load(r))?;
+        }
+        let counters = [
+            ("futureq_raft_leader_changes", "Times this node gained or lost event-shard leadership.", &self.leader_changes),
+            ("futureq_raft_refused_entries", "Committed event-shard entries the state machine refused (undecodable, or event ids from an earlier term); nothing of them was applied.", &self.refused_entries),
+        ];
+        for (name, help, v) in counters {
+            let e = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            ConstCounter::new(v.load(r)).encode(e)?;
+        }
+        let e = encoder.encode_descriptor(
+            "futureq_raft_entry_batches",
+            "Publish batches coalesced into each proposed event-shard entry.",
+            None,
+            MetricType::Histogram,
+        )?;
+        self.entry_batches.encode(e)
+    }
+}
+
+/// One gauge of a collector, read at the scrape.
+fn gauge(encoder: &mut DescriptorEncoder<'_>, name: &str, help: &str, v: u64) -> std::fmt::Result {
+    let e = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX)).encode(e)
+}
+
+/// What the registry reads at each scrape from the parts that keep it: the store's digest,
+/// the data disk's free space, the certificates' reloads and expiry.
+#[derive(Debug, Default)]
+pub struct Scraped {
+    /// The store's digest ([`futureq_storage::Store::digest_cell`]).
+    pub store_digest: Arc<AtomicU64>,
+    /// The data disk's free space (on disk storage).
+    pub disk: Option<Arc<crate::disk::DiskSpace>>,
+    /// Reloads and certificate expiries.
+    pub security: Option<Arc<crate::security::Security>>,
+}
+
+impl Collector for Scraped {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> std::fmt::Result {
+        if let Some(s) = &self.security {
+            s.encode_metrics(&mut encoder)?;
+        }
+        gauge(
+            &mut encoder,
+            "futureq_store_digest",
+            "Digest of the stored messages, indexes and groups (its low 52 bits, exact as a float): equal on replicas that applied the same log (compare at equal futureq_raft_applied_index).",
+            self.store_digest.load(Ordering::Relaxed) & ((1 << 52) - 1),
+        )?;
+        if let Some(d) = &self.disk {
+            if d.free_bytes() != u64::MAX {
+                gauge(
+                    &mut encoder,
+                    "futureq_disk_free_bytes",
+                    "Free bytes of the fullest data directory's file system, read every 500 ms.",
+                    d.free_bytes(),
+                )?;
+            }
+            gauge(
+                &mut encoder,
+                "futureq_disk_min_free_bytes",
+                "storage.minFreeBytes: below it publishes are refused.",
+                d.min_free(),
+            )?;
+            gauge(
+                &mut encoder,
+                "futureq_disk_low",
+                "1 while the data disk is below storage.minFreeBytes and publishes are refused (deliveries, ACKs and cancels go on).",
+                u64::from(d.low()),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Every metric the broker exports, and the registry that encodes them.
 #[allow(missing_docs)]
 pub struct Metrics {
+    registry: Registry,
     pub publish_requests: LabeledCounter,
     pub messages_published: LabeledCounter,
     pub publish_batch_size: Histogram,
+    /// Per ack level: QUORUM, LEADER, NO_ACK.
     pub publish_latency_seconds: [Histogram; 3],
-    pub active_consumers: AtomicI64,
+    pub auth_refusals: LabeledCounter,
+    pub active_consumers: Gauge,
     pub consumer_acks: LabeledCounter,
-    pub messages_in_flight: AtomicI64,
+    pub messages_in_flight: Gauge,
     /// Messages stored per topic (the state machine's exact counts, refreshed periodically).
-    pub topic_messages_stored: TopicGauge,
+    pub topic_messages_stored: Arc<TopicGauge>,
     /// Deliveries in flight per topic (this node's dispatcher, refreshed with the above).
-    pub topic_messages_in_flight: TopicGauge,
-    pub messages_dispatched: AtomicU64,
-    pub messages_redelivered: AtomicU64,
-    pub in_flight_timeouts: AtomicU64,
+    pub topic_messages_in_flight: Arc<TopicGauge>,
+    /// Mirrors of the hub's counters (set whole, `inner().store`).
+    pub messages_dispatched: Counter,
+    pub messages_redelivered: Counter,
+    pub in_flight_timeouts: Counter,
     pub messages_expired: LabeledCounter,
     pub delivery_send_lateness_seconds: Histogram,
-    pub delivery_grpc_sends: AtomicU64,
+    pub delivery_grpc_sends: Counter,
     pub delete_batch_size: Histogram,
-    pub delete_failures: AtomicU64,
+    pub delete_failures: Counter,
     /// Keys whose delete (an ACK, a drop) the write path committed.
-    pub deletes_committed: AtomicU64,
-    pub pending_deletes: AtomicI64,
-    pub parked_messages: AtomicI64,
+    pub deletes_committed: Counter,
+    pub pending_deletes: Gauge,
+    pub parked_messages: Gauge,
     /// Messages a `Cancel` deleted.
-    pub messages_cancelled: AtomicU64,
+    pub messages_cancelled: Counter,
     /// Messages a `Reschedule` moved.
-    pub messages_rescheduled: AtomicU64,
+    pub messages_rescheduled: Counter,
     /// Published messages not stored because their dedup id was remembered.
-    pub messages_deduplicated: AtomicU64,
+    pub messages_deduplicated: Counter,
     /// Copies stored on a dead-letter topic.
-    pub messages_dead_lettered: AtomicU64,
-    /// Publish bytes in service ([`crate::budget::Budget`] counts here).
-    pub publish_bytes_in_service: AtomicU64,
-    pub store_commits: AtomicU64,
-    pub store_commit_ops: AtomicU64,
-    /// The store's digest ([`futureq_storage::Store::digest_cell`]).
-    pub store_digest: std::sync::Arc<AtomicU64>,
-    /// The data disk's free space (on disk storage).
-    pub disk: Option<std::sync::Arc<crate::disk::DiskSpace>>,
-    /// Clustered mode: the Raft gauges below are exported.
-    pub clustered: std::sync::atomic::AtomicBool,
-    pub raft_term: AtomicU64,
-    pub raft_is_leader: AtomicU64,
-    pub raft_applied_index: AtomicU64,
-    pub raft_last_log_index: AtomicU64,
-    pub raft_purged_index: AtomicU64,
-    pub raft_leader_changes: AtomicU64,
-    pub raft_refused_entries: AtomicU64,
-    /// Publish batches proposed in each event-shard entry (`cluster::coalesce`).
-    pub raft_entry_batches: Histogram,
-    /// Calls refused before any service saw them, by reason (UNAUTHENTICATED).
-    pub auth_refusals: LabeledCounter,
-    /// Reloads and certificate expiries.
-    pub security: Option<std::sync::Arc<crate::security::Security>>,
+    pub messages_dead_lettered: Counter,
+    /// Publish bytes in service ([`crate::budget::Budget`] counts in its atomic).
+    pub publish_bytes_in_service: Gauge<u64, AtomicU64>,
+    /// Mirrors of the store's apply statistics (set whole).
+    pub store_commits: Counter,
+    pub store_commit_ops: Counter,
+    /// The event shard's state (clustered).
+    pub raft: Arc<RaftMetrics>,
 }
 
 impl Default for Metrics {
     fn default() -> Self {
-        let topics = std::sync::Arc::new(TopicLabels::default());
-        Metrics {
-            publish_requests: LabeledCounter::with_topic(
-                &["topic", "ack_level", "result"],
-                &topics,
-            ),
-            messages_published: LabeledCounter::with_topic(&["topic", "ack_level"], &topics),
-            publish_batch_size: Histogram::new(SIZES),
-            publish_latency_seconds: [
-                Histogram::new(LATENCY_SECONDS),
-                Histogram::new(LATENCY_SECONDS),
-                Histogram::new(LATENCY_SECONDS),
-            ],
-            active_consumers: AtomicI64::new(0),
-            consumer_acks: LabeledCounter::new(&["success"]),
-            messages_in_flight: AtomicI64::new(0),
-            topic_messages_stored: TopicGauge::default(),
-            topic_messages_in_flight: TopicGauge::default(),
-            messages_dispatched: AtomicU64::new(0),
-            messages_redelivered: AtomicU64::new(0),
-            in_flight_timeouts: AtomicU64::new(0),
-            messages_expired: LabeledCounter::new(&["source"]),
-            delivery_send_lateness_seconds: Histogram::new(LATENCY_SECONDS),
-            delivery_grpc_sends: AtomicU64::new(0),
-            delete_batch_size: Histogram::new(SIZES),
-            delete_failures: AtomicU64::new(0),
-            deletes_committed: AtomicU64::new(0),
-            pending_deletes: AtomicI64::new(0),
-            parked_messages: AtomicI64::new(0),
-            publish_bytes_in_service: AtomicU64::new(0),
-            messages_cancelled: AtomicU64::new(0),
-            messages_rescheduled: AtomicU64::new(0),
-            messages_deduplicated: AtomicU64::new(0),
-            messages_dead_lettered: AtomicU64::new(0),
-            store_commits: AtomicU64::new(0),
-            store_commit_ops: AtomicU64::new(0),
-            store_digest: std::sync::Arc::default(),
-            disk: None,
-            clustered: std::sync::atomic::AtomicBool::new(false),
-            raft_term: AtomicU64::new(0),
-            raft_is_leader: AtomicU64::new(0),
-            raft_applied_index: AtomicU64::new(0),
-            raft_last_log_index: AtomicU64::new(0),
-            raft_purged_index: AtomicU64::new(0),
-            raft_leader_changes: AtomicU64::new(0),
-            raft_refused_entries: AtomicU64::new(0),
-            raft_entry_batches: Histogram::new(SIZES),
-            auth_refusals: LabeledCounter::new(&["reason"]),
-            security: None,
-        }
+        Metrics::new(Scraped::default())
     }
-}
-
-fn scalar(out: &mut String, name: &str, kind: &str, help: &str, v: impl std::fmt::Display) {
-    let _ = writeln!(
-        out,
-        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}"
-    );
-}
-
-fn header(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
 impl Metrics {
-    /// Renders every metric in Prometheus text format.
+    /// Every metric, registered in exposition order; `scraped` is read at each scrape.
+    #[must_use]
+    pub fn new(scraped: Scraped) -> Self {
+        let mut r = Registry::default();
+        r.register(
+            "futureq_build",
+            "The running build: always 1, with its version as a label",
+            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        );
+        let topics = Arc::new(TopicLabels::default());
+        let publish_requests = LabeledCounter::register(
+            &mut r,
+            ("futureq_publish_requests", "Publish batches by outcome"),
+            &["topic", "ack_level", "result"],
+            Some(&topics),
+        );
+        let messages_published = LabeledCounter::register(
+            &mut r,
+            (
+                "futureq_messages_published",
+                "Messages accepted for storage",
+            ),
+            &["topic", "ack_level"],
+            Some(&topics),
+        );
+        let publish_batch_size = histogram(SIZES);
+        r.register(
+            "futureq_publish_batch_size",
+            "Messages per publish batch",
+            publish_batch_size.clone(),
+        );
+        let latency: Family<[(&'static str, &'static str); 1], Histogram, _> =
+            Family::new_with_constructor(|| histogram(LATENCY_SECONDS));
+        r.register(
+            "futureq_publish_latency_seconds",
+            "Broker-side batch latency from receipt to ack",
+            latency.clone(),
+        );
+        let publish_latency_seconds = ["quorum", "leader", "no_ack"]
+            .map(|l| latency.get_or_create(&[("ack_level", l)]).clone());
+        let raft = Arc::new(RaftMetrics::default());
+        r.register_collector(Box::new(Arc::clone(&raft)));
+        let auth_refusals = LabeledCounter::register(
+            &mut r,
+            (
+                "futureq_auth_refusals",
+                "Calls refused for want of a valid credential, by reason",
+            ),
+            &["reason"],
+            None,
+        );
+        let m = Metrics {
+            publish_requests,
+            messages_published,
+            publish_batch_size,
+            publish_latency_seconds,
+            auth_refusals,
+            active_consumers: reg(&mut r, "futureq_active_consumers", "Connected consumers"),
+            consumer_acks: LabeledCounter::register(
+                &mut r,
+                ("futureq_consumer_ack", "ACK (success=true) and NACK frames"),
+                &["success"],
+                None,
+            ),
+            messages_in_flight: reg(&mut r, "futureq_messages_in_flight", "Delivered, not yet acknowledged"),
+            topic_messages_stored: topic_gauge(&mut r, "futureq_topic_messages_stored", &format!("Messages stored per topic, exact as of the last refresh (observability.metrics.topicsInterval); the {TOPIC_LABELS_MAX} topics with the most, the others summed under topic=\"\".")),
+            topic_messages_in_flight: topic_gauge(&mut r, "futureq_topic_messages_in_flight", &format!("Deliveries in flight per topic on this node, as of the last refresh; the {TOPIC_LABELS_MAX} topics with the most, the others summed under topic=\"\".")),
+            messages_dispatched: reg(&mut r, "futureq_messages_dispatched", "Deliveries handed to consumers"),
+            messages_redelivered: reg(&mut r, "futureq_messages_redelivered", "Of those, redeliveries"),
+            in_flight_timeouts: reg(&mut r, "futureq_in_flight_timeouts", "Deliveries not acknowledged within delivery.inFlightTimeout"),
+            messages_expired: LabeledCounter::register(
+                &mut r,
+                ("futureq_messages_expired", "Messages removed because their TTL passed"),
+                &["source"],
+                None,
+            ),
+            delivery_send_lateness_seconds: reg_histogram(&mut r, "futureq_delivery_send_lateness_seconds", "Send time minus due time", LATENCY_SECONDS),
+            delivery_grpc_sends: reg(&mut r, "futureq_delivery_grpc_sends", "Messages written to consumer streams"),
+            delete_batch_size: reg_histogram(&mut r, "futureq_delete_batch_size", "Keys per delete flush", SIZES),
+            delete_failures: reg(&mut r, "futureq_delete_failures", "Failed delete flushes (retried)"),
+            deletes_committed: reg(&mut r, "futureq_deletes_committed", "Keys whose delete (acknowledged or dropped deliveries) the write path committed: durable in the journal or the Raft log"),
+            pending_deletes: reg(&mut r, "futureq_pending_deletes", "Acknowledged keys awaiting their delete flush"),
+            parked_messages: reg(&mut r, "futureq_messages_parked", "Messages acked by some consumer groups and kept for groups without members (remembered in memory, at most 1000000)"),
+            messages_cancelled: reg(&mut r, "futureq_messages_cancelled", "Stored messages deleted by Cancel requests"),
+            messages_rescheduled: reg(&mut r, "futureq_messages_rescheduled", "Stored messages moved to a new due time by Reschedule requests"),
+            messages_deduplicated: reg(&mut r, "futureq_messages_deduplicated", "Published messages not stored because their dedup id was remembered (publish.dedupWindow); each answered with the first message's tag"),
+            messages_dead_lettered: reg(&mut r, "futureq_messages_dead_lettered", "Copies stored on a dead-letter topic by recipients that gave up (max_attempts deliveries without an ACK)"),
+            publish_bytes_in_service: reg(&mut r, "futureq_publish_in_service_bytes", "Publish bytes read from clients and not yet answered by the write core (streams stop reading while the node's budget is used up)"),
+            store_commits: reg(&mut r, "futureq_store_commits", "Apply transactions committed to the store (each applies a group of log entries)"),
+            store_commit_ops: reg(&mut r, "futureq_store_commit_ops", "Log entries applied by those transactions"),
+            raft,
+            registry: r,
+        };
+        let mut m = m;
+        m.registry.register_collector(Box::new(scraped));
+        m
+    }
+
+    /// Renders every metric in the Prometheus text format (version 0.0.4).
     #[must_use]
     pub fn render(&self) -> String {
-        let mut o = String::with_capacity(8 << 10);
-        header(
-            &mut o,
-            "futureq_build_info",
-            "gauge",
-            "The running build: always 1, with its version as a label.",
-        );
-        let _ = writeln!(
-            o,
-            "futureq_build_info{{version=\"{}\"}} 1",
-            env!("CARGO_PKG_VERSION")
-        );
-        self.render_publish(&mut o);
-        self.render_raft(&mut o);
-        self.render_security(&mut o);
-        self.render_delivery(&mut o);
-        self.render_deletes(&mut o);
-        self.render_storage(&mut o);
+        let mut o = String::with_capacity(16 << 10);
+        if let Err(e) = prometheus_client::encoding::prometheus_text::encode(&mut o, &self.registry)
+        {
+            tracing::error!(target: "metrics", error = %e, "encoding the metrics failed");
+        }
         o
     }
+}
 
-    /// Publishing: requests, messages, batch sizes, latency per ack level.
-    fn render_publish(&self, o: &mut String) {
-        header(
-            o,
-            "futureq_publish_requests_total",
-            "counter",
-            "Publish batches by outcome.",
-        );
-        self.publish_requests
-            .render(o, "futureq_publish_requests_total");
-        header(
-            o,
-            "futureq_messages_published_total",
-            "counter",
-            "Messages accepted for storage.",
-        );
-        self.messages_published
-            .render(o, "futureq_messages_published_total");
-        header(
-            o,
-            "futureq_publish_batch_size",
-            "histogram",
-            "Messages per publish batch.",
-        );
-        self.publish_batch_size
-            .render(o, "futureq_publish_batch_size", "");
-        header(
-            o,
-            "futureq_publish_latency_seconds",
-            "histogram",
-            "Broker-side batch latency from receipt to ack.",
-        );
-        for (i, l) in ["quorum", "leader", "no_ack"].iter().enumerate() {
-            self.publish_latency_seconds[i].render(
-                o,
-                "futureq_publish_latency_seconds",
-                &format!("ack_level=\"{l}\""),
-            );
-        }
-    }
+/// A metric of its default kind, registered as `name`.
+fn reg<M: prometheus_client::registry::Metric + Default + Clone>(
+    r: &mut Registry,
+    name: &str,
+    help: &str,
+) -> M {
+    let m = M::default();
+    r.register(name, help, m.clone());
+    m
+}
 
-    /// The Raft group (clustered only): term, leadership, log indexes, entry batches.
-    fn render_raft(&self, o: &mut String) {
-        let r = Ordering::Relaxed;
-        if self.clustered.load(r) {
-            for (name, kind, help, v) in [
-                (
-                    "futureq_raft_term",
-                    "gauge",
-                    "Current term of the event shard.",
-                    &self.raft_term,
-                ),
-                (
-                    "futureq_raft_is_leader",
-                    "gauge",
-                    "1 while this node leads the event shard and takes clients.",
-                    &self.raft_is_leader,
-                ),
-                (
-                    "futureq_raft_applied_index",
-                    "gauge",
-                    "Last event-shard log index applied to the store.",
-                    &self.raft_applied_index,
-                ),
-                (
-                    "futureq_raft_last_log_index",
-                    "gauge",
-                    "Last index in this node's event-shard log.",
-                    &self.raft_last_log_index,
-                ),
-                (
-                    "futureq_raft_purged_index",
-                    "gauge",
-                    "Event-shard log entries up to this index were compacted into a snapshot.",
-                    &self.raft_purged_index,
-                ),
-                (
-                    "futureq_raft_leader_changes_total",
-                    "counter",
-                    "Times this node gained or lost event-shard leadership.",
-                    &self.raft_leader_changes,
-                ),
-                (
-                    "futureq_raft_refused_entries_total",
-                    "counter",
-                    "Committed event-shard entries the state machine refused (undecodable, or event ids from an earlier term); nothing of them was applied.",
-                    &self.raft_refused_entries,
-                ),
-            ] {
-                scalar(o, name, kind, help, v.load(r));
-            }
-            header(
-                o,
-                "futureq_raft_entry_batches",
-                "histogram",
-                "Publish batches coalesced into each proposed event-shard entry.",
-            );
-            self.raft_entry_batches
-                .render(o, "futureq_raft_entry_batches", "");
-        }
-    }
+/// A histogram over `bounds`, registered as `name`.
+fn reg_histogram(r: &mut Registry, name: &str, help: &str, bounds: &[f64]) -> Histogram {
+    let h = histogram(bounds);
+    r.register(name, help, h.clone());
+    h
+}
 
-    /// Authentication refusals, and the certificates' reloads and expiry.
-    fn render_security(&self, o: &mut String) {
-        header(
-            o,
-            "futureq_auth_refusals_total",
-            "counter",
-            "Calls refused for want of a valid credential, by reason.",
-        );
-        self.auth_refusals.render(o, "futureq_auth_refusals_total");
-        if let Some(s) = &self.security {
-            s.render(o);
-        }
-    }
-
-    /// Delivery: consumers, in flight, per-topic gauges, dispatches, expiry, lateness.
-    fn render_delivery(&self, o: &mut String) {
-        let r = Ordering::Relaxed;
-        scalar(
-            o,
-            "futureq_active_consumers",
-            "gauge",
-            "Connected consumers.",
-            self.active_consumers.load(r),
-        );
-        header(
-            o,
-            "futureq_consumer_ack_total",
-            "counter",
-            "ACK (success=true) and NACK frames.",
-        );
-        self.consumer_acks.render(o, "futureq_consumer_ack_total");
-        scalar(
-            o,
-            "futureq_messages_in_flight",
-            "gauge",
-            "Delivered, not yet acknowledged.",
-            self.messages_in_flight.load(r),
-        );
-        header(
-            o,
-            "futureq_topic_messages_stored",
-            "gauge",
-            &format!("Messages stored per topic, exact as of the last refresh (observability.metrics.topicsInterval); the {TOPIC_LABELS_MAX} topics with the most, the others summed under topic=\"\"."),
-        );
-        self.topic_messages_stored
-            .render(o, "futureq_topic_messages_stored");
-        header(
-            o,
-            "futureq_topic_messages_in_flight",
-            "gauge",
-            &format!("Deliveries in flight per topic on this node, as of the last refresh; the {TOPIC_LABELS_MAX} topics with the most, the others summed under topic=\"\"."),
-        );
-        self.topic_messages_in_flight
-            .render(o, "futureq_topic_messages_in_flight");
-        scalar(
-            o,
-            "futureq_messages_dispatched_total",
-            "counter",
-            "Deliveries handed to consumers.",
-            self.messages_dispatched.load(r),
-        );
-        scalar(
-            o,
-            "futureq_messages_redelivered_total",
-            "counter",
-            "Of those, redeliveries.",
-            self.messages_redelivered.load(r),
-        );
-        scalar(
-            o,
-            "futureq_in_flight_timeouts_total",
-            "counter",
-            "Deliveries not acknowledged within delivery.inFlightTimeout.",
-            self.in_flight_timeouts.load(r),
-        );
-        header(
-            o,
-            "futureq_messages_expired_total",
-            "counter",
-            "Messages removed because their TTL passed.",
-        );
-        self.messages_expired
-            .render(o, "futureq_messages_expired_total");
-        header(
-            o,
-            "futureq_delivery_send_lateness_seconds",
-            "histogram",
-            "Send time minus due time.",
-        );
-        self.delivery_send_lateness_seconds
-            .render(o, "futureq_delivery_send_lateness_seconds", "");
-        scalar(
-            o,
-            "futureq_delivery_grpc_sends_total",
-            "counter",
-            "Messages written to consumer streams.",
-            self.delivery_grpc_sends.load(r),
-        );
-    }
-
-    /// Deletes: batch sizes, failures, commits, pending and parked messages.
-    fn render_deletes(&self, o: &mut String) {
-        let r = Ordering::Relaxed;
-        header(
-            o,
-            "futureq_delete_batch_size",
-            "histogram",
-            "Keys per delete flush.",
-        );
-        self.delete_batch_size
-            .render(o, "futureq_delete_batch_size", "");
-        scalar(
-            o,
-            "futureq_delete_failures_total",
-            "counter",
-            "Failed delete flushes (retried).",
-            self.delete_failures.load(r),
-        );
-        scalar(
-            o,
-            "futureq_deletes_committed_total",
-            "counter",
-            "Keys whose delete (acknowledged or dropped deliveries) the write path committed: durable in the journal or the Raft log.",
-            self.deletes_committed.load(r),
-        );
-        scalar(
-            o,
-            "futureq_pending_deletes",
-            "gauge",
-            "Acknowledged keys awaiting their delete flush.",
-            self.pending_deletes.load(r),
-        );
-        scalar(
-            o,
-            "futureq_messages_parked",
-            "gauge",
-            "Messages acked by some consumer groups and kept for groups without members (remembered in memory, at most 1000000).",
-            self.parked_messages.load(r),
-        );
-    }
-
-    /// The write path's other commands, the publish budget, the store and the data disk.
-    fn render_storage(&self, o: &mut String) {
-        let r = Ordering::Relaxed;
-        scalar(
-            o,
-            "futureq_messages_cancelled_total",
-            "counter",
-            "Stored messages deleted by Cancel requests.",
-            self.messages_cancelled.load(r),
-        );
-        scalar(
-            o,
-            "futureq_messages_rescheduled_total",
-            "counter",
-            "Stored messages moved to a new due time by Reschedule requests.",
-            self.messages_rescheduled.load(r),
-        );
-        scalar(
-            o,
-            "futureq_messages_deduplicated_total",
-            "counter",
-            "Published messages not stored because their dedup id was remembered (publish.dedupWindow); each answered with the first message's tag.",
-            self.messages_deduplicated.load(r),
-        );
-        scalar(
-            o,
-            "futureq_messages_dead_lettered_total",
-            "counter",
-            "Copies stored on a dead-letter topic by recipients that gave up (max_attempts deliveries without an ACK).",
-            self.messages_dead_lettered.load(r),
-        );
-        scalar(
-            o,
-            "futureq_publish_in_service_bytes",
-            "gauge",
-            "Publish bytes read from clients and not yet answered by the write core (streams stop reading while the node's budget is used up).",
-            self.publish_bytes_in_service.load(r),
-        );
-        scalar(
-            o,
-            "futureq_store_commits_total",
-            "counter",
-            "Apply transactions committed to the store (each applies a group of log entries).",
-            self.store_commits.load(r),
-        );
-        scalar(
-            o,
-            "futureq_store_commit_ops_total",
-            "counter",
-            "Log entries applied by those transactions.",
-            self.store_commit_ops.load(r),
-        );
-        scalar(
-            o,
-            "futureq_store_digest",
-            "gauge",
-            "Digest of the stored messages, indexes and groups (its low 52 bits, exact as a float): equal on replicas that applied the same log (compare at equal futureq_raft_applied_index).",
-            self.store_digest.load(r) & ((1 << 52) - 1),
-        );
-        if let Some(d) = &self.disk {
-            if d.free_bytes() != u64::MAX {
-                scalar(
-                    o,
-                    "futureq_disk_free_bytes",
-                    "gauge",
-                    "Free bytes of the fullest data directory's file system, read every 500 ms.",
-                    d.free_bytes(),
-                );
-            }
-            scalar(
-                o,
-                "futureq_disk_min_free_bytes",
-                "gauge",
-                "storage.minFreeBytes: below it publishes are refused.",
-                d.min_free(),
-            );
-            scalar(
-                o,
-                "futureq_disk_low",
-                "gauge",
-                "1 while the data disk is below storage.minFreeBytes and publishes are refused (deliveries, ACKs and cancels go on).",
-                u8::from(d.low()),
-            );
-        }
-    }
+/// A per-topic gauge, registered as `name` (its help as given: a collector's help is not
+/// completed with a period).
+fn topic_gauge(r: &mut Registry, name: &'static str, help: &str) -> Arc<TopicGauge> {
+    let g = Arc::new(TopicGauge::new(name, help.to_owned()));
+    r.register_collector(Box::new(Arc::clone(&g)));
+    g
 }
 
 #[cfg(test)]

@@ -7,7 +7,6 @@
 //! - Connections already open keep the TLS configuration they started with; calls from the
 //!   reload on are authenticated against the new principals.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -117,32 +116,47 @@ impl Security {
         }
     }
 
-    /// `futureq_tls_reload_total{result}` and `futureq_tls_cert_expiry_seconds{plane}`.
-    pub fn render(&self, out: &mut String) {
-        let _ = writeln!(
-            out,
-            "# HELP futureq_tls_reload_total Reloads of the certificates and principals (SIGHUP), by result.\n# TYPE futureq_tls_reload_total counter\nfutureq_tls_reload_total{{result=\"ok\"}} {}\nfutureq_tls_reload_total{{result=\"error\"}} {}",
-            self.reloads_ok.load(Ordering::Relaxed),
-            self.reloads_failed.load(Ordering::Relaxed)
-        );
+    /// `futureq_tls_reload_total{result}` and `futureq_tls_cert_expiry_seconds{plane}`, read
+    /// at each scrape.
+    ///
+    /// # Errors
+    /// The encoder's.
+    pub fn encode_metrics(
+        &self,
+        encoder: &mut prometheus_client::encoding::DescriptorEncoder<'_>,
+    ) -> std::fmt::Result {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        use prometheus_client::metrics::MetricType;
+        let mut reloads = encoder.encode_descriptor(
+            "futureq_tls_reload",
+            "Reloads of the certificates and principals (SIGHUP), by result.",
+            None,
+            MetricType::Counter,
+        )?;
+        for (result, n) in [("ok", &self.reloads_ok), ("error", &self.reloads_failed)] {
+            ConstCounter::new(n.load(Ordering::Relaxed))
+                .encode(reloads.encode_family(&[("result", result)])?)?;
+        }
         let planes = [
             ("client", self.grpc_tls.as_ref().map(|t| t.expiry())),
             ("peer", self.peer_tls.as_ref().map(|t| t.expiry())),
         ];
         if planes.iter().any(|(_, e)| e.is_some()) {
-            let _ = writeln!(
-                out,
-                "# HELP futureq_tls_cert_expiry_seconds When each certificate in use stops being valid (notAfter), in seconds since the Unix epoch.\n# TYPE futureq_tls_cert_expiry_seconds gauge"
-            );
-        }
-        for (plane, expiry) in planes {
-            if let Some(e) = expiry {
-                let _ = writeln!(
-                    out,
-                    "futureq_tls_cert_expiry_seconds{{plane=\"{plane}\"}} {}",
-                    e.not_after_unix
-                );
+            let mut expiry = encoder.encode_descriptor(
+                "futureq_tls_cert_expiry_seconds",
+                "When each certificate in use stops being valid (notAfter), in seconds since the Unix epoch.",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (plane, e) in planes {
+                if let Some(e) = e {
+                    ConstGauge::new(e.not_after_unix)
+                        .encode(expiry.encode_family(&[("plane", plane)])?)?;
+                }
             }
         }
+        Ok(())
     }
 }

@@ -83,12 +83,11 @@ pub fn run(settings: Settings, shutdown: Shutdown) -> Result<(), ServerError> {
             source,
         })?;
     let disk = watch_disk(&settings, &mode, &shutdown)?;
-    let metrics = Arc::new(Metrics {
+    let metrics = Arc::new(Metrics::new(crate::metrics::Scraped {
         store_digest: store.store().digest_cell(),
         disk: disk.as_ref().map(|(d, _)| Arc::clone(d)),
         security: Some(Arc::clone(&settings.security)),
-        ..Metrics::default()
-    });
+    }));
     let (exits, exit_rx) = std::sync::mpsc::channel::<Exit>();
     let handles = spawn_executors(
         Shared {

@@ -32,10 +32,7 @@ struct Registration<'a> {
 
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
-        self.ctx
-            .metrics
-            .active_consumers
-            .fetch_sub(1, Ordering::Relaxed);
+        self.ctx.metrics.active_consumers.dec();
         let cmd = HubCmd::Unregister(self.id);
         if let Err(flume::TrySendError::Full(cmd)) = self.ctx.hub.try_send(cmd) {
             let hub = self.ctx.hub.clone();
@@ -115,7 +112,7 @@ pub async fn subscribe(
         Ok(c) => c,
         Err(s) => return s,
     };
-    ctx.metrics.active_consumers.fetch_add(1, Ordering::Relaxed);
+    ctx.metrics.active_consumers.inc();
     let _registration = Registration {
         ctx,
         id: consumer.id,
@@ -369,9 +366,7 @@ impl Stream<'_> {
             })
             .collect();
         out.send_all(&msgs).await?;
-        metrics
-            .delivery_grpc_sends
-            .fetch_add(msgs.len() as u64, Ordering::Relaxed);
+        metrics.delivery_grpc_sends.inc_by(msgs.len() as u64);
         Ok(())
     }
 

@@ -149,9 +149,7 @@ pub async fn cancel(ctx: &Ctx, access: &Access, mut call: Call, out: &mut Outbou
                 .unwrap_or(false)
         })
         .collect();
-    ctx.metrics
-        .messages_cancelled
-        .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+    ctx.metrics.messages_cancelled.inc_by(n);
     match out.send(&pb::CancelResponse { cancelled }).await {
         Ok(()) => Status::ok(),
         Err(s) => s,
@@ -217,9 +215,7 @@ pub async fn reschedule(ctx: &Ctx, access: &Access, mut call: Call, out: &mut Ou
     };
     if moved.is_some() {
         revoke(ctx, vec![key]).await;
-        ctx.metrics
-            .messages_rescheduled
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        ctx.metrics.messages_rescheduled.inc();
     }
     let resp = pb::RescheduleResponse {
         found: moved.is_some(),

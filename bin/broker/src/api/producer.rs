@@ -319,9 +319,7 @@ fn process(
                 metrics
                     .messages_published
                     .add(&[&topics, level.label()], (n - dups.len()) as u64);
-                metrics
-                    .messages_deduplicated
-                    .fetch_add(dups.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                metrics.messages_deduplicated.inc_by(dups.len() as u64);
                 let first_of = |id: u64| {
                     dups.binary_search_by_key(&id, |(i, _)| *i)
                         .ok()

@@ -123,7 +123,8 @@ pub(super) async fn run(core: Weak<Core>, rx: flume::Receiver<Pending>) {
         let Some(core) = core.upgrade() else { return };
         #[allow(clippy::cast_precision_loss)]
         core.metrics
-            .raft_entry_batches
+            .raft
+            .entry_batches
             .observe(group.parts.len() as f64);
         glommio::spawn_local(async move {
             propose(&core, group).await;

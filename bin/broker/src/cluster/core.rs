@@ -146,17 +146,19 @@ impl Core {
             .unwrap_or_default();
         let info = meta.cluster_view(self.cfg.shard_id);
         let m = &self.metrics;
-        m.raft_term.store(l.term, Ordering::Relaxed);
-        m.raft_is_leader
+        m.raft.term.store(l.term, Ordering::Relaxed);
+        m.raft
+            .is_leader
             .store(u64::from(leading), Ordering::Relaxed);
-        m.raft_applied_index.store(l.applied, Ordering::Relaxed);
-        m.raft_last_log_index.store(l.last_log, Ordering::Relaxed);
-        m.raft_purged_index.store(l.purged, Ordering::Relaxed);
-        m.raft_refused_entries
+        m.raft.applied_index.store(l.applied, Ordering::Relaxed);
+        m.raft.last_log_index.store(l.last_log, Ordering::Relaxed);
+        m.raft.purged_index.store(l.purged, Ordering::Relaxed);
+        m.raft
+            .refused_entries
             .store(self.node.refused_entries(), Ordering::Relaxed);
         self.cluster.update(|v| {
             if v.leading != leading {
-                m.raft_leader_changes.fetch_add(1, Ordering::Relaxed);
+                m.raft.leader_changes.fetch_add(1, Ordering::Relaxed);
             }
             if !leading && v.leader_id != l.leader {
                 match l.leader {
