@@ -78,17 +78,20 @@ def inline_modules(text):
 
 
 def expand(tree):
-    """`crate::a::{b::C, d}` -> [['crate','a','b','C'], ['crate','a','d'], ['crate','a']]."""
+    """`crate::a::{self, b::C, d}` -> [['crate','a','b','C'], ['crate','a','d'], ['crate','a']]."""
     tree = re.sub(r'\s+', '', tree)
     brace = tree.find("{")
     if brace < 0:
         return [tree.split("::")]
     head = tree[:brace].rstrip(":")
     body = tree[brace + 1:tree.rfind("}")]
-    parts, depth, cur = [], 0, ""
+    parts, depth, cur, itself = [], 0, "", False
     for ch in body + ",":
         if ch == "," and depth == 0:
-            if cur and cur != "self":
+            cur = cur.strip()
+            if cur == "self":
+                itself = True  # `use a::{self, …}` names `a` itself
+            elif cur:
                 parts.append(cur)
             cur = ""
             continue
@@ -96,7 +99,7 @@ def expand(tree):
         depth -= ch == "}"
         cur += ch
     heads = head.split("::") if head else []
-    return [heads + p for part in parts for p in expand(part)] + ([heads] if heads else [])
+    return [heads + p for part in parts for p in expand(part)] + ([heads] if heads and itself else [])
 
 
 def reexports(module, text, mods):
@@ -155,14 +158,18 @@ def edges(module, text, mods, facades):
         if target is not None and target != tuple(module):  # a file naming itself is no edge
             found.setdefault(target, written)
 
-    uses = []
+    uses = [(m.start(), m.end()) for m in USE.finditer(text)]
+    outside = "".join(text[b:a] for (_, b), (a, _) in zip([(0, 0)] + uses, uses + [(len(text), 0)]))
     for m in USE.finditer(text):
-        uses.append((m.start(), m.end()))
-        if m.group(1):
-            continue  # a re-export: a facade, resolved through by owner()
         for segs in expand(m.group(2)):
-            if segs:
-                add(m.start(), [x.split(" as ")[0].strip() for x in segs], " ".join(m.group(0).split()))
+            if not segs:
+                continue
+            name = segs[-1].split(" as ")[-1].strip()
+            # A re-export is a facade (resolved through by owner()), unless the file also uses
+            # the item itself: then it imports it like any `use`.
+            if m.group(1) and not re.search(r"\b%s\b" % re.escape(name), outside):
+                continue
+            add(m.start(), [x.split(" as ")[0].strip() for x in segs], " ".join(m.group(0).split()))
     for m in PATH.finditer(text):
         if not any(a <= m.start() < b for a, b in uses):
             add(m.start(), re.sub(r"\s+", "", m.group(1)).split("::"), m.group(1))
@@ -239,6 +246,12 @@ def self_test():
         "p.rs": "mod q;\npub use q::Thing;\npub struct Ctx;\n",
         "p/q.rs": "use super::Ctx;\npub struct Thing;\npub fn helper() {}\n",
     }, "p.rs", "fn route() { q::helper(); }\n", {"p.rs", "q.rs"})
+    # A re-export the parent also uses itself is an import: with the child using the parent,
+    # a cycle.
+    plant({
+        "lib.rs": "mod p;\npub use p::Thing;\npub struct Client;\nfn start() { Thing::go(); }\n",
+        "p.rs": "pub struct Thing;\n",
+    }, "p.rs", "fn f(_: crate::Client) {}\n", {"p.rs", "lib.rs"})
     print("file-cycles self-test: planted cycles are found, the acyclic trees pass")
 
 

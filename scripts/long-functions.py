@@ -16,7 +16,7 @@ import sys
 import tempfile
 
 LIMIT = 100
-FN = re.compile(r"\bfn\s+(\w+)\s*(?:<[^{;]*?>)?\s*\([^;{]*?\)[^;{]*\{", re.S)
+FN = re.compile(r"\bfn\s+(\w+)")
 TEST_MOD = re.compile(r"#\[cfg\(test\)\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+\w+\s*\{")
 
 spec = importlib.util.spec_from_file_location(
@@ -36,6 +36,35 @@ def close(text, open_at):
     return len(text) - 1
 
 
+def body_start(text, at):
+    """Where the body of the function whose signature starts at `at` opens: the first `{`
+    outside parentheses and brackets (parameters, array types), or None for a declaration
+    (`;`) such as a trait method without a body."""
+    depth = 0
+    for i in range(at, len(text)):
+        c = text[i]
+        if c in "([":
+            depth += 1
+        elif c in ")]":
+            depth -= 1
+        elif depth == 0 and c == ";":
+            return None
+        elif depth == 0 and c == "{":
+            return i
+    return None
+
+
+def explained(lines, first, last):
+    """Whether a `// Long:` comment says why: in the comments and attributes right above the
+    function, or in its first lines."""
+    i = first - 1
+    while i >= 0 and re.match(r"\s*(//|#\[)", lines[i]):
+        if re.match(r"\s*//[/!]?\s*Long:", lines[i]):
+            return True
+        i -= 1
+    return any(re.match(r"\s*//\s*Long:", l) for l in lines[first:min(first + 6, last + 1)])
+
+
 def long_functions(path):
     raw = open(path, encoding="utf-8").read()
     text = file_cycles.strip(raw)
@@ -44,15 +73,14 @@ def long_functions(path):
     for m in FN.finditer(text):
         if any(a <= m.start() <= b for a, b in tests):
             continue
-        end = close(text, m.end() - 1)
+        opening = body_start(text, m.end())
+        if opening is None:
+            continue
+        end = close(text, opening)
         first, last = text.count("\n", 0, m.start()), text.count("\n", 0, end)
         n = last - first + 1
-        if n < LIMIT:
-            continue
-        around = lines[max(0, first - 12):last + 1]  # its doc comment and attributes, and itself
-        if any(re.match(r"\s*//[/!]?\s*Long:", l) for l in around):
-            continue
-        yield path, first + 1, m.group(1), n
+        if n >= LIMIT and not explained(lines, first, last):
+            yield path, first + 1, m.group(1), n
 
 
 def check(dirs):
@@ -70,18 +98,25 @@ def self_test():
     with tempfile.TemporaryDirectory() as d:
         os.makedirs(os.path.join(d, "src"))
         src = os.path.join(d, "src", "lib.rs")
-        with open(src, "w") as f:
-            f.write("/// Short.\nfn short() { let s = \"}\"; }\n\n#[cfg(test)]\nmod tests {\n"
-                    "    fn long_test() {\n" + body + "\n    }\n}\n")
-        assert check([d]) == [], check([d])
-        with open(src, "a") as f:
-            f.write("fn planted(a: u32) -> u32 {\n" + body + "\n    a\n}\n")
-        found = check([d])
-        assert [(x[2], x[3]) for x in found] == [("planted", LIMIT + 3)], found
-        with open(src, "w") as f:
-            f.write("// Long: one flat sequence, said here.\nfn planted() {\n" + body + "\n}\n")
-        assert check([d]) == [], check([d])
-    print("long-functions self-test: a planted long function is found; tests and explained ones pass")
+
+        def found(text):
+            with open(src, "w") as f:
+                f.write(text)
+            return [(x[2], x[3]) for x in check([d])]
+
+        tests = ("#[cfg(test)]\nmod tests {\n    fn long_test() {\n" + body + "\n    }\n}\n")
+        assert found("/// Short.\nfn short() { let s = \"}\"; }\n" + tests) == []
+        planted = "fn planted(a: u32) -> u32 {\n" + body + "\n    a\n}\n"
+        assert found(planted) == [("planted", LIMIT + 3)]
+        # Signatures with `;` or braces in them: array types, destructured parameters.
+        assert found("fn arr(k: [u8; 24]) -> [u8; 2] {\n" + body + "\n}\n") == [("arr", LIMIT + 2)]
+        assert found("fn de(Foo { a }: Foo) {\n" + body + "\n}\n") == [("de", LIMIT + 2)]
+        # A neighbour's reason is not this function's.
+        neighbour = "fn short() {\n    // Long: not about planted\n}\n"
+        assert found(neighbour + planted) == [("planted", LIMIT + 3)]
+        assert found("// Long: one flat sequence, said here.\n" + planted) == []
+        assert found("trait T {\n    fn decl(&self);\n}\n") == []
+    print("long-functions self-test: planted long functions are found; tests and explained ones pass")
 
 
 def main(argv):

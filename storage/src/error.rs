@@ -28,6 +28,12 @@ pub enum StoreError {
     /// The storage threads have stopped (shutdown or a fatal error).
     #[error("storage is closed")]
     Closed,
+    /// A rule the store keeps was found broken (a defect): nothing of the call was committed,
+    /// and the node stops (its write path fails) rather than go on from a state it cannot
+    /// trust. Returned instead of a panic: an apply runs on a blocking thread, whose panic
+    /// would leave its caller waiting forever.
+    #[error("a store invariant does not hold (a defect): {0}")]
+    Invariant(String),
     /// Creating the data directory failed.
     #[error("cannot create data directory {path}: {source}")]
     DataDir {

@@ -863,3 +863,23 @@ fn a_dead_letter_is_remembered_as_long_as_its_original() {
     let dst = replica(&s);
     assert_eq!(dst.digest(), s.digest());
 }
+
+/// The apply refuses entries out of log order with a typed error (nothing committed), rather
+/// than a panic on its blocking thread that would leave the caller waiting.
+#[test]
+fn entries_out_of_log_order_are_an_invariant_error() {
+    let s = memory();
+    let a = encode_store(&StoreBatch {
+        items: vec![new_message("t", 1000, 0, 0, vec![])],
+    });
+    let b = encode_store(&StoreBatch {
+        items: vec![new_message("t", 1000, 0, 0, vec![])],
+    });
+    let r = s.apply_entries(&[(2, 1, &b), (1, 1, &a)], &[], true);
+    assert!(
+        matches!(r, Err(futureq_storage::StoreError::Invariant(_))),
+        "{r:?}"
+    );
+    assert_eq!(s.applied().unwrap(), None, "nothing committed");
+    assert_eq!(s.counts().unwrap().0, 0);
+}

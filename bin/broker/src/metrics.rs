@@ -375,7 +375,8 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// Every metric, registered in exposition order; `scraped` is read at each scrape.
+    /// Every metric, registered once (collectors are encoded after the registered metrics);
+    /// `scraped` is read at each scrape.
     #[must_use]
     pub fn new(scraped: Scraped) -> Self {
         let mut r = Registry::default();

@@ -226,7 +226,7 @@ impl Consumer {
     /// a NOT_FOUND status), if it did.
     #[must_use]
     pub fn error(&self) -> Option<Error> {
-        crate::lock(&self.ended).clone()
+        crate::client::lock(&self.ended).clone()
     }
 
     /// The next delivery within `within`, or `None`.
@@ -319,7 +319,7 @@ async fn run(s: Session, first: Opened, mut control_rx: mpsc::UnboundedReceiver<
                 Ok(o) => o,
                 Err(e) => {
                     tracing::warn!(target: "futureq_client", topic = %s.sub.topic, error = %e, "subscription lost and not renewed");
-                    *crate::lock(&s.ended) = Some(e);
+                    *crate::client::lock(&s.ended) = Some(e);
                     return;
                 }
             },
@@ -336,7 +336,7 @@ async fn run(s: Session, first: Opened, mut control_rx: mpsc::UnboundedReceiver<
                     Err(st) if st.code() == tonic::Code::NotFound => {
                         // The group was deleted: subscribing again would create a new one.
                         tracing::warn!(target: "futureq_client", topic = %s.sub.topic, group = %s.sub.group, "the consumer group was deleted; subscription ended");
-                        *crate::lock(&s.ended) = Some(Error::status(&st));
+                        *crate::client::lock(&s.ended) = Some(Error::status(&st));
                         return;
                     }
                     Ok(None) | Err(_) => {
@@ -386,3 +386,13 @@ async fn run(s: Session, first: Opened, mut control_rx: mpsc::UnboundedReceiver<
 /// Deliveries a subscription holds while the application is behind, at most (the server sends
 /// no more than `max_in_flight` unanswered ones anyway).
 const BACKLOG_MAX: usize = 65_536;
+
+impl Client {
+    /// Subscribes (see [`Consumer`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty topic; the first subscription's failure.
+    pub async fn subscribe(&self, sub: Subscription) -> Result<Consumer, Error> {
+        Consumer::start(self.clone(), sub).await
+    }
+}

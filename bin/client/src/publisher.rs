@@ -20,10 +20,11 @@ use futures::channel::mpsc as fmpsc;
 use prost::Message as _;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::client::millis;
 use crate::pb::future_q_producer_client::FutureQProducerClient;
 use crate::pb::{self, AckLevel};
 use crate::refusal;
-use crate::{millis, Client, Error, Outcome, Reason, Tag};
+use crate::{Client, Error, Outcome, Reason, Tag};
 
 /// A message to publish.
 #[derive(Debug, Clone, PartialEq)]
@@ -349,6 +350,14 @@ fn next_batch(
         items.push(it);
     }
     items
+}
+
+impl Client {
+    /// A publisher on this client's leader (see [`Publisher`]).
+    #[must_use]
+    pub fn publisher(&self, cfg: PublisherConfig) -> Publisher {
+        Publisher::start(self.clone(), cfg)
+    }
 }
 
 /// The publisher's task: takes messages from the channel, sends them in batches on one

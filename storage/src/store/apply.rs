@@ -49,10 +49,11 @@ impl Store {
             .filter(|(i, _, _)| applied.is_none_or(|a| *i > a))
             .collect();
         // Entries come in log order, each once: the deterministic apply depends on it.
-        assert!(
-            fresh.windows(2).all(|w| w[0].0 < w[1].0),
-            "entries to apply are not in ascending log order"
-        );
+        if !fresh.windows(2).all(|w| w[0].0 < w[1].0) {
+            return Err(StoreError::Invariant(
+                "entries to apply are not in ascending log order".into(),
+            ));
+        }
         let mut out = ApplyOutcome {
             max_event_id: self.last_id()?,
             ..ApplyOutcome::default()
@@ -91,13 +92,15 @@ impl Store {
                 rm.insert(*k, *v)?;
             }
         }
+        // `last-id` never goes down (checked before the commit: nothing is written if not).
+        if out.max_event_id < self.applied_last_id() {
+            return Err(StoreError::Invariant(format!(
+                "last-id would go down: {} below {}",
+                out.max_event_id,
+                self.applied_last_id()
+            )));
+        }
         self.commit_with_digest(txn, digest)?;
-        assert!(
-            out.max_event_id >= self.applied_last_id(),
-            "last-id goes down: {} below {}",
-            out.max_event_id,
-            self.applied_last_id()
-        );
         self.last_id.store(out.max_event_id, Ordering::Release);
         self.stats.transactions.fetch_add(1, Ordering::Relaxed);
         self.stats
@@ -209,9 +212,14 @@ fn apply_store(
     let mut dups = Vec::new();
     for item in b.items.iter() {
         let key = item.key();
-        // Event ids never regress: `ids_above` let only ascending ids
-        // above every applied one through.
-        assert!(key.event_id().0 > out.max_event_id, "{key}: id regresses");
+        // Event ids never regress: `ids_above` let only ascending ids above every applied
+        // one through.
+        if key.event_id().0 <= out.max_event_id {
+            return Err(StoreError::Invariant(format!(
+                "{key}: its id is not above {}",
+                out.max_event_id
+            )));
+        }
         out.max_event_id = key.event_id().0;
         if let Some(first) = t.deduplicate(&key, item.message.as_slice())? {
             dups.push((key.event_id().0, first));
