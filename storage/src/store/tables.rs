@@ -225,14 +225,8 @@ impl<'t> Tables<'t> {
         once.extend_from_slice(
             format!("{}\0{}", d.group.as_str(), d.consumer.to_native()).as_bytes(),
         );
-        let remembered = self
-            .dedup
-            .get(once.as_slice())?
-            .and_then(|v| parse_dedup_value(v.value()));
-        if let Some((first, until)) = remembered {
-            if until > now_ms {
-                return Ok((Some(first), false));
-            }
+        if let Some(first) = self.remembered(&once, now_ms)? {
+            return Ok((Some(first), false));
         }
         let copy = StoredMessage {
             topic,
@@ -262,6 +256,15 @@ impl<'t> Tables<'t> {
         self.topic_delta(old.topic_hash(), &m.topic).1 += 1;
         self.remember(&once, &key, i64::MAX)?;
         Ok((Some(key), true))
+    }
+
+    /// The first key a `dedup` row remembers, while its window is open at `now_ms`.
+    fn remembered(&self, dk: &[u8], now_ms: i64) -> Result<Option<EventKey>, StoreError> {
+        let row = self
+            .dedup
+            .get(dk)?
+            .and_then(|v| parse_dedup_value(v.value()));
+        Ok(row.and_then(|(first, until)| (until > now_ms).then_some(first)))
     }
 
     /// Writes (or replaces) a `dedup` row and its `dedup-expiry` row.
@@ -311,14 +314,8 @@ impl<'t> Tables<'t> {
         let now = m.enqueued_at_ms;
         self.sweep_dedup(now)?;
         let dk = dedup_key(key.topic_hash(), &m.extras.dedup_id);
-        let remembered = self
-            .dedup
-            .get(dk.as_slice())?
-            .and_then(|v| parse_dedup_value(v.value()));
-        if let Some((first, until)) = remembered {
-            if until > now {
-                return Ok(Some(first));
-            }
+        if let Some(first) = self.remembered(&dk, now)? {
+            return Ok(Some(first));
         }
         self.remember(&dk, key, m.extras.dedup_until_ms)?;
         Ok(None)
