@@ -6,7 +6,8 @@ is a path in A that names B: `use crate::b::…`, `crate::b::f()`, `super::…` 
 `self::…`. A path names the deepest file module it reaches (`crate::a::b::C` names `a::b` when that
 file exists, otherwise `a`). Paths inside an inline `mod x { … }` (tests) start from that inline
 module, so their `super::` names the file itself, which is no edge. A re-export (`pub use x::Y`)
-is a facade: a path through it names the file that defines Y. A parent's `mod child;` is no edge either; its `child::X` is. So a child that uses
+is a facade: a path through it names the file that defines Y; but a re-export the file also
+uses itself (Y named outside `use` lines) is an import of x. A parent's `mod child;` is no edge either; its `child::X` is. So a child that uses
 its parent (`super::X`) while the parent uses the child is a cycle: move X down, or pass it in.
 
 Usage: file-cycles.py CRATE_DIR...    (each has src/); exit 1 and list the cycles if any.
@@ -79,7 +80,8 @@ def inline_modules(text):
 
 def expand(tree):
     """`crate::a::{self, b::C, d}` -> [['crate','a','b','C'], ['crate','a','d'], ['crate','a']]."""
-    tree = re.sub(r'\s+', '', tree)
+    # Whitespace goes, except the one of an alias (`x as y`, kept as " as ").
+    tree = re.sub(r"\s+", "", re.sub(r"\s+as\s+", "\x00", tree)).replace("\x00", " as ")
     brace = tree.find("{")
     if brace < 0:
         return [tree.split("::")]
@@ -166,8 +168,9 @@ def edges(module, text, mods, facades):
                 continue
             name = segs[-1].split(" as ")[-1].strip()
             # A re-export is a facade (resolved through by owner()), unless the file also uses
-            # the item itself: then it imports it like any `use`.
-            if m.group(1) and not re.search(r"\b%s\b" % re.escape(name), outside):
+            # the item itself: then it imports it like any `use`. (A glob re-export names
+            # nothing the file could be seen to use: a facade.)
+            if m.group(1) and (name == "*" or not re.search(r"\b%s\b" % re.escape(name), outside)):
                 continue
             add(m.start(), [x.split(" as ")[0].strip() for x in segs], " ".join(m.group(0).split()))
     for m in PATH.finditer(text):
@@ -232,6 +235,10 @@ def plant(files, cycle_at, cycle_text, expect):
 
 
 def self_test():
+    # Brace lists: `self` names the head, nothing else does; aliases keep their two names.
+    assert expand("a::{b, c}") == [["a", "b"], ["a", "c"]], expand("a::{b, c}")
+    assert ["a"] in expand("a::{self, b}"), expand("a::{self, b}")
+    assert expand("x::index as other") == [["x", "index as other"]], expand("x::index as other")
     # Siblings through a nested child, `super::super::`, a brace list, comments and strings.
     plant({
         "lib.rs": "mod a; mod b;\n// crate::b in a comment is no edge\n",
@@ -250,6 +257,11 @@ def self_test():
     # a cycle.
     plant({
         "lib.rs": "mod p;\npub use p::Thing;\npub struct Client;\nfn start() { Thing::go(); }\n",
+        "p.rs": "pub struct Thing;\n",
+    }, "p.rs", "fn f(_: crate::Client) {}\n", {"p.rs", "lib.rs"})
+    # The same through an alias.
+    plant({
+        "lib.rs": "mod p;\npub use p::Thing as Other;\npub struct Client;\nfn start() { Other::go(); }\n",
         "p.rs": "pub struct Thing;\n",
     }, "p.rs", "fn f(_: crate::Client) {}\n", {"p.rs", "lib.rs"})
     print("file-cycles self-test: planted cycles are found, the acyclic trees pass")

@@ -3,7 +3,7 @@
 
 A reader holds a function of a screen or two; a longer one is split into named steps, unless
 it is one flat table or sequence (a match over every variant, a list of checks), which a
-comment in it or just above it says, starting with `Long:` (e.g. `// Long: one flat table of
+comment just above it or at the top of its body says, starting with `Long:` (e.g. `// Long: one flat table of
 every metric family`). Tests are not counted (`#[cfg(test)]` modules, `tests/`, `*/tests.rs`).
 
 Usage: long-functions.py DIR...       (every .rs under each DIR's src/)
@@ -54,15 +54,16 @@ def body_start(text, at):
     return None
 
 
-def explained(lines, first, last):
+def explained(lines, first, body, last):
     """Whether a `// Long:` comment says why: in the comments and attributes right above the
-    function, or in its first lines."""
+    function (line `first`; the block ends at a blank line or the end of another item), or in
+    the first lines of its body (from line `body`)."""
     i = first - 1
-    while i >= 0 and re.match(r"\s*(//|#\[)", lines[i]):
+    while i >= 0 and lines[i].strip() and not lines[i].rstrip().endswith(("}", ";", "{")):
         if re.match(r"\s*//[/!]?\s*Long:", lines[i]):
             return True
         i -= 1
-    return any(re.match(r"\s*//\s*Long:", l) for l in lines[first:min(first + 6, last + 1)])
+    return any(re.match(r"\s*//\s*Long:", l) for l in lines[body:min(body + 6, last + 1)])
 
 
 def long_functions(path):
@@ -78,8 +79,9 @@ def long_functions(path):
             continue
         end = close(text, opening)
         first, last = text.count("\n", 0, m.start()), text.count("\n", 0, end)
+        body = text.count("\n", 0, opening)
         n = last - first + 1
-        if n >= LIMIT and not explained(lines, first, last):
+        if n >= LIMIT and not explained(lines, first, body, last):
             yield path, first + 1, m.group(1), n
 
 
@@ -115,7 +117,13 @@ def self_test():
         neighbour = "fn short() {\n    // Long: not about planted\n}\n"
         assert found(neighbour + planted) == [("planted", LIMIT + 3)]
         assert found("// Long: one flat sequence, said here.\n" + planted) == []
-        assert found("trait T {\n    fn decl(&self);\n}\n") == []
+        # A declaration has no body: it does not take the next function's.
+        assert found("trait T {\n    fn decl(&self);\n}\n" + planted) == [("planted", LIMIT + 3)]
+        # A reason at the top of the body, after a long signature, counts; one deeper does not.
+        sig = "fn wide(\n    a: u32,\n    b: u32,\n    c: u32,\n    d: u32,\n    e: u32,\n) {\n"
+        assert found(sig + "    // Long: one flat sequence.\n" + body + "\n}\n") == []
+        deep = body.replace("let x50 = 50;", "// Long: too deep to count.")
+        assert found(planted.replace(body, deep)) == [("planted", LIMIT + 3)]
     print("long-functions self-test: planted long functions are found; tests and explained ones pass")
 
 

@@ -6,7 +6,7 @@
 //! - **unexpected**: delivered, never published;
 //! - **early**: delivered before it was due;
 //! - **tag reuse**: one delivery tag for two payloads;
-//! - **resurrected**: delivered again after its ACK had [`ACK_SETTLE`] of fault-free time to
+//! - **resurrected**: delivered again after its ACK had [`history::ACK_SETTLE`] of fault-free time to
 //!   commit;
 //! - **liveness**: soon after the faults heal every node answers on a fresh connection, all
 //!   agree on the leader, and the leader acks a QUORUM write within a few seconds;

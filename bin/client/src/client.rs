@@ -364,7 +364,7 @@ impl Client {
     }
 
     /// Deletes consumer group `group` of `topic` (replicated before the answer): its
-    /// members' subscriptions end ([`Consumer::error`] says the group was deleted), what only
+    /// members' subscriptions end ([`crate::Consumer::error`] says the group was deleted), what only
     /// it still needed is deleted, and a member that subscribes again starts a new group. The
     /// answer says whether it was registered; retried like a read (deleting twice is
     /// harmless: a retry after an unknown outcome may answer `found = false`).

@@ -9,7 +9,7 @@ use crate::{refusal, Outcome, Reason};
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// No seed or known node answered with a leader within [`ClientConfig::retry_for`].
+    /// No seed or known node answered with a leader within [`crate::ClientConfig::retry_for`].
     #[error("no futureq leader found at {addresses} within {waited:?}{}", if last.is_empty() { String::new() } else { format!(" (last: {last})") })]
     NoLeader {
         /// The addresses tried.

@@ -8,6 +8,7 @@
 use std::sync::atomic::Ordering;
 
 use futureq_core::{EventKey, TopicHash};
+use redb::ReadableTable;
 
 use super::db::Store;
 use super::schema::{group_key, APPLIED_INDEX, APPLIED_TERM, LAST_ID, RAFT_META};
@@ -83,6 +84,15 @@ impl Store {
             for (index, c) in &commands {
                 apply_command(&mut t, *index, c, &mut out, &mut stored)?;
             }
+            // `last-id` never goes down: checked against what this transaction reads, before
+            // anything of it is committed.
+            let before = t.meta.get(LAST_ID)?.map_or(0, |v| v.value());
+            if out.max_event_id < before {
+                return Err(StoreError::Invariant(format!(
+                    "last-id would go down: {} below {before}",
+                    out.max_event_id
+                )));
+            }
             t.meta.insert(LAST_ID, out.max_event_id)?;
             t.meta.insert(APPLIED_INDEX, last_index)?;
             t.meta.insert(APPLIED_TERM, last_term)?;
@@ -91,14 +101,6 @@ impl Store {
             for (k, v) in raft_meta {
                 rm.insert(*k, *v)?;
             }
-        }
-        // `last-id` never goes down (checked before the commit: nothing is written if not).
-        if out.max_event_id < self.applied_last_id() {
-            return Err(StoreError::Invariant(format!(
-                "last-id would go down: {} below {}",
-                out.max_event_id,
-                self.applied_last_id()
-            )));
         }
         self.commit_with_digest(txn, digest)?;
         self.last_id.store(out.max_event_id, Ordering::Release);
