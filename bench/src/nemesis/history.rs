@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use serde::Serialize;
 
@@ -29,14 +29,9 @@ impl Rng {
     }
 }
 
+/// The wall clock in Unix ms (the bench's one clock, [`crate::stats::now_us`]).
 pub(super) fn now_ms() -> i64 {
-    i64::try_from(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_millis(),
-    )
-    .unwrap_or(i64::MAX)
+    crate::stats::now_us() / 1000
 }
 
 /// One delivery the consumer saw.
