@@ -5,7 +5,7 @@
 
 use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use base64::Engine as _;
@@ -500,12 +500,6 @@ async fn consume(
     }
 }
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 /// A due time relative to `now_ms`, for people: `in 4.9s`, `now`, `12.0s ago`, `in 3h`.
 fn relative(at_ms: i64, now_ms: i64) -> String {
     let d = at_ms.saturating_sub(now_ms);
@@ -573,7 +567,7 @@ fn print_message(out: &mut impl Write, as_json: bool, m: &pb::QueueMessage) -> a
             )
         };
         let attempt = if m.attempt == 0 {
-            format!("due {}", relative(due, now_ms()))
+            format!("due {}", relative(due, futureq_broker::clock::now_ms()))
         } else {
             format!("attempt {}", m.attempt)
         };
@@ -623,7 +617,7 @@ fn print_stats(
                 if t.next_due_unix_ms == 0 {
                     "-".into()
                 } else {
-                    relative(t.next_due_unix_ms, now_ms())
+                    relative(t.next_due_unix_ms, futureq_broker::clock::now_ms())
                 },
             ]
         })

@@ -265,8 +265,11 @@ pub fn outcome_or(reason: Reason, outcome: Option<&str>) -> Outcome {
 pub const ERROR_DOMAIN: &str = "futureq";
 
 /// The reason and outcome an `ErrorInfo` (its `domain`, `reason` and `metadata.outcome`)
-/// names when it is one of futureq's (`None`: another domain, or a reason this version does
-/// not know); the outcome as [`outcome_or`] reads it.
+/// names when it is one of futureq's (`None`: another domain); the outcome as [`outcome_or`]
+/// reads it. A reason this version does not know (a newer server's) reads as
+/// [`Reason::Internal`], nothing a client retries on, and keeps the outcome it names
+/// ([`Outcome::Unknown`] when none): falling back to the status code could resend a write
+/// whose outcome the server said was unknown.
 #[must_use]
 pub fn of_error_info(
     domain: &str,
@@ -276,8 +279,15 @@ pub fn of_error_info(
     if domain != ERROR_DOMAIN {
         return None;
     }
-    let reason = Reason::from_name(reason)?;
-    Some((reason, outcome_or(reason, outcome)))
+    Some(match Reason::from_name(reason) {
+        Some(reason) => (reason, outcome_or(reason, outcome)),
+        None => (
+            Reason::Internal,
+            outcome
+                .and_then(Outcome::from_name)
+                .unwrap_or(Outcome::Unknown),
+        ),
+    })
 }
 
 /// Why a write (or a membership change) did not succeed, as the write path knows it: each
@@ -397,6 +407,15 @@ mod tests {
             Some((Reason::NotLeader, Outcome::Unknown))
         );
         assert_eq!(of_error_info("other", "NOT_LEADER", None), None);
+        // A newer server's reason: nothing to retry on, its outcome kept.
+        assert_eq!(
+            of_error_info(ERROR_DOMAIN, "SOMETHING_NEW", None),
+            Some((Reason::Internal, Outcome::Unknown))
+        );
+        assert_eq!(
+            of_error_info(ERROR_DOMAIN, "SOMETHING_NEW", Some("NOT_STORED")),
+            Some((Reason::Internal, Outcome::NotStored))
+        );
     }
 
     #[test]

@@ -23,7 +23,7 @@ mod api;
 pub mod auth;
 mod budget;
 pub mod certs;
-mod clock;
+pub mod clock;
 mod cluster;
 pub mod config;
 mod disk;

@@ -174,8 +174,16 @@ async fn propose(core: &Rc<Core>, group: Group) {
             }
             let cmd = encode_store(&batch);
             // A group fits in one log record: groups stop at GROUP_BYTES_MAX, and a batch
-            // larger than that alone was bounded by the API at ENTRY_BYTES_MAX.
-            assert!(cmd.len() <= futureq_core::command::ENTRY_BYTES_MAX);
+            // larger than that alone was bounded by the API at ENTRY_BYTES_MAX. Refused (not
+            // proposed, nothing stored) rather than a panic of the Raft core if a bound is off.
+            if cmd.len() > futureq_core::command::ENTRY_BYTES_MAX {
+                tracing::error!(target: "raft", bytes = cmd.len(), "a coalesced entry is over ENTRY_BYTES_MAX (a defect); refused");
+                return Err(WriteError::not_taken(format!(
+                    "an entry of {} bytes, over the limit of {}",
+                    cmd.len(),
+                    futureq_core::command::ENTRY_BYTES_MAX
+                )));
+            }
             Ok(Proposal::store(cmd.into(), l.term))
         }
     };

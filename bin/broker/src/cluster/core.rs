@@ -89,15 +89,10 @@ impl Core {
     /// of the apply.
     pub(super) fn assign(&self, n: u64) -> Result<u64, WriteError> {
         let l = self.node.leadership();
-        let applied = self.store.applied_last_id();
-        let first = self.ids.borrow_mut().assign(l.leading, l.term, n, applied);
-        // Event ids never regress: a confirmed leader's ids start above its reservation,
-        // which is above everything applied before its term.
-        debug_assert!(
-            first.as_ref().map_or(true, |f| *f > applied),
-            "{first:?} <= {applied}"
-        );
-        first.map_err(|r| match r {
+        self.ids
+            .borrow_mut()
+            .assign(l.leading, l.term, n, self.store.applied_last_id())
+            .map_err(|r| match r {
                 ids::Refused::NotReady => WriteError::NotLeader { leader: l.leader },
                 ids::Refused::TooFarAhead => WriteError::Refused(format!(
                     "more than {} event ids are in entries not yet applied; the leader takes more once they are",
