@@ -138,7 +138,10 @@ impl Cluster {
         tls: Option<&std::path::Path>,
     ) -> Cluster {
         let raft: Vec<String> = (1..=n)
-            .map(|i| format!("127.0.0.{i}:{}", common::free_port()))
+            .map(|i| {
+                let ip = format!("127.0.0.{i}");
+                format!("{ip}:{}", common::free_port_on(&ip))
+            })
             .collect();
         let members = raft
             .iter()
@@ -172,7 +175,8 @@ impl Cluster {
     /// The next node, configured to join through `seed` (a node index), not started.
     fn joiner(&self, seed: usize, extra: &str) -> Broker {
         let id = self.nodes.len() + 1;
-        let addr = format!("127.0.0.{id}:{}", common::free_port());
+        let ip = format!("127.0.0.{id}");
+        let addr = format!("{ip}:{}", common::free_port_on(&ip));
         let mut b = Broker::prepare("");
         let seeds = format!(
             "  joinSeeds: [\"127.0.0.1:{}\"]\n",
@@ -1770,8 +1774,13 @@ async fn a_follower_without_space_for_its_log_holds_no_commit_back_and_catches_u
     let rearm = {
         let (arming, trigger) = (Arc::clone(&arming), trigger.clone());
         tokio::spawn(async move {
+            // Written aside and renamed in place: a segment opened while a plain write had
+            // truncated the file read it empty and took no fault (seen once in CI).
+            let aside = trigger.with_extension("new");
             while arming.load(Ordering::Relaxed) {
-                let _ = std::fs::write(&trigger, "prealloc");
+                if std::fs::write(&aside, "prealloc").is_ok() {
+                    let _ = std::fs::rename(&aside, &trigger);
+                }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             let _ = std::fs::remove_file(&trigger);
@@ -1863,7 +1872,7 @@ async fn a_cluster_on_mutual_tls_admits_no_node_of_a_foreign_ca() {
         .enumerate()
         .map(|(i, b)| format!("{}: \"{}\"", i + 1, raft_addr_of(b)))
         .collect();
-    let intruder_addr = format!("127.0.0.4:{}", common::free_port());
+    let intruder_addr = format!("127.0.0.4:{}", common::free_port_on("127.0.0.4"));
     members.push(format!("4: \"{intruder_addr}\""));
     let mut intruder = Broker::prepare("");
     intruder.extra = node_yaml_deletes(
@@ -1876,7 +1885,7 @@ async fn a_cluster_on_mutual_tls_admits_no_node_of_a_foreign_ca() {
         Some(theirs.path()),
     );
     intruder.launch();
-    let joiner_addr = format!("127.0.0.5:{}", common::free_port());
+    let joiner_addr = format!("127.0.0.5:{}", common::free_port_on("127.0.0.5"));
     let mut joiner = Broker::prepare("");
     joiner.extra = node_yaml_deletes(
         &joiner,

@@ -21,21 +21,42 @@ use tonic::transport::Channel;
 /// two brokers started at once on one port would both bind it (SO_REUSEPORT) and split its
 /// connections — a GET then reached the other test's broker as it was killed (ECONNRESET).
 pub fn free_port() -> u16 {
+    free_port_on("127.0.0.1")
+}
+
+/// A port free on `ip` (a loopback address), never the same twice in one test binary, and
+/// below the kernel's ephemeral range: a port the kernel picked for us (bind to port 0) is one
+/// it may give next to an outgoing connection's local end — a peer link from 127.0.0.2 then
+/// held the port a node was about to listen on there (EADDRINUSE at start).
+pub fn free_port_on(ip: &str) -> u16 {
     static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut given = GIVEN
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !given.contains(&port) {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    assert!(
+        low > 12_000,
+        "the ephemeral port range starts at {low}: too low for the harness"
+    );
+    let span = u32::from(low) - 10_000;
+    let mut given = GIVEN
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    // Start where another test binary (another pid) is unlikely to be.
+    let mut n = std::process::id().wrapping_mul(7919) + given.len() as u32 * 104_729;
+    for _ in 0..span {
+        n = n.wrapping_add(1);
+        let port = 10_000 + (n % span) as u16;
+        if given.contains(&port) {
+            continue;
+        }
+        let free = |ip: &str| std::net::TcpListener::bind((ip, port)).is_ok();
+        if free(ip) && free("127.0.0.1") {
             given.push(port);
             return port;
         }
     }
+    panic!("no free port on {ip} below {low}");
 }
 
 pub fn now_ms() -> i64 {
