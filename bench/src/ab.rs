@@ -34,6 +34,8 @@ struct Sample {
     p99_us: u64,
     /// The broker's CPU time per acked message (every node of a cluster), µs.
     cpu_us_per_msg: Option<f64>,
+    /// The broker's thread sleeps per acked message (every node of a cluster).
+    sleeps_per_msg: Option<f64>,
 }
 
 /// Median, smallest and largest of `v` (not empty).
@@ -52,7 +54,7 @@ pub(crate) fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
 /// and the after ÷ before ratio of the median throughputs.
 fn table(samples: &[Sample], mode: &str) -> String {
     let mut out = format!(
-        "| {mode} series | before msgs/s median [range] | after msgs/s median [range] | after ÷ before | before p99 ms | after p99 ms | before CPU µs/msg | after CPU µs/msg |\n|---|---|---|---|---|---|---|---|\n"
+        "| {mode} series | before msgs/s median [range] | after msgs/s median [range] | after ÷ before | before p99 ms | after p99 ms | before CPU µs/msg | after CPU µs/msg | before sleeps/msg | after sleeps/msg |\n|---|---|---|---|---|---|---|---|---|---|\n"
     );
     for (batch, _) in SERIES {
         let of = |binary: &str, f: fn(&Sample) -> f64| -> Vec<f64> {
@@ -73,13 +75,18 @@ fn table(samples: &[Sample], mode: &str) -> String {
         let (bp, ap) = (spread(of("before", p99)).0, spread(of("after", p99)).0);
         let cpu = |s: &Sample| s.cpu_us_per_msg.unwrap_or(f64::NAN);
         let (bc, ac) = (spread(of("before", cpu)).0, spread(of("after", cpu)).0);
+        let sleeps = |s: &Sample| s.sleeps_per_msg.unwrap_or(f64::NAN);
+        let (bs, as_) = (
+            spread(of("before", sleeps)).0,
+            spread(of("after", sleeps)).0,
+        );
         let ratio = if bm > 0.0 && (am / bm).is_finite() {
             format!("{:.2}×", am / bm)
         } else {
             "—".to_owned()
         };
         out.push_str(&format!(
-            "| QUORUM {batch}/request | {bm:.0} [{bl:.0}–{bh:.0}] | {am:.0} [{al:.0}–{ah:.0}] | {ratio} | {bp:.2} | {ap:.2} | {bc:.1} | {ac:.1} |\n"
+            "| QUORUM {batch}/request | {bm:.0} [{bl:.0}–{bh:.0}] | {am:.0} [{al:.0}–{ah:.0}] | {ratio} | {bp:.2} | {ap:.2} | {bc:.1} | {ac:.1} | {bs:.2} | {as_:.2} |\n"
         ));
     }
     out
@@ -177,14 +184,15 @@ async fn measure(
                     target.mode()
                 );
                 let p = plan.publish(batch, ack, 3_600_000);
-                let (o, cpu) = target.publish(&p).await?;
+                let (o, costs) = target.publish(&p).await?;
                 samples.push(Sample {
                     binary,
                     round,
                     batch,
                     msgs_per_s: o.msgs_per_s,
                     p99_us: o.latency.value_at_quantile(0.99),
-                    cpu_us_per_msg: cpu,
+                    cpu_us_per_msg: costs.cpu_us,
+                    sleeps_per_msg: costs.sleeps,
                 });
             }
             match deployment {
@@ -211,6 +219,7 @@ mod tests {
             msgs_per_s,
             p99_us: 2000,
             cpu_us_per_msg: Some(30.0),
+            sleeps_per_msg: Some(2.0),
         };
         let samples = [
             s("before", 1, 1, 100.0),
@@ -221,7 +230,7 @@ mod tests {
         let t = table(&samples, "standalone");
         assert!(
             t.contains(
-                "| QUORUM 1/request | 100 [100–100] | 200 [150–250] | 2.00× | 2.00 | 2.00 | 30.0 | 30.0 |"
+                "| QUORUM 1/request | 100 [100–100] | 200 [150–250] | 2.00× | 2.00 | 2.00 | 30.0 | 30.0 | 2.00 | 2.00 |"
             ),
             "{t}"
         );

@@ -22,8 +22,10 @@
 //! "mode", "ack_level", "scenario", "msg_bytes", "msgs_per_s", "p50_us", "p99_us", "p999_us",
 //! "rss_mb", …}]}` plus, per run: `batch` (messages per request; 0 outside publish), `load`
 //! (`closed` or `open`), `offered_msgs_per_s` (open loop), `mb_per_s`, `p90_us`, `max_us`,
-//! `pending_msgs`, `fill_msgs_per_s` and `restart_ms` (pending), `cpu_us_per_msg` (closed-loop
-//! publish: the server's CPU time per acked message, all nodes of a cluster), `early` (lateness: messages
+//! `pending_msgs`, `fill_msgs_per_s` and `restart_ms` (pending), `cpu_us_per_msg` and
+//! `sleeps_per_msg` (futureq publish, closed and open loop: the server's CPU time and thread
+//! sleeps per acked message, all nodes of a cluster; the peers' CPU time), `term_changes`
+//! (futureq cluster publish: elections during the series, 0 without a fault), `early` (lateness: messages
 //! delivered before their due time, not in the percentiles), `repetitions` (failover: the
 //! failovers timed; the percentiles are over them, µs), `node_rss_before_mb` (the largest
 //! RSS of a node when the cluster pending scenario starts), `node_rss_max_mb`, `join_ms` and
@@ -188,6 +190,42 @@ fn cpu_per_msg(before: Option<f64>, after: Option<f64>, acked: u64) -> Option<f6
         .map(|(b, a)| (a - b) * 1e6 / acked as f64)
 }
 
+/// What a series cost the broker per acked message (every node of a cluster; the load
+/// generator is not counted), and the elections it saw.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Costs {
+    /// CPU time, µs.
+    pub(crate) cpu_us: Option<f64>,
+    /// Thread sleeps (voluntary context switches): each is a wake-up paid later.
+    pub(crate) sleeps: Option<f64>,
+    /// How much the Raft term grew (elections) during the series: 0 unless a fault or an
+    /// overload moved leadership (cluster only).
+    pub(crate) term_changes: Option<u64>,
+}
+
+/// The broker's counters at one instant ([`Target::usage`]).
+struct Usage {
+    cpu_s: Option<f64>,
+    sleeps: Option<u64>,
+    term: Option<u64>,
+}
+
+impl Usage {
+    /// The costs of a series that acked `acked` messages between `self` and `after`.
+    #[allow(clippy::cast_precision_loss)]
+    fn costs(&self, after: &Usage, acked: u64) -> Costs {
+        Costs {
+            cpu_us: cpu_per_msg(self.cpu_s, after.cpu_s, acked),
+            sleeps: self
+                .sleeps
+                .zip(after.sleeps)
+                .filter(|_| acked > 0)
+                .map(|(b, a)| a.saturating_sub(b) as f64 / acked as f64),
+            term_changes: self.term.zip(after.term).map(|(b, a)| a.saturating_sub(b)),
+        }
+    }
+}
+
 /// The futureq deployment a series runs against.
 pub(crate) enum Target<'a> {
     One(&'a Broker),
@@ -210,19 +248,45 @@ impl Target<'_> {
         }
     }
 
-    /// Closed-loop publish on the leader ([`Target::on_leader`]) and the broker's CPU time
-    /// per acked message over the run (every node of a cluster; the load generator is not
-    /// counted), µs.
-    pub(crate) async fn publish(
+    /// The broker's CPU time and sleeps so far (the sums over the cluster) and its term.
+    async fn usage(&self) -> Usage {
+        match self {
+            Target::One(b) => Usage {
+                cpu_s: self.cpu_seconds(),
+                sleeps: b.sleeps(),
+                term: None,
+            },
+            Target::Three(c) => Usage {
+                cpu_s: self.cpu_seconds(),
+                sleeps: c.sleeps(),
+                term: c.term().await,
+            },
+        }
+    }
+
+    /// Runs a publish `series` on the leader ([`Target::on_leader`]) and measures what it
+    /// cost the broker.
+    async fn measured<F: Future<Output = anyhow::Result<PublishOut>>>(
         &self,
-        p: &PublishParams,
-    ) -> anyhow::Result<(PublishOut, Option<f64>)> {
-        let before = self.cpu_seconds();
-        let o = self
-            .on_leader(|addr| async move { publish_run(&addr, p).await })
-            .await?;
-        let per_msg = cpu_per_msg(before, self.cpu_seconds(), o.acked);
-        Ok((o, per_msg))
+        series: impl Fn(String) -> F,
+    ) -> anyhow::Result<(PublishOut, Costs)> {
+        let before = self.usage().await;
+        let o = self.on_leader(series).await?;
+        let costs = before.costs(&self.usage().await, o.acked);
+        Ok((o, costs))
+    }
+
+    /// Closed-loop publish on the leader, and its costs.
+    pub(crate) async fn publish(&self, p: &PublishParams) -> anyhow::Result<(PublishOut, Costs)> {
+        self.measured(|addr| async move { publish_run(&addr, p).await })
+            .await
+    }
+
+    /// Open-loop publish on the leader at `s`, one message of `bytes` per request, and its
+    /// costs.
+    async fn publish_open(&self, s: Schedule, bytes: usize) -> anyhow::Result<(PublishOut, Costs)> {
+        self.measured(|addr| async move { publish_open(&addr, s, Ack::Quorum, bytes).await })
+            .await
     }
 
     /// Resident memory of the broker (the sum over the cluster), MiB.
@@ -293,24 +357,25 @@ impl Compare {
                     "futureq {mode}: publish, ack {level}, {batch}/request"
                 ));
                 let p = self.plan.publish(batch, ack, 3_600_000);
-                let (o, cpu) = target.publish(&p).await?;
+                let (o, costs) = target.publish(&p).await?;
                 let key = ("futureq", mode, level, "publish", batch);
-                let mut run = Run::publish(key, o, target.rss_mb());
-                run.cpu_us_per_msg = cpu;
-                self.runs.push(run);
+                self.runs
+                    .push(Run::publish(key, o, target.rss_mb()).costs(costs));
             }
         }
         for rate in self.plan.open_rates.clone() {
             self.step(format!(
                 "futureq {mode}: open-loop publish, ack quorum, {rate} msgs/s"
             ));
-            let (s, bytes) = (self.plan.open(rate), self.plan.msg_bytes);
-            let o = target
-                .on_leader(|addr| async move { publish_open(&addr, s, Ack::Quorum, bytes).await })
+            let (o, costs) = target
+                .publish_open(self.plan.open(rate), self.plan.msg_bytes)
                 .await?;
             let key = ("futureq", mode, "quorum", "publish", 1);
-            self.runs
-                .push(Run::publish(key, o, target.rss_mb()).open(rate));
+            self.runs.push(
+                Run::publish(key, o, target.rss_mb())
+                    .open(rate)
+                    .costs(costs),
+            );
             if !self.runs.last().is_some_and(sustained) {
                 break;
             }
@@ -387,7 +452,7 @@ impl Compare {
         let fill = Target::Three(cluster)
             .on_leader(|addr| async move { crate::load::fill(&addr, n).await })
             .await?;
-        let (o, cpu) = Target::Three(cluster)
+        let (o, costs) = Target::Three(cluster)
             .publish(&self.plan.publish(100, Ack::Quorum, 3_600_000))
             .await?;
         let node_peaks = peaks.stop();
@@ -401,8 +466,7 @@ impl Compare {
             })
             .await?;
         let key = ("futureq", "cluster3", "quorum", "pending", 100);
-        let mut run = Run::publish(key, o, Some(node_peaks.iter().sum()));
-        run.cpu_us_per_msg = cpu;
+        let mut run = Run::publish(key, o, Some(node_peaks.iter().sum())).costs(costs);
         run.pending_msgs = Some(n);
         run.fill_msgs_per_s = Some(fill);
         run.node_rss_before_mb = before;
@@ -676,8 +740,8 @@ fn machine() -> Machine {
 
 fn table(runs: &[Run]) -> String {
     let mut t = String::from(
-        "| system | mode | ack level / setting | scenario | load | batch | msgs/s | p50 ms | p99 ms | p99.9 ms | RSS MiB | CPU µs/msg | notes |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| system | mode | ack level / setting | scenario | load | batch | msgs/s | p50 ms | p99 ms | p99.9 ms | RSS MiB | CPU µs/msg | sleeps/msg | elections | notes |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in runs {
         let load = match r.offered_msgs_per_s {
@@ -707,7 +771,7 @@ fn table(runs: &[Run]) -> String {
             },
         };
         t.push_str(&format!(
-            "| {} | {} | {} | {} | {load} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {} | {} | {notes} |\n",
+            "| {} | {} | {} | {} | {load} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {} | {} | {} | {} | {notes} |\n",
             r.system,
             r.mode,
             r.ack_level,
@@ -719,6 +783,8 @@ fn table(runs: &[Run]) -> String {
             r.p999_us / 1000.0,
             r.rss_mb.map_or("-".into(), |m| format!("{m:.0}")),
             r.cpu_us_per_msg.map_or("-".into(), |c| format!("{c:.1}")),
+            r.sleeps_per_msg.map_or("-".into(), |c| format!("{c:.2}")),
+            r.term_changes.map_or("-".into(), |c| c.to_string()),
         ));
     }
     t
@@ -832,6 +898,34 @@ fn ratios(runs: &[Run], batch: usize) -> String {
         }
     }
     t
+}
+
+/// No leader change without a fault: a publish series whose Raft term grew (an election on
+/// an overloaded cluster) is a failure of the run.
+fn elections(runs: &[Run]) -> Option<anyhow::Error> {
+    let moved: Vec<String> = runs
+        .iter()
+        .filter(|r| r.scenario == "publish" && r.term_changes.is_some_and(|t| t > 0))
+        .map(|r| {
+            let load = r.offered_msgs_per_s.map_or_else(
+                || "closed loop".to_owned(),
+                |o| format!("open loop {o:.0}/s"),
+            );
+            format!(
+                "{} {} {}/request {load}: term +{}",
+                r.mode,
+                r.ack_level,
+                r.batch,
+                r.term_changes.unwrap_or(0)
+            )
+        })
+        .collect();
+    (!moved.is_empty()).then(|| {
+        anyhow::anyhow!(
+            "leadership moved with no fault injected: {}",
+            moved.join("; ")
+        )
+    })
 }
 
 /// The highest offered rate each system sustained on the open-loop ladder ([`sustained`]),
@@ -954,6 +1048,7 @@ pub async fn run(
         failed.extend(c.nats().await.err());
     }
     c.progress.0.finish_and_clear();
+    failed.extend(elections(&c.runs));
     for r in &mut c.runs {
         if r.scenario != "lateness" {
             r.msg_bytes = c.plan.msg_bytes;
@@ -1001,6 +1096,21 @@ mod tests {
         let mut h = crate::stats::hist();
         h.record(latency_us).unwrap();
         Run::new(key, rate, h, None)
+    }
+
+    #[test]
+    fn an_election_during_a_publish_series_fails_the_run() {
+        let series = |terms: Option<u64>, offered: Option<f64>| {
+            let mut r = run(("futureq", "cluster3", "quorum", "publish", 1), 1.0, 1);
+            r.term_changes = terms;
+            r.offered_msgs_per_s = offered;
+            r
+        };
+        let calm = vec![series(Some(0), None), series(None, None)];
+        assert!(elections(&calm).is_none());
+        let moved = vec![series(Some(0), None), series(Some(2), Some(20_000.0))];
+        let e = elections(&moved).expect("a failure").to_string();
+        assert!(e.contains("open loop 20000/s: term +2"), "{e}");
     }
 
     #[test]

@@ -259,41 +259,40 @@ pub(crate) async fn fill(addr: &str, count: u64) -> anyhow::Result<f64> {
     Ok(count as f64 / start.elapsed().as_secs_f64())
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The `publish` command: closed loop with `p`, or open loop at `rate` msgs/s offered.
 pub(crate) async fn publish(
     addr: &str,
-    streams: usize,
-    window: usize,
-    batch: usize,
-    size: usize,
-    seconds: u64,
-    ack: Ack,
-    delay_ms: i64,
-    dedup: bool,
+    p: &PublishParams,
+    rate: Option<f64>,
 ) -> anyhow::Result<()> {
-    let level = ack as i32;
-    let out = publish_run(
-        addr,
-        &PublishParams {
-            streams,
-            window,
-            batch,
-            size,
-            warmup: Duration::from_secs(1),
-            measure: Duration::from_secs(seconds),
-            ack,
-            delay_ms,
-            dedup,
-        },
-    )
-    .await?;
+    let (level, size) = (p.ack as i32, p.size);
+    let out = match rate {
+        None => publish_run(addr, p).await?,
+        Some(rate) => {
+            let s = openloop::Schedule {
+                rate,
+                streams: p.streams,
+                batch: p.batch,
+                warmup: p.warmup,
+                measure: p.measure,
+            };
+            publish_open(addr, s, p.ack, size).await?
+        }
+    };
+    let (streams, window, batch) = (p.streams, p.window, p.batch);
+    match rate {
+        None => println!(
+            "publish: {streams} streams × {window} in flight, {batch} msgs/batch, {size} B payload, ack level {level}\n"
+        ),
+        Some(rate) => println!(
+            "publish: open loop at {rate:.0} msgs/s offered, {streams} streams, {batch} msgs/batch, {size} B payload, ack level {level}\n"
+        ),
+    }
     let (rate, h) = (out.msgs_per_s, out.latency);
     println!(
-        "publish: {streams} streams × {window} in flight, {batch} msgs/batch, {size} B payload, ack level {level}\n"
-    );
-    println!(
-        "throughput: {rate:.0} msgs/s ({:.1} MB/s payload)\n",
-        rate * size as f64 / 1e6
+        "throughput: {rate:.0} msgs/s ({:.1} MB/s payload); {} acked in the whole run\n",
+        rate * size as f64 / 1e6,
+        out.acked
     );
     println!("{HEADER}\n{}", row("publish ack latency (per batch)", &h));
     Ok(())

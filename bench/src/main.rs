@@ -35,7 +35,7 @@ use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 
 use crate::conn::{set_client_security, ClientSecurity};
-use crate::load::{lateness, publish, Ack};
+use crate::load::{lateness, publish, Ack, PublishParams};
 use crate::stats::{row, HEADER};
 
 #[derive(Parser)]
@@ -82,6 +82,10 @@ enum Cmd {
         /// Give every message a unique dedup id (idempotent publishes; answered at QUORUM).
         #[arg(long)]
         dedup: bool,
+        /// Open loop at this many msgs/s offered over all streams (each sends on its schedule
+        /// whatever its acks do; `--window` does not apply); closed loop when absent.
+        #[arg(long)]
+        rate: Option<f64>,
     },
     /// Delivery lateness: messages falling due in a burst or at a steady rate.
     Lateness {
@@ -211,11 +215,20 @@ async fn main() -> anyhow::Result<()> {
             ack,
             delay_ms,
             dedup,
+            rate,
         } => {
-            publish(
-                &cli.addr, streams, window, batch, size, seconds, ack, delay_ms, dedup,
-            )
-            .await
+            let p = PublishParams {
+                streams,
+                window,
+                batch,
+                size,
+                warmup: Duration::from_secs(1),
+                measure: Duration::from_secs(seconds),
+                ack,
+                delay_ms,
+                dedup,
+            };
+            publish(&cli.addr, &p, rate).await
         }
         Cmd::Lateness {
             count,

@@ -132,6 +132,13 @@ impl Broker {
         cpu_seconds(self.child.id())
     }
 
+    /// Times the process's threads went to sleep so far (voluntary context switches): a
+    /// thread-per-core executor sleeps when it has nothing to run, and each sleep and wake-up
+    /// costs far more than a task switch.
+    pub(crate) fn sleeps(&self) -> Option<u64> {
+        sleeps(self.child.id())
+    }
+
     /// SIGKILL and reap: nothing is flushed.
     pub(crate) fn kill9(&mut self) {
         let _ = self.child.kill();
@@ -447,6 +454,28 @@ impl Cluster {
         self.nodes.iter().map(Broker::cpu_seconds).sum()
     }
 
+    /// Sleeps of every node's threads so far ([`Broker::sleeps`]).
+    pub(crate) fn sleeps(&self) -> Option<u64> {
+        self.nodes.iter().map(Broker::sleeps).sum()
+    }
+
+    /// The highest Raft term a node reports (`futureq_raft_term`): it grows by one or more at
+    /// every election.
+    pub(crate) async fn term(&self) -> Option<u64> {
+        let mut term = None;
+        for n in &self.nodes {
+            let page = n.metrics().await.ok()?;
+            let t = page
+                .lines()
+                .find_map(|l| l.strip_prefix("futureq_raft_term "))
+                .and_then(|v| v.trim().parse::<f64>().ok())?;
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let t = t as u64;
+            term = Some(term.map_or(t, |m: u64| m.max(t)));
+        }
+        term
+    }
+
     /// Resident memory of all three processes, MiB.
     pub(crate) fn rss_mb(&self) -> Option<f64> {
         self.nodes.iter().map(Broker::rss_mb).sum()
@@ -673,6 +702,23 @@ fn cpu_seconds(pid: u32) -> Option<f64> {
     let f: Vec<&str> = rest.split_whitespace().collect();
     let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
     Some(ticks / 100.0)
+}
+
+/// Voluntary context switches of every thread of process `pid` so far.
+fn sleeps(pid: u32) -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()? {
+        // A thread that ended between the listing and the read counts as none.
+        let Ok(status) = std::fs::read_to_string(task.ok()?.path().join("status")) else {
+            continue;
+        };
+        total += status
+            .lines()
+            .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Some(total)
 }
 
 /// Resident memory of process `pid`, MiB.

@@ -43,6 +43,12 @@ pub(crate) struct Run {
     /// Closed-loop publish: the server's CPU time per acked message (all nodes of a cluster),
     /// µs.
     pub(crate) cpu_us_per_msg: Option<f64>,
+    /// Publish series: the server's thread sleeps (voluntary context switches) per acked
+    /// message, all nodes.
+    pub(crate) sleeps_per_msg: Option<f64>,
+    /// Cluster publish series: elections during the series (Raft term growth); no fault is
+    /// injected, so anything above 0 is a defect.
+    pub(crate) term_changes: Option<u64>,
     /// Cluster pending: the largest RSS of one node when it starts (after the publish and
     /// failover series on the same cluster), MiB: tells what the fill added.
     pub(crate) node_rss_before_mb: Option<f64>,
@@ -101,6 +107,8 @@ impl Run {
             early: None,
             repetitions: None,
             cpu_us_per_msg: None,
+            sleeps_per_msg: None,
+            term_changes: None,
             node_rss_before_mb: None,
             node_rss_max_mb: None,
             join_ms: None,
@@ -111,6 +119,14 @@ impl Run {
 
     pub(crate) fn publish(key: Key, o: PublishOut, rss_mb: Option<f64>) -> Run {
         Run::new(key, o.msgs_per_s, o.latency, rss_mb)
+    }
+
+    /// With the costs the broker paid for it.
+    pub(crate) fn costs(mut self, c: crate::compare::Costs) -> Run {
+        self.cpu_us_per_msg = c.cpu_us;
+        self.sleeps_per_msg = c.sleeps;
+        self.term_changes = c.term_changes;
+        self
     }
 
     pub(crate) fn open(mut self, offered: f64) -> Run {

@@ -265,7 +265,7 @@ async fn measure_variant(
             "security round {round}: {mode} {} QUORUM {batch}/request",
             v.name()
         );
-        let (o, cpu) = target
+        let (o, costs) = target
             .publish(&plan.publish(batch, Ack::Quorum, 3_600_000))
             .await?;
         samples.push(Sample {
@@ -275,7 +275,7 @@ async fn measure_variant(
             batch,
             msgs_per_s: o.msgs_per_s,
             p99_us: o.latency.value_at_quantile(0.99),
-            cpu_us_per_msg: cpu,
+            cpu_us_per_msg: costs.cpu_us,
         });
     }
     eprintln!(
