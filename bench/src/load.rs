@@ -40,6 +40,40 @@ pub(crate) struct PublishParams {
     pub(crate) dedup: bool,
 }
 
+impl PublishParams {
+    /// `streams` × `window` batches of `batch` messages of `size` bytes at `ack`, measured for
+    /// `measure` after 1 s of warm-up, due in an hour, without dedup ids.
+    pub(crate) fn new(
+        streams: usize,
+        window: usize,
+        batch: usize,
+        size: usize,
+        measure: Duration,
+        ack: Ack,
+    ) -> Self {
+        PublishParams {
+            streams,
+            window,
+            batch,
+            size,
+            warmup: Duration::from_secs(1),
+            measure,
+            ack,
+            delay_ms: 3_600_000,
+            dedup: false,
+        }
+    }
+
+    /// The same with messages due in `delay_ms`, with dedup ids or not.
+    pub(crate) fn delayed(self, delay_ms: i64, dedup: bool) -> Self {
+        PublishParams {
+            delay_ms,
+            dedup,
+            ..self
+        }
+    }
+}
+
 /// Publishes one QUORUM message and waits for its ack: the broker's writer is FIFO, so this
 /// returns once everything queued before (a NO_ACK backlog of the previous run) is committed.
 pub(crate) async fn drain(addr: &str) -> anyhow::Result<()> {

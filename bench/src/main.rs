@@ -83,8 +83,9 @@ enum Cmd {
         #[arg(long)]
         dedup: bool,
         /// Open loop at this many msgs/s offered over all streams (each sends on its schedule
-        /// whatever its acks do; `--window` does not apply); closed loop when absent.
-        #[arg(long)]
+        /// whatever its acks do; messages due in an hour, without dedup ids); closed loop
+        /// when absent.
+        #[arg(long, conflicts_with_all = ["window", "dedup", "delay_ms"])]
         rate: Option<f64>,
     },
     /// Delivery lateness: messages falling due in a burst or at a steady rate.
@@ -217,18 +218,9 @@ async fn main() -> anyhow::Result<()> {
             dedup,
             rate,
         } => {
-            let p = PublishParams {
-                streams,
-                window,
-                batch,
-                size,
-                warmup: Duration::from_secs(1),
-                measure: Duration::from_secs(seconds),
-                ack,
-                delay_ms,
-                dedup,
-            };
-            publish(&cli.addr, &p, rate).await
+            let measure = Duration::from_secs(seconds);
+            let p = PublishParams::new(streams, window, batch, size, measure, ack);
+            publish(&cli.addr, &p.delayed(delay_ms, dedup), rate).await
         }
         Cmd::Lateness {
             count,

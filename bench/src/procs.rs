@@ -459,12 +459,15 @@ impl Cluster {
         self.nodes.iter().map(Broker::sleeps).sum()
     }
 
-    /// The highest Raft term a node reports (`futureq_raft_term`): it grows by one or more at
-    /// every election.
+    /// The highest Raft term the nodes report (`futureq_raft_term`): it grows by one or more
+    /// at every election. `None` when a node's metrics page cannot be read within 5 s.
     pub(crate) async fn term(&self) -> Option<u64> {
         let mut term = None;
         for n in &self.nodes {
-            let page = n.metrics().await.ok()?;
+            let page = tokio::time::timeout(Duration::from_secs(5), n.metrics())
+                .await
+                .ok()?
+                .ok()?;
             let t = page
                 .lines()
                 .find_map(|l| l.strip_prefix("futureq_raft_term "))

@@ -12,6 +12,19 @@ use crate::stats::PublishOut;
 /// message size.
 pub(crate) const MSG_BYTES: usize = 100;
 
+/// What a series cost the broker per acked message (every node of a cluster; the load
+/// generator is not counted), and the elections it saw.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Costs {
+    /// CPU time, µs.
+    pub(crate) cpu_us: Option<f64>,
+    /// Thread sleeps (voluntary context switches): each is a wake-up paid later.
+    pub(crate) sleeps: Option<f64>,
+    /// How much the Raft term grew (elections) during the series: 0 unless a fault or an
+    /// overload moved leadership (cluster only).
+    pub(crate) term_changes: Option<u64>,
+}
+
 /// One measured run (one row of the table, one element of `runs`).
 #[derive(Debug, Serialize)]
 pub(crate) struct Run {
@@ -122,7 +135,7 @@ impl Run {
     }
 
     /// With the costs the broker paid for it.
-    pub(crate) fn costs(mut self, c: crate::compare::Costs) -> Run {
+    pub(crate) fn costs(mut self, c: Costs) -> Run {
         self.cpu_us_per_msg = c.cpu_us;
         self.sleeps_per_msg = c.sleeps;
         self.term_changes = c.term_changes;

@@ -248,20 +248,36 @@ fn encode(frame: &PeerFrame) -> Bytes {
 }
 
 /// Spawns the task that writes queued frames to `w`; returns the queue.
+/// Spawns `work` detached in `queue`, or in the running task's queue. Task queues are never
+/// removed, so the first cannot fail; if it did, `work` would not run (a writer's sends then
+/// fail: the connection is closed).
+fn spawn_in(queue: Option<glommio::TaskQueueHandle>, work: impl Future<Output = ()> + 'static) {
+    let spawned = match queue {
+        None => Ok(glommio::spawn_local(work)),
+        Some(q) => glommio::spawn_local_into(work, q),
+    };
+    match spawned {
+        Ok(task) => drop(task.detach()),
+        Err(e) => {
+            tracing::error!(target: "net.peer", error = %e, "peer link: cannot spawn into its task queue");
+        }
+    }
+}
+
 fn spawn_writer(
+    queue: Option<glommio::TaskQueueHandle>,
     mut w: impl futures_lite::AsyncWrite + Unpin + 'static,
     on_error: impl FnOnce() + 'static,
 ) -> LocalSender<Bytes> {
     let (tx, rx) = local_channel::new_bounded::<Bytes>(PEER_QUEUE_MAX);
-    glommio::spawn_local(async move {
+    spawn_in(queue, async move {
         while let Some(b) = rx.recv().await {
             if w.write_all(&b).await.is_err() || w.flush().await.is_err() {
                 break;
             }
         }
         on_error();
-    })
-    .detach();
+    });
     tx
 }
 
@@ -340,7 +356,7 @@ async fn serve_conn(stream: TcpStream, handler: PeerHandler, max_frame: usize, a
     };
     let secret = auth.secret;
     let (r, w) = futures_lite::io::split(io);
-    let tx = Rc::new(spawn_writer(w, || {}));
+    let tx = Rc::new(spawn_writer(None, w, || {}));
     // None until the first frame: then whether the connection may go on.
     let admitted: Rc<Cell<Option<bool>>> = Rc::default();
     let permits = Rc::new(glommio::sync::Semaphore::new(PEER_REQUESTS_MAX));
@@ -421,6 +437,9 @@ pub struct PeerClient {
     connect_thread: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// Mutual TLS on every link (`None`: plain TCP).
     tls: Option<std::sync::Arc<PeerTls>>,
+    /// The task queue a connection's writer and reader run in (`None`: the queue of the
+    /// caller that opens it).
+    queue: Option<glommio::TaskQueueHandle>,
 }
 
 /// Ends a connection attempt when dropped: others waiting for it look again.
@@ -449,6 +468,7 @@ impl PeerClient {
             connect_done: event_listener::Event::new(),
             secret: PeerSecret::default(),
             bind: None,
+            queue: None,
             connect_thread: std::sync::Arc::default(),
             tls: None,
         }
@@ -458,6 +478,15 @@ impl PeerClient {
     #[must_use]
     pub fn with_tls(mut self, tls: Option<std::sync::Arc<PeerTls>>) -> Self {
         self.tls = tls;
+        self
+    }
+
+    /// Runs every connection's writer and reader in task queue `queue` of this executor,
+    /// whichever caller opens the connection (the Raft groups' queue: a link first opened by
+    /// a forwarded client write must not carry heartbeats at the clients' priority).
+    #[must_use]
+    pub fn with_queue(mut self, queue: Option<glommio::TaskQueueHandle>) -> Self {
+        self.queue = queue;
         self
     }
 
@@ -583,7 +612,7 @@ impl PeerClient {
                 pending.borrow_mut().clear(); // callers see Closed
             }
         };
-        let tx = spawn_writer(w, dead.clone());
+        let tx = spawn_writer(self.queue, w, dead.clone());
         let hello = encode(&PeerFrame {
             group: 0,
             kind: KIND_HELLO,
@@ -596,7 +625,7 @@ impl PeerClient {
         {
             let pending = Rc::clone(&pending);
             let max_frame = self.max_frame;
-            glommio::spawn_local(async move {
+            spawn_in(self.queue, async move {
                 read_frames(r, max_frame, max_frame, |f| {
                     if let Some(waiter) = pending.borrow_mut().remove(&f.request_id) {
                         let _ = waiter.send(f);
@@ -605,8 +634,7 @@ impl PeerClient {
                 })
                 .await;
                 dead();
-            })
-            .detach();
+            });
         }
         Ok(Rc::new(Conn { tx, pending, alive }))
     }

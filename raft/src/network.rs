@@ -89,6 +89,8 @@ pub struct PeerNetwork {
     bind: Option<std::net::IpAddr>,
     append_bytes_max: usize,
     clients: Rc<RefCell<HashMap<SocketAddr, Rc<PeerClient>>>>,
+    /// The task queue every link's connection runs in (see [`PeerNetwork::in_current_queue`]).
+    queue: Option<glommio::TaskQueueHandle>,
 }
 
 impl PeerNetwork {
@@ -104,6 +106,7 @@ impl PeerNetwork {
             bind: None,
             append_bytes_max: APPEND_BYTES_MAX,
             clients: Rc::default(),
+            queue: None,
         }
     }
 
@@ -135,6 +138,14 @@ impl PeerNetwork {
         self
     }
 
+    /// Runs every link's writer and reader in the task queue of the caller of this (the Raft
+    /// groups' queue when called at their start), whoever opens the link first.
+    #[must_use]
+    pub fn in_current_queue(mut self) -> Self {
+        self.queue = Some(glommio::executor().current_task_queue());
+        self
+    }
+
     /// Caps the reconnect backoff of every link (keep it below the election timeout).
     #[must_use]
     pub fn with_reconnect_max(mut self, max: Duration) -> Self {
@@ -154,6 +165,7 @@ impl PeerNetwork {
             bind: self.bind,
             append_bytes_max: self.append_bytes_max,
             clients: Rc::clone(&self.clients),
+            queue: self.queue,
         }
     }
 
@@ -166,7 +178,8 @@ impl PeerNetwork {
                     .with_reconnect_max(self.reconnect_max)
                     .with_secret(self.secret.clone())
                     .with_tls(self.tls.clone())
-                    .with_bind(self.bind),
+                    .with_bind(self.bind)
+                    .with_queue(self.queue),
             )
         }))
     }

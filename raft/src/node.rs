@@ -156,7 +156,8 @@ impl Node {
             .with_reconnect_max(cfg.rtt * 2)
             .with_secret(cfg.secret.clone())
             .with_tls(cfg.tls.clone())
-            .with_bind(Some(cfg.raft_listen.ip()));
+            .with_bind(Some(cfg.raft_listen.ip()))
+            .in_current_queue();
         let event_sm = EventStateMachine::new(store, on_applied);
         let bounded_log = event_log.clone();
         let event = EventRaft::new(

@@ -58,6 +58,53 @@ pub const IO_MEMORY_PER_EXECUTOR: usize = 512 << 10;
 /// Threads per executor for blocking work (not pinned: they may run on any CPU).
 pub const BLOCKING_THREADS: usize = 2;
 
+/// Where work runs on a clustered node's executor. glommio runs, of the task queues that have
+/// work, the one that used least CPU for its shares; a queue runs its ready tasks until it has
+/// none left or the preemption timer fires, then the next is chosen.
+///
+/// - `Raft`: this node's Raft groups (heartbeats, votes, replication, the log, the apply
+///   hand-off): the most shares glommio gives (1000).
+/// - `Clients`: the client connections (gRPC, HTTP/2): a fifth of that (200). When both
+///   have work, the Raft groups get five times the clients' CPU: an overloaded node reads its
+///   clients more slowly, and HTTP/2 flow control pushes back on them, instead of sending its
+///   heartbeats late (a leader whose followers hear nothing for an election timeout is
+///   replaced with no fault).
+/// - Everything else (the dispatcher, the write core's coalescer, the sweepers) stays in the
+///   executor's default queue, with the Raft groups' shares.
+///
+/// The queues' latency is left `NotImportant`: glommio 0.9 chooses the ring of an I/O by its
+/// kind, not by its queue, and a shorter preemption period makes more likely the stall
+/// [`keep_awake`] works around.
+#[derive(Debug, Clone, Copy)]
+pub enum Queue {
+    /// The Raft groups.
+    Raft,
+    /// The client connections.
+    Clients,
+}
+
+impl Queue {
+    fn config(self) -> (glommio::Shares, &'static str) {
+        match self {
+            Queue::Raft => (glommio::Shares::Static(1000), "raft"),
+            Queue::Clients => (glommio::Shares::Static(200), "clients"),
+        }
+    }
+
+    /// Runs `work` on this executor in a new task queue of this kind; every task it spawns
+    /// (glommio spawns into the running task's queue) runs there too.
+    pub fn spawn<T: 'static>(
+        self,
+        work: impl std::future::Future<Output = T> + 'static,
+    ) -> glommio::Task<T> {
+        let (shares, name) = self.config();
+        let ex = glommio::executor();
+        let queue = ex.create_task_queue(shares, glommio::Latency::NotImportant, name);
+        ex.spawn_local_into(work, queue)
+            .expect("a task queue this executor just created")
+    }
+}
+
 /// Raises RLIMIT_MEMLOCK as far as allowed (unlimited when privileged, else the hard limit)
 /// and checks that `executors` io_uring pools fit.
 ///

@@ -444,7 +444,13 @@ async fn core_main(
     };
     match started.await {
         Ok((_awake, listener, background)) => {
-            serve_clients(core, parts, listener, background, ready).await;
+            let clustered = parts.settings.cluster.is_some();
+            let serve = serve_clients(core, parts, listener, background, ready);
+            if clustered {
+                runtime::Queue::Clients.spawn(serve).await;
+            } else {
+                serve.await;
+            }
         }
         Err(e) => ready.send(Err(e)),
     }
@@ -506,20 +512,24 @@ async fn start_raft(
     rx: flume::Receiver<WriteReq>,
 ) -> Result<Task<()>, ServerError> {
     let settings = &parts.settings;
-    let node = cluster::start(
-        cfg,
-        &settings.grpc_advertise,
-        parts.store.store().clone(),
-        Rc::new(dispatcher::applied_to_hub(parts.hub.clone())),
-    )
-    .await
-    .map_err(|e| match e {
-        cluster::StartError::Failed(reason) => ServerError::WritePathFailed {
-            what: "a Raft group",
-            reason,
-        },
-        e => ServerError::Cluster(e),
-    })?;
+    let start = {
+        let (cfg, advertise) = (cfg.clone(), settings.grpc_advertise.clone());
+        let store = parts.store.store().clone();
+        let on_applied = Rc::new(dispatcher::applied_to_hub(parts.hub.clone()));
+        async move { cluster::start(&cfg, &advertise, store, on_applied).await }
+    };
+    // The Raft groups' tasks are spawned from their start (or by their tasks), so all of them
+    // run there; their peer links' connections too, whoever opens them (`in_current_queue`).
+    let node = runtime::Queue::Raft
+        .spawn(start)
+        .await
+        .map_err(|e| match e {
+            cluster::StartError::Failed(reason) => ServerError::WritePathFailed {
+                what: "a Raft group",
+                reason,
+            },
+            e => ServerError::Cluster(e),
+        })?;
     Ok(glommio::spawn_local(cluster::serve(
         node,
         cfg.clone(),

@@ -43,7 +43,9 @@ pub fn free_port_on(ip: &str) -> u16 {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     // Start where another test binary (another pid) is unlikely to be.
-    let mut n = std::process::id().wrapping_mul(7919) + given.len() as u32 * 104_729;
+    let mut n = std::process::id()
+        .wrapping_mul(7919)
+        .wrapping_add((given.len() as u32).wrapping_mul(104_729));
     for _ in 0..span {
         n = n.wrapping_add(1);
         let port = 10_000 + (n % span) as u16;
