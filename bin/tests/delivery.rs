@@ -404,3 +404,55 @@ async fn a_slow_group_does_not_hold_the_topic_for_a_fast_one() {
     }
     assert_eq!(slow_got, got);
 }
+
+/// ACKs written together reach the broker in one read and are taken as one batch (issue
+/// 29.3): every one of them counts, a malformed tag among them is skipped, a NACK among them
+/// redelivers, and a second SubscribeInit after them still ends the stream (after the ACKs
+/// before it were taken: on that end, only the NACKed message comes again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_sent_together_are_all_taken() {
+    let b = Broker::start("delivery:\n  inFlightTimeout: 30s\n  deleteBatchInterval: 50ms\n").await;
+    let mut p = Publisher::open(b.channel().await).await;
+    for i in 0..5 {
+        let msgs = (0..100)
+            .map(|j| msg("burst", &format!("{i}-{j}"), 0, 0))
+            .collect();
+        assert!(p.publish(batch(i, QUORUM, msgs)).await.success);
+    }
+    let mut sub = Subscriber::open(b.channel().await, "burst", "", 500).await;
+    let mut got = Vec::new();
+    while got.len() < 500 {
+        let m = sub
+            .next(Duration::from_secs(10))
+            .await
+            .expect("all 500 delivered");
+        got.push(m);
+    }
+    let nacked = got[250].delivery_tag.clone();
+    for (i, m) in got.iter().enumerate() {
+        if i == 100 {
+            sub.ack(b"not-a-24-byte-tag", true);
+        }
+        sub.ack(&m.delivery_tag, i != 250);
+    }
+    sub.tx_init_again();
+    let end = loop {
+        match tokio::time::timeout(Duration::from_secs(10), sub.rx.message()).await {
+            Ok(Ok(Some(m))) => assert_eq!(m.delivery_tag, nacked, "only the NACKed one again"),
+            Ok(Ok(None)) => panic!("the stream ended without a status"),
+            Ok(Err(s)) => break s,
+            Err(_) => panic!("the stream did not end after a second SubscribeInit"),
+        }
+    };
+    assert_eq!(end.code(), tonic::Code::InvalidArgument, "{end:?}");
+    // The stream's end released what it had in flight: had an ACK been dropped, its message
+    // would come again now. Only the NACKed one does.
+    let mut again = Subscriber::open(b.channel().await, "burst", "", 500).await;
+    let back = again.drain(Duration::from_secs(2)).await;
+    assert_eq!(
+        back.iter()
+            .map(|m| m.delivery_tag.clone())
+            .collect::<Vec<_>>(),
+        vec![nacked]
+    );
+}

@@ -147,14 +147,13 @@ impl Dispatcher {
             HubCmd::Groups { only, reply } => {
                 let _ = reply.send(self.hub.groups(only));
             }
-            HubCmd::Ack {
-                consumer,
-                key,
-                success,
-            } => {
-                let outcome = self.hub.ack(consumer, key, success, now_ms());
-                if outcome == futureq_core::hub::AckOutcome::Ignored {
-                    tracing::debug!(target: "dispatcher", consumer = consumer.0, ?key, "ignoring ACK for a delivery not in flight on this consumer");
+            HubCmd::Acks { consumer, acks } => {
+                let now = now_ms();
+                for (key, success) in acks {
+                    let outcome = self.hub.ack(consumer, key, success, now);
+                    if outcome == futureq_core::hub::AckOutcome::Ignored {
+                        tracing::debug!(target: "dispatcher", consumer = consumer.0, ?key, "ignoring ACK for a delivery not in flight on this consumer");
+                    }
                 }
             }
             HubCmd::Unregister(id) => {

@@ -466,6 +466,15 @@ impl Subscriber {
             .unwrap();
     }
 
+    /// Sends a second SubscribeInit (a protocol error the broker ends the stream for).
+    pub fn tx_init_again(&self) {
+        self.tx
+            .unbounded_send(ConsumerFrame {
+                frame: Some(consumer_frame::Frame::Init(SubscribeInit::default())),
+            })
+            .unwrap();
+    }
+
     /// Ends the request stream (no more ACK frames).
     pub fn half_close(&self) {
         self.tx.close_channel();

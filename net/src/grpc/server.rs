@@ -130,20 +130,28 @@ impl Inbound {
                 }
                 return Ok(None);
             }
-            match self.body.data().await {
-                Some(Ok(chunk)) => {
-                    let _ = self.body.flow_control().release_capacity(chunk.len());
-                    self.decoder.push(&chunk);
-                }
-                Some(Err(e)) => {
-                    return Err(Status::refused(
-                        Reason::Cancelled,
-                        format!("request stream: {e}"),
-                    ));
-                }
-                None => self.eos = true,
-            }
+            let chunk = self.body.data().await;
+            self.take(chunk)?;
         }
+    }
+
+    /// Takes what the body gave: a chunk into the decoder (its flow-control window back to
+    /// the client), or the end of the stream.
+    fn take(&mut self, chunk: Option<Result<Bytes, h2::Error>>) -> Result<(), Status> {
+        match chunk {
+            Some(Ok(chunk)) => {
+                let _ = self.body.flow_control().release_capacity(chunk.len());
+                self.decoder.push(&chunk);
+            }
+            Some(Err(e)) => {
+                return Err(Status::refused(
+                    Reason::Cancelled,
+                    format!("request stream: {e}"),
+                ));
+            }
+            None => self.eos = true,
+        }
+        Ok(())
     }
 
     /// The next message decoded as `M`.
@@ -151,19 +159,44 @@ impl Inbound {
     /// # Errors
     /// As [`Inbound::next_raw`], plus INVALID_ARGUMENT when the bytes are not an `M`.
     pub async fn next<M: prost::Message + Default>(&mut self) -> Result<Option<M>, Status> {
-        match self.next_raw().await? {
-            None => Ok(None),
-            Some(b) => M::decode(b).map(Some).map_err(|e| {
-                Status::invalid(format!(
-                    "cannot decode {}: {e}",
-                    std::any::type_name::<M>()
-                        .rsplit("::")
-                        .next()
-                        .unwrap_or("message")
-                ))
-            }),
+        self.next_raw().await?.map(decode_as).transpose()
+    }
+
+    /// The next message if it is all here already: in the bytes buffered, or in the DATA
+    /// frames h2 received for this stream and not handed out yet. Never waits: `None` when
+    /// the next message is not complete yet, or the client half-closed (then
+    /// [`Inbound::next`] says so). One read of a stream can hold thousands of small messages
+    /// (ACKs): taken together, they cost one wake-up.
+    ///
+    /// # Errors
+    /// As [`Inbound::next`].
+    pub async fn next_ready<M: prost::Message + Default>(&mut self) -> Result<Option<M>, Status> {
+        loop {
+            if let Some(m) = self.decoder.decode()? {
+                return decode_as(m).map(Some);
+            }
+            if self.eos {
+                return Ok(None);
+            }
+            match futures_lite::future::poll_once(self.body.data()).await {
+                None => return Ok(None),
+                Some(chunk) => self.take(chunk)?,
+            }
         }
     }
+}
+
+/// Decodes one message as `M`.
+fn decode_as<M: prost::Message + Default>(b: Bytes) -> Result<M, Status> {
+    M::decode(b).map_err(|e| {
+        Status::invalid(format!(
+            "cannot decode {}: {e}",
+            std::any::type_name::<M>()
+                .rsplit("::")
+                .next()
+                .unwrap_or("message")
+        ))
+    })
 }
 
 enum OutState {

@@ -20,6 +20,9 @@ use crate::replication::WriteReq;
 
 /// Most queued deliveries written to the stream in one go.
 const SEND_BATCH_MAX: usize = 64;
+/// Most ACKs and NACKs handed to the dispatcher in one command (the rest of a long read go
+/// in the next).
+const ACKS_PER_COMMAND_MAX: usize = 4096;
 
 /// Largest `max_in_flight` a consumer may ask for.
 pub const MAX_IN_FLIGHT_MAX: u32 = 65_536;
@@ -230,6 +233,11 @@ async fn join(ctx: &Ctx, init: &SubscribeInit) -> Result<Joined, Status> {
     }
 }
 
+/// A second `SubscribeInit` on a stream.
+fn init_again() -> Status {
+    Status::invalid("SubscribeInit may only be the first ConsumerFrame")
+}
+
 /// A subscribed stream's delivery loop.
 struct Stream<'a> {
     ctx: &'a Ctx,
@@ -263,12 +271,10 @@ impl Stream<'_> {
                 Event::Deliver(d) => self.deliver(d, out).await.err(),
                 Event::Frame(Ok(Some(ConsumerFrame {
                     frame: Some(consumer_frame::Frame::Ack(a)),
-                }))) => self.ack(&a).await.err(),
+                }))) => self.acks(a, call).await.err(),
                 Event::Frame(Ok(Some(ConsumerFrame {
                     frame: Some(consumer_frame::Frame::Init(_)),
-                }))) => Some(Status::invalid(
-                    "SubscribeInit may only be the first ConsumerFrame",
-                )),
+                }))) => Some(init_again()),
                 Event::Frame(Ok(Some(ConsumerFrame { frame: None }))) => None,
                 // The client will send no more frames (e.g. grpcurl, or a request iterator
                 // that ended): keep delivering until it cancels. It can no longer ACK, so what
@@ -370,28 +376,52 @@ impl Stream<'_> {
         Ok(())
     }
 
-    /// Hands an ACK or NACK frame to the dispatcher (a malformed tag is ignored).
-    async fn ack(&self, a: &AckRequest) -> Result<(), Status> {
+    /// Hands `first` and the ACK and NACK frames that came with it (those [`Inbound::next_ready`]
+    /// gives, up to [`ACKS_PER_COMMAND_MAX`]) to the dispatcher as one command: one wake-up of
+    /// the dispatcher per read of the stream, not per ACK. A malformed tag is ignored; another
+    /// frame among them ends the batch and is handled as it would be alone.
+    ///
+    /// [`Inbound::next_ready`]: futureq_net::grpc::server::Inbound::next_ready
+    async fn acks(&self, first: AckRequest, call: &mut Call) -> Result<(), Status> {
         let ctx = self.ctx;
-        ctx.metrics
-            .consumer_acks
-            .add(&[if a.success { "true" } else { "false" }], 1);
-        match EventKey::from_slice(&a.delivery_tag) {
-            Ok(key) => {
-                let cmd = HubCmd::Ack {
-                    consumer: self.consumer.id,
-                    key,
-                    success: a.success,
-                };
-                if ctx.hub.send_async(cmd).await.is_err() {
-                    return Err(Status::shutting_down());
+        let mut acks = Vec::new();
+        let mut next = Some(first);
+        let mut after = None;
+        while let Some(a) = next.take() {
+            ctx.metrics
+                .consumer_acks
+                .add(&[if a.success { "true" } else { "false" }], 1);
+            match EventKey::from_slice(&a.delivery_tag) {
+                Ok(key) => acks.push((key, a.success)),
+                Err(e) => {
+                    tracing::debug!(target: "consumer", consumer = self.consumer.id.0, error = %e, "ignoring ACK with a malformed delivery tag");
                 }
             }
-            Err(e) => {
-                tracing::debug!(target: "consumer", consumer = self.consumer.id.0, error = %e, "ignoring ACK with a malformed delivery tag");
+            if acks.len() >= ACKS_PER_COMMAND_MAX {
+                break;
+            }
+            match call.inbound.next_ready::<ConsumerFrame>().await? {
+                Some(ConsumerFrame {
+                    frame: Some(consumer_frame::Frame::Ack(a)),
+                }) => next = Some(a),
+                other => after = other,
             }
         }
-        Ok(())
+        if !acks.is_empty() {
+            let cmd = HubCmd::Acks {
+                consumer: self.consumer.id,
+                acks,
+            };
+            if ctx.hub.send_async(cmd).await.is_err() {
+                return Err(Status::shutting_down());
+            }
+        }
+        match after {
+            Some(ConsumerFrame {
+                frame: Some(consumer_frame::Frame::Init(_)),
+            }) => Err(init_again()),
+            _ => Ok(()),
+        }
     }
 
     /// How the stream ends when its delivery queue closed or the broker stops.

@@ -114,14 +114,12 @@ pub enum HubCmd {
         /// Its id, or why it was not registered.
         reply: oneshot::Sender<Result<ConsumerId, RegisterRefused>>,
     },
-    /// An ACK or NACK frame.
-    Ack {
+    /// The ACK and NACK frames one read of a stream held, in their order.
+    Acks {
         /// The stream.
         consumer: ConsumerId,
-        /// The delivery tag.
-        key: EventKey,
-        /// ACK (true) or NACK.
-        success: bool,
+        /// Each delivery tag, ACK (true) or NACK.
+        acks: Vec<(EventKey, bool)>,
     },
     /// A Subscribe stream ended.
     Unregister(ConsumerId),
