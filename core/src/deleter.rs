@@ -22,7 +22,7 @@ pub const DELETE_PENDING_MAX: usize = 65_536;
 pub struct DeleteQueue {
     queued: Vec<EventKey>,
     flushing: Vec<EventKey>,
-    all: HashSet<EventKey>,
+    all: HashSet<EventKey, foldhash::fast::RandomState>,
 }
 
 /// Most keys one flush deletes (one storage transaction or replicated command of ~1.5 MiB):

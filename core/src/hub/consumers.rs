@@ -58,7 +58,7 @@ impl<S: Sink> Hub<S> {
                 topic: Arc::from(sub.topic.as_str()),
                 group: sub.group.clone(),
                 max_in_flight: max,
-                in_flight: HashSet::new(),
+                in_flight: FastSet::default(),
                 sink,
             },
         );

@@ -7,8 +7,8 @@ impl<S: Sink> Hub<S> {
     /// Picks the consumer for a recipient: a universal consumer itself, or the next group
     /// member (round-robin) with room.
     pub(super) fn pick(
-        topics: &mut HashMap<TopicHash, Topic>,
-        consumers: &HashMap<ConsumerId, Consumer<S>>,
+        topics: &mut FastMap<TopicHash, Topic>,
+        consumers: &FastMap<ConsumerId, Consumer<S>>,
         h: TopicHash,
         rid: &RecipientId,
     ) -> Option<ConsumerId> {
