@@ -88,6 +88,13 @@ enum Cmd {
         #[arg(long, conflicts_with_all = ["window", "dedup", "delay_ms"])]
         rate: Option<f64>,
     },
+    /// Fills the broker with far-future messages (due in a year; QUORUM, batches of 100 on 4
+    /// streams), as the pending scenario does; prints the rate.
+    Fill {
+        /// Messages.
+        #[arg(long, default_value_t = 1_000_000)]
+        count: u64,
+    },
     /// Delivery lateness: messages falling due in a burst or at a steady rate.
     Lateness {
         /// Messages.
@@ -221,6 +228,11 @@ async fn main() -> anyhow::Result<()> {
             let measure = Duration::from_secs(seconds);
             let p = PublishParams::new(streams, window, batch, size, measure, ack);
             publish(&cli.addr, &p.delayed(delay_ms, dedup), rate).await
+        }
+        Cmd::Fill { count } => {
+            let rate = crate::load::fill(&cli.addr, count).await?;
+            println!("filled {count} messages at {rate:.0} msgs/s");
+            Ok(())
         }
         Cmd::Lateness {
             count,
