@@ -7,8 +7,9 @@
 //! The broker lives in [`futureq_broker`]; this binary parses the command line, loads the
 //! configuration, sets up logging and signals, and runs it.
 
-/// jemalloc with its default decay (freed pages go back to the system within ~10 s): glibc
-/// kept the arenas of a fill's peak for good. Measured in docs/benchmarks.md (issue 29).
+/// jemalloc with its default decay: freed pages go back to the system some 10 s after, the
+/// next time the allocator runs (it has no background thread), where glibc kept the arenas of a
+/// fill's peak. Measured in docs/benchmarks.md (issue 29).
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use common::*;
+use futureq_bench::pb::{consumer_frame, AckRequest, ConsumerFrame, QueueMessage, SubscribeInit};
 
 const QUORUM: i32 = 0;
 
@@ -454,5 +455,110 @@ async fn acks_sent_together_are_all_taken() {
             .map(|m| m.delivery_tag.clone())
             .collect::<Vec<_>>(),
         vec![nacked]
+    );
+}
+
+/// Frames sent as they are, to write what a typed client cannot (a frame that does not
+/// decode); what comes back decodes as `QueueMessage`.
+#[derive(Default)]
+struct RawFrames;
+
+impl tonic::codec::Codec for RawFrames {
+    type Encode = Vec<u8>;
+    type Decode = QueueMessage;
+    type Encoder = RawFrames;
+    type Decoder = tonic_prost::ProstDecoder<QueueMessage>;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        RawFrames
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        tonic_prost::ProstDecoder::default()
+    }
+}
+
+impl tonic::codec::Encoder for RawFrames {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        use bytes::BufMut;
+        dst.put_slice(&item);
+        Ok(())
+    }
+}
+
+/// Issue 29.3, from review: ACKs that came in the same read as a frame that ends the stream
+/// (here one that does not decode) are still taken: only the message left unACKed comes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_before_a_bad_frame_in_the_same_read_still_count() {
+    use prost::Message;
+    let b = Broker::start("delivery:\n  inFlightTimeout: 30s\n  deleteBatchInterval: 50ms\n").await;
+    let mut p = Publisher::open(b.channel().await).await;
+    let msgs = (0..100)
+        .map(|j| msg("raw", &format!("{j}"), 0, 0))
+        .collect();
+    assert!(p.publish(batch(1, QUORUM, msgs)).await.success);
+    let frame = |f: consumer_frame::Frame| ConsumerFrame { frame: Some(f) }.encode_to_vec();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    tx.send(frame(consumer_frame::Frame::Init(SubscribeInit {
+        topic: "raw".into(),
+        max_in_flight: 100,
+        ..SubscribeInit::default()
+    })))
+    .unwrap();
+    let mut grpc = tonic::client::Grpc::new(b.channel().await);
+    grpc.ready().await.unwrap();
+    let mut rx = rx;
+    let frames = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    let mut deliveries = grpc
+        .streaming(
+            tonic::Request::new(frames),
+            http::uri::PathAndQuery::from_static("/futureq.FutureQConsumer/Subscribe"),
+            RawFrames,
+        )
+        .await
+        .unwrap()
+        .into_inner();
+    let mut got = Vec::new();
+    while got.len() < 100 {
+        let m = tokio::time::timeout(Duration::from_secs(10), deliveries.message())
+            .await
+            .expect("all 100 delivered")
+            .unwrap()
+            .unwrap();
+        got.push(m);
+    }
+    let kept = got[42].delivery_tag.clone();
+    for m in got.iter().filter(|m| m.delivery_tag != kept) {
+        tx.send(frame(consumer_frame::Frame::Ack(AckRequest {
+            success: true,
+            delivery_tag: m.delivery_tag.to_vec(),
+        })))
+        .unwrap();
+    }
+    // Field 1 as a varint of one byte with its continuation bit set, then nothing: does not decode.
+    tx.send(vec![0x08, 0x80]).unwrap();
+    let end = loop {
+        match tokio::time::timeout(Duration::from_secs(10), deliveries.message()).await {
+            Ok(Ok(Some(_))) => {}
+            Ok(Ok(None)) => panic!("the stream ended without a status"),
+            Ok(Err(s)) => break s,
+            Err(_) => panic!("a frame that does not decode did not end the stream"),
+        }
+    };
+    assert_eq!(end.code(), tonic::Code::InvalidArgument, "{end:?}");
+    let mut again = Subscriber::open(b.channel().await, "raw", "", 100).await;
+    let back = again.drain(Duration::from_secs(2)).await;
+    assert_eq!(
+        back.iter()
+            .map(|m| m.delivery_tag.clone())
+            .collect::<Vec<_>>(),
+        vec![kept]
     );
 }

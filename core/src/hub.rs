@@ -60,18 +60,20 @@
 //!   the entry cap holds the topic back: no loss).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
-
-/// A map of the hub's: keyed by values this broker made (event keys, consumer ids, topic
-/// hashes), hashed with foldhash (seeded per process) instead of the standard SipHash, which
-/// took 3–4 % of the dispatcher's samples in a burst of deliveries and ACKs (issue 29).
-pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
-/// A set of the hub's, hashed like [`FastMap`].
-pub(crate) type FastSet<K> = HashSet<K, foldhash::fast::RandomState>;
 use std::sync::Arc;
 
 use crate::deleter::DeleteQueue;
 use crate::key::{bucket_of, bucket_start_ms, topic_hash, EventKey, TopicHash};
 use crate::message::StoredMessage;
+
+/// A map of the hub's (keyed by event keys, consumer ids and topic hashes), hashed with
+/// foldhash instead of the standard SipHash, which took 3–4 % of the dispatcher's samples in
+/// a burst of deliveries and ACKs (issue 29). foldhash is seeded per process and per map, and
+/// the seed is never exposed; topic hashes come from client-chosen names, but a client cannot
+/// see how they land.
+pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+/// A set of the hub's, hashed like [`FastMap`].
+pub(crate) type FastSet<K> = HashSet<K, foldhash::fast::RandomState>;
 
 /// Identifies one subscription (one Subscribe stream).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -247,23 +247,31 @@ fn encode(frame: &PeerFrame) -> Bytes {
     b.freeze()
 }
 
-/// Spawns the task that writes queued frames to `w`; returns the queue.
-/// Spawns `work` detached in `queue`, or in the running task's queue. Task queues are never
-/// removed, so the first cannot fail; if it did, `work` would not run (a writer's sends then
-/// fail: the connection is closed).
-fn spawn_in(queue: Option<glommio::TaskQueueHandle>, work: impl Future<Output = ()> + 'static) {
+/// Spawns `work` detached in `queue`, or in the running task's queue; false when it could
+/// not be spawned (a queue that is gone: our queues are never removed), and `work` will not
+/// run.
+fn spawn_in(
+    queue: Option<glommio::TaskQueueHandle>,
+    work: impl Future<Output = ()> + 'static,
+) -> bool {
     let spawned = match queue {
         None => Ok(glommio::spawn_local(work)),
         Some(q) => glommio::spawn_local_into(work, q),
     };
     match spawned {
-        Ok(task) => drop(task.detach()),
+        Ok(task) => {
+            drop(task.detach());
+            true
+        }
         Err(e) => {
             tracing::error!(target: "net.peer", error = %e, "peer link: cannot spawn into its task queue");
+            false
         }
     }
 }
 
+/// Spawns the task that writes queued frames to `w` (in `queue`, see [`spawn_in`]); returns
+/// the queue. If it cannot be spawned, sends fail at once (the connection is closed).
 fn spawn_writer(
     queue: Option<glommio::TaskQueueHandle>,
     mut w: impl futures_lite::AsyncWrite + Unpin + 'static,
@@ -625,7 +633,8 @@ impl PeerClient {
         {
             let pending = Rc::clone(&pending);
             let max_frame = self.max_frame;
-            spawn_in(self.queue, async move {
+            let failed = dead.clone();
+            let reading = spawn_in(self.queue, async move {
                 read_frames(r, max_frame, max_frame, |f| {
                     if let Some(waiter) = pending.borrow_mut().remove(&f.request_id) {
                         let _ = waiter.send(f);
@@ -635,6 +644,9 @@ impl PeerClient {
                 .await;
                 dead();
             });
+            if !reading {
+                failed();
+            }
         }
         Ok(Rc::new(Conn { tx, pending, alive }))
     }

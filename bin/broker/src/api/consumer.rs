@@ -20,9 +20,10 @@ use crate::replication::WriteReq;
 
 /// Most queued deliveries written to the stream in one go.
 const SEND_BATCH_MAX: usize = 64;
-/// Most ACKs and NACKs handed to the dispatcher in one command (the rest of a long read go
-/// in the next).
-const ACKS_PER_COMMAND_MAX: usize = 4096;
+/// Most ACK and NACK frames taken into one dispatcher command (the rest of a long read go in
+/// the next). The hub's inbox is bounded in commands (`dispatcher::HUB_QUEUE_MAX`, 65,536):
+/// with 64 tags of 24 bytes each it holds at most ~100 MiB of them.
+const ACKS_PER_COMMAND_MAX: u64 = 64;
 
 /// Largest `max_in_flight` a consumer may ask for.
 pub const MAX_IN_FLIGHT_MAX: u32 = 65_536;
@@ -377,7 +378,7 @@ impl Stream<'_> {
     }
 
     /// Hands `first` and the ACK and NACK frames that came with it (those [`Inbound::next_ready`]
-    /// gives, up to [`ACKS_PER_COMMAND_MAX`]) to the dispatcher as one command: one wake-up of
+    /// gives, up to [`ACKS_PER_COMMAND_MAX`] frames) to the dispatcher as one command: one wake-up of
     /// the dispatcher per read of the stream, not per ACK. A malformed tag is ignored; another
     /// frame among them ends the batch and is handled as it would be alone.
     ///
@@ -385,26 +386,33 @@ impl Stream<'_> {
     async fn acks(&self, first: AckRequest, call: &mut Call) -> Result<(), Status> {
         let ctx = self.ctx;
         let mut acks = Vec::new();
+        let (mut taken, mut nacks) = (0u64, 0u64);
         let mut next = Some(first);
-        let mut after = None;
+        // What ends the batch: another frame, or the stream's error (h2 hands out the data
+        // it holds before a reset, so ACKs come first and still count).
+        let mut after = Ok(None);
         while let Some(a) = next.take() {
-            ctx.metrics
-                .consumer_acks
-                .add(&[if a.success { "true" } else { "false" }], 1);
+            taken += 1;
+            nacks += u64::from(!a.success);
             match EventKey::from_slice(&a.delivery_tag) {
                 Ok(key) => acks.push((key, a.success)),
                 Err(e) => {
                     tracing::debug!(target: "consumer", consumer = self.consumer.id.0, error = %e, "ignoring ACK with a malformed delivery tag");
                 }
             }
-            if acks.len() >= ACKS_PER_COMMAND_MAX {
+            if taken >= ACKS_PER_COMMAND_MAX {
                 break;
             }
-            match call.inbound.next_ready::<ConsumerFrame>().await? {
-                Some(ConsumerFrame {
+            match call.inbound.next_ready::<ConsumerFrame>().await {
+                Ok(Some(ConsumerFrame {
                     frame: Some(consumer_frame::Frame::Ack(a)),
-                }) => next = Some(a),
+                })) => next = Some(a),
                 other => after = other,
+            }
+        }
+        for (label, n) in [("true", taken - nacks), ("false", nacks)] {
+            if n > 0 {
+                ctx.metrics.consumer_acks.add(&[label], n);
             }
         }
         if !acks.is_empty() {
@@ -416,7 +424,7 @@ impl Stream<'_> {
                 return Err(Status::shutting_down());
             }
         }
-        match after {
+        match after? {
             Some(ConsumerFrame {
                 frame: Some(consumer_frame::Frame::Init(_)),
             }) => Err(init_again()),
