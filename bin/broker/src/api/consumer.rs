@@ -377,10 +377,10 @@ impl Stream<'_> {
         Ok(())
     }
 
-    /// Hands `first` and the ACK and NACK frames that came with it (those [`Inbound::next_ready`]
-    /// gives, up to [`ACKS_PER_COMMAND_MAX`] frames) to the dispatcher as one command: one wake-up of
-    /// the dispatcher per read of the stream, not per ACK. A malformed tag is ignored; another
-    /// frame among them ends the batch and is handled as it would be alone.
+    /// Hands `first` and the ACK and NACK frames that came with it (those
+    /// [`Inbound::next_ready`] gives, up to [`ACKS_PER_COMMAND_MAX`] frames) to the dispatcher
+    /// as one command, not one per ACK. A malformed tag is ignored; another frame among them
+    /// ends the batch and is handled as it would be alone, after the batch (an error too).
     ///
     /// [`Inbound::next_ready`]: futureq_net::grpc::server::Inbound::next_ready
     async fn acks(&self, first: AckRequest, call: &mut Call) -> Result<(), Status> {

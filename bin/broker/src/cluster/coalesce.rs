@@ -34,13 +34,13 @@ pub(crate) const GROUP_ITEMS_MAX: usize = 16_384;
 /// Most bytes of one group's entry, encoded (a single larger batch goes alone).
 pub(crate) const GROUP_BYTES_MAX: usize = 4 << 20;
 const _: () = assert!(GROUP_BYTES_MAX <= futureq_core::command::ENTRY_BYTES_MAX);
-/// Groups proposed and not yet applied at once. openraft sends a follower the entries
-/// appended while its previous AppendEntries was out in the next one, and applies every
-/// committed entry of a round in one transaction, so more groups in flight cost few more
-/// rounds while a group's wait for a place is shorter. Measured (`futureq-bench ab --cluster`,
-/// 3 rounds, QUORUM 1/request, 8 streams × 4): 8 against 2 took 7.6k → 9.6k msgs/s (1.26×)
-/// and 178 → 140 µs CPU per message; 32 measured like 8 in a single run.
-pub(crate) const GROUPS_IN_FLIGHT: u64 = 8;
+/// Groups proposed and not yet applied at once. 8 measured 1.26× at QUORUM 1/request
+/// (`ab --cluster`, 178 → 140 µs CPU per message) but, with batches of 100, held more in
+/// flight on the leader (+150 MiB summed RSS in the compare's pending fill) and saw leadership
+/// move in every such fill after the failovers (3 of 3 runs, and a CI run that gave up),
+/// against 1 of 2 with 2. Kept at 2 until the bound is in bytes as well as in groups
+/// (docs/benchmarks.md, issue 29).
+pub(crate) const GROUPS_IN_FLIGHT: u64 = 2;
 /// Publishes waiting for a group, at most (as many as the write core serves at once).
 pub(crate) const QUEUE_MAX: usize = crate::replication::REQUESTS_IN_SERVICE_MAX as usize;
 
