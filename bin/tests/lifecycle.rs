@@ -467,8 +467,13 @@ async fn a_broker_waiting_for_disk_space_stops_cleanly_and_in_time() {
     let rearm = {
         let (arming, trigger) = (std::sync::Arc::clone(&arming), trigger.clone());
         tokio::spawn(async move {
+            // Written aside and renamed in place, as in the cluster test: a segment opened
+            // while a plain write had truncated the file read it empty and took no fault.
+            let aside = trigger.with_extension("new");
             while arming.load(std::sync::atomic::Ordering::Relaxed) {
-                let _ = std::fs::write(&trigger, "prealloc");
+                if std::fs::write(&aside, "prealloc").is_ok() {
+                    let _ = std::fs::rename(&aside, &trigger);
+                }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         })

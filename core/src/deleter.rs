@@ -4,8 +4,6 @@
 //! flush puts its keys back in front, so nothing acknowledged is ever forgotten; while a key
 //! is queued or being flushed the hub never delivers it again.
 
-use std::collections::HashSet;
-
 use crate::key::EventKey;
 
 /// Most keys waiting for deletion before new ACKs and expiries are refused (an ACK refused
@@ -22,7 +20,7 @@ pub const DELETE_PENDING_MAX: usize = 65_536;
 pub struct DeleteQueue {
     queued: Vec<EventKey>,
     flushing: Vec<EventKey>,
-    all: HashSet<EventKey, foldhash::fast::RandomState>,
+    all: crate::hub::FastSet<EventKey>,
 }
 
 /// Most keys one flush deletes (one storage transaction or replicated command of ~1.5 MiB):

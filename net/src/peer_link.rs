@@ -646,6 +646,7 @@ impl PeerClient {
             });
             if !reading {
                 failed();
+                return Err(PeerError::Closed(self.addr));
             }
         }
         Ok(Rc::new(Conn { tx, pending, alive }))
