@@ -20,7 +20,7 @@ pub const DELETE_PENDING_MAX: usize = 65_536;
 pub struct DeleteQueue {
     queued: Vec<EventKey>,
     flushing: Vec<EventKey>,
-    all: crate::hub::FastSet<EventKey>,
+    all: crate::fast::FastSet<EventKey>,
 }
 
 /// Most keys one flush deletes (one storage transaction or replicated command of ~1.5 MiB):

@@ -63,17 +63,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use crate::deleter::DeleteQueue;
+pub(crate) use crate::fast::{FastMap, FastSet};
 use crate::key::{bucket_of, bucket_start_ms, topic_hash, EventKey, TopicHash};
 use crate::message::StoredMessage;
-
-/// A map of the hub's (keyed by event keys, consumer ids and topic hashes), hashed with
-/// foldhash instead of the standard SipHash, which took 3–4 % of the dispatcher's samples in
-/// a burst of deliveries and ACKs (issue 29). foldhash is seeded per process and per map, and
-/// the seed is never exposed; topic hashes come from client-chosen names, but a client cannot
-/// see how they land.
-pub(crate) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
-/// A set of the hub's, hashed like [`FastMap`].
-pub(crate) type FastSet<K> = HashSet<K, foldhash::fast::RandomState>;
 
 /// Identifies one subscription (one Subscribe stream).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

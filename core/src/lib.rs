@@ -22,6 +22,7 @@
 pub mod command;
 pub mod deleter;
 mod envelope;
+mod fast;
 pub mod hub;
 pub mod key;
 pub mod message;
