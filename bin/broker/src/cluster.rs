@@ -212,7 +212,7 @@ pub async fn serve(
     core.metrics.raft.clustered.store(true, Ordering::Relaxed);
     glommio::spawn_local(coalesce::run(Rc::downgrade(&core), pending)).detach();
     let watcher = glommio::spawn_local(watch(Rc::clone(&core), shutdown.clone()));
-    glommio::spawn_local(watch_stalls(shutdown.clone())).detach();
+    glommio::spawn_local(watch_stalls(Arc::clone(&core.metrics), shutdown.clone())).detach();
     glommio::spawn_local(register(Rc::clone(&core), shutdown.clone())).detach();
     let requests = serve_requests(Rc::clone(&core), &rx);
     future::or(requests, shutdown.wait()).await;
@@ -263,21 +263,33 @@ const STALL_REPORT: Duration = Duration::from_millis(100);
 
 /// Warns when the Raft core's reactor was blocked (a tick ran late by [`STALL_REPORT`]):
 /// heartbeats stop while it is, and followers start elections after an election timeout.
-async fn watch_stalls(shutdown: Shutdown) {
+async fn watch_stalls(metrics: Arc<Metrics>, shutdown: Shutdown) {
     let ticks = async {
         loop {
-            let t = Instant::now();
+            let (t, cpu) = (Instant::now(), thread_cpu());
             glommio::timer::sleep(STALL_TICK).await;
             let late = t.elapsed().saturating_sub(STALL_TICK);
             if late >= STALL_REPORT {
-                tracing::warn!(target: "raft", late_ms = late.as_millis() as u64, "the Raft core's reactor was blocked; heartbeats were late");
+                // On CPU for most of it: work that held the reactor (a defect to report);
+                // little: the host gave the thread no CPU (overcommitted, paused).
+                let cpu_ms = thread_cpu().saturating_sub(cpu).as_millis() as u64;
+                metrics.raft.reactor_stalls.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(target: "raft", late_ms = late.as_millis() as u64, cpu_ms, "the Raft core's reactor was blocked; heartbeats were late");
             }
         }
     };
     future::or(ticks, shutdown.wait()).await;
 }
 
-/// A command applied without the answer it must give (a defect).
+/// CPU time this thread used so far.
+fn thread_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(
+        u64::try_from(t.tv_sec).unwrap_or(0),
+        u32::try_from(t.tv_nsec).unwrap_or(0),
+    )
+}
+
 /// The Raft core as the write core.
 impl WriteCore for Rc<Core> {
     async fn publish(

@@ -192,6 +192,8 @@ pub struct RaftMetrics {
     pub purged_index: AtomicU64,
     pub leader_changes: AtomicU64,
     pub refused_entries: AtomicU64,
+    /// Times the Raft core's reactor ran late by `cluster::STALL_REPORT` or more.
+    pub reactor_stalls: AtomicU64,
     /// Publish batches proposed in each event-shard entry (`cluster::coalesce`).
     pub entry_batches: Histogram,
 }
@@ -207,6 +209,7 @@ impl Default for RaftMetrics {
             purged_index: AtomicU64::new(0),
             leader_changes: AtomicU64::new(0),
             refused_entries: AtomicU64::new(0),
+            reactor_stalls: AtomicU64::new(0),
             entry_batches: histogram(SIZES),
         }
     }
@@ -251,6 +254,7 @@ impl Collector for RaftMetrics {
         let counters = [
             ("futureq_raft_leader_changes", "Times this node gained or lost event-shard leadership.", &self.leader_changes),
             ("futureq_raft_refused_entries", "Committed event-shard entries the state machine refused (undecodable, or event ids from an earlier term); nothing of them was applied.", &self.refused_entries),
+            ("futureq_raft_reactor_stalls", "Times the Raft core's reactor did not run for 100 ms or more (heartbeats late; the log says how much of it was on CPU).", &self.reactor_stalls),
         ];
         for (name, help, v) in counters {
             let e = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;

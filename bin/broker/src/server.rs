@@ -286,6 +286,7 @@ fn spawn_executors(
         let spawned = LocalExecutorBuilder::new(Placement::Fixed(cpu))
             .name(&format!("futureq-core{core}"))
             .io_memory(runtime::IO_MEMORY_PER_EXECUTOR)
+            .preempt_timer(runtime::PREEMPT_PERIOD)
             // Work handed off the reactor (Raft apply, snapshot builds, sweeps) must not queue
             // behind one long job: a snapshot build stalled every apply for seconds.
             .blocking_thread_pool_placement(PoolPlacement::Unbound(runtime::BLOCKING_THREADS))

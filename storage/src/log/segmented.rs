@@ -37,8 +37,25 @@ const _: () = assert!(
 /// A sensible [`LogConfig::cache_bytes`]: enough for the entries in flight at full load.
 pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
 
-/// One segment's part of a flush: (name, create it?, write offset, buffer, new flushed end).
-type PlannedWrite = (String, bool, u64, Vec<u8>, u64);
+/// Most record bytes one write of a flush copies and writes (a larger record goes alone). A
+/// flush copies its records into a block-aligned buffer on the reactor: at 53 MB in one
+/// buffer (a leader behind its disk), the copy held the reactor for 175 ms and the followers
+/// elected another leader (issue 29). In pieces, the reactor runs between them.
+pub const WRITE_BYTES_MAX: usize = 1 << 20;
+
+/// One write of a flush.
+struct Piece {
+    /// The segment's file.
+    name: String,
+    /// Whether the file is created first.
+    create: bool,
+    /// The write's offset (block-aligned).
+    start: u64,
+    /// The bytes written: the segment's last partial block, the records, zero padding.
+    buf: Vec<u8>,
+    /// The segment's flushed end once written.
+    new_end: u64,
+}
 
 /// Sees each entry's payload once its flush made it durable (the leader-persist hook).
 pub type PersistHook = Box<dyn Fn(&[u8])>;
@@ -658,13 +675,32 @@ impl<I: LogIo> Log<I> {
         WriteGuard(self)
     }
 
-    /// Writes everything pending; the persist hook sees the entries below `hook_below`.
+    /// Writes everything pending, piece by piece ([`WRITE_BYTES_MAX`]), then syncs each
+    /// touched segment once; the persist hook sees the entries below `hook_below`.
     async fn flush_once(&self, hook_below: u64) -> Result<(), LogError> {
-        let (pending_count, callbacks, plan) = self.plan_flush()?;
+        let (pending_count, callbacks) = {
+            let mut st = self.st.borrow_mut();
+            if st.poisoned {
+                return Err(LogError::Poisoned);
+            }
+            (st.pending.len(), std::mem::take(&mut st.callbacks))
+        };
         let mut result = Ok(());
         // Per written segment: (name, new flushed end, its last partial block).
-        let mut written: Vec<(String, u64, Vec<u8>)> = Vec::with_capacity(plan.len());
-        for (name, create, start, buf, new_end) in plan {
+        let mut written: Vec<(String, u64, Vec<u8>)> = Vec::new();
+        let mut next = 0;
+        while next < pending_count {
+            // Appends only push behind `pending_count`, and nothing else changes `pending`
+            // while this flush holds the write side: the records planned stay as they are.
+            let (piece, after) = self.next_piece(next, pending_count, &written);
+            next = after;
+            let Piece {
+                name,
+                create,
+                start,
+                buf,
+                new_end,
+            } = piece;
             if create {
                 if let Err(e) = self.io.open(&name, self.cfg.segment_bytes).await {
                     if e.kind() == std::io::ErrorKind::StorageFull {
@@ -681,14 +717,17 @@ impl<I: LogIo> Log<I> {
                 }
             }
             // The buffer goes to the write; only its last partial block stays (the next
-            // flush rewrites that block).
+            // piece, or the next flush, rewrites that block).
             let from = usize::try_from(floor(new_end) - start).unwrap_or(0);
             let tail = buf[from..usize::try_from(new_end - start).unwrap_or(0)].to_vec();
             if let Err(e) = self.io.write_at(&name, start, buf).await {
                 result = Err(e);
                 break;
             }
-            written.push((name, new_end, tail));
+            match written.iter_mut().find(|w| w.0 == name) {
+                Some(w) => (w.1, w.2) = (new_end, tail),
+                None => written.push((name, new_end, tail)),
+            }
         }
         if result.is_ok() {
             for (name, ..) in &written {
@@ -711,36 +750,56 @@ impl<I: LogIo> Log<I> {
         Ok(())
     }
 
-    /// What one flush writes: the pending records grouped per segment (behind each one's
-    /// last partial block, padded to whole blocks), how many records that is, and the
-    /// callbacks it answers. Records stay in `pending` (readable from memory) until they are
-    /// on disk.
-    fn plan_flush(&self) -> Result<(usize, Vec<Flushed>, Vec<PlannedWrite>), LogError> {
-        let mut st = self.st.borrow_mut();
-        if st.poisoned {
-            return Err(LogError::Poisoned);
-        }
-        // Records stay in `pending` (readable from memory) until they are on disk.
-        let callbacks = std::mem::take(&mut st.callbacks);
-        let pending = &st.pending;
-        let pending_count = pending.len();
-        // Per touched segment: (name, create?, write offset, buffer, new flushed end).
-        let mut plan: Vec<PlannedWrite> = Vec::new();
-        for seg in st
+    /// The next write of a flush: the pending records from `first` (below `end`) of one
+    /// segment, at most [`WRITE_BYTES_MAX`] of record bytes (the first record goes whatever
+    /// its size), behind that segment's last partial block as this flush left it (`written`)
+    /// or as the last flush did, padded to whole blocks. Returns the piece and the index in
+    /// `pending` after its last record.
+    fn next_piece(
+        &self,
+        first: usize,
+        end: usize,
+        written: &[(String, u64, Vec<u8>)],
+    ) -> (Piece, usize) {
+        let st = self.st.borrow();
+        let segment = st.pending[first].segment;
+        let seg = st
             .segments
             .iter()
-            .filter(|s| pending.iter().any(|p| p.segment == s.first))
+            .find(|s| s.first == segment)
+            .expect("a pending record's segment is in the log");
+        let (flushed_end, tail, create) = match written.iter().find(|w| w.0 == seg.name) {
+            Some((_, end, tail)) => (*end, tail.as_slice(), false),
+            None => (seg.flushed_end, seg.tail.as_slice(), !seg.created),
+        };
+        let mut records = 0;
+        let mut after = first;
+        for p in st.pending[first..end]
+            .iter()
+            .take_while(|p| p.segment == segment)
         {
-            let mut buf = seg.tail.clone();
-            for p in pending.iter().filter(|p| p.segment == seg.first) {
-                buf.extend_from_slice(&p.bytes);
+            if after > first && records + p.bytes.len() > WRITE_BYTES_MAX {
+                break;
             }
-            let start = floor(seg.flushed_end);
-            let new_end = start + buf.len() as u64;
-            buf.resize(usize::try_from(ceil(new_end) - start).unwrap_or(0), 0);
-            plan.push((seg.name.clone(), !seg.created, start, buf, new_end));
+            records += p.bytes.len();
+            after += 1;
         }
-        Ok((pending_count, callbacks, plan))
+        let mut buf = Vec::with_capacity(tail.len() + records + BLOCK as usize);
+        buf.extend_from_slice(tail);
+        for p in &st.pending[first..after] {
+            buf.extend_from_slice(&p.bytes);
+        }
+        let start = floor(flushed_end);
+        let new_end = start + buf.len() as u64;
+        buf.resize(usize::try_from(ceil(new_end) - start).unwrap_or(0), 0);
+        let piece = Piece {
+            name: seg.name.clone(),
+            create,
+            start,
+            buf,
+            new_end,
+        };
+        (piece, after)
     }
 
     /// After a flush's writes and fsyncs succeeded: the segments' new flushed ends, the

@@ -29,10 +29,17 @@ use futures::channel::oneshot;
 
 use super::core::{Core, Pending};
 
-/// Most messages in one group's entry (a single larger batch goes alone).
-pub(crate) const GROUP_ITEMS_MAX: usize = 16_384;
-/// Most bytes of one group's entry, encoded (a single larger batch goes alone).
-pub(crate) const GROUP_BYTES_MAX: usize = 4 << 20;
+/// Most messages in one group's entry (a single larger batch goes alone): what binds for small
+/// messages (8,192 of 1 byte are ~530 KB).
+pub(crate) const GROUP_ITEMS_MAX: usize = 8_192;
+/// Most bytes of one group's entry, encoded (a single larger batch goes alone). Each entry is
+/// copied whole on the reactors (encoded, appended to the log, read and framed for each
+/// follower, read for the apply). With 4 MiB, a fill made groups of ~3 MB (16,384 messages
+/// of 100 B, the cap then), and each copy held the Raft core's reactor for milliseconds:
+/// 140–227 of its 10 ms ticks ran ≥ 15 ms late per 2 M messages, at most 53 ms; with 1 MiB
+/// 40–127, at most 31 ms, at the same fill rate (docs/benchmarks.md). 1 MiB is still ~5,000
+/// such messages per entry.
+pub(crate) const GROUP_BYTES_MAX: usize = 1 << 20;
 const _: () = assert!(GROUP_BYTES_MAX <= futureq_core::command::ENTRY_BYTES_MAX);
 /// Groups proposed and not yet applied at once. 8 measured 1.26× at QUORUM 1/request
 /// (`ab --cluster`, 178 → 140 µs CPU per message) but, with batches of 100, held more in
