@@ -25,7 +25,8 @@
 //! `pending_msgs`, `fill_msgs_per_s` and `restart_ms` (pending), `cpu_us_per_msg` and
 //! `sleeps_per_msg` (futureq publish, closed and open loop: the server's CPU time and thread
 //! sleeps per acked message, all nodes of a cluster; the peers' CPU time), `term_changes`
-//! (futureq cluster publish: elections during the series, 0 without a fault), `early` (lateness: messages
+//! and `leader_changes` (futureq cluster publish, and pending with its fill: elections, and
+//! leadership gained or lost on any node, 0 without a fault), `early` (lateness: messages
 //! delivered before their due time, not in the percentiles), `repetitions` (failover: the
 //! failovers timed; the percentiles are over them, µs), `node_rss_before_mb` (the largest
 //! RSS of a node when the cluster pending scenario starts), `node_rss_max_mb`, `join_ms` and
@@ -42,7 +43,7 @@ use serde::Serialize;
 
 use crate::load::{drain, lateness_run, publish_open, publish_run, Ack, PublishParams};
 use crate::openloop::Schedule;
-use crate::procs::{standalone, Broker, Cluster, PeerProcess, RssPeaks};
+use crate::procs::{standalone, Broker, Cluster, Leadership, PeerProcess, RssPeaks};
 use crate::row::{Costs, Key, Run};
 use crate::stats::PublishOut;
 
@@ -194,7 +195,7 @@ fn cpu_per_msg(before: Option<f64>, after: Option<f64>, acked: u64) -> Option<f6
 struct Usage {
     cpu_s: Option<f64>,
     sleeps: Option<u64>,
-    term: Option<u64>,
+    leadership: Option<Leadership>,
 }
 
 impl Usage {
@@ -208,7 +209,7 @@ impl Usage {
                 .zip(after.sleeps)
                 .filter(|_| acked > 0)
                 .map(|(b, a)| a.saturating_sub(b) as f64 / acked as f64),
-            term_changes: self.term.zip(after.term).map(|(b, a)| a.saturating_sub(b)),
+            ..Costs::moves(self.leadership, after.leadership)
         }
     }
 }
@@ -241,12 +242,12 @@ impl Target<'_> {
             Target::One(b) => Usage {
                 cpu_s: self.cpu_seconds(),
                 sleeps: b.sleeps(),
-                term: None,
+                leadership: None,
             },
             Target::Three(c) => Usage {
                 cpu_s: self.cpu_seconds(),
                 sleeps: c.sleeps(),
-                term: c.term().await,
+                leadership: c.leadership().await,
             },
         }
     }
@@ -434,14 +435,18 @@ impl Compare {
             .filter_map(Broker::rss_mb)
             .reduce(f64::max);
         let peaks = RssPeaks::start(cluster.nodes.iter().map(Broker::pid).collect());
-        // Filled on the leader; a fill that fails because leadership moved (an election on
-        // the loaded machine) runs again on the new leader (the backlog is then larger).
+        let leadership = cluster.leadership().await;
+        // Filled on the leader; a fill that fails because leadership moved runs again on the
+        // new leader (the backlog is then larger), and the run fails (`elections`).
         let fill = Target::Three(cluster)
             .on_leader(|addr| async move { crate::load::fill(&addr, n).await })
             .await?;
-        let (o, costs) = Target::Three(cluster)
+        let (o, mut costs) = Target::Three(cluster)
             .publish(&self.plan.publish(100, Ack::Quorum, 3_600_000))
             .await?;
+        // Leadership over the fill and the series.
+        let whole = Costs::moves(leadership, cluster.leadership().await);
+        (costs.term_changes, costs.leader_changes) = (whole.term_changes, whole.leader_changes);
         let node_peaks = peaks.stop();
         self.step("futureq cluster3: a fresh node joins and catches up".into());
         let t0 = Instant::now();
@@ -771,7 +776,11 @@ fn table(runs: &[Run]) -> String {
             r.rss_mb.map_or("-".into(), |m| format!("{m:.0}")),
             r.cpu_us_per_msg.map_or("-".into(), |c| format!("{c:.1}")),
             r.sleeps_per_msg.map_or("-".into(), |c| format!("{c:.2}")),
-            r.term_changes.map_or("-".into(), |c| c.to_string()),
+            match (r.term_changes, r.leader_changes) {
+                (Some(t), Some(c)) if c > 2 * t => format!("{t} ({c} leader changes)"),
+                (Some(t), _) => t.to_string(),
+                _ => "-".into(),
+            },
         ));
     }
     t
@@ -887,26 +896,29 @@ fn ratios(runs: &[Run], batch: usize) -> String {
     t
 }
 
-/// No leader change without a fault: a cluster publish series whose Raft term grew (an
-/// election on an overloaded cluster), or whose term could not be read, fails the run.
+/// No leader change without a fault: a cluster publish or pending series whose Raft term grew
+/// (an election on an overloaded cluster), in which a node gained or lost leadership (a lease
+/// that ran out), or whose leadership could not be read, fails the run.
 fn elections(runs: &[Run]) -> Option<anyhow::Error> {
     let moved: Vec<String> = runs
         .iter()
         .filter(|r| {
-            r.scenario == "publish" && r.mode == "cluster3" && r.term_changes.is_none_or(|t| t > 0)
+            matches!(r.scenario, "publish" | "pending")
+                && r.mode == "cluster3"
+                && (r.term_changes.is_none_or(|t| t > 0) || r.leader_changes.is_none_or(|c| c > 0))
         })
         .map(|r| {
             let load = r.offered_msgs_per_s.map_or_else(
                 || "closed loop".to_owned(),
                 |o| format!("open loop {o:.0}/s"),
             );
-            let terms = r.term_changes.map_or_else(
-                || "term unknown (a node's metrics did not answer)".to_owned(),
-                |t| format!("term +{t}"),
-            );
+            let moves = match (r.term_changes, r.leader_changes) {
+                (Some(t), Some(c)) => format!("term +{t}, leader changes +{c}"),
+                _ => "leadership unknown (a node's metrics did not answer)".to_owned(),
+            };
             format!(
-                "{} {} {}/request {load}: {terms}",
-                r.mode, r.ack_level, r.batch
+                "{} {} {} {}/request {load}: {moves}",
+                r.mode, r.ack_level, r.scenario, r.batch
             )
         })
         .collect();
@@ -1093,6 +1105,7 @@ mod tests {
         let series = |terms: Option<u64>, offered: Option<f64>| {
             let mut r = run(("futureq", "cluster3", "quorum", "publish", 1), 1.0, 1);
             r.term_changes = terms;
+            r.leader_changes = terms.map(|t| 2 * t);
             r.offered_msgs_per_s = offered;
             r
         };
@@ -1102,10 +1115,24 @@ mod tests {
         standalone.mode = "standalone";
         assert!(elections(&[standalone]).is_none());
         let unknown = elections(&[series(None, None)]).expect("a failure");
-        assert!(unknown.to_string().contains("term unknown"), "{unknown}");
+        assert!(
+            unknown.to_string().contains("leadership unknown"),
+            "{unknown}"
+        );
         let moved = vec![series(Some(0), None), series(Some(2), Some(20_000.0))];
         let e = elections(&moved).expect("a failure").to_string();
-        assert!(e.contains("open loop 20000/s: term +2"), "{e}");
+        assert!(
+            e.contains("publish 1/request open loop 20000/s: term +2, leader changes +4"),
+            "{e}"
+        );
+        // A lease that ran out: no new term, the same leader again.
+        let mut lease = series(Some(0), None);
+        lease.leader_changes = Some(2);
+        assert!(elections(&[lease]).is_some());
+        // The pending scenario (its fill) counts as well.
+        let mut pending = series(Some(1), None);
+        pending.scenario = "pending";
+        assert!(elections(&[pending]).is_some());
     }
 
     #[test]

@@ -290,6 +290,16 @@ pub(crate) async fn standalone(bin: &Path, dir: &Path) -> anyhow::Result<Broker>
 
 /// Three futureq nodes on 127.0.0.1–3 (one executor each; the three nodes and the load
 /// generator share this machine's CPUs).
+/// What a cluster's metrics say of its leadership.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Leadership {
+    /// The highest Raft term of the nodes.
+    pub(crate) term: u64,
+    /// Times nodes gained or lost leadership, summed (an election is two: one lost, one
+    /// gained; so is a leader whose lease ran out and that leads again in the same term).
+    pub(crate) changes: u64,
+}
+
 pub(crate) struct Cluster {
     pub(crate) nodes: Vec<Broker>,
     /// The Raft port every node listens on (at 127.0.0.1, .2, .3).
@@ -459,24 +469,30 @@ impl Cluster {
         self.nodes.iter().map(Broker::sleeps).sum()
     }
 
-    /// The highest Raft term the nodes report (`futureq_raft_term`): it grows by one or more
-    /// at every election. `None` when a node's metrics page cannot be read within 5 s.
-    pub(crate) async fn term(&self) -> Option<u64> {
-        let mut term = None;
+    /// The highest Raft term the nodes report (`futureq_raft_term`: it grows at every
+    /// election) and their leadership changes (`futureq_raft_leader_changes_total`). `None`
+    /// when a node's metrics page cannot be read within 5 s.
+    pub(crate) async fn leadership(&self) -> Option<Leadership> {
+        let mut l = Leadership::default();
         for n in &self.nodes {
             let page = tokio::time::timeout(Duration::from_secs(5), n.metrics())
                 .await
                 .ok()?
                 .ok()?;
-            let t = page
-                .lines()
-                .find_map(|l| l.strip_prefix("futureq_raft_term "))
-                .and_then(|v| v.trim().parse::<f64>().ok())?;
+            let value = |name: &str| {
+                page.lines()
+                    .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+            };
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            let t = t as u64;
-            term = Some(term.map_or(t, |m: u64| m.max(t)));
+            let (term, changes) = (
+                value("futureq_raft_term")? as u64,
+                value("futureq_raft_leader_changes_total")? as u64,
+            );
+            l.term = l.term.max(term);
+            l.changes += changes;
         }
-        term
+        Some(l)
     }
 
     /// Resident memory of all three processes, MiB.

@@ -23,6 +23,24 @@ pub(crate) struct Costs {
     /// How much the Raft term grew (elections) during the series: 0 unless a fault or an
     /// overload moved leadership (cluster only).
     pub(crate) term_changes: Option<u64>,
+    /// Leadership gained or lost on any node during the series (also a leader whose lease
+    /// ran out and that led again in the same term): 0 with no fault (cluster only).
+    pub(crate) leader_changes: Option<u64>,
+}
+
+impl Costs {
+    /// Only the leadership moves between two readings (`None` if either is missing).
+    pub(crate) fn moves(
+        before: Option<crate::procs::Leadership>,
+        after: Option<crate::procs::Leadership>,
+    ) -> Costs {
+        let both = before.zip(after);
+        Costs {
+            term_changes: both.map(|(b, a)| a.term.saturating_sub(b.term)),
+            leader_changes: both.map(|(b, a)| a.changes.saturating_sub(b.changes)),
+            ..Costs::default()
+        }
+    }
 }
 
 /// One measured run (one row of the table, one element of `runs`).
@@ -62,6 +80,9 @@ pub(crate) struct Run {
     /// Cluster publish series: elections during the series (Raft term growth); no fault is
     /// injected, so anything above 0 is a defect.
     pub(crate) term_changes: Option<u64>,
+    /// Cluster publish and pending series: leadership gained or lost on any node (a lease
+    /// that ran out counts, with no new term); anything above 0 is a defect.
+    pub(crate) leader_changes: Option<u64>,
     /// Cluster pending: the largest RSS of one node when it starts (after the publish and
     /// failover series on the same cluster), MiB: tells what the fill added.
     pub(crate) node_rss_before_mb: Option<f64>,
@@ -122,6 +143,7 @@ impl Run {
             cpu_us_per_msg: None,
             sleeps_per_msg: None,
             term_changes: None,
+            leader_changes: None,
             node_rss_before_mb: None,
             node_rss_max_mb: None,
             join_ms: None,
@@ -139,6 +161,7 @@ impl Run {
         self.cpu_us_per_msg = c.cpu_us;
         self.sleeps_per_msg = c.sleeps;
         self.term_changes = c.term_changes;
+        self.leader_changes = c.leader_changes;
         self
     }
 
