@@ -288,8 +288,6 @@ pub(crate) async fn standalone(bin: &Path, dir: &Path) -> anyhow::Result<Broker>
     .await
 }
 
-/// Three futureq nodes on 127.0.0.1–3 (one executor each; the three nodes and the load
-/// generator share this machine's CPUs).
 /// What a cluster's metrics say of its leadership.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Leadership {
@@ -300,6 +298,8 @@ pub(crate) struct Leadership {
     pub(crate) changes: u64,
 }
 
+/// Three futureq nodes on 127.0.0.1–3 (one executor each; the three nodes and the load
+/// generator share this machine's CPUs).
 pub(crate) struct Cluster {
     pub(crate) nodes: Vec<Broker>,
     /// The Raft port every node listens on (at 127.0.0.1, .2, .3).

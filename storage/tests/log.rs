@@ -1203,27 +1203,53 @@ fn truncate_reports_no_entry_it_cuts_as_persisted() {
 /// Issue 29 (an election with no fault): a flush copied every pending record into one buffer
 /// on the reactor. On a leader that fell behind its disk, 18 entries of 3 MB (53 MB) took
 /// 175 ms to copy, heartbeats stopped for 231 ms and the followers elected another leader.
-/// A flush now writes in pieces of at most `WRITE_BYTES_MAX` record bytes (a larger record
-/// goes alone), each copied right before its write, and still syncs once; the pieces cross
-/// segment rolls, and what they wrote reads back and survives a crash.
+/// A flush now writes each segment's bytes in block-aligned pieces of at most
+/// `WRITE_BYTES_MAX` that do not overlap (as few as the bytes need, whatever the record
+/// sizes: a record larger than a piece spans several), and still syncs each touched segment
+/// once; what they wrote reads back and survives a crash.
 #[test]
 fn a_flush_writes_in_bounded_pieces_and_syncs_once() {
     use futureq_storage::log::format::BLOCK;
     use futureq_storage::log::segmented::WRITE_BYTES_MAX;
-    let record = |i: u64| -> Vec<u8> {
-        let len = WRITE_BYTES_MAX * 7 / 10 + usize::try_from(i).unwrap() * 1000;
-        (0..len).map(|j| (i as usize + j) as u8).collect()
+    let record =
+        |len: usize, i: u64| -> Vec<u8> { (0..len).map(|j| (i as usize + j) as u8).collect() };
+    let large = |i: u64| {
+        record(
+            WRITE_BYTES_MAX * 7 / 10 + usize::try_from(i).unwrap() * 1000,
+            i,
+        )
     };
-    for segment_bytes in [64 << 20, 4 << 20] {
+    let cases: [(u64, Vec<Vec<u8>>); 3] = [
+        // Large records, and one over the piece size, in one segment and across rolls.
+        (
+            64 << 20,
+            (1..=12)
+                .map(large)
+                .chain([record(WRITE_BYTES_MAX * 3 / 2, 13)])
+                .collect(),
+        ),
+        (
+            4 << 20,
+            (1..=12)
+                .map(large)
+                .chain([record(WRITE_BYTES_MAX * 3 / 2, 13)])
+                .collect(),
+        ),
+        // Many small records: pieces hold many of them.
+        (
+            64 << 20,
+            (1..=3_000)
+                .map(|i| record(1_000 + usize::try_from(i % 7).unwrap(), i))
+                .collect(),
+        ),
+    ];
+    for (segment_bytes, appended) in cases {
         let io = MemLogIo::new();
         let cfg = LogConfig {
             segment_bytes,
             cache_bytes: 0,
         };
         let log = block_on(Log::open(io.clone(), cfg, Box::new(|_| {}))).unwrap();
-        let mut big = record(13);
-        big.resize(WRITE_BYTES_MAX * 3 / 2, 7);
-        let appended: Vec<Vec<u8>> = (1..=12).map(record).chain([big]).collect();
         for (i, r) in (1u64..).zip(&appended) {
             log.append(
                 vec![(Term(1), LogIndex(i), r.clone())],
@@ -1233,31 +1259,47 @@ fn a_flush_writes_in_bounded_pieces_and_syncs_once() {
         }
         block_on(log.flush()).unwrap();
         let events = io.events();
-        let written: Vec<(&str, usize)> = events
+        // (segment, offset, length) of each write to a segment.
+        let written: Vec<(&str, u64, u64)> = events
             .iter()
             .filter_map(|e| {
                 let (at, len) = e.strip_prefix("write ")?.rsplit_once('+')?;
-                let name = at.split_once('@')?.0;
-                name.ends_with(".log").then_some((name, len.parse().ok()?))
+                let (name, offset) = at.split_once('@')?;
+                name.ends_with(".log")
+                    .then_some((name, offset.parse().ok()?, len.parse().ok()?))
             })
             .collect();
-        let writes: Vec<usize> = written.iter().map(|w| w.1).collect();
         let segments: std::collections::BTreeSet<&str> = written.iter().map(|w| w.0).collect();
-        let piece_max = WRITE_BYTES_MAX * 3 / 2 + 3 * usize::try_from(BLOCK).unwrap();
-        assert!(writes.len() > 8, "in pieces: {writes:?}");
-        assert!(writes.iter().all(|&w| w <= piece_max), "{writes:?}");
-        let small = WRITE_BYTES_MAX + 3 * usize::try_from(BLOCK).unwrap();
-        assert_eq!(
-            writes.iter().filter(|&&w| w > small).count(),
-            1,
-            "only the record over the bound goes over it: {writes:?}"
-        );
         assert_eq!(segments.len() > 1, segment_bytes == 4 << 20, "{segments:?}");
-        let synced: Vec<&String> = events
+        for seg in &segments {
+            let pieces: Vec<(u64, u64)> = written
+                .iter()
+                .filter(|w| w.0 == *seg)
+                .map(|w| (w.1, w.2))
+                .collect();
+            let total: u64 = pieces.iter().map(|p| p.1).sum();
+            assert!(
+                pieces
+                    .iter()
+                    .all(|p| p.1 <= WRITE_BYTES_MAX as u64 && p.0 % BLOCK == 0),
+                "{seg}: {pieces:?}"
+            );
+            assert!(
+                pieces.windows(2).all(|w| w[1].0 == w[0].0 + w[0].1),
+                "{seg}: contiguous, not overlapping: {pieces:?}"
+            );
+            assert_eq!(
+                pieces.len() as u64,
+                total.div_ceil(WRITE_BYTES_MAX as u64),
+                "{seg}: as few pieces as the bytes need: {pieces:?}"
+            );
+        }
+        assert!(written.len() > 2, "in pieces: {written:?}");
+        let synced = events
             .iter()
             .filter(|e| e.starts_with("sync ") && e.ends_with(".log"))
-            .collect();
-        assert_eq!(synced.len(), segments.len(), "one sync per touched segment");
+            .count();
+        assert_eq!(synced, segments.len(), "one sync per touched segment");
         for l in [
             log,
             block_on(Log::open(io.crash(), cfg, Box::new(|_| {}))).unwrap(),

@@ -60,8 +60,9 @@ pub const IO_MEMORY_PER_EXECUTOR: usize = 512 << 10;
 /// end: during a 1 M-message fill of a 3-node cluster, ticks of the Raft queue ran up to
 /// 82/59 ms late with 100 ms, 37/28 ms with 10 (two runs each), and publish throughput did
 /// not move (`ab`, 3 rounds: cluster 1.09× / 1.05×, ranges overlapping; docs/benchmarks.md).
-/// A round that glommio parks although tasks are runnable (see [`keep_awake`]) ends within
-/// [`KEEP_AWAKE_PERIOD`], or at the next completion or timer.
+/// A shorter period makes more likely the stall [`keep_awake`] works around (a round whose
+/// preemption timer fired before it ran anything, parked with tasks runnable); such a round
+/// ends within [`KEEP_AWAKE_PERIOD`], or at the next completion or timer.
 pub const PREEMPT_PERIOD: std::time::Duration = std::time::Duration::from_millis(10);
 /// Threads per executor for blocking work (not pinned: they may run on any CPU).
 pub const BLOCKING_THREADS: usize = 2;
@@ -81,8 +82,9 @@ pub const BLOCKING_THREADS: usize = 2;
 ///   executor's default queue, with the Raft groups' shares.
 ///
 /// The queues' latency is left `NotImportant`: glommio 0.9 chooses the ring of an I/O by its
-/// kind, not by its queue. How long one queue runs while another waits is bounded for all of
-/// them by [`PREEMPT_PERIOD`].
+/// kind, not by its queue. glommio switches queues only between tasks: a queue whose tasks
+/// keep yielding runs about [`PREEMPT_PERIOD`] while another waits, and a task that runs long
+/// without yielding holds every queue (the log writes its flushes in pieces for that reason).
 #[derive(Debug, Clone, Copy)]
 pub enum Queue {
     /// The Raft groups.

@@ -4,6 +4,8 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 
+use futures::StreamExt as _;
+
 use super::error::LogError;
 use super::format::{decode, encode, Decoded, LogIndex, Record, Term, BLOCK, HEADER_LEN};
 use super::io::LogIo;
@@ -37,24 +39,28 @@ const _: () = assert!(
 /// A sensible [`LogConfig::cache_bytes`]: enough for the entries in flight at full load.
 pub const DEFAULT_CACHE_BYTES: usize = 64 << 20;
 
-/// Most record bytes one write of a flush copies and writes (a larger record goes alone). A
-/// flush copies its records into a block-aligned buffer on the reactor: at 53 MB in one
-/// buffer (a leader behind its disk), the copy held the reactor for 175 ms and the followers
-/// elected another leader (issue 29). In pieces, the reactor runs between them.
+/// Most bytes of one write of a flush (a multiple of [`BLOCK`]). A flush copies its records
+/// into block-aligned buffers on the reactor: at 53 MB in one buffer (a leader behind its
+/// disk), the copy held the reactor for 175 ms and the followers elected another leader
+/// (issue 29). In pieces, the reactor runs between them.
 pub const WRITE_BYTES_MAX: usize = 1 << 20;
+const _: () = assert!((WRITE_BYTES_MAX as u64).is_multiple_of(BLOCK));
 
-/// One write of a flush.
-struct Piece {
-    /// The segment's file.
+/// Writes of one flush in flight at once: pieces of at most [`WRITE_BYTES_MAX`], block-aligned
+/// and not overlapping, so they may complete (and reach the disk) in any order; nothing is
+/// reported durable before all are written and synced.
+pub const WRITES_IN_FLIGHT: usize = 4;
+
+/// What one flush writes to one segment, from `start` (block-aligned): `head` (the segment's
+/// last partial block, rewritten), then the records `pending[records]`, `len` bytes in all,
+/// then zeros to the next block.
+struct SegmentWrite {
     name: String,
-    /// Whether the file is created first.
     create: bool,
-    /// The write's offset (block-aligned).
     start: u64,
-    /// The bytes written: the segment's last partial block, the records, zero padding.
-    buf: Vec<u8>,
-    /// The segment's flushed end once written.
-    new_end: u64,
+    head: Vec<u8>,
+    records: std::ops::Range<usize>,
+    len: u64,
 }
 
 /// Sees each entry's payload once its flush made it durable (the leader-persist hook).
@@ -675,8 +681,12 @@ impl<I: LogIo> Log<I> {
         WriteGuard(self)
     }
 
-    /// Writes everything pending, piece by piece ([`WRITE_BYTES_MAX`]), then syncs each
-    /// touched segment once; the persist hook sees the entries below `hook_below`.
+    /// Writes everything pending, then syncs each touched segment once; the persist hook sees
+    /// the entries below `hook_below`. Each segment's bytes (its last partial block, the
+    /// records, zero padding) go in block-aligned pieces of at most [`WRITE_BYTES_MAX`] that
+    /// do not overlap, up to [`WRITES_IN_FLIGHT`] at once: each piece is copied right before
+    /// its write, so the reactor runs between copies, and a backlog costs about one durable
+    /// write of its size, not one per piece.
     async fn flush_once(&self, hook_below: u64) -> Result<(), LogError> {
         let (pending_count, callbacks) = {
             let mut st = self.st.borrow_mut();
@@ -688,45 +698,65 @@ impl<I: LogIo> Log<I> {
         let mut result = Ok(());
         // Per written segment: (name, new flushed end, its last partial block).
         let mut written: Vec<(String, u64, Vec<u8>)> = Vec::new();
+        let mut in_flight = futures::stream::FuturesUnordered::new();
         let mut next = 0;
-        while next < pending_count {
-            // Appends only push behind `pending_count`, and nothing else changes `pending`
-            // while this flush holds the write side: the records planned stay as they are.
-            let (piece, after) = self.next_piece(next, pending_count, &written);
-            next = after;
-            let Piece {
-                name,
-                create,
-                start,
-                buf,
-                new_end,
-            } = piece;
-            if create {
-                if let Err(e) = self.io.open(&name, self.cfg.segment_bytes).await {
+        'segments: while next < pending_count {
+            // Appends only push behind `pending_count`, and nothing else changes `pending` or
+            // a segment's flushed state while this flush holds the write side.
+            let seg = self.segment_write(next, pending_count);
+            next = seg.records.end;
+            if seg.create {
+                if let Err(e) = self.io.open(&seg.name, self.cfg.segment_bytes).await {
                     if e.kind() == std::io::ErrorKind::StorageFull {
                         // Nothing was reported durable: the entries and their callbacks wait
                         // for the next flush, which writes the same bytes at the same
                         // offsets (what this one wrote before is written again).
+                        while in_flight.next().await.is_some() {}
                         let mut st = self.st.borrow_mut();
                         let later = std::mem::replace(&mut st.callbacks, callbacks);
                         st.callbacks.extend(later);
-                        return Err(LogError::NoSpace { segment: name });
+                        return Err(LogError::NoSpace { segment: seg.name });
                     }
                     result = Err(e);
                     break;
                 }
             }
-            // The buffer goes to the write; only its last partial block stays (the next
-            // piece, or the next flush, rewrites that block).
-            let from = usize::try_from(floor(new_end) - start).unwrap_or(0);
-            let tail = buf[from..usize::try_from(new_end - start).unwrap_or(0)].to_vec();
-            if let Err(e) = self.io.write_at(&name, start, buf).await {
-                result = Err(e);
-                break;
+            let padded = ceil(seg.start + seg.len) - seg.start;
+            let mut at = 0;
+            while at < padded {
+                let n = (padded - at).min(WRITE_BYTES_MAX as u64);
+                let buf = self.copy_out(&seg, at, n);
+                let (name, offset) = (seg.name.clone(), seg.start + at);
+                in_flight.push(async move { self.io.write_at(&name, offset, buf).await });
+                at += n;
+                // Submits the write now (and takes those done); waits while the most are
+                // in flight.
+                loop {
+                    let done = if in_flight.len() >= WRITES_IN_FLIGHT {
+                        in_flight.next().await
+                    } else {
+                        match futures::poll!(in_flight.next()) {
+                            std::task::Poll::Ready(done) => done,
+                            std::task::Poll::Pending => break,
+                        }
+                    };
+                    match done {
+                        Some(Ok(())) => {}
+                        Some(Err(e)) => {
+                            result = Err(e);
+                            break 'segments;
+                        }
+                        None => break,
+                    }
+                }
             }
-            match written.iter_mut().find(|w| w.0 == name) {
-                Some(w) => (w.1, w.2) = (new_end, tail),
-                None => written.push((name, new_end, tail)),
+            let from = floor(seg.start + seg.len) - seg.start;
+            let tail = self.copy_out(&seg, from, seg.len - from);
+            written.push((seg.name, seg.start + seg.len, tail));
+        }
+        while let Some(done) = in_flight.next().await {
+            if let (Err(e), Ok(())) = (done, &result) {
+                result = Err(e);
             }
         }
         if result.is_ok() {
@@ -750,17 +780,10 @@ impl<I: LogIo> Log<I> {
         Ok(())
     }
 
-    /// The next write of a flush: the pending records from `first` (below `end`) of one
-    /// segment, at most [`WRITE_BYTES_MAX`] of record bytes (the first record goes whatever
-    /// its size), behind that segment's last partial block as this flush left it (`written`)
-    /// or as the last flush did, padded to whole blocks. Returns the piece and the index in
-    /// `pending` after its last record.
-    fn next_piece(
-        &self,
-        first: usize,
-        end: usize,
-        written: &[(String, u64, Vec<u8>)],
-    ) -> (Piece, usize) {
+    /// What a flush writes to the segment of the pending record at `first`: that record and
+    /// those after it in the same segment (below `end`), behind the segment's last partial
+    /// block.
+    fn segment_write(&self, first: usize, end: usize) -> SegmentWrite {
         let st = self.st.borrow();
         let segment = st.pending[first].segment;
         let seg = st
@@ -768,38 +791,52 @@ impl<I: LogIo> Log<I> {
             .iter()
             .find(|s| s.first == segment)
             .expect("a pending record's segment is in the log");
-        let (flushed_end, tail, create) = match written.iter().find(|w| w.0 == seg.name) {
-            Some((_, end, tail)) => (*end, tail.as_slice(), false),
-            None => (seg.flushed_end, seg.tail.as_slice(), !seg.created),
-        };
-        let mut records = 0;
-        let mut after = first;
-        for p in st.pending[first..end]
+        let records = st.pending[first..end]
             .iter()
             .take_while(|p| p.segment == segment)
-        {
-            if after > first && records + p.bytes.len() > WRITE_BYTES_MAX {
+            .count();
+        let bytes: usize = st.pending[first..first + records]
+            .iter()
+            .map(|p| p.bytes.len())
+            .sum();
+        SegmentWrite {
+            name: seg.name.clone(),
+            create: !seg.created,
+            start: floor(seg.flushed_end),
+            head: seg.tail.clone(),
+            records: first..first + records,
+            len: (seg.tail.len() + bytes) as u64,
+        }
+    }
+
+    /// Bytes `[at, at + n)` of what `seg` writes: its head, then its records, then zeros.
+    fn copy_out(&self, seg: &SegmentWrite, at: u64, n: u64) -> Vec<u8> {
+        let st = self.st.borrow();
+        let (at, n) = (
+            usize::try_from(at).unwrap_or(usize::MAX),
+            usize::try_from(n).unwrap_or(0),
+        );
+        let mut buf = Vec::with_capacity(n);
+        let parts = std::iter::once(seg.head.as_slice()).chain(
+            st.pending[seg.records.clone()]
+                .iter()
+                .map(|p| p.bytes.as_slice()),
+        );
+        let mut part_start = 0;
+        for part in parts {
+            let part_end = part_start + part.len();
+            if part_end > at && buf.len() < n {
+                let from = at.max(part_start) - part_start;
+                let to = part.len().min(from + n - buf.len());
+                buf.extend_from_slice(&part[from..to]);
+            }
+            part_start = part_end;
+            if buf.len() == n {
                 break;
             }
-            records += p.bytes.len();
-            after += 1;
         }
-        let mut buf = Vec::with_capacity(tail.len() + records + BLOCK as usize);
-        buf.extend_from_slice(tail);
-        for p in &st.pending[first..after] {
-            buf.extend_from_slice(&p.bytes);
-        }
-        let start = floor(flushed_end);
-        let new_end = start + buf.len() as u64;
-        buf.resize(usize::try_from(ceil(new_end) - start).unwrap_or(0), 0);
-        let piece = Piece {
-            name: seg.name.clone(),
-            create,
-            start,
-            buf,
-            new_end,
-        };
-        (piece, after)
+        buf.resize(n, 0);
+        buf
     }
 
     /// After a flush's writes and fsyncs succeeded: the segments' new flushed ends, the
