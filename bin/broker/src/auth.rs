@@ -373,6 +373,19 @@ impl Access {
         }
     }
 
+    /// Whether the dead letters of a message published to `topic` may go to their topic
+    /// (`named`, or the default `<topic>.dlq`), checked as [`Access::publish`]; the name is
+    /// built only when a principal's rules must see it (this runs for every message).
+    ///
+    /// # Errors
+    /// PERMISSION_DENIED naming the dead-letter topic.
+    pub fn publish_dead_letters(&self, topic: &str, named: &str) -> Result<(), Refusal> {
+        match self {
+            Access::As(_) => self.publish(&futureq_core::message::dead_letter_topic(topic, named)),
+            _ => Ok(()),
+        }
+    }
+
     /// Whether `topic` may be consumed from or peeked at.
     ///
     /// # Errors

@@ -141,10 +141,7 @@ fn check_message(
     access.publish(&m.topic).map_err(denied)?;
     // Its dead letters are published to their topic in the publisher's name.
     access
-        .publish(&futureq_core::message::dead_letter_topic(
-            &m.topic,
-            &m.dead_letter_topic,
-        ))
+        .publish_dead_letters(&m.topic, &m.dead_letter_topic)
         .map_err(denied)?;
     let dead_letters = m.max_attempts > 0 || s.max_attempts > 0;
     let dlq = futureq_core::message::dead_letter_topic_len(&m.topic, &m.dead_letter_topic);
@@ -213,25 +210,40 @@ fn store_item(
 }
 
 /// The encoded size of the largest `QueueMessage` that delivers `m` (every field at its
-/// widest: a 24-byte tag, the largest attempt counter).
+/// widest: a 24-byte tag, the largest attempt counter), counted field by field as prost
+/// encodes them (a field at its default value is left out), without building the message:
+/// this runs for every published message.
 fn delivery_len(m: &pb::PublishMessage, enqueued_at_ms: i64) -> usize {
-    use prost::Message as _;
+    use prost::encoding::{encoded_len_varint, key_len};
+    let bytes = |tag, len: usize| {
+        if len == 0 {
+            0
+        } else {
+            key_len(tag) + encoded_len_varint(len as u64) + len
+        }
+    };
+    #[allow(clippy::cast_sign_loss)] // prost encodes an int64 as its two's complement u64
+    let int64 = |tag, v: i64| {
+        if v == 0 {
+            0
+        } else {
+            key_len(tag) + encoded_len_varint(v as u64)
+        }
+    };
     // Delivered on its own topic, or as a dead-lettered copy on a topic of up to
     // TOPIC_LEN_MAX bytes.
     let dlq = futureq_core::message::dead_letter_topic_len(&m.topic, &m.dead_letter_topic);
     let topic_len = m.topic.len().max(dlq.min(TOPIC_LEN_MAX));
-    pb::QueueMessage {
-        topic: "t".repeat(topic_len),
-        payload: m.payload.clone(),
-        delivery_tag: Bytes::from_static(&[0xff; futureq_core::KEY_LEN]),
-        enqueued_at_unix_ms: enqueued_at_ms,
-        delay_ms: m.delay_ms,
-        attempt: u32::MAX,
+    bytes(1, topic_len)
+        + bytes(2, m.payload.len())
+        + bytes(3, futureq_core::KEY_LEN)
+        + int64(4, enqueued_at_ms)
+        + int64(5, m.delay_ms)
+        + key_len(6)
+        + encoded_len_varint(u64::from(u32::MAX))
         // As a dead-lettered copy (the longest group name a consumer may give).
-        origin_topic: m.topic.clone(),
-        origin_group: "g".repeat(TOPIC_LEN_MAX),
-    }
-    .encoded_len()
+        + bytes(7, m.topic.len())
+        + bytes(8, TOPIC_LEN_MAX)
 }
 
 /// How a batch ended, before it becomes an ack.
@@ -732,6 +744,57 @@ impl PublishStream<'_> {
     fn refuse_waiting(&mut self, refusal: Refusal) {
         if let Some((b, _, _)) = self.admitting.take() {
             refuse(&b, refusal, (&mut self.durable, &mut self.no_ack));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message as _;
+
+    /// The message [`delivery_len`] counts, built (what it did before, on every message).
+    fn widest_delivery(m: &pb::PublishMessage, enqueued_at_ms: i64) -> pb::QueueMessage {
+        let dlq = futureq_core::message::dead_letter_topic_len(&m.topic, &m.dead_letter_topic);
+        pb::QueueMessage {
+            topic: "t".repeat(m.topic.len().max(dlq.min(TOPIC_LEN_MAX))),
+            payload: m.payload.clone(),
+            delivery_tag: Bytes::from_static(&[0xff; futureq_core::KEY_LEN]),
+            enqueued_at_unix_ms: enqueued_at_ms,
+            delay_ms: m.delay_ms,
+            attempt: u32::MAX,
+            origin_topic: m.topic.clone(),
+            origin_group: "g".repeat(TOPIC_LEN_MAX),
+        }
+    }
+
+    #[test]
+    fn delivery_len_is_the_encoded_size_of_the_widest_delivery() {
+        for topic_len in [0, 1, 100, TOPIC_LEN_MAX - 4, TOPIC_LEN_MAX] {
+            for dead_letter_topic in ["", "dlq", &"d".repeat(TOPIC_LEN_MAX)] {
+                for payload_len in [0, 1, 127, 128, 16_383, 16_384, 1 << 20] {
+                    for (delay_ms, at) in [
+                        (0, 0),
+                        (1, 1_700_000_000_000),
+                        (-5, -1),
+                        (i64::MAX, i64::MIN),
+                    ] {
+                        let m = pb::PublishMessage {
+                            topic: "x".repeat(topic_len),
+                            payload: vec![7; payload_len].into(),
+                            delay_ms,
+                            dead_letter_topic: dead_letter_topic.to_owned(),
+                            ..pb::PublishMessage::default()
+                        };
+                        assert_eq!(
+                            delivery_len(&m, at),
+                            widest_delivery(&m, at).encoded_len(),
+                            "topic {topic_len} B, dlq {} B, payload {payload_len} B, delay {delay_ms}, at {at}",
+                            dead_letter_topic.len()
+                        );
+                    }
+                }
+            }
         }
     }
 }
