@@ -76,11 +76,31 @@ struct MemInner {
     fail_syncs: bool,
     /// Writes are durable at once (see [`LogIo::durable_writes`]).
     durable_writes: bool,
+    /// Writes complete after yields, the later of each four sooner ([`MemLogIo::delay_writes`]).
+    delayed_writes: bool,
+    writes_started: usize,
+    writes_in_flight: usize,
+    most_writes_in_flight: usize,
 }
 
 /// In-memory files that remember what was synced: [`MemLogIo::crash`] keeps only that.
 #[derive(Clone, Default)]
 pub struct MemLogIo(Rc<RefCell<MemInner>>);
+
+/// Returns once after letting the executor run its other ready tasks.
+pub(crate) async fn yield_once() {
+    let mut yielded = false;
+    futures::future::poll_fn(|cx| {
+        if yielded {
+            std::task::Poll::Ready(())
+        } else {
+            yielded = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+}
 
 fn not_found(name: &str) -> io::Error {
     io::Error::new(io::ErrorKind::NotFound, format!("no file {name}"))
@@ -130,6 +150,50 @@ impl MemLogIo {
     /// write, which then leaves nothing durable.
     pub fn fail_syncs(&self, fail: bool) {
         self.0.borrow_mut().fail_syncs = fail;
+    }
+
+    /// Writes complete only after the writer yields, from one to four times, the later of
+    /// each four issued sooner (out of order), as concurrent writes to a disk may.
+    pub fn delay_writes(&self) {
+        self.0.borrow_mut().delayed_writes = true;
+    }
+
+    /// The most writes that were in flight at once.
+    #[must_use]
+    pub fn most_writes_in_flight(&self) -> usize {
+        self.0.borrow().most_writes_in_flight
+    }
+
+    /// The write of [`LogIo::write_at`], done at once.
+    fn write_now(&self, name: &str, offset: u64, data: Vec<u8>) -> io::Result<()> {
+        if !offset.is_multiple_of(BLOCK) || !(data.len() as u64).is_multiple_of(BLOCK) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "unaligned write",
+            ));
+        }
+        let mut inner = self.0.borrow_mut();
+        if inner.durable_writes && inner.fail_syncs {
+            inner.events.push(format!("write-failed {name}"));
+            return Err(io::Error::other("injected O_DSYNC write failure"));
+        }
+        inner
+            .events
+            .push(format!("write {name}@{offset}+{}", data.len()));
+        let f = inner.files.get_mut(name).ok_or_else(|| not_found(name))?;
+        let start = usize::try_from(offset).map_err(|_| io::Error::other("offset"))?;
+        if f.data.len() < start + data.len() {
+            f.data.resize(start + data.len(), 0);
+        }
+        f.data[start..start + data.len()].copy_from_slice(&data);
+        if inner.durable_writes {
+            let f = inner.files.get_mut(name).ok_or_else(|| not_found(name))?;
+            if f.durable.len() < start + data.len() {
+                f.durable.resize(start + data.len(), 0);
+            }
+            f.durable[start..start + data.len()].copy_from_slice(&data);
+        }
+        Ok(())
     }
 
     /// Successful syncs so far.
@@ -212,34 +276,23 @@ impl LogIo for MemLogIo {
     }
 
     async fn write_at(&self, name: &str, offset: u64, data: Vec<u8>) -> io::Result<()> {
-        if !offset.is_multiple_of(BLOCK) || !(data.len() as u64).is_multiple_of(BLOCK) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "unaligned write",
-            ));
-        }
-        let mut inner = self.0.borrow_mut();
-        if inner.durable_writes && inner.fail_syncs {
-            inner.events.push(format!("write-failed {name}"));
-            return Err(io::Error::other("injected O_DSYNC write failure"));
-        }
-        inner
-            .events
-            .push(format!("write {name}@{offset}+{}", data.len()));
-        let f = inner.files.get_mut(name).ok_or_else(|| not_found(name))?;
-        let start = usize::try_from(offset).map_err(|_| io::Error::other("offset"))?;
-        if f.data.len() < start + data.len() {
-            f.data.resize(start + data.len(), 0);
-        }
-        f.data[start..start + data.len()].copy_from_slice(&data);
-        if inner.durable_writes {
-            let f = inner.files.get_mut(name).ok_or_else(|| not_found(name))?;
-            if f.durable.len() < start + data.len() {
-                f.durable.resize(start + data.len(), 0);
+        let yields = {
+            let mut inner = self.0.borrow_mut();
+            inner.writes_in_flight += 1;
+            inner.most_writes_in_flight = inner.most_writes_in_flight.max(inner.writes_in_flight);
+            inner.writes_started += 1;
+            if inner.delayed_writes {
+                4 - inner.writes_started % 4
+            } else {
+                0
             }
-            f.durable[start..start + data.len()].copy_from_slice(&data);
+        };
+        for _ in 0..yields {
+            yield_once().await;
         }
-        Ok(())
+        let written = self.write_now(name, offset, data);
+        self.0.borrow_mut().writes_in_flight -= 1;
+        written
     }
 
     async fn sync(&self, name: &str) -> io::Result<()> {

@@ -51,6 +51,47 @@ const _: () = assert!((WRITE_BYTES_MAX as u64).is_multiple_of(BLOCK));
 /// reported durable before all are written and synced.
 pub const WRITES_IN_FLIGHT: usize = 4;
 
+/// A write of a flush in flight.
+type Write<'a> = futures::future::LocalBoxFuture<'a, std::io::Result<()>>;
+
+/// The writes of one flush in flight, at most [`WRITES_IN_FLIGHT`], and the first error.
+#[derive(Default)]
+struct Writes<'a> {
+    in_flight: futures::stream::FuturesUnordered<Write<'a>>,
+    failed: Option<std::io::Error>,
+}
+
+impl<'a> Writes<'a> {
+    /// Starts `write` (polled once: its I/O is queued), first waiting while the most are in
+    /// flight, and takes those done; then lets the executor run its other tasks once, so that
+    /// the pieces' copies leave room between them (heartbeats, the Raft core's messages).
+    async fn start(&mut self, write: Write<'a>) {
+        while self.in_flight.len() >= WRITES_IN_FLIGHT {
+            let done = self.in_flight.next().await;
+            self.take(done);
+        }
+        self.in_flight.push(write);
+        while let std::task::Poll::Ready(Some(done)) = futures::poll!(self.in_flight.next()) {
+            self.take(Some(done));
+        }
+        super::io::yield_once().await;
+    }
+
+    fn take(&mut self, done: Option<std::io::Result<()>>) {
+        if let Some(Err(e)) = done {
+            self.failed.get_or_insert(e);
+        }
+    }
+
+    /// Waits for every write in flight; the first error of all.
+    async fn finish(mut self) -> std::io::Result<()> {
+        while let Some(done) = self.in_flight.next().await {
+            self.take(Some(done));
+        }
+        self.failed.map_or(Ok(()), Err)
+    }
+}
+
 /// What one flush writes to one segment, from `start` (block-aligned): `head` (the segment's
 /// last partial block, rewritten), then the records `pending[records]`, `len` bytes in all,
 /// then zeros to the next block.
@@ -684,9 +725,8 @@ impl<I: LogIo> Log<I> {
     /// Writes everything pending, then syncs each touched segment once; the persist hook sees
     /// the entries below `hook_below`. Each segment's bytes (its last partial block, the
     /// records, zero padding) go in block-aligned pieces of at most [`WRITE_BYTES_MAX`] that
-    /// do not overlap, up to [`WRITES_IN_FLIGHT`] at once: each piece is copied right before
-    /// its write, so the reactor runs between copies, and a backlog costs about one durable
-    /// write of its size, not one per piece.
+    /// do not overlap, up to [`WRITES_IN_FLIGHT`] at once ([`Writes`]): a backlog costs about
+    /// one durable write of its size, not one per piece, and never one long copy.
     async fn flush_once(&self, hook_below: u64) -> Result<(), LogError> {
         let (pending_count, callbacks) = {
             let mut st = self.st.borrow_mut();
@@ -695,69 +735,38 @@ impl<I: LogIo> Log<I> {
             }
             (st.pending.len(), std::mem::take(&mut st.callbacks))
         };
-        let mut result = Ok(());
         // Per written segment: (name, new flushed end, its last partial block).
         let mut written: Vec<(String, u64, Vec<u8>)> = Vec::new();
-        let mut in_flight = futures::stream::FuturesUnordered::new();
+        let mut writes = Writes::default();
+        let mut not_opened = None;
         let mut next = 0;
-        'segments: while next < pending_count {
+        while next < pending_count && writes.failed.is_none() {
             // Appends only push behind `pending_count`, and nothing else changes `pending` or
             // a segment's flushed state while this flush holds the write side.
             let seg = self.segment_write(next, pending_count);
             next = seg.records.end;
             if seg.create {
                 if let Err(e) = self.io.open(&seg.name, self.cfg.segment_bytes).await {
-                    if e.kind() == std::io::ErrorKind::StorageFull {
-                        // Nothing was reported durable: the entries and their callbacks wait
-                        // for the next flush, which writes the same bytes at the same
-                        // offsets (what this one wrote before is written again).
-                        while in_flight.next().await.is_some() {}
-                        let mut st = self.st.borrow_mut();
-                        let later = std::mem::replace(&mut st.callbacks, callbacks);
-                        st.callbacks.extend(later);
-                        return Err(LogError::NoSpace { segment: seg.name });
-                    }
-                    result = Err(e);
+                    not_opened = Some((seg.name, e));
                     break;
                 }
             }
-            let padded = ceil(seg.start + seg.len) - seg.start;
-            let mut at = 0;
-            while at < padded {
-                let n = (padded - at).min(WRITE_BYTES_MAX as u64);
-                let buf = self.copy_out(&seg, at, n);
-                let (name, offset) = (seg.name.clone(), seg.start + at);
-                in_flight.push(async move { self.io.write_at(&name, offset, buf).await });
-                at += n;
-                // Submits the write now (and takes those done); waits while the most are
-                // in flight.
-                loop {
-                    let done = if in_flight.len() >= WRITES_IN_FLIGHT {
-                        in_flight.next().await
-                    } else {
-                        match futures::poll!(in_flight.next()) {
-                            std::task::Poll::Ready(done) => done,
-                            std::task::Poll::Pending => break,
-                        }
-                    };
-                    match done {
-                        Some(Ok(())) => {}
-                        Some(Err(e)) => {
-                            result = Err(e);
-                            break 'segments;
-                        }
-                        None => break,
-                    }
-                }
-            }
-            let from = floor(seg.start + seg.len) - seg.start;
-            let tail = self.copy_out(&seg, from, seg.len - from);
+            let tail = self.write_segment(&seg, &mut writes).await;
             written.push((seg.name, seg.start + seg.len, tail));
         }
-        while let Some(done) = in_flight.next().await {
-            if let (Err(e), Ok(())) = (done, &result) {
-                result = Err(e);
+        let mut result = writes.finish().await;
+        match (not_opened, &result) {
+            (Some((segment, e)), Ok(())) if e.kind() == std::io::ErrorKind::StorageFull => {
+                // Nothing was reported durable: the entries and their callbacks wait for the
+                // next flush, which writes the same bytes at the same offsets (what this one
+                // wrote before is written again).
+                let mut st = self.st.borrow_mut();
+                let later = std::mem::replace(&mut st.callbacks, callbacks);
+                st.callbacks.extend(later);
+                return Err(LogError::NoSpace { segment });
             }
+            (Some((_, e)), Ok(())) => result = Err(e),
+            _ => {}
         }
         if result.is_ok() {
             for (name, ..) in &written {
@@ -809,31 +818,55 @@ impl<I: LogIo> Log<I> {
         }
     }
 
-    /// Bytes `[at, at + n)` of what `seg` writes: its head, then its records, then zeros.
-    fn copy_out(&self, seg: &SegmentWrite, at: u64, n: u64) -> Vec<u8> {
+    /// Starts the writes of `seg`'s pieces in `writes` (until one fails); returns the
+    /// segment's new last partial block.
+    async fn write_segment<'a>(&'a self, seg: &SegmentWrite, writes: &mut Writes<'a>) -> Vec<u8> {
+        let padded = ceil(seg.start + seg.len) - seg.start;
+        // Within the last piece: pieces are whole blocks.
+        let tail_from = floor(seg.start + seg.len) - seg.start;
+        let (mut cursor, mut tail, mut at) = ((0, 0), Vec::new(), 0);
+        while at < padded && writes.failed.is_none() {
+            let n = (padded - at).min(WRITE_BYTES_MAX as u64);
+            let buf = self.copy_out(seg, &mut cursor, n);
+            if at + n == padded {
+                let part = |x: u64| usize::try_from(x - at).unwrap_or(0);
+                tail = buf[part(tail_from)..part(seg.len)].to_vec();
+            }
+            let (name, offset) = (seg.name.clone(), seg.start + at);
+            writes
+                .start(Box::pin(async move {
+                    self.io.write_at(&name, offset, buf).await
+                }))
+                .await;
+            at += n;
+        }
+        tail
+    }
+
+    /// The next `n` bytes of what `seg` writes (its head, its records, then zeros) from
+    /// `cursor` (a part: 0 the head, `k` the `k`th record; an offset in it), which it
+    /// advances.
+    fn copy_out(&self, seg: &SegmentWrite, cursor: &mut (usize, usize), n: u64) -> Vec<u8> {
         let st = self.st.borrow();
-        let (at, n) = (
-            usize::try_from(at).unwrap_or(usize::MAX),
-            usize::try_from(n).unwrap_or(0),
-        );
+        let records = &st.pending[seg.records.clone()];
+        let n = usize::try_from(n).unwrap_or(0);
         let mut buf = Vec::with_capacity(n);
-        let parts = std::iter::once(seg.head.as_slice()).chain(
-            st.pending[seg.records.clone()]
-                .iter()
-                .map(|p| p.bytes.as_slice()),
-        );
-        let mut part_start = 0;
-        for part in parts {
-            let part_end = part_start + part.len();
-            if part_end > at && buf.len() < n {
-                let from = at.max(part_start) - part_start;
-                let to = part.len().min(from + n - buf.len());
-                buf.extend_from_slice(&part[from..to]);
-            }
-            part_start = part_end;
-            if buf.len() == n {
-                break;
-            }
+        while buf.len() < n {
+            let (part, offset) = *cursor;
+            let bytes = match part {
+                0 => seg.head.as_slice(),
+                k => match records.get(k - 1) {
+                    Some(p) => p.bytes.as_slice(),
+                    None => break,
+                },
+            };
+            let take = (bytes.len() - offset).min(n - buf.len());
+            buf.extend_from_slice(&bytes[offset..offset + take]);
+            *cursor = if offset + take == bytes.len() {
+                (part + 1, 0)
+            } else {
+                (part, offset + take)
+            };
         }
         buf.resize(n, 0);
         buf
