@@ -1318,6 +1318,20 @@ fn a_flush_writes_in_bounded_pieces_and_syncs_once() {
             .filter(|e| e.starts_with("sync ") && e.ends_with(".log"))
             .count();
         assert_eq!(synced, segments.len(), "one sync per touched segment");
+        // The next flush rewrites the partial block the pieces left (their tail) ahead of its
+        // record: read all of it back from the same log, then after a crash.
+        let appended: Vec<Vec<u8>> = appended.into_iter().chain([record(300, 1)]).collect();
+        let last = appended.len() as u64;
+        log.append(
+            vec![(
+                Term(1),
+                LogIndex(last),
+                appended[appended.len() - 1].clone(),
+            )],
+            Box::new(|r| r.unwrap()),
+        )
+        .unwrap();
+        block_on(log.flush()).unwrap();
         for l in [
             log,
             block_on(Log::open(io.crash(), cfg, Box::new(|_| {}))).unwrap(),

@@ -287,12 +287,18 @@ impl LogIo for MemLogIo {
                 0
             }
         };
+        // Counted out when done or dropped (a flush dropped while its writes yield).
+        struct InFlight<'a>(&'a RefCell<MemInner>);
+        impl Drop for InFlight<'_> {
+            fn drop(&mut self) {
+                self.0.borrow_mut().writes_in_flight -= 1;
+            }
+        }
+        let _in_flight = InFlight(&self.0);
         for _ in 0..yields {
             yield_once().await;
         }
-        let written = self.write_now(name, offset, data);
-        self.0.borrow_mut().writes_in_flight -= 1;
-        written
+        self.write_now(name, offset, data)
     }
 
     async fn sync(&self, name: &str) -> io::Result<()> {

@@ -62,7 +62,7 @@ struct Writes<'a> {
 }
 
 impl<'a> Writes<'a> {
-    /// Starts `write` (polled once: its I/O is queued), first waiting while the most are in
+    /// Starts `write` (polled once, so that its I/O is queued), first waiting while the most are in
     /// flight, and takes those done; then lets the executor run its other tasks once, so that
     /// the pieces' copies leave room between them (heartbeats, the Raft core's messages).
     async fn start(&mut self, write: Write<'a>) {
