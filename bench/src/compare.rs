@@ -26,7 +26,8 @@
 //! `sleeps_per_msg` (futureq publish, closed and open loop: the server's CPU time and thread
 //! sleeps per acked message, all nodes of a cluster; the peers' CPU time), `term_changes`
 //! and `leader_changes` (futureq cluster publish, and pending with its fill: elections, and
-//! leadership gained or lost on any node, 0 without a fault), `early` (lateness: messages
+//! leadership gained or lost on any node, 0 without a fault), `refused_msgs` (publish: messages
+//! of the measured window refused as OVERLOADED, the load a system shed), `early` (lateness: messages
 //! delivered before their due time, not in the percentiles), `repetitions` (failover: the
 //! failovers timed; the percentiles are over them, µs), `node_rss_before_mb` (the largest
 //! RSS of a node when the cluster pending scenario starts), `node_rss_max_mb`, `join_ms` and
@@ -162,7 +163,7 @@ impl Plan {
     /// its system stops keeping up).
     fn steps(&self) -> usize {
         let (open, late) = (self.open_rates.len(), self.lateness.len());
-        let futureq = 6 + open + late + 1 + 1 + 6 + open + self.failovers + 2;
+        let futureq = 6 + open + 1 + late + 1 + 1 + 6 + open + 1 + self.failovers + 2;
         let redis = 2 * (2 + late) + open + 1;
         let nats = 4 * (1 + open) + late + 1;
         futureq + redis + nats
@@ -368,6 +369,38 @@ impl Compare {
                 break;
             }
         }
+        self.futureq_overload(target).await
+    }
+
+    /// Open loop at twice what the ladder's last step achieved (the rate the system sustains
+    /// when overloaded): the excess must be shed (refused OVERLOADED with a retry hint, counted
+    /// in `refused_msgs`), the stored part acked, and leadership must not move (checked with
+    /// the other series by [`elections`]). Skipped when the ladder reached its top.
+    async fn futureq_overload(&mut self, target: &Target<'_>) -> anyhow::Result<()> {
+        let mode = target.mode();
+        let Some(last) = self
+            .runs
+            .iter()
+            .rev()
+            .find(|r| r.system == "futureq" && r.mode == mode && r.load == "open")
+            .filter(|r| !sustained(r))
+        else {
+            return Ok(());
+        };
+        let rate = (2.0 * last.msgs_per_s / 1000.0).ceil() * 1000.0;
+        self.step(format!(
+            "futureq {mode}: overload, open loop at 2× the {:.0} msgs/s it sustains: {rate} msgs/s",
+            last.msgs_per_s
+        ));
+        let (o, costs) = target
+            .publish_open(self.plan.open(rate), self.plan.msg_bytes)
+            .await?;
+        let key = ("futureq", mode, "quorum", "overload", 1);
+        self.runs.push(
+            Run::publish(key, o, target.rss_mb())
+                .open(rate)
+                .costs(costs),
+        );
         Ok(())
     }
 
@@ -759,7 +792,12 @@ fn table(runs: &[Run]) -> String {
                     "kill -9 → first QUORUM ack from the new leader: median of {n} (p50), max {:.0} ms",
                     r.max_us / 1000.0
                 ),
-                None => String::new(),
+                None => match r.refused_msgs {
+                    Some(n) if n > 0 => {
+                        format!("{n} msgs refused as overloaded (shed, with a retry hint)")
+                    }
+                    _ => String::new(),
+                },
             },
         };
         t.push_str(&format!(
@@ -896,14 +934,14 @@ fn ratios(runs: &[Run], batch: usize) -> String {
     t
 }
 
-/// No leader change without a fault: a cluster publish or pending series whose Raft term grew
-/// (an election on an overloaded cluster), in which a node gained or lost leadership (a lease
-/// that ran out), or whose leadership could not be read, fails the run.
+/// No leader change without a fault: a cluster publish, overload or pending series whose Raft
+/// term grew (an election on an overloaded cluster), in which a node gained or lost leadership
+/// (a lease that ran out), or whose leadership could not be read, fails the run.
 fn elections(runs: &[Run]) -> Option<anyhow::Error> {
     let moved: Vec<String> = runs
         .iter()
         .filter(|r| {
-            matches!(r.scenario, "publish" | "pending")
+            matches!(r.scenario, "publish" | "pending" | "overload")
                 && r.mode == "cluster3"
                 && (r.term_changes.is_none_or(|t| t > 0) || r.leader_changes.is_none_or(|c| c > 0))
         })
@@ -938,7 +976,8 @@ fn ladder(runs: &[Run], top: f64) -> String {
          |---|---|---|---|---|\n",
     );
     let mut seen: Vec<(&str, &str, &str)> = Vec::new();
-    for r in runs.iter().filter(|r| r.load == "open") {
+    let on_ladder = |r: &Run| r.load == "open" && r.scenario == "publish";
+    for r in runs.iter().filter(|r| on_ladder(r)) {
         let who = (r.system, r.mode, r.ack_level);
         if seen.contains(&who) {
             continue;
@@ -946,7 +985,7 @@ fn ladder(runs: &[Run], top: f64) -> String {
         seen.push(who);
         let climb: Vec<&Run> = runs
             .iter()
-            .filter(|x| x.load == "open" && (x.system, x.mode, x.ack_level) == who)
+            .filter(|x| on_ladder(x) && (x.system, x.mode, x.ack_level) == who)
             .collect();
         let best = climb
             .iter()
@@ -1133,6 +1172,11 @@ mod tests {
         let mut pending = series(Some(1), None);
         pending.scenario = "pending";
         assert!(elections(&[pending]).is_some());
+        // And so does the overload series.
+        let mut overload = series(Some(0), Some(40_000.0));
+        overload.scenario = "overload";
+        overload.leader_changes = Some(1);
+        assert!(elections(&[overload]).is_some());
     }
 
     #[test]

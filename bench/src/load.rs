@@ -123,8 +123,7 @@ pub(crate) async fn publish_run(addr: &str, p: &PublishParams) -> anyhow::Result
                 .into_inner();
             let mut sent_at = std::collections::VecDeque::new();
             let mut local = hist();
-            let mut msgs = 0u64;
-            let mut acked = 0u64;
+            let mut c = crate::stats::StreamCounts::default();
             let mut next_id = 0u64;
             let mk = |id: u64| PublishBatch {
                 messages: (0..batch)
@@ -152,18 +151,26 @@ pub(crate) async fn publish_run(addr: &str, p: &PublishParams) -> anyhow::Result
             }
             while let Some(a) = acks.message().await? {
                 let t0 = sent_at.pop_front().unwrap_or_else(Instant::now);
-                if !a.success {
+                let now = Instant::now();
+                if let Some(after) = retry_after(&a) {
+                    // Shed: counted, and the next batch waits for the hint.
+                    if now >= warm && now < end {
+                        c.refused += batch as u64;
+                    }
+                    tokio::time::sleep(after).await;
+                } else if !a.success {
                     bail!("batch {} rejected: {}", a.batch_id, a.error_message);
                 }
-                acked += batch as u64;
-                let now = Instant::now();
-                if now >= warm && now < end {
+                if a.success {
+                    c.acked += batch as u64;
+                }
+                if a.success && now >= warm && now < end {
                     local.record(
                         u64::try_from(now.duration_since(t0).as_micros())
                             .unwrap_or(u64::MAX)
                             .max(1),
                     )?;
-                    msgs += batch as u64;
+                    c.msgs += batch as u64;
                 }
                 if now >= end {
                     break;
@@ -172,7 +179,7 @@ pub(crate) async fn publish_run(addr: &str, p: &PublishParams) -> anyhow::Result
                 tx.send(mk(next_id)).await?;
                 next_id += 1;
             }
-            Ok::<_, anyhow::Error>((msgs, acked, local))
+            Ok::<_, anyhow::Error>((c, local))
         }));
     }
     crate::stats::collect(tasks, measure).await
@@ -198,13 +205,21 @@ impl openloop::Sender for OpenSender {
 }
 
 impl openloop::Acks for tonic::Streaming<PublishBatchAck> {
-    async fn recv(&mut self) -> anyhow::Result<u64> {
+    async fn recv(&mut self) -> anyhow::Result<(u64, bool)> {
         let a = self.message().await?.context("publish stream ended")?;
-        if !a.success {
+        if !a.success && retry_after(&a).is_none() {
             bail!("batch {} rejected: {}", a.batch_id, a.error_message);
         }
-        Ok(a.batch_id)
+        Ok((a.batch_id, a.success))
     }
+}
+
+/// A refused batch's retry hint when it was refused as OVERLOADED (nothing stored; send it
+/// again after the hint), else `None`.
+pub(crate) fn retry_after(a: &PublishBatchAck) -> Option<Duration> {
+    let overloaded = futureq_bench::pb::ErrorReason::Overloaded as i32;
+    (!a.success && a.error_reason == overloaded)
+        .then(|| Duration::from_millis(u64::from(a.retry_after_ms)))
 }
 
 /// Open-loop futureq publishing on the schedule `s` (see [`openloop`]).
@@ -264,23 +279,32 @@ pub(crate) async fn fill(addr: &str, count: u64) -> anyhow::Result<f64> {
             .into_inner();
         tasks.push(tokio::spawn(async move {
             let batches = n.div_ceil(100);
+            let fill_batch = move |b: u64| {
+                let k = usize::try_from((n - b * 100).min(100))?;
+                Ok::<_, anyhow::Error>(PublishBatch {
+                    messages: messages(&format!("pending-{s}"), k, 100, 365 * 86_400_000),
+                    ack_level: Ack::Quorum as i32,
+                    batch_id: b,
+                })
+            };
+            let resend = tx.clone();
             let sender = tokio::spawn(async move {
                 for b in 0..batches {
-                    let k = usize::try_from((n - b * 100).min(100))?;
-                    let messages = messages(&format!("pending-{s}"), k, 100, 365 * 86_400_000);
-                    tx.send(PublishBatch {
-                        messages,
-                        ack_level: Ack::Quorum as i32,
-                        batch_id: b,
-                    })
-                    .await?;
+                    tx.send(fill_batch(b)?).await?;
                 }
                 Ok::<_, anyhow::Error>(())
             });
-            for _ in 0..batches {
+            let mut stored = 0;
+            while stored < batches {
                 let a = acks.message().await?.context("publish stream ended")?;
-                if !a.success {
+                if let Some(after) = retry_after(&a) {
+                    // Shed (nothing stored): sent again after the hint.
+                    tokio::time::sleep(after).await;
+                    resend.send(fill_batch(a.batch_id)?).await?;
+                } else if !a.success {
                     bail!("fill batch rejected: {}", a.error_message);
+                } else {
+                    stored += 1;
                 }
             }
             sender.await?
@@ -324,9 +348,10 @@ pub(crate) async fn publish(
     }
     let (rate, h) = (out.msgs_per_s, out.latency);
     println!(
-        "throughput: {rate:.0} msgs/s ({:.1} MB/s payload); {} acked in the whole run\n",
+        "throughput: {rate:.0} msgs/s ({:.1} MB/s payload); {} acked in the whole run; {} refused as overloaded in the measured window\n",
         rate * size as f64 / 1e6,
-        out.acked
+        out.acked,
+        out.refused
     );
     println!("{HEADER}\n{}", row("publish ack latency (per batch)", &h));
     Ok(())

@@ -187,7 +187,12 @@ pub async fn publish(port: u16, p: &PublishParams) -> anyhow::Result<PublishOut>
                     waiting.push(send(&js));
                 }
             }
-            Ok::<_, anyhow::Error>((msgs, acked, local))
+            let counts = crate::stats::StreamCounts {
+                msgs,
+                acked,
+                refused: 0,
+            };
+            Ok::<_, anyhow::Error>((counts, local))
         }));
     }
     crate::stats::collect(tasks, p.measure).await
@@ -225,12 +230,12 @@ struct OpenAcks {
 }
 
 impl crate::openloop::Acks for OpenAcks {
-    async fn recv(&mut self) -> anyhow::Result<u64> {
+    async fn recv(&mut self) -> anyhow::Result<(u64, bool)> {
         loop {
             tokio::select! {
                 Some((seq, r)) = self.waiting.next(), if !self.waiting.is_empty() => {
                     r?;
-                    return Ok(seq);
+                    return Ok((seq, true));
                 }
                 next = self.rx.recv() => {
                     let Some((seq, ack)) = next else {

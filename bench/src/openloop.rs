@@ -34,8 +34,9 @@ pub(crate) trait Sender: Send + 'static {
 
 /// The ack-reading half of one connection.
 pub(crate) trait Acks: Send + 'static {
-    /// Waits for the next acknowledgement and returns the `seq` it acknowledges.
-    fn recv(&mut self) -> impl Future<Output = anyhow::Result<u64>> + Send;
+    /// Waits for the next answer and returns the `seq` it answers, and whether the request
+    /// was stored (`false`: refused as overloaded, nothing stored: shed load).
+    fn recv(&mut self) -> impl Future<Output = anyhow::Result<(u64, bool)>> + Send;
 }
 
 /// The schedule of one open-loop measurement.
@@ -86,7 +87,7 @@ fn stream(tx: impl Sender, mut rx: impl Acks, s: Schedule, start: Instant) -> St
     let pending: Arc<Mutex<HashMap<u64, Instant>>> = Arc::default();
     let sender = tokio::spawn(send_all(tx, Arc::clone(&pending), start, interval, total));
     tokio::spawn(async move {
-        let (mut latency, mut msgs, mut acked) = (hist(), 0u64, 0u64);
+        let (mut latency, mut c) = (hist(), crate::stats::StreamCounts::default());
         let deadline = end + GRACE;
         for _ in 0..total {
             let Ok(seq) = tokio::time::timeout_at(deadline.into(), rx.recv()).await else {
@@ -100,7 +101,7 @@ fn stream(tx: impl Sender, mut rx: impl Acks, s: Schedule, start: Instant) -> St
                 }
                 break;
             };
-            let seq = seq?;
+            let (seq, stored) = seq?;
             let now = Instant::now();
             let t0 = pending
                 .lock()
@@ -109,14 +110,21 @@ fn stream(tx: impl Sender, mut rx: impl Acks, s: Schedule, start: Instant) -> St
             let Some(t0) = t0 else {
                 bail!("ack for request {seq}, which is not outstanding");
             };
-            acked += s.batch as u64;
-            if t0 >= warm && t0 < end {
+            let measured = t0 >= warm && t0 < end;
+            if !stored {
+                if measured {
+                    c.refused += s.batch as u64;
+                }
+                continue;
+            }
+            c.acked += s.batch as u64;
+            if measured {
                 latency.record(u64::try_from((now - t0).as_micros())?.max(1))?;
-                msgs += s.batch as u64;
+                c.msgs += s.batch as u64;
             }
         }
         drop(sender.await??);
-        Ok((msgs, acked, latency))
+        Ok((c, latency))
     })
 }
 

@@ -203,7 +203,12 @@ pub async fn publish(port: u16, p: &PublishParams) -> anyhow::Result<PublishOut>
                     waiting.push(next(&mut zadd));
                 }
             }
-            Ok::<_, anyhow::Error>((msgs, acked, local))
+            let counts = crate::stats::StreamCounts {
+                msgs,
+                acked,
+                refused: 0,
+            };
+            Ok::<_, anyhow::Error>((counts, local))
         }));
     }
     crate::stats::collect(tasks, p.measure).await
@@ -241,7 +246,7 @@ struct OpenAcks {
 }
 
 impl crate::openloop::Acks for OpenAcks {
-    async fn recv(&mut self) -> anyhow::Result<u64> {
+    async fn recv(&mut self) -> anyhow::Result<(u64, bool)> {
         let reply = self
             .replies
             .recv()
@@ -249,7 +254,7 @@ impl crate::openloop::Acks for OpenAcks {
             .context("the open-loop sender stopped")?;
         reply.await?;
         self.next += 1;
-        Ok(self.next - 1)
+        Ok((self.next - 1, true))
     }
 }
 

@@ -83,6 +83,9 @@ pub(crate) struct Run {
     /// Cluster publish and pending series: leadership gained or lost on any node (a lease
     /// that ran out counts, with no new term); anything above 0 is a defect.
     pub(crate) leader_changes: Option<u64>,
+    /// Publish series: messages of the measured window refused as OVERLOADED (shed load,
+    /// nothing stored, a retry hint given).
+    pub(crate) refused_msgs: Option<u64>,
     /// Cluster pending: the largest RSS of one node when it starts (after the publish and
     /// failover series on the same cluster), MiB: tells what the fill added.
     pub(crate) node_rss_before_mb: Option<f64>,
@@ -144,6 +147,7 @@ impl Run {
             sleeps_per_msg: None,
             term_changes: None,
             leader_changes: None,
+            refused_msgs: None,
             node_rss_before_mb: None,
             node_rss_max_mb: None,
             join_ms: None,
@@ -153,7 +157,9 @@ impl Run {
     }
 
     pub(crate) fn publish(key: Key, o: PublishOut, rss_mb: Option<f64>) -> Run {
-        Run::new(key, o.msgs_per_s, o.latency, rss_mb)
+        let mut run = Run::new(key, o.msgs_per_s, o.latency, rss_mb);
+        run.refused_msgs = Some(o.refused);
+        run
     }
 
     /// With the costs the broker paid for it.

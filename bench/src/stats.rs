@@ -35,9 +35,20 @@ pub(crate) fn row(name: &str, h: &Histogram<u64>) -> String {
 pub(crate) const HEADER: &str =
     "| series | n | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms |\n|---|---|---|---|---|---|---|";
 
-/// One publishing connection's task: messages acked in the measured window, in the whole
-/// run, and their latency histogram.
-pub(crate) type StreamTask = tokio::task::JoinHandle<anyhow::Result<(u64, u64, Histogram<u64>)>>;
+/// What one publishing connection counted.
+#[derive(Default)]
+pub(crate) struct StreamCounts {
+    /// Messages acked in the measured window.
+    pub(crate) msgs: u64,
+    /// Messages acked in the whole run.
+    pub(crate) acked: u64,
+    /// Messages of the measured window refused as OVERLOADED (nothing stored; retry hint).
+    pub(crate) refused: u64,
+}
+
+/// One publishing connection's task: its counts and its latency histogram.
+pub(crate) type StreamTask =
+    tokio::task::JoinHandle<anyhow::Result<(StreamCounts, Histogram<u64>)>>;
 
 /// What a publish measurement found.
 pub(crate) struct PublishOut {
@@ -46,6 +57,8 @@ pub(crate) struct PublishOut {
     pub(crate) latency: Histogram<u64>,
     /// Messages acked in the whole run, warm-up included (for costs per message).
     pub(crate) acked: u64,
+    /// Messages of the measured window refused as OVERLOADED: the load the system shed.
+    pub(crate) refused: u64,
 }
 
 /// Joins publishing tasks into one result.
@@ -53,11 +66,12 @@ pub(crate) async fn collect(
     tasks: Vec<StreamTask>,
     measure: Duration,
 ) -> anyhow::Result<PublishOut> {
-    let (mut total, mut acked, mut latency) = (0, 0, hist());
+    let (mut total, mut acked, mut refused, mut latency) = (0, 0, 0, hist());
     for t in tasks {
-        let (msgs, all, h) = t.await??;
-        total += msgs;
-        acked += all;
+        let (c, h) = t.await??;
+        total += c.msgs;
+        acked += c.acked;
+        refused += c.refused;
         latency.add(&h)?;
     }
     #[allow(clippy::cast_precision_loss)]
@@ -66,5 +80,6 @@ pub(crate) async fn collect(
         msgs_per_s,
         latency,
         acked,
+        refused,
     })
 }

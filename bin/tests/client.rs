@@ -274,3 +274,51 @@ async fn a_consumer_whose_group_is_deleted_stops_and_says_why() {
     assert!(stats[0].groups.is_empty(), "{stats:?}");
     assert!(!client.delete_group("jobs", "w").await.unwrap().found);
 }
+
+/// Issue 29: a publisher whose batches the broker sheds (OVERLOADED, with a retry hint: the
+/// write path held up by a journal write of 2 s, injected) sends them again after the hint,
+/// and every message is stored once, with no error to the application.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_publisher_follows_the_retry_hint_of_shed_batches() {
+    const N: usize = 600;
+    let b = Broker::start("publish:\n  maxQueueDelay: 50ms\n").await;
+    let client = connect(&b).await;
+    let publisher = client.publisher(PublisherConfig {
+        idempotent: false,
+        max_batch_messages: 1,
+        max_in_flight_batches: 1024,
+        ..PublisherConfig::default()
+    });
+    publisher
+        .publish(Message::new("shed", "warm"))
+        .await
+        .unwrap();
+    std::fs::write(
+        b.dir.path().join("data").join("inject-disk-fault"),
+        "slow 2000",
+    )
+    .unwrap();
+    let mut pending = Vec::new();
+    for i in 0..N {
+        let m = Message::new("shed", format!("m{i}")).delay(Duration::from_secs(3600));
+        pending.push(publisher.send(m).await.unwrap());
+    }
+    let mut tags = HashSet::new();
+    for p in pending {
+        tags.insert(
+            tokio::time::timeout(Duration::from_secs(30), p)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    assert_eq!(tags.len(), N, "a tag per message");
+    let shed = b
+        .metric(
+            "futureq_publish_requests_total{topic=\"\",ack_level=\"quorum\",result=\"overloaded\"}",
+        )
+        .await;
+    assert!(shed > 0.0, "batches were shed and sent again");
+    let stats = client.topic_stats(Some("shed")).await.unwrap();
+    assert_eq!(stats[0].stored, N as u64 + 1, "each stored once");
+}

@@ -15,6 +15,7 @@
 //! - A reason's wire name ([`Reason::name`]) never changes meaning; new reasons get new names.
 
 use std::fmt;
+use std::time::Duration;
 
 /// What became of a refused request's write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -190,6 +191,9 @@ pub struct Refusal {
     pub message: String,
     /// The leader's client address ("" = unknown or not applicable).
     pub leader: String,
+    /// For [`Reason::Overloaded`]: how long the server expects the work ahead to take, so a
+    /// client knows when sending again is worth it (`None` = no estimate).
+    pub retry_after: Option<Duration>,
 }
 
 impl Refusal {
@@ -200,6 +204,15 @@ impl Refusal {
             outcome: reason.default_outcome(),
             message: message.into(),
             leader: String::new(),
+            retry_after: None,
+        }
+    }
+
+    /// [`Reason::Overloaded`] with a retry hint: nothing stored.
+    pub fn overloaded(message: impl Into<String>, retry_after: Duration) -> Refusal {
+        Refusal {
+            retry_after: Some(retry_after),
+            ..Refusal::new(Reason::Overloaded, message)
         }
     }
 

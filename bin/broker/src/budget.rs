@@ -7,10 +7,30 @@
 //! node's memory with 10^7 pending"). Throughput needs far less: 8 streams × 4 batches of
 //! 100 messages of 100 bytes, the bench's closed loop, is ~0.5 MB in service.
 
-use std::sync::atomic::Ordering;
+//!
+//! It also bounds how long an admitted batch waits in line (`publish.maxQueueDelay`): by
+//! Little's law a batch admitted behind `n` others waits about `n / rate`, where `rate` is the
+//! batches per second the write path finishes. So at most `rate × maxQueueDelay` batches are
+//! in service (never fewer than [`BATCHES_IN_SERVICE_MIN`]); a batch past that is refused at
+//! once with OVERLOADED and a retry hint, the expected wait, instead of queueing (acked
+//! seconds late under overload, measured in docs/benchmarks.md) or holding its stream.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::metrics::Metrics;
+
+/// Batches in service the queue-delay limit always allows, whatever the measured rate (a
+/// node that was idle measures none).
+pub const BATCHES_IN_SERVICE_MIN: u64 = 64;
+/// The write path's rate is measured over windows at least this long.
+pub const RATE_WINDOW: Duration = Duration::from_millis(100);
+/// Shortest retry hint given: below it a client would only send into the same line again.
+pub const RETRY_AFTER_MIN: Duration = Duration::from_millis(10);
+/// The longest retry hint is this many times `publish.maxQueueDelay` (a stalled write path
+/// measures a rate near zero, which would say "wait for ever").
+pub const RETRY_AFTER_MAX_FACTOR: u32 = 10;
 
 /// Most publish bytes in service on one node (encoded batch sizes; the decoded batches take
 /// a few times that in memory). A soft limit: a batch enters while less is in service, so the
@@ -30,6 +50,83 @@ pub struct Budget {
     total: u64,
     metrics: Arc<Metrics>,
     freed: event_listener::Event,
+    delay: QueueDelay,
+}
+
+/// The queue-delay limit's state (see the module docs), shared by every executor: counters
+/// and a window that whichever executor checks first after it ends rolls.
+///
+/// Invariant: `in_service` counts the [`Admitted`] batches alive; `finished` only grows.
+struct QueueDelay {
+    max: Duration,
+    epoch: Instant,
+    in_service: AtomicU64,
+    finished: AtomicU64,
+    /// Start of the current window, in µs since `epoch`.
+    window_start_us: AtomicU64,
+    /// `finished` when the current window started.
+    window_finished: AtomicU64,
+    /// Batches per second finished over the last complete window.
+    rate: AtomicU64,
+}
+
+impl QueueDelay {
+    fn micros(&self, now: Instant) -> u64 {
+        u64::try_from(now.saturating_duration_since(self.epoch).as_micros()).unwrap_or(u64::MAX)
+    }
+
+    /// Ends the current window if it is [`RATE_WINDOW`] old, taking its rate. A window over
+    /// twice that long saw no batch read (each read checks): the node was idle, and the rate
+    /// is unknown again (0), not the few batches that trickled out over the long window.
+    fn roll(&self, now: Instant) {
+        let now_us = self.micros(now);
+        let start = self.window_start_us.load(Ordering::Acquire);
+        let elapsed = now_us.saturating_sub(start);
+        if u128::from(elapsed) < RATE_WINDOW.as_micros() {
+            return;
+        }
+        if self
+            .window_start_us
+            .compare_exchange(start, now_us, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            let finished = self.finished.load(Ordering::Acquire);
+            let before = self.window_finished.swap(finished, Ordering::AcqRel);
+            let per_s = if u128::from(elapsed) > 2 * RATE_WINDOW.as_micros() {
+                0
+            } else {
+                finished.saturating_sub(before).saturating_mul(1_000_000) / elapsed
+            };
+            self.rate.store(per_s, Ordering::Release);
+        }
+    }
+
+    /// `Err(expected wait)` when another batch would wait longer than `max` (see the module
+    /// docs).
+    fn check(&self, now: Instant) -> Result<(), Duration> {
+        self.roll(now);
+        let rate = self.rate.load(Ordering::Acquire);
+        let limit = u64::try_from(u128::from(rate) * self.max.as_micros() / 1_000_000)
+            .unwrap_or(u64::MAX)
+            .max(BATCHES_IN_SERVICE_MIN);
+        let n = self.in_service.load(Ordering::Acquire);
+        if n < limit {
+            return Ok(());
+        }
+        Err(self.expected_wait(n, rate))
+    }
+
+    /// How long `n` batches in service take at `rate` (`max` with no rate measured), within
+    /// [`RETRY_AFTER_MIN`] or `max` (whichever is longer) and [`RETRY_AFTER_MAX_FACTOR`] ×
+    /// `max`. A refused batch's wait is at least `max` anyway (that is why it was refused).
+    fn expected_wait(&self, n: u64, rate: u64) -> Duration {
+        let wait = n
+            .saturating_mul(1_000_000)
+            .checked_div(rate)
+            .map_or(self.max, Duration::from_micros);
+        wait.min(self.max * RETRY_AFTER_MAX_FACTOR)
+            .max(self.max.max(RETRY_AFTER_MIN))
+    }
 }
 
 /// A batch's bytes taken from the [`Budget`]; returned when dropped.
@@ -40,6 +137,9 @@ pub struct Admitted {
 
 impl Drop for Admitted {
     fn drop(&mut self) {
+        let delay = &self.budget.delay;
+        delay.in_service.fetch_sub(1, Ordering::AcqRel);
+        delay.finished.fetch_add(1, Ordering::AcqRel);
         self.budget.used().fetch_sub(self.bytes, Ordering::AcqRel);
         // Every waiter checks again; a waiter dropped meanwhile loses nothing.
         self.budget.freed.notify(usize::MAX);
@@ -47,14 +147,41 @@ impl Drop for Admitted {
 }
 
 impl Budget {
-    /// The node's budget of `total` bytes, counted in `metrics`.
+    /// The node's budget of `total` bytes, counted in `metrics`, letting no admitted batch
+    /// wait in line much longer than `max_queue_delay`.
     #[must_use]
-    pub fn new(total: u64, metrics: Arc<Metrics>) -> Arc<Budget> {
+    pub fn new(total: u64, max_queue_delay: Duration, metrics: Arc<Metrics>) -> Arc<Budget> {
         Arc::new(Budget {
             total,
             metrics,
             freed: event_listener::Event::new(),
+            delay: QueueDelay {
+                max: max_queue_delay,
+                epoch: Instant::now(),
+                in_service: AtomicU64::new(0),
+                finished: AtomicU64::new(0),
+                window_start_us: AtomicU64::new(0),
+                window_finished: AtomicU64::new(0),
+                rate: AtomicU64::new(0),
+            },
         })
+    }
+
+    /// `Err(expected wait)` when a batch read at `now` would wait in line longer than
+    /// `publish.maxQueueDelay`: refuse it (OVERLOADED) with that as the retry hint.
+    pub fn queue_delay_check(&self, now: Instant) -> Result<(), Duration> {
+        self.delay.check(now)
+    }
+
+    /// The wait the batches in service are expected to take (the retry hint of a batch that
+    /// found no room in the bytes budget).
+    #[must_use]
+    pub fn expected_wait(&self) -> Duration {
+        let d = &self.delay;
+        d.expected_wait(
+            d.in_service.load(Ordering::Acquire),
+            d.rate.load(Ordering::Acquire),
+        )
     }
 
     fn used(&self) -> &std::sync::atomic::AtomicU64 {
@@ -69,6 +196,7 @@ impl Budget {
                 (u < self.total).then_some(u.saturating_add(bytes))
             })
             .ok()?;
+        self.delay.in_service.fetch_add(1, Ordering::AcqRel);
         Some(Admitted {
             budget: Arc::clone(self),
             bytes,
@@ -92,15 +220,84 @@ impl Budget {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::Ordering;
     use std::sync::Arc;
+    use std::time::Duration;
 
-    use super::Budget;
+    use super::{
+        Budget, BATCHES_IN_SERVICE_MIN, RATE_WINDOW, RETRY_AFTER_MAX_FACTOR, RETRY_AFTER_MIN,
+    };
     use crate::metrics::Metrics;
+
+    #[test]
+    fn past_the_rate_times_the_queue_delay_a_batch_is_refused_with_the_expected_wait() {
+        let max = Duration::from_millis(250);
+        let budget = Budget::new(u64::MAX, max, Arc::default());
+        let t0 = budget.delay.epoch;
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // No rate measured yet: the floor.
+        let mut held: Vec<_> = (0..BATCHES_IN_SERVICE_MIN)
+            .map(|_| {
+                assert!(budget.queue_delay_check(at(1)).is_ok());
+                budget.try_admit(10).unwrap()
+            })
+            .collect();
+        assert_eq!(
+            budget.queue_delay_check(at(2)),
+            Err(max),
+            "at the floor with no rate: refused, the hint is the delay bound"
+        );
+        // 1,000 batches finish in the first window (10,000/s): the limit is 2,500.
+        for _ in 0..1_000 {
+            drop(budget.try_admit(10).unwrap());
+        }
+        let w1 = u64::try_from(RATE_WINDOW.as_millis()).unwrap();
+        assert!(budget.queue_delay_check(at(w1)).is_ok(), "64 < 2,500");
+        held.extend((64..2_500).map(|_| budget.try_admit(10).unwrap()));
+        assert_eq!(
+            budget.queue_delay_check(at(w1 + 1)),
+            Err(Duration::from_millis(250)),
+            "2,500 in service at 10,000/s: a new batch would wait 250 ms"
+        );
+        // The next window finishes 500 (5,000/s): the limit halves, the wait doubles.
+        held.drain(..500);
+        assert_eq!(
+            budget.queue_delay_check(at(2 * w1)),
+            Err(Duration::from_millis(400)),
+            "2,000 in service at 5,000/s"
+        );
+        held.drain(..800);
+        assert!(
+            budget.queue_delay_check(at(2 * w1 + 1)).is_ok(),
+            "1,200 < 1,250"
+        );
+        // A stalled write path (2 finished in a window, 20/s): the hint is bounded.
+        assert!(
+            budget.queue_delay_check(at(3 * w1)).is_ok(),
+            "802 finished: 8,020/s"
+        );
+        held.drain(..2);
+        assert_eq!(
+            budget.queue_delay_check(at(4 * w1)),
+            Err(max * RETRY_AFTER_MAX_FACTOR),
+            "1,198 in service at 20/s: a minute, said as the longest hint"
+        );
+        // An idle spell (no batch read for a minute) measures no rate: the floor again.
+        held.truncate(BATCHES_IN_SERVICE_MIN as usize);
+        assert_eq!(budget.queue_delay_check(at(60_000)), Err(max));
+        held.truncate(1);
+        assert!(budget.queue_delay_check(at(60_001)).is_ok());
+        // A short bound's hint is never below the minimum.
+        let short = Budget::new(u64::MAX, Duration::from_millis(1), Arc::default());
+        assert_eq!(short.delay.expected_wait(1, 1_000_000), RETRY_AFTER_MIN);
+        drop(held);
+        assert_eq!(budget.delay.in_service.load(Ordering::Acquire), 0);
+    }
 
     #[test]
     fn a_batch_enters_only_below_the_total_and_a_waiter_enters_when_bytes_return() {
         let metrics = Arc::new(Metrics::default());
-        let budget = Budget::new(100, Arc::clone(&metrics));
+        let budget = Budget::new(100, Duration::from_millis(250), Arc::clone(&metrics));
         let in_service = || metrics.publish_bytes_in_service.get();
         let a = budget.try_admit(60).expect("below the total");
         // Soft: one batch may go past the total, none after it.

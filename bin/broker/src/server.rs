@@ -256,8 +256,11 @@ fn spawn_executors(
             shutdown.clone(),
         )
     };
-    let publish_budget =
-        crate::budget::Budget::new(crate::budget::IN_SERVICE_BYTES_MAX, Arc::clone(&metrics));
+    let publish_budget = crate::budget::Budget::new(
+        crate::budget::IN_SERVICE_BYTES_MAX,
+        settings.max_queue_delay,
+        Arc::clone(&metrics),
+    );
     let mut handles = Vec::new();
     for core in 0..cores {
         let cpu = cpus[core % cpus.len()];

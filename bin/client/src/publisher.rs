@@ -247,8 +247,21 @@ struct Stream {
     paused_until: Option<tokio::time::Instant>,
 }
 
-/// How long a publisher waits after an ABORTED refusal before it sends again.
+/// How long a publisher waits after an ABORTED refusal, or an OVERLOADED one without a retry
+/// hint, before it sends again.
 const ABORTED_PAUSE: Duration = Duration::from_millis(100);
+/// The longest retry hint a publisher follows (a hint is the server's estimate; a bad one must
+/// not stop a publisher for long).
+const RETRY_AFTER_MAX: Duration = Duration::from_secs(10);
+
+/// The pause after a refusal the leader may get over: the server's retry hint
+/// (`retry_after_ms`, OVERLOADED) when it gave one, else [`ABORTED_PAUSE`].
+fn pause_after(ack: &pb::PublishBatchAck) -> Duration {
+    match ack.retry_after_ms {
+        0 => ABORTED_PAUSE,
+        ms => Duration::from_millis(u64::from(ms)).min(RETRY_AFTER_MAX),
+    }
+}
 
 /// Whether a failure to open a stream is final: a server without the API, a refused
 /// credential or request. Anything else (the node went away or is restarting, an election, a
@@ -734,8 +747,9 @@ fn answer(
         (Some(Reason::NotApplied | Reason::Conflict | Reason::Overloaded), _)
         | (None, tonic::Code::Aborted) => {
             // The leader refused the command (its leadership changing, its ids or budget
-            // full): a pause, then again.
-            s.paused_until = Some(tokio::time::Instant::now() + ABORTED_PAUSE);
+            // full, its write path behind): a pause (the server's hint when it gave one),
+            // then again.
+            s.paused_until = Some(tokio::time::Instant::now() + pause_after(&ack));
             settle(
                 items,
                 reason.is_none() || stored_nothing,
@@ -776,5 +790,21 @@ fn answer(
                 it.fail(&why);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_pauses_for_the_servers_hint_within_bounds() {
+        let ack = |retry_after_ms| pb::PublishBatchAck {
+            retry_after_ms,
+            ..pb::PublishBatchAck::default()
+        };
+        assert_eq!(pause_after(&ack(0)), ABORTED_PAUSE, "no hint");
+        assert_eq!(pause_after(&ack(250)), Duration::from_millis(250));
+        assert_eq!(pause_after(&ack(u32::MAX)), RETRY_AFTER_MAX);
     }
 }

@@ -1,16 +1,20 @@
 //! Disk faults injected under the log, in a running process (the nemesis run's disk class).
 //!
 //! [`FaultyIo`] wraps any [`LogIo`]. Writing a fault's name into its trigger file (`fsync`,
-//! `enospc`, `prealloc` or `torn`) arms that fault once, for the log's segment files (`*.log`;
-//! not the durable mark or the vote files): the next `sync` fails (over files whose writes are
-//! durable, the next write: its `O_DSYNC` flush fails), the next write fails with ENOSPC, the
-//! next segment's creation (its preallocation) fails with ENOSPC,
-//! or the next write persists only its later blocks (an O_DIRECT multi-block write torn by a
-//! power loss) and the process then dies at once (the crash hook). The broker uses it only
-//! when built with the `fault-injection` feature.
+//! `enospc`, `prealloc`, `torn` or `slow <ms>`) arms that fault once, for the log's segment
+//! files (`*.log`; not the durable mark or the vote files): the next `sync` fails (over files
+//! whose writes are durable, the next write: its `O_DSYNC` flush fails), the next write fails
+//! with ENOSPC, the next segment's creation (its preallocation) fails with ENOSPC,
+//! the next write persists only its later blocks (an O_DIRECT multi-block write torn by a
+//! power loss) and the process then dies at once (the crash hook), or the next write takes
+//! `<ms>` longer (a stalled disk; only where a timer was given, [`FaultyIo::with_sleep`]).
+//! The broker uses it only when built with the `fault-injection` feature.
 
+use std::future::Future;
 use std::io;
 use std::path::PathBuf;
+use std::pin::Pin;
+use std::time::Duration;
 
 use super::format::BLOCK;
 use super::io::LogIo;
@@ -28,9 +32,14 @@ pub enum DiskFault {
     /// a one-block write only the first half is new), then the crash hook runs. Like a power
     /// loss during an O_DIRECT write: each part holds either the old or the new bytes.
     TornWrite,
+    /// The next write completes this much later (a stalled disk).
+    SlowWrite(Duration),
 }
 
 impl DiskFault {
+    /// Any [`DiskFault::SlowWrite`], in a list of the faults an operation takes.
+    const SLOW: DiskFault = DiskFault::SlowWrite(Duration::ZERO);
+
     /// The trigger file's word for it.
     #[must_use]
     pub fn name(self) -> &'static str {
@@ -39,10 +48,16 @@ impl DiskFault {
             DiskFault::NoSpace => "enospc",
             DiskFault::NoSpaceToPreallocate => "prealloc",
             DiskFault::TornWrite => "torn",
+            DiskFault::SlowWrite(_) => "slow",
         }
     }
 
     fn parse(s: &str) -> Option<DiskFault> {
+        if let Some(ms) = s.trim().strip_prefix("slow ") {
+            return Some(DiskFault::SlowWrite(Duration::from_millis(
+                ms.trim().parse().ok()?,
+            )));
+        }
         [
             DiskFault::FailSync,
             DiskFault::NoSpace,
@@ -66,8 +81,13 @@ pub const TRIGGER_FILE: &str = "inject-disk-fault";
 pub fn dma_in_dir(dir: &std::path::Path) -> FaultyIo<super::uring::DmaLogIo> {
     let trigger = dir.parent().unwrap_or(dir).join(TRIGGER_FILE);
     let io = super::uring::DmaLogIo::in_dir(dir.to_path_buf());
-    FaultyIo::new(io, trigger, || std::process::abort()).with_trigger(dir.join(TRIGGER_FILE))
+    FaultyIo::new(io, trigger, || std::process::abort())
+        .with_trigger(dir.join(TRIGGER_FILE))
+        .with_sleep(|d| Box::pin(glommio::timer::sleep(d)))
 }
+
+/// A timer: a future done after the duration.
+pub type Sleep = fn(Duration) -> Pin<Box<dyn Future<Output = ()>>>;
 
 /// A [`LogIo`] that injects the fault named in its trigger file (see the module docs).
 pub struct FaultyIo<I> {
@@ -75,6 +95,8 @@ pub struct FaultyIo<I> {
     /// Trigger files, each looked at in turn.
     triggers: Vec<PathBuf>,
     crash: fn(),
+    /// The timer of [`DiskFault::SlowWrite`] (none: that fault is never taken).
+    sleep: Option<Sleep>,
 }
 
 impl<I: LogIo> FaultyIo<I> {
@@ -84,7 +106,15 @@ impl<I: LogIo> FaultyIo<I> {
             inner,
             triggers: vec![trigger],
             crash,
+            sleep: None,
         }
+    }
+
+    /// The timer a slow write waits on; without one, `slow` is not armed.
+    #[must_use]
+    pub fn with_sleep(mut self, sleep: Sleep) -> Self {
+        self.sleep = Some(sleep);
+        self
     }
 
     /// One more trigger file that arms a fault.
@@ -102,7 +132,10 @@ impl<I: LogIo> FaultyIo<I> {
         }
         self.triggers.iter().find_map(|trigger| {
             let word = std::fs::read_to_string(trigger).ok()?;
-            let fault = DiskFault::parse(&word).filter(|f| want.contains(f))?;
+            let fault = DiskFault::parse(&word).filter(|f| {
+                want.contains(f)
+                    || (matches!(f, DiskFault::SlowWrite(_)) && want.contains(&DiskFault::SLOW))
+            })?;
             std::fs::remove_file(trigger).ok()?;
             tracing::error!(target: "storage.log", fault = fault.name(), "injecting a disk fault");
             Some(fault)
@@ -134,17 +167,21 @@ impl<I: LogIo> LogIo for FaultyIo<I> {
     }
 
     async fn write_at(&self, name: &str, offset: u64, mut data: Vec<u8>) -> io::Result<()> {
-        let faults: &[DiskFault] = if self.inner.durable_writes() {
-            &[
-                DiskFault::NoSpace,
-                DiskFault::TornWrite,
-                DiskFault::FailSync,
-            ]
-        } else {
-            &[DiskFault::NoSpace, DiskFault::TornWrite]
-        };
-        match self.take(name, faults) {
+        let mut faults = vec![DiskFault::NoSpace, DiskFault::TornWrite];
+        if self.inner.durable_writes() {
+            faults.push(DiskFault::FailSync);
+        }
+        if self.sleep.is_some() {
+            faults.push(DiskFault::SLOW);
+        }
+        match self.take(name, &faults) {
             None => self.inner.write_at(name, offset, data).await,
+            Some(DiskFault::SlowWrite(d)) => {
+                if let Some(sleep) = self.sleep {
+                    sleep(d).await;
+                }
+                self.inner.write_at(name, offset, data).await
+            }
             Some(DiskFault::NoSpace) => Err(io::Error::from_raw_os_error(28)),
             Some(DiskFault::FailSync) => {
                 // An O_DSYNC write whose flush failed: its data may or may not be on disk.
@@ -237,6 +274,35 @@ mod tests {
         let durable = mem.crash().file("f.log").unwrap();
         assert!(durable[..b / 2].iter().all(|x| *x == 7), "new half");
         assert!(durable[b / 2..b].iter().all(|x| *x == 5), "old half kept");
+    }
+
+    /// The durations the test timer was asked for.
+    static SLEPT: std::sync::Mutex<Vec<Duration>> = std::sync::Mutex::new(Vec::new());
+
+    #[test]
+    fn a_slow_write_waits_once_on_the_timer_and_is_not_armed_without_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = usize::try_from(BLOCK).unwrap();
+        let (_, io) = armed(&dir, "slow 1500\n");
+        block_on(io.write_at("f.log", 0, vec![1; b])).unwrap();
+        assert!(
+            dir.path().join(TRIGGER_FILE).exists(),
+            "no timer: the fault stays armed, untaken"
+        );
+        let (mem, io) = armed(&dir, "slow 1500\n");
+        let io = io.with_sleep(|d| {
+            SLEPT.lock().unwrap().push(d);
+            Box::pin(std::future::ready(()))
+        });
+        block_on(io.write_at("f.log", 0, vec![3; b])).unwrap();
+        block_on(io.write_at("f.log", 0, vec![4; b])).unwrap();
+        assert_eq!(
+            *SLEPT.lock().unwrap(),
+            [Duration::from_millis(1500)],
+            "one shot"
+        );
+        assert_eq!(mem.file("f.log").unwrap()[..b], vec![4; b][..], "written");
+        assert_eq!(DiskFault::parse("slow x"), None);
     }
 
     #[test]

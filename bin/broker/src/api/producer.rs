@@ -56,6 +56,9 @@ fn reject(batch_id: u64, r: Refusal) -> PublishBatchAck {
         leader_address: r.leader,
         error_reason,
         write_outcome,
+        retry_after_ms: r.retry_after.map_or(0, |d| {
+            u32::try_from(d.as_millis()).unwrap_or(u32::MAX).max(1)
+        }),
     }
 }
 
@@ -356,6 +359,7 @@ fn process(
                         })
                         .collect(),
                     leader_address: String::new(),
+                    retry_after_ms: 0,
                 }
             }
             Outcome::Failed(r) => reject(batch_id, r),
@@ -375,7 +379,7 @@ fn process(
 enum Event {
     Batch(Result<Option<pb::PublishBatch>, Status>),
     Admitted(Admitted),
-    /// The waiting batch found no room within `publish.proposalTimeout`.
+    /// The waiting batch found no room within `publish.maxQueueDelay`.
     NotAdmitted,
     Ack(PublishBatchAck),
     Stop,
@@ -585,9 +589,9 @@ impl PublishStream<'_> {
         });
         let recv = async {
             if let Some((_, bytes, received)) = &admitting {
-                // The proposal timeout counts from the read, also while waiting here.
+                // A batch waits for the bytes budget no longer than it may wait in line.
                 let timeout = async {
-                    let end = *received + ctx.settings.proposal_timeout;
+                    let end = *received + ctx.settings.max_queue_delay;
                     glommio::timer::sleep(end.saturating_duration_since(Instant::now())).await;
                     Event::NotAdmitted
                 };
@@ -664,10 +668,12 @@ impl PublishStream<'_> {
             }
             Event::NotAdmitted => {
                 let message = format!(
-                    "the node's publish budget had no room within publish.proposalTimeout ({} ms); batch not stored",
-                    ctx.settings.proposal_timeout.as_millis()
+                    "the node's publish budget ({} MiB in service) had no room within publish.maxQueueDelay ({} ms); batch not stored, send it again after retry_after_ms",
+                    crate::budget::IN_SERVICE_BYTES_MAX >> 20,
+                    ctx.settings.max_queue_delay.as_millis()
                 );
-                self.refuse_waiting(Refusal::new(Reason::Overloaded, message));
+                let after = ctx.publish_budget.expected_wait();
+                self.overloaded(Refusal::overloaded(message, after));
             }
             Event::Batch(Ok(None)) => self.reading = false,
             Event::Batch(Err(s)) => {
@@ -731,6 +737,16 @@ impl PublishStream<'_> {
             None => {}
         }
         let (bytes, read) = (prost::Message::encoded_len(&b), Instant::now());
+        if let Err(after) = self.ctx.publish_budget.queue_delay_check(read) {
+            let message = format!(
+                "the node's write path is behind by about {} ms, more than publish.maxQueueDelay ({} ms); batch not stored, send it again after retry_after_ms",
+                after.as_millis(),
+                self.ctx.settings.max_queue_delay.as_millis()
+            );
+            self.admitting = Some((b, bytes, read));
+            self.overloaded(Refusal::overloaded(message, after));
+            return;
+        }
         match self.ctx.publish_budget.try_admit(bytes) {
             Some(admitted) => {
                 let streams = (&self.outstanding_bytes, &mut self.durable, &mut self.no_ack);
@@ -738,6 +754,18 @@ impl PublishStream<'_> {
             }
             None => self.admitting = Some((b, bytes, read)),
         }
+    }
+
+    /// Refuses the batch waiting for the budget as OVERLOADED (counted as such).
+    fn overloaded(&mut self, refusal: Refusal) {
+        if let Some((b, _, _)) = &self.admitting {
+            let level = AckLevel::from_wire(b.ack_level);
+            self.ctx
+                .metrics
+                .publish_requests
+                .add(&["", level.label(), "overloaded"], 1);
+        }
+        self.refuse_waiting(refusal);
     }
 
     /// Refuses the batch waiting for the budget, if any.

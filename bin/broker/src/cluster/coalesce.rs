@@ -269,7 +269,11 @@ mod tests {
 
     fn pending(ids: &[u8], bytes: usize, level: AckLevel) -> Pending {
         let (reply, _) = oneshot::channel();
-        let budget = crate::budget::Budget::new(u64::MAX, std::sync::Arc::default());
+        let budget = crate::budget::Budget::new(
+            u64::MAX,
+            std::time::Duration::from_secs(5),
+            std::sync::Arc::default(),
+        );
         Pending {
             items: ids.iter().map(|&i| item(i, bytes)).collect(),
             admitted: budget.try_admit(bytes).expect("an unbounded budget"),

@@ -112,6 +112,7 @@ pub struct Storage {
 pub struct Publish {
     pub min_ack_level: String,
     pub proposal_timeout: String,
+    pub max_queue_delay: String,
     pub max_delay: String,
     pub dedup_window: String,
     pub stream_idle_timeout: String,
@@ -261,6 +262,7 @@ impl Default for Config {
             publish: Publish {
                 min_ack_level: "quorum".into(),
                 proposal_timeout: "5s".into(),
+                max_queue_delay: "250ms".into(),
                 max_delay: "365d".into(),
                 dedup_window: "10m".into(),
                 stream_idle_timeout: "5m".into(),

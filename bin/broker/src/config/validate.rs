@@ -205,6 +205,7 @@ impl Config {
         let PublishSettings {
             min_ack_level,
             proposal_timeout,
+            max_queue_delay,
             max_delay,
             dedup_window,
             stream_idle_timeout,
@@ -245,6 +246,7 @@ impl Config {
             min_free_bytes,
             min_ack_level,
             proposal_timeout,
+            max_queue_delay,
             max_delay,
             dedup_window,
             stream_idle_timeout,
@@ -350,6 +352,13 @@ impl Config {
             }
         };
         let proposal_timeout = dur("publish.proposalTimeout", &p.proposal_timeout)?;
+        let max_queue_delay = dur("publish.maxQueueDelay", &p.max_queue_delay)?;
+        if max_queue_delay < Duration::from_millis(1) || max_queue_delay > proposal_timeout {
+            return err(
+                "publish.maxQueueDelay",
+                "must be at least 1ms and at most publish.proposalTimeout",
+            );
+        }
         let max_delay = dur("publish.maxDelay", &p.max_delay)?;
         let dedup_window = dur("publish.dedupWindow", &p.dedup_window)?;
         if dedup_window > Duration::from_secs(7 * 86_400) {
@@ -369,6 +378,7 @@ impl Config {
         Ok(PublishSettings {
             min_ack_level,
             proposal_timeout,
+            max_queue_delay,
             max_delay,
             dedup_window,
             stream_idle_timeout,
@@ -654,6 +664,7 @@ impl Compat {
 struct PublishSettings {
     min_ack_level: AckLevel,
     proposal_timeout: Duration,
+    max_queue_delay: Duration,
     max_delay: Duration,
     dedup_window: Duration,
     stream_idle_timeout: Duration,
