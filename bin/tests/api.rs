@@ -681,66 +681,79 @@ async fn an_idle_publish_stream_ends() {
 
 /// Issue 29 (overload without resets): when the write path falls behind, batches past what it
 /// finishes within `publish.maxQueueDelay` are refused at once, RESOURCE_EXHAUSTED / OVERLOADED
-/// with nothing stored and a retry hint, on a stream that stays open; sent again after the
-/// hint they are stored, each exactly once. The write path is held up by a journal write that
-/// takes 2 s (the `slow` disk fault, injected).
+/// with nothing stored and a retry hint, on streams that stay open; sent again after the hint
+/// they are stored, each exactly once. The write path is held up by a journal write that takes
+/// 2 s (the `slow` disk fault, injected), while two streams pipeline 800 batches each: more
+/// than the 1,024 in service an idle node always takes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_path_behind_refuses_the_excess_with_a_retry_hint() {
-    const BATCHES: u64 = 1_000;
+    const BATCHES: u64 = 800;
     let b = Broker::start("publish:\n  maxQueueDelay: 50ms\n").await;
-    let mut p = Publisher::open(b.channel().await).await;
+    let mut streams = [
+        Publisher::open(b.channel().await).await,
+        Publisher::open(b.channel().await).await,
+    ];
     assert!(
-        p.publish(batch(u64::MAX, QUORUM, vec![msg("od", "warm", 0, 0)]))
+        streams[0]
+            .publish(batch(u64::MAX, QUORUM, vec![msg("od", "warm", 0, 0)]))
             .await
             .success
     );
     let trigger = b.dir.path().join("data").join("inject-disk-fault");
     std::fs::write(&trigger, "slow 2000").unwrap();
     let one = |id: u64| batch(id, QUORUM, vec![msg("od", &id.to_string(), 3_600_000, 0)]);
-    let mut waiting: Vec<u64> = (0..BATCHES).collect();
+    let mut waiting: Vec<Vec<u64>> = vec![(0..BATCHES).collect(), (BATCHES..2 * BATCHES).collect()];
     let (mut stored, mut refusals, mut rounds) = (0u64, 0u64, 0);
-    while !waiting.is_empty() {
+    while waiting.iter().any(|w| !w.is_empty()) {
         rounds += 1;
-        assert!(rounds <= 100, "{} batches never stored", waiting.len());
-        for &id in &waiting {
-            p.send(one(id));
-        }
-        let mut again = Vec::new();
-        let mut hint = Duration::ZERO;
-        for &id in &waiting {
-            let ack = p.ack().await;
-            assert_eq!(ack.batch_id, id, "acks in order");
-            if ack.success {
-                stored += 1;
-                continue;
+        assert!(rounds <= 100, "batches never stored: {waiting:?}");
+        for (p, ids) in streams.iter().zip(&waiting) {
+            for &id in ids {
+                p.send(one(id));
             }
-            assert_eq!(ack.error_code, Code::ResourceExhausted as u32, "{ack:?}");
-            assert_eq!(ack.error_reason, 8, "OVERLOADED: {ack:?}");
-            assert_eq!(ack.write_outcome, 1, "NOT_STORED: {ack:?}");
-            assert!(
-                ack.retry_after_ms >= 50,
-                "a hint of at least the bound: {ack:?}"
-            );
-            assert!(ack.retry_after_ms <= 500, "at most 10 × the bound: {ack:?}");
-            assert!(
-                ack.error_message.contains("publish.maxQueueDelay"),
-                "{ack:?}"
-            );
-            hint = hint.max(Duration::from_millis(u64::from(ack.retry_after_ms)));
-            again.push(id);
         }
-        refusals += again.len() as u64;
-        waiting = again;
+        let mut hint = Duration::ZERO;
+        for (p, ids) in streams.iter_mut().zip(&mut waiting) {
+            let mut again = Vec::new();
+            for &id in ids.iter() {
+                let ack = p.ack().await;
+                assert_eq!(ack.batch_id, id, "acks in order");
+                if ack.success {
+                    stored += 1;
+                    continue;
+                }
+                assert_eq!(ack.error_code, Code::ResourceExhausted as u32, "{ack:?}");
+                assert_eq!(ack.error_reason, 8, "OVERLOADED: {ack:?}");
+                assert_eq!(ack.write_outcome, 1, "NOT_STORED: {ack:?}");
+                assert!(
+                    ack.retry_after_ms >= 50,
+                    "a hint of at least the bound: {ack:?}"
+                );
+                assert!(ack.retry_after_ms <= 500, "at most 10 × the bound: {ack:?}");
+                assert!(
+                    ack.error_message.contains("publish.maxQueueDelay"),
+                    "{ack:?}"
+                );
+                hint = hint.max(Duration::from_millis(u64::from(ack.retry_after_ms)));
+                again.push(id);
+            }
+            refusals += again.len() as u64;
+            *ids = again;
+        }
         tokio::time::sleep(hint).await;
     }
     assert!(!trigger.exists(), "the slow write happened");
-    assert_eq!(stored, BATCHES);
+    assert_eq!(stored, 2 * BATCHES);
     assert!(
         refusals > 0,
-        "1,000 batches behind a 2 s write: some must be refused"
+        "1,600 batches behind a 2 s write: some must be refused"
     );
     let stats = topic_stats(&b, "od").await;
-    assert_eq!(stats[0].stored, BATCHES + 1, "each stored once: {stats:?}");
+    assert_eq!(
+        stats[0].stored,
+        2 * BATCHES + 1,
+        "each stored once: {stats:?}"
+    );
     let counted = b
         .metric(
             "futureq_publish_requests_total{topic=\"\",ack_level=\"quorum\",result=\"overloaded\"}",

@@ -22,8 +22,10 @@ use std::time::{Duration, Instant};
 use crate::metrics::Metrics;
 
 /// Batches in service the queue-delay limit always allows, whatever the measured rate (a
-/// node that was idle measures none).
-pub const BATCHES_IN_SERVICE_MIN: u64 = 64;
+/// node that was idle measures none): one stream's whole pipeline
+/// (`api::producer::PIPELINE_MAX`, checked there), so a burst on one stream into an idle node
+/// is never shed.
+pub const BATCHES_IN_SERVICE_MIN: u64 = 1024;
 /// The write path's rate is measured over windows at least this long.
 pub const RATE_WINDOW: Duration = Duration::from_millis(100);
 /// Shortest retry hint given: below it a client would only send into the same line again.
@@ -75,7 +77,9 @@ impl QueueDelay {
         u64::try_from(now.saturating_duration_since(self.epoch).as_micros()).unwrap_or(u64::MAX)
     }
 
-    /// Ends the current window if it is [`RATE_WINDOW`] old, taking its rate. A window over
+    /// Ends the current window if it is [`RATE_WINDOW`] old, taking its rate. The rate falls
+    /// by at most half per window (one window of a stalled fsync does not shed a steady load
+    /// at once; a stall that lasts brings the limit down within a few windows). A window over
     /// twice that long saw no batch read (each read checks): the node was idle, and the rate
     /// is unknown again (0), not the few batches that trickled out over the long window.
     fn roll(&self, now: Instant) {
@@ -95,7 +99,8 @@ impl QueueDelay {
             let per_s = if u128::from(elapsed) > 2 * RATE_WINDOW.as_micros() {
                 0
             } else {
-                finished.saturating_sub(before).saturating_mul(1_000_000) / elapsed
+                let measured = finished.saturating_sub(before).saturating_mul(1_000_000) / elapsed;
+                measured.max(self.rate.load(Ordering::Acquire) / 2)
             };
             self.rate.store(per_s, Ordering::Release);
         }
@@ -252,8 +257,8 @@ mod tests {
             drop(budget.try_admit(10).unwrap());
         }
         let w1 = u64::try_from(RATE_WINDOW.as_millis()).unwrap();
-        assert!(budget.queue_delay_check(at(w1)).is_ok(), "64 < 2,500");
-        held.extend((64..2_500).map(|_| budget.try_admit(10).unwrap()));
+        assert!(budget.queue_delay_check(at(w1)).is_ok(), "1,024 < 2,500");
+        held.extend((BATCHES_IN_SERVICE_MIN..2_500).map(|_| budget.try_admit(10).unwrap()));
         assert_eq!(
             budget.queue_delay_check(at(w1 + 1)),
             Err(Duration::from_millis(250)),
@@ -271,16 +276,27 @@ mod tests {
             budget.queue_delay_check(at(2 * w1 + 1)).is_ok(),
             "1,200 < 1,250"
         );
-        // A stalled write path (2 finished in a window, 20/s): the hint is bounded.
+        assert_eq!(BATCHES_IN_SERVICE_MIN, 1_024, "the numbers below assume it");
         assert!(
             budget.queue_delay_check(at(3 * w1)).is_ok(),
-            "802 finished: 8,020/s"
+            "800 finished: 8,000/s"
         );
+        // A stalled write path (2 finished in a window, 20/s): the rate falls by half per
+        // window, and the hint is bounded.
         held.drain(..2);
         assert_eq!(
             budget.queue_delay_check(at(4 * w1)),
+            Err(Duration::from_micros(299_500)),
+            "1,198 in service at 4,000/s (half the last rate, not 20/s)"
+        );
+        for k in 5..8 {
+            assert!(budget.queue_delay_check(at(k * w1)).is_err());
+        }
+        assert_eq!(budget.delay.rate.load(Ordering::Acquire), 8_000 / 16);
+        assert_eq!(
+            budget.queue_delay_check(at(8 * w1)),
             Err(max * RETRY_AFTER_MAX_FACTOR),
-            "1,198 in service at 20/s: a minute, said as the longest hint"
+            "1,198 at 250/s: about 5 s, said as the longest hint"
         );
         // An idle spell (no batch read for a minute) measures no rate: the floor again.
         held.truncate(BATCHES_IN_SERVICE_MIN as usize);

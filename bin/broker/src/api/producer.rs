@@ -40,6 +40,8 @@ pub const PIPELINE_MAX: usize = 1024;
 /// back-pressure as [`PIPELINE_MAX`]): a quarter of the node's
 /// [`crate::budget::IN_SERVICE_BYTES_MAX`], so that one stream cannot take it all.
 pub const PIPELINE_BYTES_MAX: usize = 4 << 20;
+// A stream's whole pipeline is never shed by the queue-delay limit of an idle node.
+const _: () = assert!(crate::budget::BATCHES_IN_SERVICE_MIN >= PIPELINE_MAX as u64);
 
 type AckFuture = std::pin::Pin<Box<dyn std::future::Future<Output = PublishBatchAck>>>;
 

@@ -262,7 +262,7 @@ impl Default for Config {
             publish: Publish {
                 min_ack_level: "quorum".into(),
                 proposal_timeout: "5s".into(),
-                max_queue_delay: "250ms".into(),
+                max_queue_delay: "50ms".into(),
                 max_delay: "365d".into(),
                 dedup_window: "10m".into(),
                 stream_idle_timeout: "5m".into(),
