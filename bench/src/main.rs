@@ -15,6 +15,7 @@
 //! Every latency figure comes from an HDR histogram; results print as a markdown table.
 
 mod ab;
+mod backlog;
 mod compare;
 mod conn;
 mod failover;
@@ -183,6 +184,22 @@ enum Cmd {
         #[arg(long)]
         futureq: Option<std::path::PathBuf>,
     },
+    /// A standalone broker filled with far-future messages in ten steps (RSS and disk after
+    /// each), then publish latency, delivery lateness and a restart with that backlog.
+    Backlog {
+        /// Messages waiting at the end (10^8 takes ~20 GB of disk and minutes to fill).
+        #[arg(long, default_value_t = 10_000_000)]
+        count: u64,
+        /// Directory for the broker's data (a temporary directory is made in it).
+        #[arg(long, default_value = ".")]
+        work: std::path::PathBuf,
+        /// Directory for backlog.json.
+        #[arg(long, default_value = "backlog")]
+        out: std::path::PathBuf,
+        /// The futureq binary (default: next to this one, built with cargo if missing).
+        #[arg(long)]
+        futureq: Option<std::path::PathBuf>,
+    },
     /// Seeded fault run against a 3-node cluster it starts; checks the history.
     Nemesis {
         /// Seed of the fault schedule and the workload.
@@ -284,6 +301,21 @@ async fn main() -> anyhow::Result<()> {
                 } => r,
                 _ = tokio::signal::ctrl_c() => bail!("interrupted; every broker this run started is stopped"),
                 _ = term.recv() => bail!("terminated; every broker this run started is stopped"),
+            }
+        }
+        Cmd::Backlog {
+            count,
+            work,
+            out,
+            futureq,
+        } => {
+            let bin = compare::futureq_binary(futureq)?;
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+            tokio::select! {
+                r = backlog::run(&bin, count, &work, &out) => r,
+                _ = tokio::signal::ctrl_c() => bail!("interrupted; the broker this run started is stopped"),
+                _ = term.recv() => bail!("terminated; the broker this run started is stopped"),
             }
         }
         Cmd::Compare {
