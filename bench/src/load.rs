@@ -264,50 +264,59 @@ pub(crate) fn messages(topic: &str, n: usize, size: usize, delay_ms: i64) -> Vec
         .collect()
 }
 
-/// Publishes `count` messages due in a year (QUORUM, batches of 100 on 4 streams with 8 in
-/// flight each) and returns the publish rate, msgs/s.
+/// Batches each fill stream keeps in flight. The four streams' 128 stay below what a node
+/// always takes in service (`BATCHES_IN_SERVICE_MIN`, 1,024), so a fill is shed only by a node
+/// whose write path is behind (then each shed batch goes again after its retry hint).
+const FILL_WINDOW: u64 = 32;
+
+/// Publishes `count` messages due in a year (QUORUM, batches of 100 on 4 streams with
+/// [`FILL_WINDOW`] in flight each) and returns the publish rate, msgs/s.
 pub(crate) async fn fill(addr: &str, count: u64) -> anyhow::Result<f64> {
     let start = Instant::now();
     let per_stream = count.div_ceil(4);
     let mut tasks = Vec::new();
     for s in 0..4u64 {
         let n = per_stream.min(count.saturating_sub(s * per_stream));
-        let (tx, rx) = tokio::sync::mpsc::channel::<PublishBatch>(8);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<PublishBatch>();
         let mut acks = FutureQProducerClient::new(connect(addr).await?)
-            .publish_stream(tokio_stream(rx))
+            .publish_stream(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)))
             .await?
             .into_inner();
         tasks.push(tokio::spawn(async move {
             let batches = n.div_ceil(100);
-            let fill_batch = move |b: u64| {
+            let send = |b: u64| {
                 let k = usize::try_from((n - b * 100).min(100))?;
-                Ok::<_, anyhow::Error>(PublishBatch {
+                tx.send(PublishBatch {
                     messages: messages(&format!("pending-{s}"), k, 100, 365 * 86_400_000),
                     ack_level: Ack::Quorum as i32,
                     batch_id: b,
-                })
-            };
-            let resend = tx.clone();
-            let sender = tokio::spawn(async move {
-                for b in 0..batches {
-                    tx.send(fill_batch(b)?).await?;
-                }
+                })?;
                 Ok::<_, anyhow::Error>(())
-            });
+            };
+            let mut next = 0;
+            while next < batches.min(FILL_WINDOW) {
+                send(next)?;
+                next += 1;
+            }
             let mut stored = 0;
             while stored < batches {
                 let a = acks.message().await?.context("publish stream ended")?;
                 if let Some(after) = retry_after(&a) {
                     // Shed (nothing stored): sent again after the hint.
                     tokio::time::sleep(after).await;
-                    resend.send(fill_batch(a.batch_id)?).await?;
-                } else if !a.success {
+                    send(a.batch_id)?;
+                    continue;
+                }
+                if !a.success {
                     bail!("fill batch rejected: {}", a.error_message);
-                } else {
-                    stored += 1;
+                }
+                stored += 1;
+                if next < batches {
+                    send(next)?;
+                    next += 1;
                 }
             }
-            sender.await?
+            Ok::<_, anyhow::Error>(())
         }));
     }
     for t in tasks {
