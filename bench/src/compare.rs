@@ -372,25 +372,29 @@ impl Compare {
         self.futureq_overload(target).await
     }
 
-    /// Open loop at twice what the ladder's last step achieved (the rate the system sustains
-    /// when overloaded): the excess must be shed (refused OVERLOADED with a retry hint, counted
-    /// in `refused_msgs`), the stored part acked, and leadership must not move (checked with
-    /// the other series by [`elections`]). Skipped when the ladder reached its top.
+    /// Open loop at twice what the ladder reached (the higher of its last step's offered
+    /// rate if sustained and its achieved rate): the excess is shed (refused OVERLOADED with a
+    /// retry hint, counted in `refused_msgs`), the stored part acked, and leadership must not
+    /// move (checked with the other series by [`elections`]).
     async fn futureq_overload(&mut self, target: &Target<'_>) -> anyhow::Result<()> {
         let mode = target.mode();
-        let Some(last) = self
+        let Some(reached) = self
             .runs
             .iter()
             .rev()
-            .find(|r| r.system == "futureq" && r.mode == mode && r.load == "open")
-            .filter(|r| !sustained(r))
+            .find(|r| {
+                (r.system, r.mode, r.load, r.scenario) == ("futureq", mode, "open", "publish")
+            })
+            .map(|r| {
+                let offered = r.offered_msgs_per_s.filter(|_| sustained(r)).unwrap_or(0.0);
+                offered.max(r.msgs_per_s)
+            })
         else {
             return Ok(());
         };
-        let rate = (2.0 * last.msgs_per_s / 1000.0).ceil() * 1000.0;
+        let rate = (2.0 * reached / 1000.0).ceil().max(1.0) * 1000.0;
         self.step(format!(
-            "futureq {mode}: overload, open loop at 2× the {:.0} msgs/s it sustains: {rate} msgs/s",
-            last.msgs_per_s
+            "futureq {mode}: overload, open loop at 2× the {reached:.0} msgs/s the ladder reached: {rate} msgs/s"
         ));
         let (o, costs) = target
             .publish_open(self.plan.open(rate), self.plan.msg_bytes)

@@ -268,6 +268,72 @@ pub(crate) fn messages(topic: &str, n: usize, size: usize, delay_ms: i64) -> Vec
 /// always takes in service (`BATCHES_IN_SERVICE_MIN`, 1,024), so a fill is shed only by a node
 /// whose write path is behind (then each shed batch goes again after its retry hint).
 const FILL_WINDOW: u64 = 32;
+/// Most times one batch is shed before a bench publish gives up (a node that sheds everything
+/// must fail the run, not hang it).
+const SHED_RETRIES_MAX: u32 = 1_000;
+
+/// Publishes batches `0..batches`, each built by `make` when it is sent, on one stream with at
+/// most `window` in flight, until every one is stored. A batch shed (OVERLOADED) is built and
+/// sent again once its retry hint has passed, while the acks of the others go on being read;
+/// any other refusal fails.
+pub(crate) async fn publish_all(
+    addr: &str,
+    batches: u64,
+    window: u64,
+    mut make: impl FnMut(u64) -> anyhow::Result<PublishBatch> + Send + 'static,
+) -> anyhow::Result<()> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<PublishBatch>();
+    let mut acks = FutureQProducerClient::new(connect(addr).await?)
+        .publish_stream(authed(futures::stream::poll_fn(move |cx| rx.poll_recv(cx))))
+        .await?
+        .into_inner();
+    let mut send = |b: u64| -> anyhow::Result<()> { Ok(tx.send(make(b)?)?) };
+    let mut next = 0;
+    while next < batches.min(window) {
+        send(next)?;
+        next += 1;
+    }
+    // Shed batches, in the order their hints pass (each hint is at least the previous).
+    let mut again: std::collections::VecDeque<(tokio::time::Instant, u64)> = Default::default();
+    let mut sheds = 0u32;
+    let mut stored = 0;
+    while stored < batches {
+        let resend = async {
+            match again.front() {
+                Some(&(at, _)) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let a = tokio::select! {
+            a = acks.message() => a?.context("publish stream ended")?,
+            () = resend => {
+                if let Some((_, b)) = again.pop_front() {
+                    send(b)?;
+                }
+                continue;
+            }
+        };
+        if let Some(after) = retry_after(&a) {
+            sheds += 1;
+            if sheds > SHED_RETRIES_MAX {
+                bail!("batches shed {SHED_RETRIES_MAX} times: {}", a.error_message);
+            }
+            let at = tokio::time::Instant::now() + after;
+            let at = again.back().map_or(at, |&(last, _)| at.max(last));
+            again.push_back((at, a.batch_id));
+            continue;
+        }
+        if !a.success {
+            bail!("batch {} rejected: {}", a.batch_id, a.error_message);
+        }
+        stored += 1;
+        if next < batches {
+            send(next)?;
+            next += 1;
+        }
+    }
+    Ok(())
+}
 
 /// Publishes `count` messages due in a year (QUORUM, batches of 100 on 4 streams with
 /// [`FILL_WINDOW`] in flight each) and returns the publish rate, msgs/s.
@@ -277,46 +343,17 @@ pub(crate) async fn fill(addr: &str, count: u64) -> anyhow::Result<f64> {
     let mut tasks = Vec::new();
     for s in 0..4u64 {
         let n = per_stream.min(count.saturating_sub(s * per_stream));
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<PublishBatch>();
-        let mut acks = FutureQProducerClient::new(connect(addr).await?)
-            .publish_stream(futures::stream::poll_fn(move |cx| rx.poll_recv(cx)))
-            .await?
-            .into_inner();
+        let make = move |b: u64| {
+            let k = usize::try_from((n - b * 100).min(100))?;
+            Ok(PublishBatch {
+                messages: messages(&format!("pending-{s}"), k, 100, 365 * 86_400_000),
+                ack_level: Ack::Quorum as i32,
+                batch_id: b,
+            })
+        };
+        let addr = addr.to_owned();
         tasks.push(tokio::spawn(async move {
-            let batches = n.div_ceil(100);
-            let send = |b: u64| {
-                let k = usize::try_from((n - b * 100).min(100))?;
-                tx.send(PublishBatch {
-                    messages: messages(&format!("pending-{s}"), k, 100, 365 * 86_400_000),
-                    ack_level: Ack::Quorum as i32,
-                    batch_id: b,
-                })?;
-                Ok::<_, anyhow::Error>(())
-            };
-            let mut next = 0;
-            while next < batches.min(FILL_WINDOW) {
-                send(next)?;
-                next += 1;
-            }
-            let mut stored = 0;
-            while stored < batches {
-                let a = acks.message().await?.context("publish stream ended")?;
-                if let Some(after) = retry_after(&a) {
-                    // Shed (nothing stored): sent again after the hint.
-                    tokio::time::sleep(after).await;
-                    send(a.batch_id)?;
-                    continue;
-                }
-                if !a.success {
-                    bail!("fill batch rejected: {}", a.error_message);
-                }
-                stored += 1;
-                if next < batches {
-                    send(next)?;
-                    next += 1;
-                }
-            }
-            Ok::<_, anyhow::Error>(())
+            publish_all(&addr, n.div_ceil(100), FILL_WINDOW, make).await
         }));
     }
     for t in tasks {
@@ -386,6 +423,9 @@ pub(crate) fn due_span_s(count: usize, rate: u64) -> u64 {
 
 /// Publishes `count` messages falling due at `rate` msgs/s (0: all at one instant) and
 /// returns the lateness histogram (µs) and how many came early.
+/// Batches the lateness run's publisher keeps in flight.
+const LATENESS_WINDOW: u64 = 64;
+
 pub(crate) async fn lateness_run(
     addr: &str,
     count: usize,
@@ -413,50 +453,34 @@ pub(crate) async fn lateness_run(
     // Publish: every message carries its own delay so that due times land where we want.
     let publish_start_ms = now_us() / 1000;
     let first_due_ms = publish_start_ms + lead_time_ms(count, lead_ms);
-    let (tx, rx) = tokio::sync::mpsc::channel::<PublishBatch>(64);
-    let mut acks = FutureQProducerClient::new(connect(addr).await?)
-        .publish_stream(tokio_stream(rx))
-        .await?
-        .into_inner();
     let n_batches = count.div_ceil(100);
-    let sender = tokio::spawn(async move {
-        for b in 0..n_batches {
-            let now_ms = now_us() / 1000;
-            let messages = (b * 100..((b + 1) * 100).min(count))
-                .map(|i| {
-                    let offset_ms = (i as u64 * 1000)
-                        .checked_div(rate)
-                        .map_or(0, |v| i64::try_from(v).unwrap_or(0));
-                    PublishMessage {
-                        topic: topic.clone(),
-                        payload: vec![0u8; 100],
-                        delay_ms: (first_due_ms + offset_ms - now_ms).max(0),
-                        ttl_ms: 0,
-                        indexes: vec![],
-                        ..PublishMessage::default()
-                    }
-                })
-                .collect();
-            if tx
-                .send(PublishBatch {
-                    messages,
-                    ack_level: 0,
-                    batch_id: b as u64,
-                })
-                .await
-                .is_err()
-            {
-                break;
-            }
-        }
-    });
-    for _ in 0..n_batches {
-        let a = acks.message().await?.context("publish stream ended")?;
-        if !a.success {
-            bail!("batch rejected: {}", a.error_message);
-        }
-    }
-    sender.await?;
+    // Each batch's delays are computed when it is sent (again, if it was shed), so that its
+    // messages fall due where they should.
+    let make = move |b: u64| {
+        let b = usize::try_from(b)?;
+        let now_ms = now_us() / 1000;
+        let messages = (b * 100..((b + 1) * 100).min(count))
+            .map(|i| {
+                let offset_ms = (i as u64 * 1000)
+                    .checked_div(rate)
+                    .map_or(0, |v| i64::try_from(v).unwrap_or(0));
+                PublishMessage {
+                    topic: topic.clone(),
+                    payload: vec![0u8; 100],
+                    delay_ms: (first_due_ms + offset_ms - now_ms).max(0),
+                    ttl_ms: 0,
+                    indexes: vec![],
+                    ..PublishMessage::default()
+                }
+            })
+            .collect();
+        Ok(PublishBatch {
+            messages,
+            ack_level: 0,
+            batch_id: b as u64,
+        })
+    };
+    publish_all(addr, n_batches as u64, LATENESS_WINDOW, make).await?;
     if now_us() / 1000 > first_due_ms {
         bail!("publishing took longer than the lead time; raise --lead-ms");
     }

@@ -16,7 +16,7 @@
 //! seconds late under overload, measured in docs/benchmarks.md) or holding its stream.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
 use crate::metrics::Metrics;
@@ -58,18 +58,26 @@ pub struct Budget {
 /// The queue-delay limit's state (see the module docs), shared by every executor: counters
 /// and a window that whichever executor checks first after it ends rolls.
 ///
-/// Invariant: `in_service` counts the [`Admitted`] batches alive; `finished` only grows.
+/// Invariant: `in_service` counts the [`Admitted`] batches alive; `finished` counts those the
+/// write path was handed and let go (not those refused before it), and only grows.
 struct QueueDelay {
     max: Duration,
     epoch: Instant,
     in_service: AtomicU64,
     finished: AtomicU64,
-    /// Start of the current window, in µs since `epoch`.
-    window_start_us: AtomicU64,
-    /// `finished` when the current window started.
-    window_finished: AtomicU64,
-    /// Batches per second finished over the last complete window.
+    /// The current window; one executor at a time ends it (the others go on meanwhile).
+    window: Mutex<Window>,
+    /// Batches per second finished, as of the last window's end.
     rate: AtomicU64,
+}
+
+/// Where the current rate window started.
+#[derive(Default)]
+struct Window {
+    /// µs since the epoch.
+    start_us: u64,
+    /// `finished` then.
+    finished: u64,
 }
 
 impl QueueDelay {
@@ -78,32 +86,39 @@ impl QueueDelay {
     }
 
     /// Ends the current window if it is [`RATE_WINDOW`] old, taking its rate. The rate falls
-    /// by at most half per window (one window of a stalled fsync does not shed a steady load
-    /// at once; a stall that lasts brings the limit down within a few windows). A window over
-    /// twice that long saw no batch read (each read checks): the node was idle, and the rate
-    /// is unknown again (0), not the few batches that trickled out over the long window.
+    /// by at most half at each window's end (one window of a stalled fsync does not shed a
+    /// steady load at once; a stall that lasts brings the limit down within a few windows). A
+    /// window over twice that long with nothing in service saw no batch: the node was idle,
+    /// and the rate is unknown again (0), not the few batches that trickled out over it.
     fn roll(&self, now: Instant) {
+        let mut w = match self.window.try_lock() {
+            Ok(w) => w,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            // Another executor is ending this window.
+            Err(TryLockError::WouldBlock) => return,
+        };
         let now_us = self.micros(now);
-        let start = self.window_start_us.load(Ordering::Acquire);
-        let elapsed = now_us.saturating_sub(start);
+        let elapsed = now_us.saturating_sub(w.start_us);
         if u128::from(elapsed) < RATE_WINDOW.as_micros() {
             return;
         }
-        if self
-            .window_start_us
-            .compare_exchange(start, now_us, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            let finished = self.finished.load(Ordering::Acquire);
-            let before = self.window_finished.swap(finished, Ordering::AcqRel);
-            let per_s = if u128::from(elapsed) > 2 * RATE_WINDOW.as_micros() {
-                0
-            } else {
-                let measured = finished.saturating_sub(before).saturating_mul(1_000_000) / elapsed;
-                measured.max(self.rate.load(Ordering::Acquire) / 2)
-            };
-            self.rate.store(per_s, Ordering::Release);
-        }
+        let finished = self.finished.load(Ordering::Acquire);
+        let idle = u128::from(elapsed) > 2 * RATE_WINDOW.as_micros()
+            && self.in_service.load(Ordering::Acquire) == 0;
+        let per_s = if idle {
+            0
+        } else {
+            let measured = finished
+                .saturating_sub(w.finished)
+                .saturating_mul(1_000_000)
+                / elapsed;
+            measured.max(self.rate.load(Ordering::Acquire) / 2)
+        };
+        self.rate.store(per_s, Ordering::Release);
+        *w = Window {
+            start_us: now_us,
+            finished,
+        };
     }
 
     /// `Err(expected wait)` when another batch would wait longer than `max` (see the module
@@ -138,13 +153,25 @@ impl QueueDelay {
 pub struct Admitted {
     budget: Arc<Budget>,
     bytes: u64,
+    /// Whether letting it go counts as a batch the write path finished.
+    finished: bool,
+}
+
+impl Admitted {
+    /// Lets it go without counting it as finished: the batch never reached the write path
+    /// (refused before it), so it says nothing of the write path's rate.
+    pub fn abandon(mut self) {
+        self.finished = false;
+    }
 }
 
 impl Drop for Admitted {
     fn drop(&mut self) {
         let delay = &self.budget.delay;
         delay.in_service.fetch_sub(1, Ordering::AcqRel);
-        delay.finished.fetch_add(1, Ordering::AcqRel);
+        if self.finished {
+            delay.finished.fetch_add(1, Ordering::AcqRel);
+        }
         self.budget.used().fetch_sub(self.bytes, Ordering::AcqRel);
         // Every waiter checks again; a waiter dropped meanwhile loses nothing.
         self.budget.freed.notify(usize::MAX);
@@ -165,8 +192,7 @@ impl Budget {
                 epoch: Instant::now(),
                 in_service: AtomicU64::new(0),
                 finished: AtomicU64::new(0),
-                window_start_us: AtomicU64::new(0),
-                window_finished: AtomicU64::new(0),
+                window: Mutex::default(),
                 rate: AtomicU64::new(0),
             },
         })
@@ -205,6 +231,7 @@ impl Budget {
         Some(Admitted {
             budget: Arc::clone(self),
             bytes,
+            finished: true,
         })
     }
 
@@ -298,11 +325,28 @@ mod tests {
             Err(max * RETRY_AFTER_MAX_FACTOR),
             "1,198 at 250/s: about 5 s, said as the longest hint"
         );
-        // An idle spell (no batch read for a minute) measures no rate: the floor again.
-        held.truncate(BATCHES_IN_SERVICE_MIN as usize);
-        assert_eq!(budget.queue_delay_check(at(60_000)), Err(max));
+        // Streams waiting, no batch read for 9.2 s: the long window is measured (1,197
+        // finished in it: 130/s), not taken for idleness.
         held.truncate(1);
-        assert!(budget.queue_delay_check(at(60_001)).is_ok());
+        assert!(budget.queue_delay_check(at(10_000)).is_ok());
+        assert_eq!(budget.delay.rate.load(Ordering::Acquire), 130);
+        // An idle spell (nothing in service, no batch read for a minute) measures no rate:
+        // the floor again, and the hint is the bound.
+        held.clear();
+        assert!(budget.queue_delay_check(at(70_000)).is_ok());
+        assert_eq!(budget.delay.rate.load(Ordering::Acquire), 0);
+        held.extend((0..BATCHES_IN_SERVICE_MIN).map(|_| budget.try_admit(10).unwrap()));
+        assert_eq!(budget.queue_delay_check(at(70_001)), Err(max));
+        // Batches refused before the write path (abandoned) say nothing of its rate.
+        for a in held.drain(..) {
+            a.abandon();
+        }
+        assert!(budget.queue_delay_check(at(70_000 + w1)).is_ok());
+        assert_eq!(
+            budget.delay.rate.load(Ordering::Acquire),
+            0,
+            "none finished"
+        );
         // A short bound's hint is never below the minimum.
         let short = Budget::new(u64::MAX, Duration::from_millis(1), Arc::default());
         assert_eq!(short.delay.expected_wait(1, 1_000_000), RETRY_AFTER_MIN);

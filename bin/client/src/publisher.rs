@@ -749,7 +749,9 @@ fn answer(
             // The leader refused the command (its leadership changing, its ids or budget
             // full, its write path behind): a pause (the server's hint when it gave one),
             // then again.
-            s.paused_until = Some(tokio::time::Instant::now() + pause_after(&ack));
+            // A later, shorter hint never shortens a pause already decided.
+            let until = tokio::time::Instant::now() + pause_after(&ack);
+            s.paused_until = Some(s.paused_until.map_or(until, |p| p.max(until)));
             settle(
                 items,
                 reason.is_none() || stored_nothing,

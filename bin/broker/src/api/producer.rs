@@ -269,6 +269,7 @@ async fn store_batch(
     admitted: Admitted,
 ) -> Outcome {
     if !ctx.repl.leading() {
+        admitted.abandon();
         return Outcome::Failed(Refusal::not_leader(&ctx.repl.leader_addr()));
     }
     let (reply, rx) = oneshot::channel();
@@ -321,6 +322,7 @@ fn process(
     let (items, topics) = match prepared {
         Ok(x) => x,
         Err(r) => {
+            admitted.abandon();
             metrics
                 .publish_requests
                 .add(&["", level.label(), "rejected"], 1);
@@ -674,8 +676,10 @@ impl PublishStream<'_> {
                     crate::budget::IN_SERVICE_BYTES_MAX >> 20,
                     ctx.settings.max_queue_delay.as_millis()
                 );
-                let after = ctx.publish_budget.expected_wait();
-                self.overloaded(Refusal::overloaded(message, after));
+                if let Some((b, _, _)) = self.admitting.take() {
+                    let after = ctx.publish_budget.expected_wait();
+                    self.shed(&b, Refusal::overloaded(message, after));
+                }
             }
             Event::Batch(Ok(None)) => self.reading = false,
             Event::Batch(Err(s)) => {
@@ -745,8 +749,7 @@ impl PublishStream<'_> {
                 after.as_millis(),
                 self.ctx.settings.max_queue_delay.as_millis()
             );
-            self.admitting = Some((b, bytes, read));
-            self.overloaded(Refusal::overloaded(message, after));
+            self.shed(&b, Refusal::overloaded(message, after));
             return;
         }
         match self.ctx.publish_budget.try_admit(bytes) {
@@ -758,16 +761,14 @@ impl PublishStream<'_> {
         }
     }
 
-    /// Refuses the batch waiting for the budget as OVERLOADED (counted as such).
-    fn overloaded(&mut self, refusal: Refusal) {
-        if let Some((b, _, _)) = &self.admitting {
-            let level = AckLevel::from_wire(b.ack_level);
-            self.ctx
-                .metrics
-                .publish_requests
-                .add(&["", level.label(), "overloaded"], 1);
-        }
-        self.refuse_waiting(refusal);
+    /// Refuses `b` as OVERLOADED (counted as such): nothing of it stored.
+    fn shed(&mut self, b: &pb::PublishBatch, refusal: Refusal) {
+        let level = AckLevel::from_wire(b.ack_level);
+        self.ctx
+            .metrics
+            .publish_requests
+            .add(&["", level.label(), "overloaded"], 1);
+        refuse(b, refusal, (&mut self.durable, &mut self.no_ack));
     }
 
     /// Refuses the batch waiting for the budget, if any.

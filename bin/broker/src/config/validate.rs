@@ -353,10 +353,16 @@ impl Config {
         };
         let proposal_timeout = dur("publish.proposalTimeout", &p.proposal_timeout)?;
         let max_queue_delay = dur("publish.maxQueueDelay", &p.max_queue_delay)?;
-        if max_queue_delay < Duration::from_millis(1) || max_queue_delay > proposal_timeout {
+        if max_queue_delay < Duration::from_millis(1) {
+            return err("publish.maxQueueDelay", "must be at least 1ms");
+        }
+        if max_queue_delay > proposal_timeout {
             return err(
-                "publish.maxQueueDelay",
-                "must be at least 1ms and at most publish.proposalTimeout",
+                "publish",
+                format!(
+                    "publish.maxQueueDelay ({}) must be at most publish.proposalTimeout ({}): lower the first or raise the second",
+                    p.max_queue_delay, p.proposal_timeout
+                ),
             );
         }
         let max_delay = dur("publish.maxDelay", &p.max_delay)?;
