@@ -356,15 +356,7 @@ impl Compare {
             self.step(format!(
                 "futureq {mode}: open-loop publish, ack quorum, {rate} msgs/s"
             ));
-            let (o, costs) = target
-                .publish_open(self.plan.open(rate), self.plan.msg_bytes)
-                .await?;
-            let key = ("futureq", mode, "quorum", "publish", 1);
-            self.runs.push(
-                Run::publish(key, o, target.rss_mb())
-                    .open(rate)
-                    .costs(costs),
-            );
+            self.futureq_open(target, rate, "publish").await?;
             if !self.runs.last().is_some_and(sustained) {
                 break;
             }
@@ -396,10 +388,21 @@ impl Compare {
         self.step(format!(
             "futureq {mode}: overload, open loop at 2× the {reached:.0} msgs/s the ladder reached: {rate} msgs/s"
         ));
+        self.futureq_open(target, rate, "overload").await
+    }
+
+    /// One open-loop QUORUM series at `rate` msgs/s, one message per request, recorded as
+    /// `scenario`.
+    async fn futureq_open(
+        &mut self,
+        target: &Target<'_>,
+        rate: f64,
+        scenario: &'static str,
+    ) -> anyhow::Result<()> {
         let (o, costs) = target
             .publish_open(self.plan.open(rate), self.plan.msg_bytes)
             .await?;
-        let key = ("futureq", mode, "quorum", "overload", 1);
+        let key = ("futureq", target.mode(), "quorum", scenario, 1);
         self.runs.push(
             Run::publish(key, o, target.rss_mb())
                 .open(rate)
