@@ -384,7 +384,7 @@ impl Compare {
         else {
             return Ok(());
         };
-        let rate = (2.0 * reached / 1000.0).ceil().max(1.0) * 1000.0;
+        let rate = (2.0 * reached / 1000.0).round().max(1.0) * 1000.0;
         self.step(format!(
             "futureq {mode}: overload, open loop at 2× the {reached:.0} msgs/s the ladder reached: {rate} msgs/s"
         ));
