@@ -364,26 +364,26 @@ impl Compare {
         self.futureq_overload(target).await
     }
 
-    /// Open loop at twice what the ladder reached (the higher of its last step's offered
-    /// rate if sustained and its achieved rate): the excess is shed (refused OVERLOADED with a
-    /// retry hint, counted in `refused_msgs`), the stored part acked, and leadership must not
-    /// move (checked with the other series by [`elections`]).
+    /// Open loop at twice what the ladder reached (the most any step sustained or achieved):
+    /// the excess is shed (refused OVERLOADED with a retry hint, counted in `refused_msgs`),
+    /// the stored part acked, and leadership must not move (checked with the other series by
+    /// [`elections`]).
     async fn futureq_overload(&mut self, target: &Target<'_>) -> anyhow::Result<()> {
         let mode = target.mode();
-        let Some(reached) = self
+        let reached = self
             .runs
             .iter()
-            .rev()
-            .find(|r| {
+            .filter(|r| {
                 (r.system, r.mode, r.load, r.scenario) == ("futureq", mode, "open", "publish")
             })
             .map(|r| {
                 let offered = r.offered_msgs_per_s.filter(|_| sustained(r)).unwrap_or(0.0);
                 offered.max(r.msgs_per_s)
             })
-        else {
+            .fold(0.0, f64::max);
+        if reached == 0.0 {
             return Ok(());
-        };
+        }
         let rate = (2.0 * reached / 1000.0).round().max(1.0) * 1000.0;
         self.step(format!(
             "futureq {mode}: overload, open loop at 2× the {reached:.0} msgs/s the ladder reached: {rate} msgs/s"

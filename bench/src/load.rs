@@ -293,9 +293,10 @@ pub(crate) async fn publish_all(
         send(next)?;
         next += 1;
     }
-    // Shed batches, in the order their hints pass (each hint is at least the previous).
+    // Shed batches, in the order their hints pass (each hint is at least the previous), and
+    // how often each was shed.
     let mut again: std::collections::VecDeque<(tokio::time::Instant, u64)> = Default::default();
-    let mut sheds = 0u32;
+    let mut sheds: std::collections::HashMap<u64, u32> = Default::default();
     let mut stored = 0;
     while stored < batches {
         let resend = async {
@@ -314,9 +315,14 @@ pub(crate) async fn publish_all(
             }
         };
         if let Some(after) = retry_after(&a) {
-            sheds += 1;
-            if sheds > SHED_RETRIES_MAX {
-                bail!("batches shed {SHED_RETRIES_MAX} times: {}", a.error_message);
+            let times = sheds.entry(a.batch_id).or_default();
+            *times += 1;
+            if *times > SHED_RETRIES_MAX {
+                bail!(
+                    "batch {} shed {SHED_RETRIES_MAX} times: {}",
+                    a.batch_id,
+                    a.error_message
+                );
             }
             let at = tokio::time::Instant::now() + after;
             let at = again.back().map_or(at, |&(last, _)| at.max(last));
@@ -326,6 +332,7 @@ pub(crate) async fn publish_all(
         if !a.success {
             bail!("batch {} rejected: {}", a.batch_id, a.error_message);
         }
+        sheds.remove(&a.batch_id);
         stored += 1;
         if next < batches {
             send(next)?;
@@ -421,11 +428,11 @@ pub(crate) fn due_span_s(count: usize, rate: u64) -> u64 {
     count as u64 / if rate == 0 { 10_000 } else { rate }
 }
 
-/// Publishes `count` messages falling due at `rate` msgs/s (0: all at one instant) and
-/// returns the lateness histogram (µs) and how many came early.
 /// Batches the lateness run's publisher keeps in flight.
 const LATENESS_WINDOW: u64 = 64;
 
+/// Publishes `count` messages falling due at `rate` msgs/s (0: all at one instant) and
+/// returns the lateness histogram (µs) and how many came early.
 pub(crate) async fn lateness_run(
     addr: &str,
     count: usize,

@@ -264,13 +264,14 @@ async fn main() -> anyhow::Result<()> {
             futureq,
             tls,
         } => {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-            tokio::select! {
-                r = nemesis::run(seed, Duration::from_secs(seconds), &faults, &out, (futureq, tls)) => r,
-                _ = tokio::signal::ctrl_c() => bail!("interrupted; every node this run started is stopped"),
-                _ = term.recv() => bail!("terminated; every node this run started is stopped"),
-            }
+            let run = nemesis::run(
+                seed,
+                Duration::from_secs(seconds),
+                &faults,
+                &out,
+                (futureq, tls),
+            );
+            until_stopped(run, "every node").await
         }
         Cmd::Security {
             rounds,
@@ -290,18 +291,12 @@ async fn main() -> anyhow::Result<()> {
             cluster,
             out,
         } => {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-            tokio::select! {
-                r = async {
-                    let canon = |p: &std::path::Path| {
-                        std::fs::canonicalize(p).with_context(|| format!("{}", p.display()))
-                    };
-                    ab::run((&canon(&before)?, &canon(&after)?), rounds, quick, cluster, &out).await
-                } => r,
-                _ = tokio::signal::ctrl_c() => bail!("interrupted; every broker this run started is stopped"),
-                _ = term.recv() => bail!("terminated; every broker this run started is stopped"),
-            }
+            let canon = |p: &std::path::Path| {
+                std::fs::canonicalize(p).with_context(|| format!("{}", p.display()))
+            };
+            let (before, after) = (canon(&before)?, canon(&after)?);
+            let run = ab::run((&before, &after), rounds, quick, cluster, &out);
+            until_stopped(run, "every broker").await
         }
         Cmd::Backlog {
             count,
@@ -310,13 +305,7 @@ async fn main() -> anyhow::Result<()> {
             futureq,
         } => {
             let bin = compare::futureq_binary(futureq)?;
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-            tokio::select! {
-                r = backlog::run(&bin, count, &work, &out) => r,
-                _ = tokio::signal::ctrl_c() => bail!("interrupted; the broker this run started is stopped"),
-                _ = term.recv() => bail!("terminated; the broker this run started is stopped"),
-            }
+            until_stopped(backlog::run(&bin, count, &work, &out), "the broker").await
         }
         Cmd::Compare {
             quick,
@@ -326,16 +315,24 @@ async fn main() -> anyhow::Result<()> {
             msg_bytes,
             batch,
         } => {
-            // Ctrl-C or SIGTERM drops the run: every server it started is killed (their
-            // handles kill on drop) and every temp dir removed — nothing is left running.
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-            tokio::select! {
-                r = compare::run(quick, (msg_bytes, batch), &out, futureq, &only) => r,
-                _ = tokio::signal::ctrl_c() => bail!("interrupted; every server this run started is stopped"),
-                _ = term.recv() => bail!("terminated; every server this run started is stopped"),
-            }
+            let run = compare::run(quick, (msg_bytes, batch), &out, futureq, &only);
+            until_stopped(run, "every server").await
         }
+    }
+}
+
+/// Runs `run` until it ends, or until Ctrl-C or SIGTERM drops it: every process it started
+/// (`started`, for the message) is killed, their handles killing on drop, and every temp dir
+/// removed; nothing is left running.
+async fn until_stopped(
+    run: impl std::future::Future<Output = anyhow::Result<()>>,
+    started: &str,
+) -> anyhow::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = run => r,
+        _ = tokio::signal::ctrl_c() => bail!("interrupted; {started} this run started is stopped"),
+        _ = term.recv() => bail!("terminated; {started} this run started is stopped"),
     }
 }
 

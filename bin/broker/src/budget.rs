@@ -58,13 +58,17 @@ pub struct Budget {
 /// The queue-delay limit's state (see the module docs), shared by every executor: counters
 /// and a window that whichever executor checks first after it ends rolls.
 ///
-/// Invariant: `in_service` counts the [`Admitted`] batches alive; `finished` counts those the
-/// write path was handed and let go (not those refused before it), and only grows.
+/// Invariant: `in_service` counts the [`Admitted`] batches alive; `finished` counts those
+/// handed to the write path and let go (not those refused or dropped before it), and only
+/// grows.
 struct QueueDelay {
     max: Duration,
     epoch: Instant,
     in_service: AtomicU64,
     finished: AtomicU64,
+    /// The current window's start (µs since the epoch), read without the lock: a check in
+    /// the middle of a window costs one load.
+    window_start_us: AtomicU64,
     /// The current window; one executor at a time ends it (the others go on meanwhile).
     window: Mutex<Window>,
     /// Batches per second finished, as of the last window's end.
@@ -91,13 +95,17 @@ impl QueueDelay {
     /// window over twice that long with nothing in service saw no batch: the node was idle,
     /// and the rate is unknown again (0), not the few batches that trickled out over it.
     fn roll(&self, now: Instant) {
+        let now_us = self.micros(now);
+        let start = self.window_start_us.load(Ordering::Acquire);
+        if u128::from(now_us.saturating_sub(start)) < RATE_WINDOW.as_micros() {
+            return;
+        }
         let mut w = match self.window.try_lock() {
             Ok(w) => w,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
             // Another executor is ending this window.
             Err(TryLockError::WouldBlock) => return,
         };
-        let now_us = self.micros(now);
         let elapsed = now_us.saturating_sub(w.start_us);
         if u128::from(elapsed) < RATE_WINDOW.as_micros() {
             return;
@@ -119,6 +127,7 @@ impl QueueDelay {
             start_us: now_us,
             finished,
         };
+        self.window_start_us.store(now_us, Ordering::Release);
     }
 
     /// `Err(expected wait)` when another batch would wait longer than `max` (see the module
@@ -153,15 +162,15 @@ impl QueueDelay {
 pub struct Admitted {
     budget: Arc<Budget>,
     bytes: u64,
-    /// Whether letting it go counts as a batch the write path finished.
+    /// Whether letting it go counts as a batch the write path finished: only once it was
+    /// handed to it (a batch refused or dropped before says nothing of its rate).
     finished: bool,
 }
 
 impl Admitted {
-    /// Lets it go without counting it as finished: the batch never reached the write path
-    /// (refused before it), so it says nothing of the write path's rate.
-    pub fn abandon(mut self) {
-        self.finished = false;
+    /// The batch goes to the write path now: letting it go will count it as finished.
+    pub fn handed_over(&mut self) {
+        self.finished = true;
     }
 }
 
@@ -192,6 +201,7 @@ impl Budget {
                 epoch: Instant::now(),
                 in_service: AtomicU64::new(0),
                 finished: AtomicU64::new(0),
+                window_start_us: AtomicU64::new(0),
                 window: Mutex::default(),
                 rate: AtomicU64::new(0),
             },
@@ -231,7 +241,7 @@ impl Budget {
         Some(Admitted {
             budget: Arc::clone(self),
             bytes,
-            finished: true,
+            finished: false,
         })
     }
 
@@ -267,11 +277,17 @@ mod tests {
         let budget = Budget::new(u64::MAX, max, Arc::default());
         let t0 = budget.delay.epoch;
         let at = |ms: u64| t0 + Duration::from_millis(ms);
+        // A batch handed to the write path.
+        let handed = || {
+            let mut a = budget.try_admit(10).unwrap();
+            a.handed_over();
+            a
+        };
         // No rate measured yet: the floor.
         let mut held: Vec<_> = (0..BATCHES_IN_SERVICE_MIN)
             .map(|_| {
                 assert!(budget.queue_delay_check(at(1)).is_ok());
-                budget.try_admit(10).unwrap()
+                handed()
             })
             .collect();
         assert_eq!(
@@ -281,11 +297,11 @@ mod tests {
         );
         // 1,000 batches finish in the first window (10,000/s): the limit is 2,500.
         for _ in 0..1_000 {
-            drop(budget.try_admit(10).unwrap());
+            drop(handed());
         }
         let w1 = u64::try_from(RATE_WINDOW.as_millis()).unwrap();
         assert!(budget.queue_delay_check(at(w1)).is_ok(), "1,024 < 2,500");
-        held.extend((BATCHES_IN_SERVICE_MIN..2_500).map(|_| budget.try_admit(10).unwrap()));
+        held.extend((BATCHES_IN_SERVICE_MIN..2_500).map(|_| handed()));
         assert_eq!(
             budget.queue_delay_check(at(w1 + 1)),
             Err(Duration::from_millis(250)),
@@ -337,10 +353,8 @@ mod tests {
         assert_eq!(budget.delay.rate.load(Ordering::Acquire), 0);
         held.extend((0..BATCHES_IN_SERVICE_MIN).map(|_| budget.try_admit(10).unwrap()));
         assert_eq!(budget.queue_delay_check(at(70_001)), Err(max));
-        // Batches refused before the write path (abandoned) say nothing of its rate.
-        for a in held.drain(..) {
-            a.abandon();
-        }
+        // Batches refused or dropped before the write path say nothing of its rate.
+        held.clear();
         assert!(budget.queue_delay_check(at(70_000 + w1)).is_ok());
         assert_eq!(
             budget.delay.rate.load(Ordering::Acquire),

@@ -235,12 +235,14 @@ pub(crate) async fn answer(core: &impl WriteCore, req: WriteReq) {
     match req {
         WriteReq::Publish {
             items,
-            admitted,
+            mut admitted,
             level,
             dedup,
             deadline,
             reply,
         } => {
+            // From here on the batch counts in the write path's rate (`crate::budget`).
+            admitted.handed_over();
             let _ = reply.send(core.publish(items, admitted, level, dedup, deadline).await);
         }
         WriteReq::Delete {

@@ -269,7 +269,6 @@ async fn store_batch(
     admitted: Admitted,
 ) -> Outcome {
     if !ctx.repl.leading() {
-        admitted.abandon();
         return Outcome::Failed(Refusal::not_leader(&ctx.repl.leader_addr()));
     }
     let (reply, rx) = oneshot::channel();
@@ -322,7 +321,6 @@ fn process(
     let (items, topics) = match prepared {
         Ok(x) => x,
         Err(r) => {
-            admitted.abandon();
             metrics
                 .publish_requests
                 .add(&["", level.label(), "rejected"], 1);

@@ -202,14 +202,7 @@ impl Config {
         let cluster = self.cluster_checked(peer_files, auth.is_some())?;
         let (memory_storage, cache_bytes, min_free_bytes) =
             self.storage_settings(cluster.is_some())?;
-        let PublishSettings {
-            min_ack_level,
-            proposal_timeout,
-            max_queue_delay,
-            max_delay,
-            dedup_window,
-            stream_idle_timeout,
-        } = self.publish_settings()?;
+        let publish = self.publish_settings()?;
         let d = &self.delivery;
         let DeliveryTimes {
             time_bucket: tb,
@@ -244,12 +237,12 @@ impl Config {
             memory_storage,
             cache_bytes,
             min_free_bytes,
-            min_ack_level,
-            proposal_timeout,
-            max_queue_delay,
-            max_delay,
-            dedup_window,
-            stream_idle_timeout,
+            min_ack_level: publish.min_ack_level,
+            proposal_timeout: publish.proposal_timeout,
+            max_queue_delay: publish.max_queue_delay,
+            max_delay: publish.max_delay,
+            dedup_window: publish.dedup_window,
+            stream_idle_timeout: publish.stream_idle_timeout,
             max_attempts: d.max_attempts,
             consumer_queue_size: d.consumer_queue_size,
             time_bucket_ms: u64::try_from(tb.as_millis()).unwrap_or(u64::MAX),
