@@ -6,14 +6,13 @@
 //! above its followers', and glibc kept most of it after the load (docs/benchmarks.md, "a
 //! node's memory with 10^7 pending"). Throughput needs far less: 8 streams × 4 batches of
 //! 100 messages of 100 bytes, the bench's closed loop, is ~0.5 MB in service.
-
 //!
 //! It also bounds how long an admitted batch waits in line (`publish.maxQueueDelay`): by
 //! Little's law a batch admitted behind `n` others waits about `n / rate`, where `rate` is the
 //! batches per second the write path finishes. So at most `rate × maxQueueDelay` batches are
-//! in service (never fewer than [`BATCHES_IN_SERVICE_MIN`]); a batch past that is refused at
-//! once with OVERLOADED and a retry hint, the expected wait, instead of queueing (acked
-//! seconds late under overload, measured in docs/benchmarks.md) or holding its stream.
+//! in service (never fewer than [`BATCHES_IN_SERVICE_MIN`]); a batch past that is refused
+//! without waiting, OVERLOADED with a retry hint (the expected wait), instead of queueing
+//! (acked seconds late under overload, measured in docs/benchmarks.md).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};

@@ -37,7 +37,7 @@ pub enum DiskFault {
 }
 
 impl DiskFault {
-    /// Any [`DiskFault::SlowWrite`], in a list of the faults an operation takes.
+    /// A [`DiskFault::SlowWrite`] of any length, in a list of the faults an operation takes.
     const SLOW: DiskFault = DiskFault::SlowWrite(Duration::ZERO);
 
     /// The trigger file's word for it.
@@ -124,18 +124,17 @@ impl<I: LogIo> FaultyIo<I> {
         self
     }
 
-    /// The armed fault for an operation on `name`, if the trigger file names one (it is
-    /// consumed: one shot).
+    /// The armed fault for an operation on `name`, if the trigger file names one of the kinds
+    /// in `want` (compared by name: a slow write of any length is one kind); it is consumed:
+    /// one shot.
     fn take(&self, name: &str, want: &[DiskFault]) -> Option<DiskFault> {
         if !name.ends_with(".log") {
             return None;
         }
         self.triggers.iter().find_map(|trigger| {
             let word = std::fs::read_to_string(trigger).ok()?;
-            let fault = DiskFault::parse(&word).filter(|f| {
-                want.contains(f)
-                    || (matches!(f, DiskFault::SlowWrite(_)) && want.contains(&DiskFault::SLOW))
-            })?;
+            let fault =
+                DiskFault::parse(&word).filter(|f| want.iter().any(|w| w.name() == f.name()))?;
             std::fs::remove_file(trigger).ok()?;
             tracing::error!(target: "storage.log", fault = fault.name(), "injecting a disk fault");
             Some(fault)
