@@ -7,8 +7,9 @@
 //! node's memory with 10^7 pending"). Throughput needs far less: 8 streams × 4 batches of
 //! 100 messages of 100 bytes, the bench's closed loop, is ~0.5 MB in service.
 //!
-//! It also bounds how long an admitted batch waits in line (`publish.maxQueueDelay`): by
-//! Little's law a batch admitted behind `n` others waits about `n / rate`, where `rate` is the
+//! It also bounds how long an admitted batch is in service, in line and in its commit
+//! (`publish.maxQueueDelay`; the commit's own time is not subtracted): by Little's law a batch
+//! admitted behind `n` others is answered after about `n / rate`, where `rate` is the
 //! batches per second the write path finishes. So at most `rate × maxQueueDelay` batches are
 //! in service (never fewer than [`BATCHES_IN_SERVICE_MIN`]); a batch past that is refused
 //! without waiting, OVERLOADED with a retry hint (the expected wait), instead of queueing
@@ -152,7 +153,7 @@ impl QueueDelay {
             .saturating_mul(1_000_000)
             .checked_div(rate)
             .map_or(self.max, Duration::from_micros);
-        wait.min(self.max * RETRY_AFTER_MAX_FACTOR)
+        wait.min(self.max.saturating_mul(RETRY_AFTER_MAX_FACTOR))
             .max(self.max.max(RETRY_AFTER_MIN))
     }
 }

@@ -296,6 +296,21 @@ async fn store_batch(
     }
 }
 
+/// Whether any message of `b` carries a dedup id.
+fn has_dedup_ids(b: &pb::PublishBatch) -> bool {
+    b.messages.iter().any(|m| !m.dedup_id.is_empty())
+}
+
+/// The level `b` is answered at, served or refused: QUORUM for a batch with dedup ids (which of
+/// its messages were stored before is known once applied), else the level it asks for.
+fn ack_level(b: &pb::PublishBatch) -> AckLevel {
+    if has_dedup_ids(b) {
+        AckLevel::Quorum
+    } else {
+        AckLevel::from_wire(b.ack_level)
+    }
+}
+
 fn process(
     ctx: &Rc<Ctx>,
     access: &Access,
@@ -305,12 +320,8 @@ fn process(
 ) -> (AckLevel, AckFuture) {
     // A batch with dedup ids is answered once applied: which of its messages were stored
     // before is known then.
-    let dedup = batch.messages.iter().any(|m| !m.dedup_id.is_empty());
-    let level = if dedup {
-        AckLevel::Quorum
-    } else {
-        AckLevel::from_wire(batch.ack_level)
-    };
+    let dedup = has_dedup_ids(&batch);
+    let level = ack_level(&batch);
     let batch_id = batch.batch_id;
     let n = batch.messages.len();
     let metrics = std::sync::Arc::clone(&ctx.metrics);
@@ -440,7 +451,7 @@ fn refuse(
         "a batch not served stored nothing"
     );
     let ack: AckFuture = Box::pin(future::ready(reject(b.batch_id, refusal)));
-    if AckLevel::from_wire(b.ack_level).is_durable() {
+    if ack_level(b).is_durable() {
         durable.push_back(ack);
     } else {
         no_ack.push_back(ack);
@@ -761,7 +772,7 @@ impl PublishStream<'_> {
 
     /// Refuses `b` as OVERLOADED (counted as such): nothing of it stored.
     fn shed(&mut self, b: &pb::PublishBatch, refusal: Refusal) {
-        let level = AckLevel::from_wire(b.ack_level);
+        let level = ack_level(b);
         self.ctx
             .metrics
             .publish_requests

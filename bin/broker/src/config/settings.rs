@@ -34,7 +34,8 @@ pub struct Settings {
     pub min_free_bytes: u64,
     pub min_ack_level: AckLevel,
     pub proposal_timeout: Duration,
-    /// Longest an admitted publish batch should wait in line; batches past it are refused
+    /// Longest an admitted publish batch should be in service (in line and in its commit);
+    /// batches past it are refused
     /// (OVERLOADED, with a retry hint), and so is one that waits this long for the bytes
     /// budget ([`crate::budget`]).
     pub max_queue_delay: Duration,

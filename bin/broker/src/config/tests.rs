@@ -155,6 +155,7 @@ fn errors_name_the_key() {
             ("configVersion: 1\npublish:\n  maxDelay: 5 parsecs\n", "publish.maxDelay"),
             ("configVersion: 1\npublish:\n  dedupWindow: 5s\n", "publish.dedupWindow"),
             ("configVersion: 1\npublish:\n  maxQueueDelay: 0ms\n", "publish.maxQueueDelay"),
+            ("configVersion: 1\npublish:\n  proposalTimeout: 1000d\n  maxQueueDelay: 61s\n", "publish.maxQueueDelay: must be between 1ms and 60s"),
             ("configVersion: 1\npublish:\n  maxQueueDelay: 6s\n", "publish.maxQueueDelay (6s) must be at most publish.proposalTimeout (5s)"),
             ("configVersion: 1\npublish:\n  proposalTimeout: 20ms\n", "publish.maxQueueDelay (50ms) must be at most publish.proposalTimeout (20ms)"),
             ("configVersion: 1\nobservability:\n  metrics:\n    topicsInterval: 10ms\n", "topicsInterval: must be at least 100ms"),

@@ -346,8 +346,8 @@ impl Config {
         };
         let proposal_timeout = dur("publish.proposalTimeout", &p.proposal_timeout)?;
         let max_queue_delay = dur("publish.maxQueueDelay", &p.max_queue_delay)?;
-        if max_queue_delay < Duration::from_millis(1) {
-            return err("publish.maxQueueDelay", "must be at least 1ms");
+        if max_queue_delay < Duration::from_millis(1) || max_queue_delay > Duration::from_secs(60) {
+            return err("publish.maxQueueDelay", "must be between 1ms and 60s");
         }
         if max_queue_delay > proposal_timeout {
             return err(
