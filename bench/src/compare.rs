@@ -1130,10 +1130,37 @@ pub async fn run(
         println!("plot: {}", plot.display());
     }
     if !failed.is_empty() {
+        let logs = keep_logs(work.path(), out);
         let list: Vec<String> = failed.iter().map(|e| format!("{e:#}")).collect();
-        bail!("some measurements failed:\n  {}", list.join("\n  "));
+        bail!(
+            "some measurements failed (the brokers' logs: {}):\n  {}",
+            logs.display(),
+            list.join("\n  ")
+        );
     }
     Ok(())
+}
+
+/// Copies each broker's `futureq.log` under `work` (one directory per setup) to
+/// `out/logs/<setup>.log`, so that a failed run can be read after its work directory is gone;
+/// returns that directory. A log that cannot be copied is reported and skipped.
+fn keep_logs(work: &Path, out: &Path) -> PathBuf {
+    let logs = out.join("logs");
+    let copy = |setup: &std::fs::DirEntry| -> std::io::Result<()> {
+        let from = setup.path().join("futureq.log");
+        if from.exists() {
+            std::fs::create_dir_all(&logs)?;
+            let name = format!("{}.log", setup.file_name().to_string_lossy());
+            std::fs::copy(&from, logs.join(name))?;
+        }
+        Ok(())
+    };
+    for setup in std::fs::read_dir(work).into_iter().flatten().flatten() {
+        if let Err(e) = copy(&setup) {
+            eprintln!("could not keep the log of {}: {e}", setup.path().display());
+        }
+    }
+    logs
 }
 
 #[cfg(test)]

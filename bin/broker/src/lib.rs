@@ -36,6 +36,7 @@ mod replication;
 pub mod runtime;
 pub mod security;
 pub mod server;
+mod task;
 
 pub use exit::{ServerError, EXIT_WRITE_PATH_FAILED};
 pub use futureq_net::Shutdown;

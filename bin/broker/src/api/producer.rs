@@ -421,14 +421,25 @@ fn serve(
     (outstanding_bytes, durable, no_ack): StreamQueues<'_>,
 ) {
     outstanding_bytes.set(outstanding_bytes.get() + bytes);
+    let batch_id = b.batch_id;
     let (level, fut) = process(ctx, access, b, admitted, received);
     let counter = Rc::clone(outstanding_bytes);
     // Dropping the task (the stream ends) cancels the write's wait, as dropping the future did.
-    let fut: AckFuture = Box::pin(glommio::spawn_local(async move {
+    // Its output comes through `spawn_owned`, not glommio's handle: the write core answers from
+    // another executor's thread (see `crate::task`).
+    let task = crate::task::spawn_owned(async move {
         let ack = fut.await;
         counter.set(counter.get() - bytes);
         ack
-    }));
+    });
+    let fut: AckFuture = Box::pin(async move {
+        task.await.unwrap_or_else(|| {
+            reject(
+                batch_id,
+                Refusal::shutting_down().with_outcome(WriteOutcome::Unknown),
+            )
+        })
+    });
     if level.is_durable() {
         durable.push_back(fut);
     } else {

@@ -1,0 +1,133 @@
+//! Tasks whose output is awaited: [`spawn_owned`], instead of awaiting glommio's `Task` handle.
+//!
+//! glommio 0.9 frees a task from its handle's `Drop` when a plain load of the task's reference
+//! count reads zero. Another thread that drops the task's last waker takes that count to zero
+//! and then back to one (to queue a final wake on the task's executor); a handle dropped in
+//! between frees the task under that thread, whose queued wake then writes into freed memory.
+//! The next task allocated there has its count off by one and is freed while its own waker is
+//! still held, and the wake of that waker crashes the process. A standalone broker died so in
+//! `do_wake`, with the freed task's memory reused for a publish's payload, about once per
+//! 10 s of NO_ACK publishes of one message per request from 8 streams: each batch's task was
+//! awaited through its handle, and the write core on the other executor answered it (and
+//! dropped its waker) from its thread.
+//!
+//! # Invariant
+//! A task spawned here has its glommio handle dropped right after the spawn, while the
+//! spawning code still holds the executor: the task cannot have completed, and a waker taken
+//! from it holds a count. So only the count's atomic steps (a waker's or a run's last drop)
+//! ever free it, never a handle's load.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use futures::channel::oneshot;
+use futures::future::Either;
+
+/// The output of a task spawned with [`spawn_owned`]; dropping it cancels the task (at the
+/// task's next turn, as a glommio `Task` handle's drop does).
+#[must_use = "dropping it cancels the task"]
+pub struct Owned<T> {
+    rx: oneshot::Receiver<T>,
+}
+
+impl<T> Future for Owned<T> {
+    /// `None` when the task ended without an output: its executor stopped (it was dropped).
+    type Output = Option<T>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        Pin::new(&mut self.rx).poll(cx).map(Result::ok)
+    }
+}
+
+/// Runs `fut` on a task of the current executor (started at once, as `glommio::spawn_local`
+/// does); its output comes through the returned [`Owned`], on this executor. See the module
+/// docs for why not through glommio's handle.
+pub fn spawn_owned<T: 'static>(fut: impl Future<Output = T> + 'static) -> Owned<T> {
+    let (mut tx, rx) = oneshot::channel();
+    glommio::spawn_local(async move {
+        let out = {
+            let fut = std::pin::pin!(fut);
+            match futures::future::select(fut, tx.cancellation()).await {
+                Either::Left((out, _)) => out,
+                // The `Owned` was dropped: nobody wants the output.
+                Either::Right(((), _)) => return,
+            }
+        };
+        let _ = tx.send(out);
+    })
+    .detach();
+    Owned { rx }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::rc::Rc;
+    use std::time::Duration;
+
+    use futures::channel::oneshot;
+    use glommio::LocalExecutorBuilder;
+
+    use super::spawn_owned;
+
+    /// Sets its flag when dropped (the future that holds it was dropped).
+    struct Dropped(Rc<Cell<bool>>);
+
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.set(true);
+        }
+    }
+
+    #[test]
+    fn an_owned_task_answered_from_another_executor_yields_its_output_and_dropping_it_cancels_it() {
+        // Each request carries a oneshot the other executor answers from its thread, as the
+        // write core answers the ingress cores' publishes.
+        let (requests, served) = flume::bounded::<oneshot::Sender<u64>>(64);
+        let answerer = LocalExecutorBuilder::default()
+            .spawn(move || async move {
+                while let Ok(reply) = served.recv_async().await {
+                    let _ = reply.send(7);
+                }
+            })
+            .expect("an executor");
+        let asker = LocalExecutorBuilder::default()
+            .spawn(move || async move {
+                // Many in flight at once, their outputs awaited in order.
+                let mut sum = 0;
+                let mut in_flight = std::collections::VecDeque::new();
+                for _ in 0..20_000 {
+                    let (reply, answer) = oneshot::channel();
+                    requests.send_async(reply).await.expect("the answerer runs");
+                    in_flight.push_back(spawn_owned(async move { answer.await.unwrap_or(0) }));
+                    if in_flight.len() == 32 {
+                        sum += in_flight.pop_front().expect("32").await.expect("an output");
+                    }
+                }
+                for o in in_flight {
+                    sum += o.await.expect("an output");
+                }
+                assert_eq!(sum, 7 * 20_000);
+
+                // Dropped before its output: the task stops at its next turn.
+                let dropped = Rc::new(Cell::new(false));
+                let guard = Dropped(Rc::clone(&dropped));
+                let owned = spawn_owned(async move {
+                    let _guard = guard;
+                    glommio::timer::sleep(Duration::from_secs(60)).await;
+                });
+                drop(owned);
+                glommio::timer::sleep(Duration::from_millis(10)).await;
+                assert!(
+                    dropped.get(),
+                    "the task's future was dropped with its Owned"
+                );
+            })
+            .expect("an executor");
+        asker.join().expect("the asker's checks");
+        answerer
+            .join()
+            .expect("the answerer ends when the asker drops its sender");
+    }
+}
