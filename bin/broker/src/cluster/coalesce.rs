@@ -10,8 +10,9 @@
 //!   the order given (a batch is atomic, and its reply names its first id).
 //! - Ids are assigned when the group is proposed, at each attempt (see
 //!   `futureq_raft::node::Node::propose_event`), so ids follow log order.
-//! - At most [`GROUPS_IN_FLIGHT`] groups are proposed and not yet applied; what arrives
-//!   meanwhile waits, and goes into the next group.
+//! - At most [`GROUPS_IN_FLIGHT`] groups, and [`IN_FLIGHT_BYTES_MAX`] bytes of groups (or one
+//!   larger group), are proposed and not yet applied; what arrives meanwhile waits, and goes
+//!   into the next group.
 //! - A retry (Raft refused the entry while leadership settled) leaves out the NO_ACK batches:
 //!   they were answered with the ids of the first attempt, and may be lost.
 
@@ -41,13 +42,17 @@ pub(crate) const GROUP_ITEMS_MAX: usize = 8_192;
 /// such messages per entry.
 pub(crate) const GROUP_BYTES_MAX: usize = 1 << 20;
 const _: () = assert!(GROUP_BYTES_MAX <= futureq_core::command::ENTRY_BYTES_MAX);
-/// Groups proposed and not yet applied at once. 8 measured 1.26× at QUORUM 1/request
-/// (`ab --cluster`, 178 → 140 µs CPU per message) but, with batches of 100, held more in
-/// flight on the leader (+150 MiB summed RSS in the compare's pending fill) and saw leadership
-/// move in every such fill after the failovers (3 of 3 runs, and a CI run that gave up),
-/// against 1 of 2 with 2. Kept at 2 until the bound is in bytes as well as in groups
-/// (docs/benchmarks.md, issue 29).
-pub(crate) const GROUPS_IN_FLIGHT: u64 = 2;
+/// Groups proposed and not yet applied at once, when they are small. With 2, a publish at
+/// one message per request waited a round for a place (a place comes back when a group is
+/// applied on the leader); 8 measured 1.26× at QUORUM 1/request (`ab --cluster`, 178 → 140 µs
+/// CPU per message). Large groups are bounded by [`IN_FLIGHT_BYTES_MAX`] instead.
+pub(crate) const GROUPS_IN_FLIGHT: u64 = 8;
+/// Bytes of the groups proposed and not yet applied, at most (a larger group goes alone):
+/// what a leader holds for replication and each follower takes per round. 8 groups of up to
+/// 4 MiB each saw leadership move in every pending fill after the compare's failovers (3 of
+/// 3 runs, when each group was still copied whole on the Raft core; docs/benchmarks.md,
+/// issue 29); 2 MiB is two full groups, as many bytes as 2 groups of 1 MiB.
+pub(crate) const IN_FLIGHT_BYTES_MAX: usize = 2 * GROUP_BYTES_MAX;
 /// Publishes waiting for a group, at most (as many as the write core serves at once).
 pub(crate) const QUEUE_MAX: usize = crate::replication::REQUESTS_IN_SERVICE_MAX as usize;
 
@@ -104,6 +109,7 @@ impl Group {
 /// closes or the core is gone.
 pub(super) async fn run(core: Weak<Core>, rx: flume::Receiver<Pending>) {
     let in_flight = Rc::new(glommio::sync::Semaphore::new(GROUPS_IN_FLIGHT));
+    let bytes_in_flight = Rc::new(glommio::sync::Semaphore::new(IN_FLIGHT_BYTES_MAX as u64));
     let mut carry: Option<Pending> = None;
     loop {
         let Ok(permit) = Rc::clone(&in_flight).acquire_static_permit(1).await else {
@@ -132,6 +138,13 @@ pub(super) async fn run(core: Weak<Core>, rx: flume::Receiver<Pending>) {
         if group.parts.is_empty() {
             continue;
         }
+        // What comes meanwhile waits in `rx` and joins the next group.
+        let Ok(bytes) = Rc::clone(&bytes_in_flight)
+            .acquire_static_permit(group.bytes.min(IN_FLIGHT_BYTES_MAX) as u64)
+            .await
+        else {
+            return;
+        };
         let Some(core) = core.upgrade() else { return };
         #[allow(clippy::cast_precision_loss)]
         core.metrics
@@ -140,7 +153,7 @@ pub(super) async fn run(core: Weak<Core>, rx: flume::Receiver<Pending>) {
             .observe(group.parts.len() as f64);
         glommio::spawn_local(async move {
             propose(&core, group).await;
-            drop(permit);
+            drop((permit, bytes));
         })
         .detach();
     }
