@@ -36,6 +36,8 @@ struct Sample {
     cpu_us_per_msg: Option<f64>,
     /// The broker's thread sleeps per acked message (every node of a cluster).
     sleeps_per_msg: Option<f64>,
+    /// Messages put in queues another executor serves, per acked message (every node).
+    cross_core_per_msg: Option<f64>,
 }
 
 /// Median, smallest and largest of `v` (not empty).
@@ -54,7 +56,7 @@ pub(crate) fn spread(mut v: Vec<f64>) -> (f64, f64, f64) {
 /// and the after ÷ before ratio of the median throughputs.
 fn table(samples: &[Sample], mode: &str) -> String {
     let mut out = format!(
-        "| {mode} series | before msgs/s median [range] | after msgs/s median [range] | after ÷ before | before p99 ms | after p99 ms | before CPU µs/msg | after CPU µs/msg | before sleeps/msg | after sleeps/msg |\n|---|---|---|---|---|---|---|---|---|---|\n"
+        "| {mode} series | before msgs/s median [range] | after msgs/s median [range] | after ÷ before | before p99 ms | after p99 ms | before CPU µs/msg | after CPU µs/msg | before sleeps/msg | after sleeps/msg | before cross-core/msg | after cross-core/msg |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
     for (batch, _) in SERIES {
         let of = |binary: &str, f: fn(&Sample) -> f64| -> Vec<f64> {
@@ -80,13 +82,15 @@ fn table(samples: &[Sample], mode: &str) -> String {
             spread(of("before", sleeps)).0,
             spread(of("after", sleeps)).0,
         );
+        let cross = |s: &Sample| s.cross_core_per_msg.unwrap_or(f64::NAN);
+        let (bx, ax) = (spread(of("before", cross)).0, spread(of("after", cross)).0);
         let ratio = if bm > 0.0 && (am / bm).is_finite() {
             format!("{:.2}×", am / bm)
         } else {
             "—".to_owned()
         };
         out.push_str(&format!(
-            "| QUORUM {batch}/request | {bm:.0} [{bl:.0}–{bh:.0}] | {am:.0} [{al:.0}–{ah:.0}] | {ratio} | {bp:.2} | {ap:.2} | {bc:.1} | {ac:.1} | {bs:.2} | {as_:.2} |\n"
+            "| QUORUM {batch}/request | {bm:.0} [{bl:.0}–{bh:.0}] | {am:.0} [{al:.0}–{ah:.0}] | {ratio} | {bp:.2} | {ap:.2} | {bc:.1} | {ac:.1} | {bs:.2} | {as_:.2} | {bx:.2} | {ax:.2} |\n"
         ));
     }
     out
@@ -193,6 +197,7 @@ async fn measure(
                     p99_us: o.latency.value_at_quantile(0.99),
                     cpu_us_per_msg: costs.cpu_us,
                     sleeps_per_msg: costs.sleeps,
+                    cross_core_per_msg: costs.cross_core,
                 });
             }
             match deployment {
@@ -220,6 +225,7 @@ mod tests {
             p99_us: 2000,
             cpu_us_per_msg: Some(30.0),
             sleeps_per_msg: Some(2.0),
+            cross_core_per_msg: Some(1.5),
         };
         let samples = [
             s("before", 1, 1, 100.0),
@@ -230,7 +236,7 @@ mod tests {
         let t = table(&samples, "standalone");
         assert!(
             t.contains(
-                "| QUORUM 1/request | 100 [100–100] | 200 [150–250] | 2.00× | 2.00 | 2.00 | 30.0 | 30.0 | 2.00 | 2.00 |"
+                "| QUORUM 1/request | 100 [100–100] | 200 [150–250] | 2.00× | 2.00 | 2.00 | 30.0 | 30.0 | 2.00 | 2.00 | 1.50 | 1.50 |"
             ),
             "{t}"
         );

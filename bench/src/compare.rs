@@ -192,10 +192,20 @@ fn cpu_per_msg(before: Option<f64>, after: Option<f64>, acked: u64) -> Option<f6
         .map(|(b, a)| (a - b) * 1e6 / acked as f64)
 }
 
+/// A counter's growth per acked message between two readings.
+#[allow(clippy::cast_precision_loss)]
+fn per_msg(before: Option<u64>, after: Option<u64>, acked: u64) -> Option<f64> {
+    before
+        .zip(after)
+        .filter(|_| acked > 0)
+        .map(|(b, a)| a.saturating_sub(b) as f64 / acked as f64)
+}
+
 /// The broker's counters at one instant ([`Target::usage`]).
 struct Usage {
     cpu_s: Option<f64>,
     sleeps: Option<u64>,
+    cross_core: Option<u64>,
     leadership: Option<Leadership>,
 }
 
@@ -205,11 +215,8 @@ impl Usage {
     fn costs(&self, after: &Usage, acked: u64) -> Costs {
         Costs {
             cpu_us: cpu_per_msg(self.cpu_s, after.cpu_s, acked),
-            sleeps: self
-                .sleeps
-                .zip(after.sleeps)
-                .filter(|_| acked > 0)
-                .map(|(b, a)| a.saturating_sub(b) as f64 / acked as f64),
+            sleeps: per_msg(self.sleeps, after.sleeps, acked),
+            cross_core: per_msg(self.cross_core, after.cross_core, acked),
             ..Costs::moves(self.leadership, after.leadership)
         }
     }
@@ -243,11 +250,13 @@ impl Target<'_> {
             Target::One(b) => Usage {
                 cpu_s: self.cpu_seconds(),
                 sleeps: b.sleeps(),
+                cross_core: b.cross_core().await,
                 leadership: None,
             },
             Target::Three(c) => Usage {
                 cpu_s: self.cpu_seconds(),
                 sleeps: c.sleeps(),
+                cross_core: c.cross_core().await,
                 leadership: c.leadership().await,
             },
         }
@@ -772,8 +781,8 @@ fn machine() -> Machine {
 
 fn table(runs: &[Run]) -> String {
     let mut t = String::from(
-        "| system | mode | ack level / setting | scenario | load | batch | msgs/s | p50 ms | p99 ms | p99.9 ms | RSS MiB | CPU µs/msg | sleeps/msg | elections | notes |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| system | mode | ack level / setting | scenario | load | batch | msgs/s | p50 ms | p99 ms | p99.9 ms | RSS MiB | CPU µs/msg | sleeps/msg | cross-core/msg | elections | notes |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in runs {
         let load = match r.offered_msgs_per_s {
@@ -808,7 +817,7 @@ fn table(runs: &[Run]) -> String {
             },
         };
         t.push_str(&format!(
-            "| {} | {} | {} | {} | {load} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {} | {} | {} | {} | {notes} |\n",
+            "| {} | {} | {} | {} | {load} | {} | {:.0} | {:.3} | {:.3} | {:.3} | {} | {} | {} | {} | {} | {notes} |\n",
             r.system,
             r.mode,
             r.ack_level,
@@ -821,6 +830,7 @@ fn table(runs: &[Run]) -> String {
             r.rss_mb.map_or("-".into(), |m| format!("{m:.0}")),
             r.cpu_us_per_msg.map_or("-".into(), |c| format!("{c:.1}")),
             r.sleeps_per_msg.map_or("-".into(), |c| format!("{c:.2}")),
+            r.cross_core_per_msg.map_or("-".into(), |c| format!("{c:.2}")),
             match (r.term_changes, r.leader_changes) {
                 (Some(t), Some(c)) if c > 2 * t => format!("{t} ({c} leader changes)"),
                 (Some(t), _) => t.to_string(),

@@ -228,6 +228,23 @@ impl Broker {
         Ok(page)
     }
 
+    /// Messages its threads put in queues another executor serves, so far (the sum of
+    /// `futureq_cross_core_messages_total`); `None` when the metrics page cannot be read
+    /// within 5 s or does not have them (an older build).
+    pub(crate) async fn cross_core(&self) -> Option<u64> {
+        let page = tokio::time::timeout(Duration::from_secs(5), self.metrics())
+            .await
+            .ok()?
+            .ok()?;
+        let values: Vec<f64> = page
+            .lines()
+            .filter(|l| l.starts_with("futureq_cross_core_messages_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.trim().parse().ok())
+            .collect();
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        (!values.is_empty()).then(|| values.iter().sum::<f64>() as u64)
+    }
+
     /// SIGTERM, then waits up to 20 s for a clean exit.
     fn terminate(&mut self) -> anyhow::Result<()> {
         let _ = Command::new("kill")
@@ -467,6 +484,15 @@ impl Cluster {
     /// Sleeps of every node's threads so far ([`Broker::sleeps`]).
     pub(crate) fn sleeps(&self) -> Option<u64> {
         self.nodes.iter().map(Broker::sleeps).sum()
+    }
+
+    /// Cross-core messages of every node so far ([`Broker::cross_core`]).
+    pub(crate) async fn cross_core(&self) -> Option<u64> {
+        let mut sum = 0;
+        for n in &self.nodes {
+            sum += n.cross_core().await?;
+        }
+        Some(sum)
     }
 
     /// The highest Raft term the nodes report (`futureq_raft_term`: it grows at every

@@ -20,6 +20,9 @@ pub(crate) struct Costs {
     pub(crate) cpu_us: Option<f64>,
     /// Thread sleeps (voluntary context switches): each is a wake-up paid later.
     pub(crate) sleeps: Option<f64>,
+    /// Messages put in queues another executor serves (`futureq_cross_core_messages_total`),
+    /// all nodes.
+    pub(crate) cross_core: Option<f64>,
     /// How much the Raft term grew (elections) during the series: 0 unless a fault or an
     /// overload moved leadership (cluster only).
     pub(crate) term_changes: Option<u64>,
@@ -77,6 +80,9 @@ pub(crate) struct Run {
     /// Publish series: the server's thread sleeps (voluntary context switches) per acked
     /// message, all nodes.
     pub(crate) sleeps_per_msg: Option<f64>,
+    /// Publish series: messages the broker's threads put in queues another executor serves,
+    /// per acked message, all nodes (`futureq_cross_core_messages_total`).
+    pub(crate) cross_core_per_msg: Option<f64>,
     /// Cluster publish series: elections during the series (Raft term growth); no fault is
     /// injected, so anything above 0 is a defect.
     pub(crate) term_changes: Option<u64>,
@@ -145,6 +151,7 @@ impl Run {
             repetitions: None,
             cpu_us_per_msg: None,
             sleeps_per_msg: None,
+            cross_core_per_msg: None,
             term_changes: None,
             leader_changes: None,
             refused_msgs: None,
@@ -166,6 +173,7 @@ impl Run {
     pub(crate) fn costs(mut self, c: Costs) -> Run {
         self.cpu_us_per_msg = c.cpu_us;
         self.sleeps_per_msg = c.sleeps;
+        self.cross_core_per_msg = c.cross_core;
         self.term_changes = c.term_changes;
         self.leader_changes = c.leader_changes;
         self

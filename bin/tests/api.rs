@@ -760,3 +760,56 @@ async fn a_write_path_behind_refuses_the_excess_with_a_retry_hint() {
         .await;
     assert_eq!(counted as u64, refusals, "counted as overloaded");
 }
+
+/// Issue 29.2: the broker counts the messages its threads put in queues another executor
+/// serves, and each executor's sleeps. One core: a publish's write request stays on it. Two
+/// cores (the write core is the last, the dispatcher on the first): of 16 connections (spread
+/// by the kernel over both listeners) some reach the write core from the other executor, and
+/// what the write path stored is told to the dispatcher across.
+#[tokio::test]
+async fn cross_core_messages_and_executor_sleeps_are_exported() {
+    let writes = r#"futureq_cross_core_messages_total{queue="writes"}"#;
+    let hub = r#"futureq_cross_core_messages_total{queue="hub"}"#;
+    let one = Broker::start("runtime:\n  cores: 1\n").await;
+    let mut p = Publisher::open(one.channel().await).await;
+    for id in 0..20 {
+        assert!(
+            p.publish(batch(id, QUORUM, vec![msg("xc", "m", 3_600_000, 0)]))
+                .await
+                .success
+        );
+    }
+    let (_, page) = one.http_get("/metrics").await;
+    assert!(
+        page.contains(&format!("{writes} 0\n")),
+        "one core: nothing crossed:\n{page}"
+    );
+    assert!(
+        one.metric(r#"futureq_executor_sleeps_total{core="0"}"#)
+            .await
+            > 0.0
+    );
+
+    let two = Broker::start("runtime:\n  cores: 2\n").await;
+    for id in 0..16 {
+        let mut p = Publisher::open(two.channel().await).await;
+        assert!(
+            p.publish(batch(id, QUORUM, vec![msg("xc", "m", 3_600_000, 0)]))
+                .await
+                .success
+        );
+    }
+    assert!(
+        two.metric(writes).await >= 1.0,
+        "16 connections over 2 cores: some write requests crossed"
+    );
+    eventually(
+        "the stored messages told to the dispatcher across",
+        || async { two.metric(hub).await >= 1.0 },
+    )
+    .await;
+    for core in ["0", "1"] {
+        let series = format!("futureq_executor_sleeps_total{{core=\"{core}\"}}");
+        assert!(two.metric(&series).await > 0.0, "{series}");
+    }
+}

@@ -70,7 +70,7 @@ struct Dispatcher {
     hub: Hub<ConsumerSink>,
     store: StoreService,
     /// Where deletes go: the Raft core, or the local journal standalone.
-    writes: flume::Sender<WriteReq>,
+    writes: crate::mailbox::Mailbox<WriteReq>,
     delete_timeout: Duration,
     delete_interval: Duration,
     /// How long the next delete flush may take (see [`next_flush_attempt`]).
@@ -81,7 +81,7 @@ struct Dispatcher {
     dead_letters_waiting: std::collections::VecDeque<futureq_core::hub::DeadLetter>,
     /// Dead-letter commands not answered yet (at most [`DEAD_LETTERS_IN_FLIGHT_MAX`]).
     dead_letters_in_flight: usize,
-    tx: flume::Sender<HubCmd>,
+    tx: crate::mailbox::Mailbox<HubCmd>,
     metrics: Arc<Metrics>,
     flushing: bool,
     /// Group deletions in progress, per (topic, group): its members are not registered
@@ -493,7 +493,7 @@ fn next_flush_attempt(
 /// longer leads forwards them to the leader. A failure (no leader known, timeout) keeps them
 /// queued for the next flush: deletes are idempotent, and an ACKed key is never dropped.
 pub(crate) async fn delete_logged(
-    writes: &flume::Sender<WriteReq>,
+    writes: &crate::mailbox::Mailbox<WriteReq>,
     keys: Vec<EventKey>,
     deadline: Instant,
 ) -> Result<(), WriteError> {
@@ -511,9 +511,9 @@ pub(crate) async fn delete_logged(
 pub async fn run(
     cfg: DispatcherConfig,
     rx: flume::Receiver<HubCmd>,
-    tx: flume::Sender<HubCmd>,
+    tx: crate::mailbox::Mailbox<HubCmd>,
     store: StoreService,
-    writes: flume::Sender<WriteReq>,
+    writes: crate::mailbox::Mailbox<WriteReq>,
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
 ) {

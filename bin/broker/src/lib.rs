@@ -31,6 +31,7 @@ mod dispatcher;
 mod exit;
 mod fatal;
 mod local;
+mod mailbox;
 pub mod metrics;
 mod replication;
 pub mod runtime;

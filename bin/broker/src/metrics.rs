@@ -270,6 +270,82 @@ impl Collector for RaftMetrics {
     }
 }
 
+/// The executors' per-message costs of the thread-per-core design: messages put in the queues
+/// one executor serves from other threads, and each executor thread's sleeps.
+#[derive(Debug, Default)]
+pub struct Executors {
+    /// Write requests sent to the write core from other threads ([`crate::mailbox`]).
+    pub writes_crossed: Arc<AtomicU64>,
+    /// Hub commands sent to the dispatcher's executor from other threads.
+    pub hub_crossed: Arc<AtomicU64>,
+    /// `(core, thread id)` of each executor thread started.
+    threads: std::sync::Mutex<Vec<(usize, i32)>>,
+}
+
+impl Executors {
+    /// Records the calling thread as executor `core`'s.
+    pub fn register_current(&self, core: usize) {
+        let tid = current_tid();
+        self.threads
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((core, tid));
+    }
+}
+
+/// The calling thread's id (as `gettid`), from `/proc/thread-self`; 0 if unreadable.
+fn current_tid() -> i32 {
+    std::fs::read_link("/proc/thread-self")
+        .ok()
+        .and_then(|p| p.file_name()?.to_str()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A thread's voluntary context switches (it blocked: an executor going to sleep), from
+/// `/proc/self/task/<tid>/status`; `None` if unreadable.
+fn voluntary_switches(tid: i32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/self/task/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("voluntary_ctxt_switches:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
+impl Collector for Executors {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let r = Ordering::Relaxed;
+        let mut family = encoder.encode_descriptor(
+            "futureq_cross_core_messages",
+            "Messages put in a queue one executor serves by another thread (each may wake that executor from its thread): queue=\"writes\", requests to the write core (each is answered back across); queue=\"hub\", commands to the dispatcher (ACKs, deliveries' outcomes, applied keys).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (queue, n) in [("writes", &self.writes_crossed), ("hub", &self.hub_crossed)] {
+            ConstCounter::new(n.load(r)).encode(family.encode_family(&[("queue", queue)])?)?;
+        }
+        let threads = self
+            .threads
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let mut family = encoder.encode_descriptor(
+            "futureq_executor_sleeps",
+            "Times each executor's thread blocked (the kernel's voluntary context switches: waiting for I/O or another thread's wake-up).",
+            None,
+            MetricType::Counter,
+        )?;
+        for (core, tid) in threads {
+            if let Some(n) = voluntary_switches(tid) {
+                let core = core.to_string();
+                ConstCounter::new(n).encode(family.encode_family(&[("core", core.as_str())])?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// One gauge of a collector, read at the scrape.
 fn gauge(encoder: &mut DescriptorEncoder<'_>, name: &str, help: &str, v: u64) -> std::fmt::Result {
     let e = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
@@ -370,6 +446,8 @@ pub struct Metrics {
     pub store_commit_ops: Counter,
     /// The event shard's state (clustered).
     pub raft: Arc<RaftMetrics>,
+    /// Cross-core messages and executor sleeps.
+    pub executors: Arc<Executors>,
 }
 
 impl Default for Metrics {
@@ -422,6 +500,8 @@ impl Metrics {
             .map(|l| latency.get_or_create(&[("ack_level", l)]).clone());
         let raft = Arc::new(RaftMetrics::default());
         r.register_collector(Box::new(Arc::clone(&raft)));
+        let executors = Arc::new(Executors::default());
+        r.register_collector(Box::new(Arc::clone(&executors)));
         let auth_refusals = LabeledCounter::register(
             &mut r,
             (
@@ -471,6 +551,7 @@ impl Metrics {
             store_commits: reg(&mut r, "futureq_store_commits", "Apply transactions committed to the store (each applies a group of log entries)"),
             store_commit_ops: reg(&mut r, "futureq_store_commit_ops", "Log entries applied by those transactions"),
             raft,
+            executors,
             registry: r,
         };
         let mut m = m;

@@ -15,6 +15,8 @@ use futureq_core::{AckLevel, EventKey, TopicHash};
 use futureq_net::Shutdown;
 use futures::channel::oneshot;
 
+use crate::mailbox::Mailbox;
+
 /// Capacity of the write core's request queue.
 pub const WRITES_QUEUE_MAX: usize = 4096;
 
@@ -131,7 +133,7 @@ pub enum MembershipOp {
 /// # Errors
 /// As [`Replication::request`].
 pub async fn request<T>(
-    writes: &flume::Sender<WriteReq>,
+    writes: &Mailbox<WriteReq>,
     make: impl FnOnce(oneshot::Sender<Result<T, WriteError>>) -> WriteReq,
 ) -> Result<T, WriteError> {
     let (reply, rx) = oneshot::channel();
@@ -377,12 +379,13 @@ pub struct View {
     pub lost: Shutdown,
 }
 
-/// The handle every core holds.
+/// The handle every core holds; `writes` is the write core's request queue
+/// ([`WRITES_QUEUE_MAX`] deep).
 ///
 /// Reads are cheap: [`Replication::leading`] is one atomic load, [`Replication::view`] an
 /// `Arc` clone under a read lock (the view is replaced, never changed in place).
 pub struct Replication {
-    writes: flume::Sender<WriteReq>,
+    writes: Mailbox<WriteReq>,
     leading: AtomicBool,
     view: RwLock<Arc<View>>,
 }
@@ -394,7 +397,8 @@ impl Replication {
     pub fn standalone(
         node_id: u64,
         grpc_advertise: &str,
-    ) -> (Arc<Replication>, flume::Receiver<WriteReq>) {
+        writes: Mailbox<WriteReq>,
+    ) -> Arc<Replication> {
         let info = ClusterView {
             leader_id: node_id,
             leader_addr: grpc_advertise.to_owned(),
@@ -415,28 +419,27 @@ impl Replication {
             alive: None,
             lost: Shutdown::new(),
         };
-        Self::new(view)
+        Self::new(view, writes)
     }
 
     /// A cluster node: not leading until the Raft core says so.
     #[must_use]
-    pub fn clustered() -> (Arc<Replication>, flume::Receiver<WriteReq>) {
-        Self::new(View::default())
+    pub fn clustered(writes: Mailbox<WriteReq>) -> Arc<Replication> {
+        Self::new(View::default(), writes)
     }
 
-    fn new(view: View) -> (Arc<Replication>, flume::Receiver<WriteReq>) {
-        let (writes, rx) = flume::bounded(WRITES_QUEUE_MAX);
+    fn new(view: View, writes: Mailbox<WriteReq>) -> Arc<Replication> {
         let r = Replication {
             writes,
             leading: AtomicBool::new(view.leading),
             view: RwLock::new(Arc::new(view)),
         };
-        (Arc::new(r), rx)
+        Arc::new(r)
     }
 
     /// Where write requests go.
     #[must_use]
-    pub fn writes(&self) -> &flume::Sender<WriteReq> {
+    pub fn writes(&self) -> &Mailbox<WriteReq> {
         &self.writes
     }
 

@@ -17,6 +17,7 @@ use crate::config::Settings;
 use crate::dispatcher::{DispatcherConfig, HubCmd, HUB_QUEUE_MAX};
 use crate::exit::{Exit, Ready, ServerError, StoppedGuard};
 use crate::fatal::FatalReporter;
+use crate::mailbox::Mailbox;
 use crate::metrics::Metrics;
 use crate::replication::{Replication, WriteReq};
 use crate::{api, cluster, dispatcher, local, runtime};
@@ -234,13 +235,20 @@ fn spawn_executors(
         disk,
         shutdown,
     } = shared;
-    let (hub_tx, hub_rx) = flume::bounded::<HubCmd>(HUB_QUEUE_MAX);
+    // The dispatcher runs on core 0.
+    let (hub_tx, hub_rx) =
+        Mailbox::<HubCmd>::bounded(HUB_QUEUE_MAX, 0, Arc::clone(&metrics.executors.hub_crossed));
     let mut hub_rx = Some(hub_rx);
     // Every write request goes to one core: the Raft core in a cluster, the journal
     // standalone (`runtime.raftCore` either way).
-    let (repl, write_rx) = match settings.cluster {
-        Some(_) => Replication::clustered(),
-        None => Replication::standalone(settings.node_id, &settings.grpc_advertise),
+    let (writes, write_rx) = Mailbox::bounded(
+        crate::replication::WRITES_QUEUE_MAX,
+        write_core,
+        Arc::clone(&metrics.executors.writes_crossed),
+    );
+    let repl = match settings.cluster {
+        Some(_) => Replication::clustered(writes),
+        None => Replication::standalone(settings.node_id, &settings.grpc_advertise, writes),
     };
     let mut write_rx = Some(write_rx);
     let (dispatcher_done, writes_open) = (Shutdown::new(), Shutdown::new());
@@ -401,7 +409,7 @@ async fn opened(writes_open: Shutdown, shutdown: Shutdown) -> bool {
 struct CtxParts {
     settings: Arc<Settings>,
     store: StoreService,
-    hub: flume::Sender<HubCmd>,
+    hub: Mailbox<HubCmd>,
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
     repl: Arc<Replication>,
@@ -433,6 +441,8 @@ async fn core_main(
     hub_rx: Option<flume::Receiver<HubCmd>>,
     ready: Ready,
 ) {
+    crate::mailbox::set_current_core(core);
+    parts.metrics.executors.register_current(core);
     let write_requests = parts.write_requests.take();
     let started = async {
         let awake = runtime::keep_awake()?;

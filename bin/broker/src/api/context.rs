@@ -32,7 +32,7 @@ pub struct Ctx {
     /// The store, for the operator's reads (TopicStats, Peek) on its admin thread.
     pub store: futureq_storage::StoreService,
     /// The dispatcher's command queue.
-    pub hub: flume::Sender<HubCmd>,
+    pub hub: crate::mailbox::Mailbox<HubCmd>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     /// Process-wide shutdown.

@@ -17,7 +17,7 @@ use crate::metrics::Metrics;
 pub async fn refresh_topic_gauges(
     interval: Duration,
     store: StoreService,
-    hub: flume::Sender<HubCmd>,
+    hub: crate::mailbox::Mailbox<HubCmd>,
     metrics: Arc<Metrics>,
     shutdown: Shutdown,
 ) {

@@ -194,7 +194,7 @@ pub enum HubCmd {
 /// key per topic (a scan cursor that passed it moves back) and the deleted keys (never
 /// delivered again). Called on the write core's executor, never blocking it (see
 /// [`HubFeed`]).
-pub fn applied_to_hub(hub: flume::Sender<HubCmd>) -> impl Fn(&[EventKey], &[EventKey]) {
+pub fn applied_to_hub(hub: crate::mailbox::Mailbox<HubCmd>) -> impl Fn(&[EventKey], &[EventKey]) {
     let feed = HubFeed::new(hub);
     move |published: &[EventKey], deleted: &[EventKey]| {
         if !published.is_empty() {
@@ -213,13 +213,13 @@ pub fn applied_to_hub(hub: flume::Sender<HubCmd>) -> impl Fn(&[EventKey], &[Even
 /// consecutive `Published` notices are merged into one (only the smallest key per topic
 /// matters), so it grows with the deleted keys alone, which the applies bound.
 pub(crate) struct HubFeed {
-    hub: flume::Sender<HubCmd>,
+    hub: crate::mailbox::Mailbox<HubCmd>,
     overflow: Rc<RefCell<VecDeque<HubCmd>>>,
     forwarding: Rc<Cell<bool>>,
 }
 
 impl HubFeed {
-    pub(crate) fn new(hub: flume::Sender<HubCmd>) -> Self {
+    pub(crate) fn new(hub: crate::mailbox::Mailbox<HubCmd>) -> Self {
         HubFeed {
             hub,
             overflow: Rc::default(),
@@ -290,7 +290,8 @@ mod tests {
     fn notices_past_a_full_hub_queue_wait_in_order_in_one_queue() {
         glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
             .spawn(|| async {
-                let (tx, rx) = flume::bounded::<HubCmd>(1);
+                let (tx, rx) =
+                    crate::mailbox::Mailbox::<HubCmd>::bounded(1, 0, std::sync::Arc::default());
                 let feed = HubFeed::new(tx);
                 for i in 0..1000u64 {
                     feed.send(HubCmd::Published(vec![key(i % 3, 10_000 - i)]));
