@@ -64,9 +64,14 @@ pub const UNAPPLIED_BYTES_MAX: usize = 128 << 20;
 const IDS_AHEAD_MAX: u64 = futureq_core::command::IDS_UNAPPLIED_MAX / 2;
 /// How often a long replay logs its progress.
 const REPLAY_PROGRESS_EVERY: Duration = Duration::from_secs(1);
-/// Most entries (and bytes) in one apply transaction.
+/// Most entries (and bytes) in one apply transaction. A writer that finds
+/// [`UNAPPLIED_BYTES_MAX`] unapplied waits for an apply to end, so an apply's length is how
+/// long such waits last: with 64 MiB the applier took all that was flushed, each apply grew
+/// behind the last (5, 11, 31, then 67 MB, 0.8 s) and a closed loop of 100 messages per request
+/// waited up to 1.36 s; with 2 MiB at most 143 ms, at the same throughput (docs/benchmarks.md,
+/// issue 29 fourth round).
 const APPLY_ENTRIES_MAX: usize = 4096;
-const APPLY_BYTES_MAX: usize = 64 << 20;
+const APPLY_BYTES_MAX: usize = 2 << 20;
 
 /// Journal configuration.
 #[derive(Debug, Clone, Copy)]
