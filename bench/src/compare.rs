@@ -1156,6 +1156,8 @@ pub async fn run(
 /// returns that directory. A log that cannot be copied is reported and skipped.
 fn keep_logs(work: &Path, out: &Path) -> PathBuf {
     let logs = out.join("logs");
+    // Logs of an earlier run in the same --out would be taken for this one's.
+    let _ = std::fs::remove_dir_all(&logs);
     let copy = |setup: &std::fs::DirEntry| -> std::io::Result<()> {
         let from = setup.path().join("futureq.log");
         if from.exists() {

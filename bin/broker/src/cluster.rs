@@ -211,7 +211,7 @@ pub async fn serve(
     });
     core.metrics.raft.clustered.store(true, Ordering::Relaxed);
     glommio::spawn_local(coalesce::run(Rc::downgrade(&core), pending)).detach();
-    let watcher = glommio::spawn_local(watch(Rc::clone(&core), shutdown.clone()));
+    let watcher = crate::task::spawn_owned(watch(Rc::clone(&core), shutdown.clone()));
     glommio::spawn_local(watch_stalls(Arc::clone(&core.metrics), shutdown.clone())).detach();
     glommio::spawn_local(register(Rc::clone(&core), shutdown.clone())).detach();
     let requests = serve_requests(Rc::clone(&core), &rx);

@@ -286,6 +286,10 @@ impl Executors {
     /// Records the calling thread as executor `core`'s.
     pub fn register_current(&self, core: usize) {
         let tid = current_tid();
+        if tid == 0 {
+            tracing::warn!(target: "app", core, "cannot read /proc/thread-self: futureq_executor_sleeps_total will not show this executor");
+            return;
+        }
         self.threads
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -313,12 +317,14 @@ fn voluntary_switches(tid: i32) -> Option<u64> {
         .ok()
 }
 
+/// Read at each scrape, on the metrics listener's executor: one small `/proc` file per
+/// executor thread.
 impl Collector for Executors {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> std::fmt::Result {
         let r = Ordering::Relaxed;
         let mut family = encoder.encode_descriptor(
             "futureq_cross_core_messages",
-            "Messages put in a queue one executor serves by another thread (each may wake that executor from its thread): queue=\"writes\", requests to the write core (each is answered back across); queue=\"hub\", commands to the dispatcher (ACKs, deliveries' outcomes, applied keys).",
+            "Messages put in a queue one executor serves by another thread (each may wake that executor from its thread): queue=\"writes\", requests to the write core (each is answered back across); queue=\"hub\", commands to the dispatcher (ACKs, deliveries' outcomes, applied keys). Deliveries to consumer streams and the replies are not counted.",
             None,
             MetricType::Counter,
         )?;

@@ -102,16 +102,16 @@ impl Queue {
     }
 
     /// Runs `work` on this executor in a new task queue of this kind; every task it spawns
-    /// (glommio spawns into the running task's queue) runs there too.
+    /// (glommio spawns into the running task's queue) runs there too. Its output comes
+    /// through [`crate::task::Owned`] (`None` if the executor dropped it).
     pub fn spawn<T: 'static>(
         self,
         work: impl std::future::Future<Output = T> + 'static,
-    ) -> glommio::Task<T> {
+    ) -> crate::task::Owned<T> {
         let (shares, name) = self.config();
-        let ex = glommio::executor();
-        let queue = ex.create_task_queue(shares, glommio::Latency::NotImportant, name);
-        ex.spawn_local_into(work, queue)
-            .expect("a task queue this executor just created")
+        let queue =
+            glommio::executor().create_task_queue(shares, glommio::Latency::NotImportant, name);
+        crate::task::spawn_owned_into(work, queue)
     }
 }
 

@@ -10,7 +10,7 @@ use futureq_net::http::HttpResponse;
 use futureq_net::Shutdown;
 use futureq_storage::{StoreMode, StoreService};
 use glommio::net::TcpListener;
-use glommio::{LocalExecutorBuilder, Placement, PoolPlacement, Task};
+use glommio::{LocalExecutorBuilder, Placement, PoolPlacement};
 
 use crate::api::Ctx;
 use crate::config::Settings;
@@ -20,6 +20,7 @@ use crate::fatal::FatalReporter;
 use crate::mailbox::Mailbox;
 use crate::metrics::Metrics;
 use crate::replication::{Replication, WriteReq};
+use crate::task::{spawn_owned, Owned};
 use crate::{api, cluster, dispatcher, local, runtime};
 
 /// `/metrics`, and `/healthz`: 200 once the write path is open and until shutdown.
@@ -484,7 +485,7 @@ fn bind(key: &'static str, addr: std::net::SocketAddr) -> Result<TcpListener, Se
 async fn start_write_path(
     parts: &CtxParts,
     rx: flume::Receiver<WriteReq>,
-) -> Result<Task<()>, ServerError> {
+) -> Result<Owned<()>, ServerError> {
     let task = match &parts.settings.cluster {
         None => start_journal(parts, rx).await?,
         Some(cfg) => start_raft(parts, cfg, rx).await?,
@@ -497,11 +498,11 @@ async fn start_write_path(
 async fn start_journal(
     parts: &CtxParts,
     rx: flume::Receiver<WriteReq>,
-) -> Result<Task<()>, ServerError> {
+) -> Result<Owned<()>, ServerError> {
     let settings = &parts.settings;
     let (opened, open_rx) = futures::channel::oneshot::channel();
     let data_dir = (!settings.memory_storage).then(|| settings.data_dir.clone());
-    let task = glommio::spawn_local(local::serve(
+    let task = spawn_owned(local::serve(
         data_dir,
         parts.store.store().clone(),
         Box::new(dispatcher::applied_to_hub(parts.hub.clone())),
@@ -524,7 +525,7 @@ async fn start_raft(
     parts: &CtxParts,
     cfg: &crate::config::ClusterSettings,
     rx: flume::Receiver<WriteReq>,
-) -> Result<Task<()>, ServerError> {
+) -> Result<Owned<()>, ServerError> {
     let settings = &parts.settings;
     let start = {
         let (cfg, advertise) = (cfg.clone(), settings.grpc_advertise.clone());
@@ -537,6 +538,11 @@ async fn start_raft(
     let node = runtime::Queue::Raft
         .spawn(start)
         .await
+        .unwrap_or_else(|| {
+            Err(cluster::StartError::Failed(
+                "the executor stopped while the Raft groups started".into(),
+            ))
+        })
         .map_err(|e| match e {
             cluster::StartError::Failed(reason) => ServerError::WritePathFailed {
                 what: "a Raft group",
@@ -544,7 +550,7 @@ async fn start_raft(
             },
             e => ServerError::Cluster(e),
         })?;
-    Ok(glommio::spawn_local(cluster::serve(
+    Ok(spawn_owned(cluster::serve(
         node,
         cfg.clone(),
         settings.grpc_advertise.clone(),
@@ -566,11 +572,11 @@ async fn start_raft(
 fn start_dispatcher(
     parts: &CtxParts,
     rx: flume::Receiver<HubCmd>,
-) -> Result<Vec<Task<()>>, ServerError> {
+) -> Result<Vec<Owned<()>>, ServerError> {
     let settings = &parts.settings;
     let once_open = |work: std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>| {
         let open = opened(parts.writes_open.clone(), parts.shutdown.clone());
-        glommio::spawn_local(async move {
+        spawn_owned(async move {
             if open.await {
                 work.await;
             }
@@ -584,7 +590,7 @@ fn start_dispatcher(
             parts.shutdown.clone(),
             parts.writes_open.clone(),
         );
-        tasks.push(glommio::spawn_local(futureq_net::http::serve(
+        tasks.push(spawn_owned(futureq_net::http::serve(
             listener,
             h,
             parts.shutdown.clone(),
@@ -620,7 +626,7 @@ fn start_dispatcher(
         opened(parts.writes_open.clone(), parts.shutdown.clone()),
         parts.dispatcher_done.clone(),
     );
-    tasks.push(glommio::spawn_local(async move {
+    tasks.push(spawn_owned(async move {
         if open.await {
             run.await;
         }
@@ -655,7 +661,7 @@ async fn serve_clients(
     core: usize,
     parts: CtxParts,
     listener: TcpListener,
-    background: Vec<Task<()>>,
+    background: Vec<Owned<()>>,
     ready: Ready,
 ) {
     let CtxParts {

@@ -12,10 +12,12 @@
 //! dropped its waker) from its thread.
 //!
 //! # Invariant
-//! A task spawned here has its glommio handle dropped right after the spawn, while the
-//! spawning code still holds the executor: the task cannot have completed, and a waker taken
-//! from it holds a count. So only the count's atomic steps (a waker's or a run's last drop)
-//! ever free it, never a handle's load.
+//! A task spawned here is only scheduled at its spawn, not run, and its glommio handle is
+//! dropped right then: the handle's drop finds the task exactly scheduled and holding its
+//! handle, and takes glommio's path that reads no reference count. So only the count's atomic
+//! steps (a waker's or a run's last drop) ever free it, never a handle's load. Every task of
+//! ours whose output is awaited, or that other threads wake and whose handle is dropped after
+//! it ran, is spawned here.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -40,23 +42,42 @@ impl<T> Future for Owned<T> {
     }
 }
 
-/// Runs `fut` on a task of the current executor (started at once, as `glommio::spawn_local`
-/// does); its output comes through the returned [`Owned`], on this executor. See the module
-/// docs for why not through glommio's handle.
+/// Runs `fut` on a task of the current executor's running task queue (from its next turn);
+/// its output comes through the returned [`Owned`], on this executor. See the module docs for
+/// why not through glommio's handle.
 pub fn spawn_owned<T: 'static>(fut: impl Future<Output = T> + 'static) -> Owned<T> {
+    spawn_owned_into(fut, glommio::executor().current_task_queue())
+}
+
+/// [`spawn_owned`] into the task queue `queue` of the current executor.
+///
+/// # Panics
+/// `queue` is not a task queue of the current executor (a caller's defect).
+pub fn spawn_owned_into<T: 'static>(
+    fut: impl Future<Output = T> + 'static,
+    queue: glommio::TaskQueueHandle,
+) -> Owned<T> {
     let (mut tx, rx) = oneshot::channel();
-    glommio::spawn_local(async move {
+    let task = async move {
         let out = {
             let fut = std::pin::pin!(fut);
-            match futures::future::select(fut, tx.cancellation()).await {
-                Either::Left((out, _)) => out,
+            // The cancellation first: once the `Owned` is gone, `fut` is not polled again.
+            match futures::future::select(tx.cancellation(), fut).await {
+                Either::Right((out, _)) => out,
                 // The `Owned` was dropped: nobody wants the output.
-                Either::Right(((), _)) => return,
+                Either::Left(((), _)) => return,
             }
         };
         let _ = tx.send(out);
-    })
-    .detach();
+    };
+    // Scheduled, not run at once as `spawn_local` does (its handle's drop would then read the
+    // count; see the module docs).
+    drop(
+        glommio::executor()
+            .spawn_local_into(task, queue)
+            .expect("a task queue of this executor")
+            .detach(),
+    );
     Owned { rx }
 }
 

@@ -59,6 +59,7 @@ pub(crate) const QUEUE_MAX: usize = crate::replication::REQUESTS_IN_SERVICE_MAX 
 /// One batch of a group.
 struct Part {
     len: usize,
+    deadline: Instant,
     _admitted: Admitted,
     level: AckLevel,
     reply: Option<oneshot::Sender<Result<Stored, WriteError>>>,
@@ -96,12 +97,46 @@ impl Group {
         self.deadline = self.deadline.max(p.deadline);
         self.parts.push(Part {
             len: p.items.len(),
+            deadline: p.deadline,
             _admitted: p.admitted,
             level: p.level,
             reply: Some(p.reply),
             left_out: false,
         });
         self.items.append(&mut p.items);
+    }
+}
+
+impl Group {
+    /// Leaves out the batches whose publish gave up or whose deadline passed (answered
+    /// `Timeout`) while the group waited for room, with their items.
+    fn prune(&mut self, now: Instant) {
+        if self
+            .parts
+            .iter()
+            .all(|p| p.deadline > now && !p.reply.as_ref().is_some_and(|r| r.is_canceled()))
+        {
+            return;
+        }
+        let mut items = std::mem::take(&mut self.items).into_iter();
+        let mut kept = Group::new();
+        for mut p in std::mem::take(&mut self.parts) {
+            let part_items: Vec<StoreItem> = items.by_ref().take(p.len).collect();
+            if p.reply.as_ref().is_some_and(|r| r.is_canceled()) {
+                continue;
+            }
+            if p.deadline <= now {
+                if let Some(reply) = p.reply.take() {
+                    let _ = reply.send(Err(WriteError::Timeout));
+                }
+                continue;
+            }
+            kept.bytes += store_len_bound(&part_items);
+            kept.deadline = kept.deadline.max(p.deadline);
+            kept.items.extend(part_items);
+            kept.parts.push(p);
+        }
+        *self = kept;
     }
 }
 
@@ -145,6 +180,10 @@ pub(super) async fn run(core: Weak<Core>, rx: flume::Receiver<Pending>) {
         else {
             return;
         };
+        group.prune(Instant::now());
+        if group.parts.is_empty() {
+            continue;
+        }
         let Some(core) = core.upgrade() else { return };
         #[allow(clippy::cast_precision_loss)]
         core.metrics
@@ -316,6 +355,47 @@ mod tests {
         assert_eq!(g.items.len(), GROUP_ITEMS_MAX);
         assert_eq!(g.parts.len(), 2);
         assert_eq!(g.items.last().map(|i| i.message[0]), Some(2), "in order");
+    }
+
+    #[test]
+    fn batches_that_timed_out_or_gave_up_while_the_group_waited_are_left_out() {
+        // A batch whose publish still waits for its reply.
+        let waiting = |ids: &[u8], level| {
+            let (reply, rx) = oneshot::channel();
+            let mut p = pending(ids, 1, level);
+            p.reply = reply;
+            (p, rx)
+        };
+        let mut g = Group::new();
+        let (first, _first_rx) = waiting(&[1, 1], AckLevel::Quorum);
+        g.push(first);
+        let (reply, mut timed_out) = oneshot::channel();
+        let mut late = pending(&[2], 1, AckLevel::Quorum);
+        late.reply = reply;
+        late.deadline = Instant::now() + std::time::Duration::from_millis(1);
+        g.push(late);
+        let (reply, gave_up) = oneshot::channel();
+        let mut gone = pending(&[3, 3, 3], 1, AckLevel::Leader);
+        gone.reply = reply;
+        drop(gave_up);
+        g.push(gone);
+        let (last, _last_rx) = waiting(&[4], AckLevel::NoAck);
+        g.push(last);
+        g.prune(Instant::now() + std::time::Duration::from_millis(2));
+        let left: Vec<u8> = g.items.iter().map(|i| i.message[0]).collect();
+        assert_eq!(
+            left,
+            vec![1, 1, 4],
+            "the others, in order, with their items"
+        );
+        assert_eq!(
+            g.parts.iter().map(|p| p.len).collect::<Vec<_>>(),
+            vec![2, 1]
+        );
+        assert!(matches!(
+            timed_out.try_recv(),
+            Ok(Some(Err(WriteError::Timeout)))
+        ));
     }
 
     #[test]
