@@ -64,7 +64,8 @@ pub const UNAPPLIED_BYTES_MAX: usize = 128 << 20;
 const IDS_AHEAD_MAX: u64 = futureq_core::command::IDS_UNAPPLIED_MAX / 2;
 /// How often a long replay logs its progress.
 const REPLAY_PROGRESS_EVERY: Duration = Duration::from_secs(1);
-/// Most entries (and bytes) in one apply transaction. A writer that finds
+/// Most entries in one apply transaction; it stops taking entries once it holds
+/// [`APPLY_BYTES_MAX`] bytes (a larger entry, up to `ENTRY_BYTES_MAX`, goes alone). A writer that finds
 /// [`UNAPPLIED_BYTES_MAX`] unapplied waits for an apply to end, so an apply's length is how
 /// long such waits last: with 64 MiB the applier took all that was flushed, each apply grew
 /// behind the last (5, 11, 31, then 67 MB, 0.8 s) and a closed loop of 100 messages per request
@@ -72,6 +73,9 @@ const REPLAY_PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// issue 29 fourth round).
 const APPLY_ENTRIES_MAX: usize = 4096;
 const APPLY_BYTES_MAX: usize = 2 << 20;
+/// [`APPLY_BYTES_MAX`] at replay, where no writer waits: fewer, larger transactions (as every
+/// apply had before the bound above).
+const REPLAY_BYTES_MAX: usize = 64 << 20;
 
 /// Journal configuration.
 #[derive(Debug, Clone, Copy)]
@@ -252,7 +256,7 @@ impl<I: LogIo + 'static> Journal<I> {
             while index <= last {
                 let mut chunk: Vec<(u64, u64, Vec<u8>)> = Vec::new();
                 let mut bytes = 0;
-                while index <= last && chunk.len() < APPLY_ENTRIES_MAX && bytes < APPLY_BYTES_MAX {
+                while index <= last && chunk.len() < APPLY_ENTRIES_MAX && bytes < REPLAY_BYTES_MAX {
                     let rec = log
                         .read(LogIndex(index))
                         .await?

@@ -167,18 +167,18 @@ async fn run<I: LogIo + 'static>(
         }
     };
     ready(Ok(()));
-    let requests = {
+    {
         let core = LocalCore {
             journal: journal.clone(),
             store,
         };
-        glommio::spawn_local(async move { serve_requests(core, &rx).await }).detach()
-    };
+        // Served until the queue closes (after the journal stopped, requests get its error).
+        crate::task::spawn_detached(async move { serve_requests(core, &rx).await });
+    }
     journal.run(stop).await;
     if let Some(e) = journal.failed() {
         fatal.fail("the journal", &e);
     }
-    drop(requests);
 }
 
 fn write_error(e: JournalError) -> WriteError {

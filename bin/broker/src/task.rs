@@ -16,8 +16,11 @@
 //! dropped right then: the handle's drop finds the task exactly scheduled and holding its
 //! handle, and takes glommio's path that reads no reference count. So only the count's atomic
 //! steps (a waker's or a run's last drop) ever free it, never a handle's load. Every task of
-//! ours whose output is awaited, or that other threads wake and whose handle is dropped after
-//! it ran, is spawned here.
+//! ours whose output is awaited is spawned here, and a background task whose handle was kept
+//! with [`spawn_detached`]. (`glommio::spawn_local(..).detach()` drops the handle right after
+//! the task's first poll, before this executor runs anything else: a wake another thread
+//! queued meanwhile cannot have been taken yet, so the count holds that waker's share and the
+//! load does not read zero. Only a handle kept past that point is exposed.)
 
 use std::future::Future;
 use std::pin::Pin;
@@ -47,6 +50,18 @@ impl<T> Future for Owned<T> {
 /// why not through glommio's handle.
 pub fn spawn_owned<T: 'static>(fut: impl Future<Output = T> + 'static) -> Owned<T> {
     spawn_owned_into(fut, glommio::executor().current_task_queue())
+}
+
+/// Runs `fut` in the background on a task of the current executor's running task queue
+/// (from its next turn), its handle dropped at once (see the module docs); it is not
+/// cancelled, it ends when `fut` does.
+pub fn spawn_detached(fut: impl Future<Output = ()> + 'static) {
+    let ex = glommio::executor();
+    drop(
+        ex.spawn_local_into(fut, ex.current_task_queue())
+            .expect("the running task queue")
+            .detach(),
+    );
 }
 
 /// [`spawn_owned`] into the task queue `queue` of the current executor.

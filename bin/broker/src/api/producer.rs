@@ -424,8 +424,9 @@ fn serve(
     let batch_id = b.batch_id;
     let (level, fut) = process(ctx, access, b, admitted, received);
     let counter = Rc::clone(outstanding_bytes);
-    // Dropping the task (the stream ends) cancels the write's wait, as dropping the future did.
-    // Its output comes through `spawn_owned`, not glommio's handle: the write core answers from
+    // Dropping the task (the stream ends) cancels the write's wait, as dropping the future did
+    // (a batch whose task had not had its first turn is then never sent; it had no ack). Its
+    // output comes through `spawn_owned`, not glommio's handle: the write core answers from
     // another executor's thread (see `crate::task`).
     let task = crate::task::spawn_owned(async move {
         let ack = fut.await;

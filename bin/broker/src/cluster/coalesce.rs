@@ -180,6 +180,8 @@ pub(super) async fn run(core: Weak<Core>, rx: flume::Receiver<Pending>) {
         else {
             return;
         };
+        // The permit was sized before: a pruned group holds a little more than it needs
+        // until its proposal ends.
         group.prune(Instant::now());
         if group.parts.is_empty() {
             continue;
@@ -391,6 +393,15 @@ mod tests {
         assert_eq!(
             g.parts.iter().map(|p| p.len).collect::<Vec<_>>(),
             vec![2, 1]
+        );
+        assert_eq!(
+            g.bytes,
+            store_len_bound(&g.items[..2]) + store_len_bound(&g.items[2..]),
+            "the bytes of the batches left"
+        );
+        assert!(
+            g.deadline >= g.parts[0].deadline && g.deadline >= g.parts[1].deadline,
+            "the latest deadline of the batches left"
         );
         assert!(matches!(
             timed_out.try_recv(),
