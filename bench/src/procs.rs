@@ -228,21 +228,21 @@ impl Broker {
         Ok(page)
     }
 
+    /// Its metrics page, or `None` when it cannot be read within 5 s.
+    async fn metrics_page(&self) -> Option<String> {
+        tokio::time::timeout(Duration::from_secs(5), self.metrics())
+            .await
+            .ok()?
+            .ok()
+    }
+
     /// Messages its threads put in queues another executor serves, so far (the sum of
     /// `futureq_cross_core_messages_total`); `None` when the metrics page cannot be read
     /// within 5 s or does not have them (an older build).
     pub(crate) async fn cross_core(&self) -> Option<u64> {
-        let page = tokio::time::timeout(Duration::from_secs(5), self.metrics())
-            .await
-            .ok()?
-            .ok()?;
-        let values: Vec<f64> = page
-            .lines()
-            .filter(|l| l.starts_with("futureq_cross_core_messages_total{"))
-            .filter_map(|l| l.rsplit(' ').next()?.trim().parse().ok())
-            .collect();
+        let page = self.metrics_page().await?;
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-        (!values.is_empty()).then(|| values.iter().sum::<f64>() as u64)
+        series_sum(&page, "futureq_cross_core_messages_total").map(|v| v as u64)
     }
 
     /// SIGTERM, then waits up to 20 s for a clean exit.
@@ -267,6 +267,24 @@ impl Broker {
     pub(crate) fn stop(mut self) -> anyhow::Result<()> {
         self.terminate()
     }
+}
+
+/// The sum of every series of metric `name` on a metrics page (with any labels); `None` when
+/// the page has none.
+fn series_sum(page: &str, name: &str) -> Option<f64> {
+    let values: Vec<f64> = page
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let value = match rest.chars().next()? {
+                ' ' => rest,
+                '{' => rest.rsplit_once('}')?.1,
+                _ => return None,
+            };
+            value.trim().parse().ok()
+        })
+        .collect();
+    (!values.is_empty()).then(|| values.iter().sum())
 }
 
 fn spawn(bin: &Path, env: &[(String, OsString)], dir: &Path) -> anyhow::Result<Child> {
@@ -501,19 +519,11 @@ impl Cluster {
     pub(crate) async fn leadership(&self) -> Option<Leadership> {
         let mut l = Leadership::default();
         for n in &self.nodes {
-            let page = tokio::time::timeout(Duration::from_secs(5), n.metrics())
-                .await
-                .ok()?
-                .ok()?;
-            let value = |name: &str| {
-                page.lines()
-                    .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-                    .and_then(|v| v.trim().parse::<f64>().ok())
-            };
+            let page = n.metrics_page().await?;
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             let (term, changes) = (
-                value("futureq_raft_term")? as u64,
-                value("futureq_raft_leader_changes_total")? as u64,
+                series_sum(&page, "futureq_raft_term")? as u64,
+                series_sum(&page, "futureq_raft_leader_changes_total")? as u64,
             );
             l.term = l.term.max(term);
             l.changes += changes;
@@ -777,4 +787,22 @@ fn rss_mb(pid: u32) -> Option<f64> {
         .parse()
         .ok()?;
     Some(kb / 1024.0)
+}
+
+#[cfg(test)]
+mod series_tests {
+    use super::series_sum;
+
+    #[test]
+    fn a_metric_is_summed_over_its_labels_and_not_confused_with_a_longer_name() {
+        let page = "# HELP x\nfutureq_raft_term 7\nfutureq_raft_term_extra 100\n\
+                    futureq_cross_core_messages_total{queue=\"writes\"} 3\n\
+                    futureq_cross_core_messages_total{queue=\"hub\"} 4\n";
+        assert_eq!(series_sum(page, "futureq_raft_term"), Some(7.0));
+        assert_eq!(
+            series_sum(page, "futureq_cross_core_messages_total"),
+            Some(7.0)
+        );
+        assert_eq!(series_sum(page, "futureq_missing"), None);
+    }
 }
