@@ -20,7 +20,9 @@
 //! with [`spawn_detached`]. (`glommio::spawn_local(..).detach()` drops the handle right after
 //! the task's first poll, before this executor runs anything else: a wake another thread
 //! queued meanwhile cannot have been taken yet, so the count holds that waker's share and the
-//! load does not read zero. Only a handle kept past that point is exposed.)
+//! load does not read zero. Only a handle kept past that point is exposed. One is kept on
+//! purpose: `runtime::KeepAwake`'s task never completes, and its handle is dropped only when
+//! its executor stops, after the ticker's waker was taken out of the slot under its lock.)
 
 use std::future::Future;
 use std::pin::Pin;

@@ -49,9 +49,9 @@ const _: () = assert!(GROUP_BYTES_MAX <= futureq_core::command::ENTRY_BYTES_MAX)
 pub(crate) const GROUPS_IN_FLIGHT: u64 = 8;
 /// Bytes of the groups proposed and not yet applied, at most (a larger group goes alone):
 /// what a leader holds for replication and each follower takes per round. 8 groups of up to
-/// 4 MiB each saw leadership move in every pending fill after the compare's failovers (3 of
-/// 3 runs, when each group was still copied whole on the Raft core; docs/benchmarks.md,
-/// issue 29); 2 MiB is two full groups, as many bytes as 2 groups of 1 MiB.
+/// 4 MiB each (`GROUP_BYTES_MAX` was 4 MiB then) saw leadership move in every pending fill
+/// after the compare's failovers (3 of 3 runs, when each group was still copied whole on the
+/// Raft core; docs/benchmarks.md, issue 29); 2 MiB is two full groups of 1 MiB.
 pub(crate) const IN_FLIGHT_BYTES_MAX: usize = 2 * GROUP_BYTES_MAX;
 /// Publishes waiting for a group, at most (as many as the write core serves at once).
 pub(crate) const QUEUE_MAX: usize = crate::replication::REQUESTS_IN_SERVICE_MAX as usize;
