@@ -15,8 +15,15 @@ use crate::compare::{Plan, Target};
 use crate::load::Ack;
 use crate::procs::{standalone, Broker, Cluster};
 
-/// The series measured: QUORUM publish at one message per request and at 100.
-const SERIES: [(usize, Ack); 2] = [(1, Ack::Quorum), (100, Ack::Quorum)];
+/// The series measured: QUORUM publish at one message per request and at 100, and with
+/// `--dedup` the same with a dedup id on every message.
+fn series(dedup: bool) -> Vec<(usize, bool)> {
+    let mut s = vec![(1, false), (100, false)];
+    if dedup {
+        s.extend([(1, true), (100, true)]);
+    }
+    s
+}
 
 /// What one run measures: a standalone broker or a 3-node cluster.
 enum Deployment {
@@ -30,6 +37,8 @@ struct Sample {
     binary: &'static str,
     round: usize,
     batch: usize,
+    /// Every message carried a dedup id.
+    dedup: bool,
     msgs_per_s: f64,
     p99_us: u64,
     /// The broker's CPU time per acked message (every node of a cluster), µs.
@@ -58,11 +67,17 @@ fn table(samples: &[Sample], mode: &str) -> String {
     let mut out = format!(
         "| {mode} series | before msgs/s median [range] | after msgs/s median [range] | after ÷ before | before p99 ms | after p99 ms | before CPU µs/msg | after CPU µs/msg | before sleeps/msg | after sleeps/msg | before cross-core/msg | after cross-core/msg |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     );
-    for (batch, _) in SERIES {
+    let mut rows: Vec<(usize, bool)> = Vec::new();
+    for s in samples {
+        if !rows.contains(&(s.batch, s.dedup)) {
+            rows.push((s.batch, s.dedup));
+        }
+    }
+    for (batch, dedup) in rows {
         let of = |binary: &str, f: fn(&Sample) -> f64| -> Vec<f64> {
             samples
                 .iter()
-                .filter(|s| s.binary == binary && s.batch == batch)
+                .filter(|s| s.binary == binary && s.batch == batch && s.dedup == dedup)
                 .map(f)
                 .collect()
         };
@@ -89,8 +104,9 @@ fn table(samples: &[Sample], mode: &str) -> String {
         } else {
             "—".to_owned()
         };
+        let ids = if dedup { ", dedup ids" } else { "" };
         out.push_str(&format!(
-            "| QUORUM {batch}/request | {bm:.0} [{bl:.0}–{bh:.0}] | {am:.0} [{al:.0}–{ah:.0}] | {ratio} | {bp:.2} | {ap:.2} | {bc:.1} | {ac:.1} | {bs:.2} | {as_:.2} | {bx:.2} | {ax:.2} |\n"
+            "| QUORUM {batch}/request{ids} | {bm:.0} [{bl:.0}–{bh:.0}] | {am:.0} [{al:.0}–{ah:.0}] | {ratio} | {bp:.2} | {ap:.2} | {bc:.1} | {ac:.1} | {bs:.2} | {as_:.2} | {bx:.2} | {ax:.2} |\n"
         ));
     }
     out
@@ -105,7 +121,7 @@ pub(crate) async fn run(
     (before, after): (&Path, &Path),
     rounds: usize,
     quick: bool,
-    cluster: bool,
+    (cluster, dedup): (bool, bool),
     out: &Path,
 ) -> anyhow::Result<()> {
     if rounds == 0 {
@@ -120,7 +136,14 @@ pub(crate) async fn run(
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let path = out.join("ab.json");
     let mut samples = Vec::new();
-    let measured = measure(&plan, (before, after), rounds, cluster, &mut samples).await;
+    let measured = measure(
+        &plan,
+        (before, after),
+        rounds,
+        (cluster, dedup),
+        &mut samples,
+    )
+    .await;
     // The samples measured so far are written even when a run failed: a long A/B that fails in
     // its last round still leaves its numbers.
     std::fs::write(&path, serde_json::to_vec_pretty(&samples)?)
@@ -143,7 +166,7 @@ async fn measure(
     plan: &Plan,
     (before, after): (&Path, &Path),
     rounds: usize,
-    cluster: bool,
+    (cluster, dedup): (bool, bool),
     samples: &mut Vec<Sample>,
 ) -> anyhow::Result<()> {
     for round in 1..=rounds {
@@ -181,18 +204,22 @@ async fn measure(
                 Deployment::One(b) => Target::One(b),
                 Deployment::Three(c) => Target::Three(c),
             };
-            for (batch, ack) in SERIES {
+            for (batch, with_ids) in series(dedup) {
                 eprintln!(
-                    "ab round {round}/{rounds}: {binary} ({}), {} QUORUM {batch}/request",
+                    "ab round {round}/{rounds}: {binary} ({}), {} QUORUM {batch}/request{}",
                     bin.display(),
-                    target.mode()
+                    target.mode(),
+                    if with_ids { ", dedup ids" } else { "" }
                 );
-                let p = plan.publish(batch, ack, 3_600_000);
+                let p = plan
+                    .publish(batch, Ack::Quorum, 3_600_000)
+                    .delayed(3_600_000, with_ids);
                 let (o, costs) = target.publish(&p).await?;
                 samples.push(Sample {
                     binary,
                     round,
                     batch,
+                    dedup: with_ids,
                     msgs_per_s: o.msgs_per_s,
                     p99_us: o.latency.value_at_quantile(0.99),
                     cpu_us_per_msg: costs.cpu_us,
@@ -221,6 +248,7 @@ mod tests {
             binary,
             round,
             batch,
+            dedup: batch == 7,
             msgs_per_s,
             p99_us: 2000,
             cpu_us_per_msg: Some(30.0),
@@ -248,6 +276,24 @@ mod tests {
         assert!(
             t.contains("| QUORUM 100/request | 0 [0–0] | 50 [50–50] | — |"),
             "no ratio against a zero median: {t}"
+        );
+        // With dedup ids, the plain and the dedup series are rows of their own.
+        let t = table(
+            &[
+                s("before", 1, 1, 100.0),
+                s("after", 1, 1, 100.0),
+                s("before", 1, 7, 10.0),
+                s("after", 1, 7, 30.0),
+            ],
+            "x",
+        );
+        assert!(
+            t.contains("| QUORUM 1/request | 100 [100–100] | 100 [100–100] | 1.00× |"),
+            "{t}"
+        );
+        assert!(
+            t.contains("| QUORUM 7/request, dedup ids | 10 [10–10] | 30 [30–30] | 3.00× |"),
+            "{t}"
         );
     }
 }

@@ -108,6 +108,11 @@ pub(crate) async fn publish_run(addr: &str, p: &PublishParams) -> anyhow::Result
     } = *p;
     let payload = vec![b'x'; size];
     let level = ack as i32;
+    // Dedup ids unique across runs on one broker (a later series is not answered as
+    // duplicates of an earlier one's), about as long as a UUID's text.
+    let run = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
     let start = Instant::now();
     let warm = start + warmup;
     let end = warm + measure;
@@ -134,7 +139,7 @@ pub(crate) async fn publish_run(addr: &str, p: &PublishParams) -> anyhow::Result
                         ttl_ms: 0,
                         indexes: vec![],
                         dedup_id: if dedup {
-                            format!("s{s}-b{id}-m{i}")
+                            format!("{run:x}-s{s}-b{id}-m{i}")
                         } else {
                             String::new()
                         },

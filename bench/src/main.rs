@@ -149,6 +149,9 @@ enum Cmd {
         /// Measure 3-node clusters instead of standalone brokers.
         #[arg(long)]
         cluster: bool,
+        /// Also measure both series with a dedup id on every message.
+        #[arg(long)]
+        dedup: bool,
         /// Directory for ab.json.
         #[arg(long, default_value = "ab")]
         out: std::path::PathBuf,
@@ -289,13 +292,14 @@ async fn main() -> anyhow::Result<()> {
             rounds,
             quick,
             cluster,
+            dedup,
             out,
         } => {
             let canon = |p: &std::path::Path| {
                 std::fs::canonicalize(p).with_context(|| format!("{}", p.display()))
             };
             let (before, after) = (canon(&before)?, canon(&after)?);
-            let run = ab::run((&before, &after), rounds, quick, cluster, &out);
+            let run = ab::run((&before, &after), rounds, quick, (cluster, dedup), &out);
             until_stopped(run, "every broker").await
         }
         Cmd::Backlog {

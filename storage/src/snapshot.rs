@@ -2,7 +2,8 @@
 //!
 //! Stream: magic `FQSNAP1\0`, applied index + 1 (0 = none), applied term, last-id (u64 LE
 //! each), then records `table (u8: 1 messages, 2 indexes, 3 expiry, 4 raft meta, 5 groups,
-//! 6 topics, 7 dedup; `dedup-expiry` follows from `dedup`) ·
+//! 6 topics, 8 dedup-sweep, 7 dedup, in this order; a stream without dedup-sweep records, from
+//! the earlier version, lists each dedup row for the sweep on its own) ·
 //! key length (u32 LE) · key · value length (u32 LE) · value`, then a 0 byte.
 //!
 //! # Invariants
@@ -19,8 +20,8 @@ use std::ops::Bound;
 use redb::{ReadTransaction, TableDefinition};
 
 use crate::store::schema::{
-    APPLIED_INDEX, APPLIED_TERM, DEDUP, EXPIRY, GROUPS, INDEXES, LAST_ID, MESSAGES, META,
-    RAFT_META, TOPICS,
+    APPLIED_INDEX, APPLIED_TERM, DEDUP, DEDUP_SWEEP, EXPIRY, GROUPS, INDEXES, LAST_ID, MESSAGES,
+    META, RAFT_META, TOPICS,
 };
 use crate::StoreError;
 
@@ -33,6 +34,7 @@ pub(crate) const TAG_RAFT_META: u8 = 4;
 pub(crate) const TAG_GROUP: u8 = 5;
 pub(crate) const TAG_TOPIC: u8 = 6;
 pub(crate) const TAG_DEDUP: u8 = 7;
+pub(crate) const TAG_DEDUP_SWEEP: u8 = 8;
 /// Size of the pieces [`SnapshotReader`]'s `Read` implementation fills at a time.
 pub const SNAPSHOT_PIECE_BYTES: usize = 1 << 20;
 
@@ -59,6 +61,7 @@ enum Stage {
     Expiry,
     Groups,
     Topics,
+    DedupSweep,
     Dedup,
     RaftMeta,
     End,
@@ -139,6 +142,10 @@ impl SnapshotReader {
                 Stage::Topics => self.fill_rows(TOPICS, TAG_TOPIC, out, max, |v| {
                     v.get(8..16).is_some_and(|d| d.iter().any(|b| *b != 0))
                 })?,
+                // Before `dedup`: an installer then knows whether the sender listed its rows.
+                Stage::DedupSweep => {
+                    self.fill_rows(DEDUP_SWEEP, TAG_DEDUP_SWEEP, out, max, |_| true)?
+                }
                 Stage::Dedup => self.fill_rows(DEDUP, TAG_DEDUP, out, max, |_| true)?,
                 Stage::RaftMeta => {
                     // A few small rows: read once, in `new`.
@@ -160,7 +167,8 @@ impl SnapshotReader {
                     Stage::Indexes => Stage::Expiry,
                     Stage::Expiry => Stage::Groups,
                     Stage::Groups => Stage::Topics,
-                    Stage::Topics => Stage::Dedup,
+                    Stage::Topics => Stage::DedupSweep,
+                    Stage::DedupSweep => Stage::Dedup,
                     Stage::Dedup => Stage::RaftMeta,
                     Stage::RaftMeta => Stage::End,
                     Stage::End | Stage::Finished => Stage::Finished,
@@ -177,7 +185,7 @@ impl SnapshotReader {
         }
     }
 
-    /// The rows of a key-value table (messages, topics, dedup) whose value `keep`s, from
+    /// The rows of a key-value table (messages, topics, dedup-sweep, dedup) whose value `keep`s, from
     /// where the last piece stopped; true when the table is done.
     fn fill_rows(
         &mut self,

@@ -19,13 +19,21 @@
 //! | `groups` | topic hash (u64 BE) · group name | () |
 //! | `topics` | topic hash (u64 BE) | [`TopicRow`]: stored (u64 LE) · dead-lettered (u64 LE) · name |
 //! | `dedup` | topic hash (u64 BE) · dedup id | key of the message stored first (24) · until (i64 LE ms) |
-//! | `dedup-expiry` | until (u64 BE ms) · `dedup` key | () |
+//! | `dedup-sweep` | until (u64 BE ms) · event id (u64 BE) | the `dedup` keys one store command remembered, each u32 LE length · key |
 //!
 //! A message with a dedup id ([`futureq_core::Extras`]) is stored only when its
 //! `(topic, dedup id)` has no `dedup` row whose until lies after the message's enqueue time;
 //! otherwise the apply answers the first message's key. Rows past their until are removed by
-//! later applies of dedup ids (a few per item, oldest first, by `dedup-expiry`). Every
-//! decision reads only the entry and the applied state: replicas agree.
+//! later store commands with dedup ids and by dead letters: a store command lists the rows it
+//! remembered in one `dedup-sweep` row (keyed by the latest until among them and its first
+//! message's event id); each then removes whole lists, oldest first, whose until lies
+//! `DEDUP_CLOCK_SKEW_MAX_MS` before its own clock, until it looked at twice the rows it listed
+//! (at least 8); a listed row remembered again since (a later until) stays for its later list.
+//! One list per command, not one index row per id: an id costs one B-tree insert when it is
+//! new (issue 29.4). Every decision reads only the entry and the applied state: replicas agree.
+//! A store of the earlier version (a `dedup-expiry` row per id) is listed once at open, one
+//! list per row; so replicas upgraded at different log indexes list the same rows differently
+//! (different digests) until the lists of the ids remembered before the upgrade are swept.
 //!
 //! `topics` holds per topic the exact number of rows in `messages` (kept by every write that
 //! adds or removes one, in the same transaction) and the dead letters moved out of it since
@@ -33,7 +41,7 @@
 //! before the table existed is counted once at open.
 //!
 //! The **digest** is the XOR of one hash per row of `messages`, `indexes`, `expiry`,
-//! `groups`, `topics`, `dedup` and `dedup-expiry`: a function of the stored state alone, whatever the order of the writes that led
+//! `groups`, `topics`, `dedup` and `dedup-sweep`: a function of the stored state alone, whatever the order of the writes that led
 //! to it, kept in `meta` by every transaction that changes those tables. Replicas that applied
 //! the same log have the same digest ([`Store::digest`]).
 //!

@@ -100,6 +100,20 @@ fn dead_letter(
     }
 }
 
+/// Publishes one message with a dedup id: the first key its id answers, if a duplicate.
+fn publish_deduped(s: &Store, id: &str, enq: i64) -> Option<EventKey> {
+    let out = apply(
+        s,
+        &encode_store(&StoreBatch {
+            items: vec![deduped(id, enq)],
+        }),
+    );
+    match out.outcome(s.applied().unwrap().unwrap().0).unwrap() {
+        Answer::Deduplicated(d) => Some(d[0].1),
+        _ => None,
+    }
+}
+
 fn delete(s: &Store, keys: &[EventKey]) -> ApplyOutcome {
     apply(
         s,
@@ -543,14 +557,7 @@ fn a_remembered_dedup_id_stores_nothing_and_answers_the_first_key() {
     assert_eq!(s.last_id().unwrap(), ids[3], "ids of duplicates are used");
     assert_eq!(s.digest(), s.computed_digest().unwrap());
 
-    let dup = |id: &str, enq| {
-        let it = deduped(id, enq);
-        let out = apply(&s, &encode_store(&StoreBatch { items: vec![it] }));
-        match out.outcome(s.applied().unwrap().unwrap().0).unwrap() {
-            Answer::Deduplicated(d) => Some(d[0].1),
-            _ => None,
-        }
-    };
+    let dup = |id: &str, enq| publish_deduped(&s, id, enq);
     // A reschedule moves what the id answers.
     let out = apply(
         &s,
@@ -759,18 +766,7 @@ fn scan_stops_at_the_byte_bound() {
 fn a_clock_ahead_makes_no_dedup_id_forgotten_early() {
     use futureq_storage::store::DEDUP_CLOCK_SKEW_MAX_MS as SKEW;
     let s = memory();
-    let dup = |id: &str, enq| {
-        let out = apply(
-            &s,
-            &encode_store(&StoreBatch {
-                items: vec![deduped(id, enq)],
-            }),
-        );
-        match out.outcome(s.applied().unwrap().unwrap().0).unwrap() {
-            Answer::Deduplicated(d) => Some(d[0].1),
-            _ => None,
-        }
-    };
+    let dup = |id: &str, enq| publish_deduped(&s, id, enq);
     // "x" is remembered from 1 s to 11 s (a 10 s window).
     let first = publish(&s, vec![deduped("x", 1000)])[0];
     // Messages from a writer 30 s ahead (more than the window, less than the allowance).
@@ -794,6 +790,134 @@ fn a_clock_ahead_makes_no_dedup_id_forgotten_early() {
         "forgotten by a clock {SKEW} ms ahead and more"
     );
     assert_eq!(s.digest(), s.computed_digest().unwrap());
+}
+
+/// Issue 29.4: the sweep forgets ids by lists (one per store command). An id remembered again
+/// after its window, before the list of its first row was swept, stays remembered when that
+/// list is swept (its later list forgets it); and the sweep keeps up, so the rows stay bounded
+/// by what the window holds.
+#[test]
+fn the_sweep_forgets_by_lists_and_keeps_an_id_remembered_again() {
+    use futureq_storage::store::DEDUP_CLOCK_SKEW_MAX_MS as SKEW;
+    let s = memory();
+    let dup = |id: &str, enq| publish_deduped(&s, id, enq);
+    // "x" from 1 s to 11 s, then again (a new message) from 11 s to 21 s.
+    publish(&s, vec![deduped("x", 1000)]);
+    let second = publish(&s, vec![deduped("x", 11_000)])[0];
+    // A clock past the first list's until by the allowance sweeps it: "x" stays.
+    assert_eq!(dup("w", 11_000 + SKEW), None);
+    assert_eq!(dup("x", 20_000), Some(second), "remembered until 21 s");
+    assert_eq!(s.digest(), s.computed_digest().unwrap());
+
+    // Batches of 10 new ids, 1 s apart, for 300 s past a 10 s window: the rows stay within
+    // what the window and the allowance hold (about 70 s of ids), not all 3,000.
+    let start = 100_000;
+    for b in 0..300i64 {
+        let items = (0..10)
+            .map(|i| deduped(&format!("b{b}-{i}"), start + b * 1000))
+            .collect();
+        publish(&s, items);
+    }
+    let rows = s.dedup_rows().unwrap();
+    assert!(
+        rows <= 10 * (10 + SKEW as u64 / 1000 + 2) + 10,
+        "{rows} dedup rows"
+    );
+    assert_eq!(s.digest(), s.computed_digest().unwrap());
+    let dst = replica(&s);
+    assert_eq!(dst.digest(), s.digest(), "the lists travel in the snapshot");
+    // And both sweep alike afterwards.
+    for b in 300..400i64 {
+        let cmd = encode_store(&StoreBatch {
+            items: vec![deduped(&format!("b{b}"), start + b * 1000)],
+        });
+        let index = s.applied().unwrap().unwrap().0 + 1;
+        for st in [&s, &dst] {
+            st.apply_entries(&[(index, 1, &cmd)], &[], true).unwrap();
+        }
+    }
+    assert_eq!(dst.dedup_rows().unwrap(), s.dedup_rows().unwrap());
+    assert_eq!(dst.digest(), s.digest());
+    assert_eq!(dst.computed_digest().unwrap(), s.digest());
+}
+
+/// The sweep lists are per command: the same entries applied in one transaction or in one
+/// each (the journal's replay groups up to 64 MiB; a follower groups what was committed)
+/// leave the same rows and digest.
+#[test]
+fn the_same_entries_leave_the_same_lists_however_grouped() {
+    use futureq_storage::store::DEDUP_CLOCK_SKEW_MAX_MS as SKEW;
+    let cmds: Vec<Vec<u8>> = (0..60i64)
+        .map(|b| {
+            let enq = 1000 + b * (SKEW / 10);
+            let mut items: Vec<StoreItem> = (0..(b % 4))
+                .map(|i| deduped(&format!("g{b}-{i}"), enq))
+                .collect();
+            items.push(deduped("again", enq));
+            encode_store(&StoreBatch { items })
+        })
+        .collect();
+    let entries: Vec<(u64, u64, &[u8])> = cmds
+        .iter()
+        .enumerate()
+        .map(|(i, c)| (i as u64 + 1, 1, c.as_slice()))
+        .collect();
+    let (one, each) = (memory(), memory());
+    one.apply_entries(&entries, &[], true).unwrap();
+    for e in &entries {
+        each.apply_entries(std::slice::from_ref(e), &[], true)
+            .unwrap();
+    }
+    assert_eq!(one.dedup_rows().unwrap(), each.dedup_rows().unwrap());
+    assert_eq!(one.digest(), each.digest());
+    assert_eq!(one.computed_digest().unwrap(), one.digest());
+}
+
+/// A snapshot from the earlier version (dedup rows, no sweep lists) lists each row on its own
+/// at install: digest in step, and its ids forgotten by later sweeps as on the sender.
+#[test]
+fn a_snapshot_without_sweep_lists_lists_its_dedup_rows() {
+    use futureq_storage::store::DEDUP_CLOCK_SKEW_MAX_MS as SKEW;
+    let s = memory();
+    publish(&s, vec![deduped("a", 1000), deduped("b", 1000)]);
+    publish(&s, vec![deduped("c", 2000)]);
+    let mut snap = Vec::new();
+    s.write_snapshot(&mut snap).unwrap();
+    // The stream without its `dedup-sweep` records (table 8), as the earlier version wrote.
+    let mut old = snap[..32].to_vec();
+    let mut at = 32;
+    loop {
+        let tag = snap[at];
+        if tag == 0 {
+            old.push(0);
+            break;
+        }
+        let mut end = at + 1;
+        for _ in 0..2 {
+            let n = u32::from_le_bytes(snap[end..end + 4].try_into().unwrap()) as usize;
+            end += 4 + n;
+        }
+        if tag != 8 {
+            old.extend_from_slice(&snap[at..end]);
+        }
+        at = end;
+    }
+    assert!(old.len() < snap.len(), "the stream had sweep lists");
+    let dst = memory();
+    dst.install_snapshot(&mut old.as_slice(), s.applied().unwrap())
+        .unwrap();
+    assert_eq!(dst.dedup_rows().unwrap(), 3);
+    assert_eq!(dst.computed_digest().unwrap(), dst.digest());
+    // A command past every window and the allowance forgets all three on both.
+    let cmd = encode_store(&StoreBatch {
+        items: vec![deduped("d", 20_000 + SKEW)],
+    });
+    let index = s.applied().unwrap().unwrap().0 + 1;
+    for st in [&s, &dst] {
+        st.apply_entries(&[(index, 1, &cmd)], &[], true).unwrap();
+        assert_eq!(st.dedup_rows().unwrap(), 1);
+        assert_eq!(st.computed_digest().unwrap(), st.digest());
+    }
 }
 
 /// Issue 26.1: the mark that bounds the ids a writer hands out (`applied_last_id`, read

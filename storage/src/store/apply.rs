@@ -12,7 +12,7 @@ use redb::ReadableTable;
 
 use super::db::Store;
 use super::schema::{group_key, APPLIED_INDEX, APPLIED_TERM, LAST_ID, RAFT_META};
-use super::tables::Tables;
+use super::tables::{Deduplicated, Tables};
 use crate::StoreError;
 
 impl Store {
@@ -212,6 +212,8 @@ fn apply_store(
         return Ok(());
     }
     let mut dups = Vec::new();
+    // The latest enqueue time of the command's messages: the sweep's clock.
+    let mut now_ms = i64::MIN;
     for item in b.items.iter() {
         let key = item.key();
         // Event ids never regress: `ids_above` let only ascending ids above every applied
@@ -223,9 +225,13 @@ fn apply_store(
             )));
         }
         out.max_event_id = key.event_id().0;
-        if let Some(first) = t.deduplicate(&key, item.message.as_slice())? {
-            dups.push((key.event_id().0, first));
-            continue;
+        match t.deduplicate(&key, item.message.as_slice())? {
+            Deduplicated::Duplicate(first) => {
+                dups.push((key.event_id().0, first));
+                continue;
+            }
+            Deduplicated::Remembered(enqueued_at_ms) => now_ms = now_ms.max(enqueued_at_ms),
+            Deduplicated::NoId => {}
         }
         stored.push(key);
         let exp = item.expires_at_ms.to_native();
@@ -237,6 +243,7 @@ fn apply_store(
         )?;
         out.stored += 1;
     }
+    t.list_remembered(now_ms)?;
     if !dups.is_empty() {
         out.answers
             .push((index, futureq_core::command::Answer::Deduplicated(dups)));

@@ -11,12 +11,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use futureq_core::{EventKey, StoredMessage, TopicHash};
-use redb::{Database, Durability, ReadableDatabase, ReadableTable};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableHandle};
 
 use super::schema::{
-    row_hash, APPLIED_INDEX, APPLIED_TERM, DEDUP, DEDUP_EXPIRY, DIGEST, EXPIRY, GROUPS, INDEXES,
-    LAST_ID, MESSAGES, META, RAFT_META, ROW_DEDUP, ROW_DEDUP_EXPIRY, ROW_EXPIRY, ROW_GROUP,
-    ROW_INDEX, ROW_MESSAGE, ROW_TOPIC, SYNC_MARK, TOPICS, TOPICS_COUNTED,
+    parse_dedup_value, push_swept, row_hash, sweep_key, APPLIED_INDEX, APPLIED_TERM, DEDUP,
+    DEDUP_SWEEP, DIGEST, EXPIRY, GROUPS, INDEXES, LAST_ID, LEGACY_DEDUP_EXPIRY, MESSAGES, META,
+    RAFT_META, ROW_DEDUP, ROW_DEDUP_SWEEP, ROW_EXPIRY, ROW_GROUP, ROW_INDEX,
+    ROW_LEGACY_DEDUP_EXPIRY, ROW_MESSAGE, ROW_TOPIC, SYNC_MARK, TOPICS, TOPICS_COUNTED,
 };
 use super::tables::Tables;
 use crate::StoreError;
@@ -95,7 +96,7 @@ impl Store {
             txn.open_table(GROUPS)?;
             txn.open_table(TOPICS)?;
             txn.open_table(DEDUP)?;
-            txn.open_table(DEDUP_EXPIRY)?;
+            txn.open_table(DEDUP_SWEEP)?;
         }
         txn.commit()?;
         let store = Store {
@@ -125,7 +126,52 @@ impl Store {
         store.digest.store(digest, Ordering::Relaxed);
         store.last_id.store(store.last_id()?, Ordering::Relaxed);
         store.count_topics()?;
+        store.list_legacy_dedup_rows()?;
         Ok(store)
+    }
+
+    /// Moves a store of the earlier version's sweep index (`dedup-expiry`, one row per dedup
+    /// id) to `dedup-sweep`, one list per row (the same lists on every replica with the same
+    /// rows), and deletes the old table; a no-op when it is gone.
+    pub(super) fn list_legacy_dedup_rows(&self) -> Result<(), StoreError> {
+        if !self.has_table(LEGACY_DEDUP_EXPIRY.name())? {
+            return Ok(());
+        }
+        let txn = self.begin_write(true)?;
+        let digest;
+        {
+            let mut t = Tables::open(&txn)?;
+            let legacy = txn.open_table(LEGACY_DEDUP_EXPIRY)?;
+            let mut moved = 0u64;
+            for r in legacy.range::<&[u8]>(..)? {
+                let (k, _) = r?;
+                let k = k.value();
+                t.digest ^= row_hash(ROW_LEGACY_DEDUP_EXPIRY, k, &[]);
+                let dk = k.get(8..).unwrap_or_default();
+                let first = t.dedup.get(dk)?.and_then(|v| parse_dedup_value(v.value()));
+                // Once-rows (until i64::MAX) are never swept; a row gone needs no list.
+                if let Some((first, until)) = first.filter(|(_, u)| *u != i64::MAX) {
+                    let mut list = Vec::new();
+                    push_swept(&mut list, dk);
+                    t.add_sweep_row(&sweep_key(until, first.event_id().0), &list)?;
+                    moved += 1;
+                }
+            }
+            drop(legacy);
+            tracing::info!(target: "storage", rows = moved, "listed the remembered dedup ids for the sweep once (a store from an earlier version)");
+            digest = t.finish()?;
+        }
+        txn.delete_table(LEGACY_DEDUP_EXPIRY)?;
+        self.commit_with_digest(txn, digest)
+    }
+
+    /// Whether the database holds a table of this name.
+    fn has_table(&self, name: &str) -> Result<bool, StoreError> {
+        Ok(self
+            .db
+            .begin_read()?
+            .list_tables()?
+            .any(|h| h.name() == name))
     }
 
     /// Fills `topics` from `messages` once, for a store written before the table existed
@@ -208,6 +254,7 @@ impl Store {
             (ROW_MESSAGE, MESSAGES),
             (ROW_TOPIC, TOPICS),
             (ROW_DEDUP, DEDUP),
+            (ROW_DEDUP_SWEEP, DEDUP_SWEEP),
         ] {
             for r in txn.open_table(def)?.range::<&[u8]>(..)? {
                 let (k, v) = r?;
@@ -218,10 +265,17 @@ impl Store {
             (ROW_INDEX, INDEXES),
             (ROW_EXPIRY, EXPIRY),
             (ROW_GROUP, GROUPS),
-            (ROW_DEDUP_EXPIRY, DEDUP_EXPIRY),
         ] {
             for r in txn.open_table(def)?.range::<&[u8]>(..)? {
                 d ^= row_hash(tag, r?.0.value(), &[]);
+            }
+        }
+        let legacy = txn
+            .list_tables()?
+            .any(|h| h.name() == LEGACY_DEDUP_EXPIRY.name());
+        if legacy {
+            for r in txn.open_table(LEGACY_DEDUP_EXPIRY)?.range::<&[u8]>(..)? {
+                d ^= row_hash(ROW_LEGACY_DEDUP_EXPIRY, r?.0.value(), &[]);
             }
         }
         Ok(d)
@@ -343,6 +397,17 @@ mod tests {
         }
     }
 
+    /// Every row of a key-value table.
+    fn all_rows(t: &impl ReadableTable<&'static [u8], &'static [u8]>) -> Vec<(Vec<u8>, Vec<u8>)> {
+        t.range::<&[u8]>(..)
+            .unwrap()
+            .map(|r| {
+                let (k, v) = r.unwrap();
+                (k.value().to_vec(), v.value().to_vec())
+            })
+            .collect()
+    }
+
     /// A store from before the `topics` table (no rows, no mark, a digest without them) is
     /// counted once at open, digest included.
     #[test]
@@ -358,15 +423,7 @@ mod tests {
         let txn = s.begin_write(true).unwrap();
         {
             let mut t = Tables::open(&txn).unwrap();
-            let rows: Vec<(Vec<u8>, Vec<u8>)> = t
-                .topics
-                .range::<&[u8]>(..)
-                .unwrap()
-                .map(|r| {
-                    let (k, v) = r.unwrap();
-                    (k.value().to_vec(), v.value().to_vec())
-                })
-                .collect();
+            let rows = all_rows(&t.topics);
             for (k, v) in rows {
                 t.topics.remove(k.as_slice()).unwrap();
                 t.digest ^= row_hash(ROW_TOPIC, &k, &v);
@@ -384,5 +441,76 @@ mod tests {
         let before = s.digest();
         s.count_topics().unwrap();
         assert_eq!(s.digest(), before, "counted once");
+    }
+
+    /// A store of the earlier version (one `dedup-expiry` row per dedup id, no lists) is
+    /// listed once at open: the old table gone, the digest kept in step, and the id swept
+    /// after its window as before.
+    #[test]
+    fn a_store_with_the_earlier_sweep_index_is_listed_once() {
+        use super::super::schema::{dedup_key, sweep_key_until, DEDUP_CLOCK_SKEW_MAX_MS};
+        let s = Store::open(&StoreMode::Memory).unwrap();
+        let mut it = item("a", 1);
+        let mut m = StoredMessage::decode(&Bytes::from(it.message.clone())).unwrap();
+        m.extras.dedup_id = "x".into();
+        m.extras.dedup_until_ms = 11_000;
+        it.message = m.encode().to_vec();
+        let cmd = encode_store(&StoreBatch { items: vec![it] });
+        s.apply_entries(&[(1, 1, &cmd)], &[], true).unwrap();
+        let dk = dedup_key(futureq_core::topic_hash("a"), "x");
+        // Back to the earlier version's state: its row in `dedup-expiry`, no lists.
+        let txn = s.begin_write(true).unwrap();
+        {
+            let mut t = Tables::open(&txn).unwrap();
+            let lists = all_rows(&t.dedup_sweep);
+            assert_eq!(lists.len(), 1);
+            for (k, v) in lists {
+                t.dedup_sweep.remove(k.as_slice()).unwrap();
+                t.digest ^= row_hash(ROW_DEDUP_SWEEP, &k, &v);
+            }
+            let mut legacy_key = 11_000u64.to_be_bytes().to_vec();
+            legacy_key.extend_from_slice(&dk);
+            let mut legacy = txn.open_table(LEGACY_DEDUP_EXPIRY).unwrap();
+            legacy.insert(legacy_key.as_slice(), ()).unwrap();
+            t.digest ^= row_hash(ROW_LEGACY_DEDUP_EXPIRY, &legacy_key, &[]);
+            let d = t.finish().unwrap();
+            s.digest.store(d, Ordering::Relaxed);
+        }
+        txn.commit().unwrap();
+        assert_eq!(s.digest(), s.computed_digest().unwrap());
+        s.list_legacy_dedup_rows().unwrap();
+        assert!(!s.has_table(LEGACY_DEDUP_EXPIRY.name()).unwrap());
+        assert_eq!(s.digest(), s.computed_digest().unwrap());
+        let txn = s.db.begin_read().unwrap();
+        let lists: Vec<i64> = txn
+            .open_table(DEDUP_SWEEP)
+            .unwrap()
+            .range::<&[u8]>(..)
+            .unwrap()
+            .map(|r| sweep_key_until(r.unwrap().0.value()))
+            .collect();
+        assert_eq!(lists, vec![11_000]);
+        drop(txn);
+        // A later command past the window and the allowance forgets it.
+        let mut later = item("a", 2);
+        let mut m = StoredMessage::decode(&Bytes::from(later.message.clone())).unwrap();
+        m.enqueued_at_ms = 11_000 + DEDUP_CLOCK_SKEW_MAX_MS;
+        m.extras.dedup_id = "y".into();
+        m.extras.dedup_until_ms = m.enqueued_at_ms + 10_000;
+        later.message = m.encode().to_vec();
+        let cmd = encode_store(&StoreBatch { items: vec![later] });
+        s.apply_entries(&[(2, 1, &cmd)], &[], true).unwrap();
+        let txn = s.db.begin_read().unwrap();
+        assert!(txn
+            .open_table(DEDUP)
+            .unwrap()
+            .get(dk.as_slice())
+            .unwrap()
+            .is_none());
+        drop(txn);
+        assert_eq!(s.digest(), s.computed_digest().unwrap());
+        let before = s.digest();
+        s.list_legacy_dedup_rows().unwrap();
+        assert_eq!(s.digest(), before, "listed once");
     }
 }

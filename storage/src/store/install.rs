@@ -11,11 +11,14 @@ use futureq_core::{TopicHash, KEY_LEN};
 use redb::{Durability, ReadableDatabase};
 
 use super::db::Store;
-use super::schema::{parse_dedup_value, TopicRow, APPLIED_INDEX, APPLIED_TERM, LAST_ID, RAFT_META};
+use super::schema::{
+    parse_dedup_value, push_swept, sweep_key, TopicRow, APPLIED_INDEX, APPLIED_TERM, LAST_ID,
+    RAFT_META,
+};
 use super::tables::{KeyTable, Tables};
 use crate::snapshot::{
-    SnapshotInfo, SnapshotReader, SNAPSHOT_MAGIC, TAG_DEDUP, TAG_EXPIRY, TAG_GROUP, TAG_INDEX,
-    TAG_MESSAGE, TAG_RAFT_META, TAG_TOPIC,
+    SnapshotInfo, SnapshotReader, SNAPSHOT_MAGIC, TAG_DEDUP, TAG_DEDUP_SWEEP, TAG_EXPIRY,
+    TAG_GROUP, TAG_INDEX, TAG_MESSAGE, TAG_RAFT_META, TAG_TOPIC,
 };
 use crate::StoreError;
 
@@ -67,18 +70,7 @@ impl Store {
         expect: Option<(u64, u64)>,
     ) -> Result<(), StoreError> {
         let bad = |m: &str| StoreError::BadSnapshot(m.to_owned());
-        let mut magic = [0u8; 8];
-        r.read_exact(&mut magic)
-            .map_err(|_| bad("truncated header"))?;
-        if &magic != SNAPSHOT_MAGIC {
-            return Err(bad("not a futureq snapshot (magic)"));
-        }
-        let mut u = [0u64; 3];
-        for v in &mut u {
-            *v = read_u64(r).map_err(|_| bad("truncated header"))?;
-        }
-        let [index_plus_one, term, last] = u;
-        let applied = index_plus_one.checked_sub(1).map(|i| (i, term));
+        let (applied, last) = read_header(r)?;
         if applied != expect {
             return Err(StoreError::BadSnapshot(format!(
                 "applied log id {applied:?}, expected {expect:?}"
@@ -95,7 +87,10 @@ impl Store {
             t.groups.retain(|_, _| false)?;
             t.topics.retain(|_, _| false)?;
             t.dedup.retain(|_, _| false)?;
-            t.dedup_expiry.retain(|_, _| false)?;
+            t.dedup_sweep.retain(|_, _| false)?;
+            // A stream from the earlier version has no sweep lists: each dedup row is then
+            // listed on its own (as a store of that version is at open).
+            let mut listed = false;
             t.digest = 0;
             let mut rm = txn.open_table(RAFT_META)?;
             rm.retain(|_, _| false)?;
@@ -126,11 +121,11 @@ impl Store {
                         ));
                         t.topic_delta(h, &row.name).1 += row.dead_lettered;
                     }
-                    TAG_DEDUP if key.len() >= 8 => {
-                        let (first, until) =
-                            parse_dedup_value(&value).ok_or_else(|| bad("bad dedup row"))?;
-                        t.remember(&key, &first, until)?;
+                    TAG_DEDUP_SWEEP if key.len() == 16 => {
+                        t.add_sweep_row(&key, &value)?;
+                        listed = true;
                     }
+                    TAG_DEDUP if key.len() >= 8 => install_dedup_row(&mut t, &key, &value, listed)?,
                     TAG_RAFT_META => {
                         let k = std::str::from_utf8(&key)
                             .map_err(|_| bad("raft meta key is not UTF-8"))?;
@@ -157,6 +152,42 @@ impl Store {
         self.last_id.store(last, Ordering::Release);
         Ok(())
     }
+}
+
+/// A snapshot's header: its applied log id and last-id.
+fn read_header(r: &mut impl std::io::Read) -> Result<(Option<(u64, u64)>, u64), StoreError> {
+    let bad = |m: &str| StoreError::BadSnapshot(m.to_owned());
+    let mut magic = [0u8; 8];
+    r.read_exact(&mut magic)
+        .map_err(|_| bad("truncated header"))?;
+    if &magic != SNAPSHOT_MAGIC {
+        return Err(bad("not a futureq snapshot (magic)"));
+    }
+    let mut u = [0u64; 3];
+    for v in &mut u {
+        *v = read_u64(r).map_err(|_| bad("truncated header"))?;
+    }
+    let [index_plus_one, term, last] = u;
+    Ok((index_plus_one.checked_sub(1).map(|i| (i, term)), last))
+}
+
+/// Installs one `dedup` row; unless the stream `listed` its rows (it is from the earlier
+/// version), lists it for the sweep on its own.
+fn install_dedup_row(
+    t: &mut Tables<'_>,
+    key: &[u8],
+    value: &[u8],
+    listed: bool,
+) -> Result<(), StoreError> {
+    let (first, until) = parse_dedup_value(value)
+        .ok_or_else(|| StoreError::BadSnapshot("bad dedup row".to_owned()))?;
+    t.remember(key, &first, until)?;
+    if !listed && until != i64::MAX {
+        let mut list = Vec::new();
+        push_swept(&mut list, key);
+        t.add_sweep_row(&sweep_key(until, first.event_id().0), &list)?;
+    }
+    Ok(())
 }
 
 /// Largest key in a snapshot record (index keys are bounded by the message size).

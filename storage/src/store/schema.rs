@@ -19,10 +19,18 @@ pub(crate) const GROUPS: TableDefinition<&[u8], ()> = TableDefinition::new("grou
 pub(crate) const TOPICS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("topics");
 /// Remembered dedup ids (see the module docs).
 pub(crate) const DEDUP: TableDefinition<&[u8], &[u8]> = TableDefinition::new("dedup");
-/// `dedup` rows by when they are forgotten.
-pub(crate) const DEDUP_EXPIRY: TableDefinition<&[u8], ()> = TableDefinition::new("dedup-expiry");
-/// Most expired `dedup` rows one item with a dedup id removes.
-pub(super) const DEDUP_SWEEP: usize = 8;
+/// Lists of the `dedup` rows one store command remembered, by when the last of them is
+/// forgotten: the sweep's index (see the module docs), one row per command instead of one per
+/// dedup id.
+pub(crate) const DEDUP_SWEEP: TableDefinition<&[u8], &[u8]> = TableDefinition::new("dedup-sweep");
+/// The earlier version's sweep index, one row per dedup id (until (u64 BE) · `dedup` key):
+/// read once at open into `dedup-sweep`, then deleted.
+pub(super) const LEGACY_DEDUP_EXPIRY: TableDefinition<&[u8], ()> =
+    TableDefinition::new("dedup-expiry");
+/// Fewest `dedup` rows a sweep looks at, beyond twice those its command remembered. Whole
+/// lists go, so one sweep may look at one list more: at most one command's items
+/// (`GROUP_ITEMS_MAX` in the cluster's coalescer, 8,192) beyond its bound.
+pub(super) const DEDUP_SWEEP_MIN: usize = 8;
 /// How far a writer's clock may run ahead of another's (or step forward and back) without
 /// making a dedup id forgotten early: the check judges each message by its own enqueue
 /// time, and the sweep removes a row only once a message's clock passed its window's end by
@@ -53,7 +61,9 @@ pub(super) const ROW_EXPIRY: u64 = 3;
 pub(super) const ROW_GROUP: u64 = 5;
 pub(super) const ROW_TOPIC: u64 = 6;
 pub(super) const ROW_DEDUP: u64 = 7;
-pub(super) const ROW_DEDUP_EXPIRY: u64 = 8;
+/// The earlier `dedup-expiry` rows' tag (read only to move them to `dedup-sweep` at open).
+pub(super) const ROW_LEGACY_DEDUP_EXPIRY: u64 = 8;
+pub(super) const ROW_DEDUP_SWEEP: u64 = 9;
 
 pub(super) fn dedup_key(topic_hash: TopicHash, dedup_id: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(8 + dedup_id.len());
@@ -96,11 +106,42 @@ pub(super) fn parse_dedup_value(v: &[u8]) -> Option<(EventKey, i64)> {
     Some((key, until))
 }
 
-pub(super) fn dedup_expiry_key(until_ms: i64, dedup_key: &[u8]) -> Vec<u8> {
-    let mut k = Vec::with_capacity(8 + dedup_key.len());
-    k.extend_from_slice(&u64::try_from(until_ms.max(0)).unwrap_or(0).to_be_bytes());
-    k.extend_from_slice(dedup_key);
+/// A `dedup-sweep` key: the list's until (the latest of its rows') and the event id of the
+/// first message it lists (unique: each message is listed at most once).
+pub(super) fn sweep_key(until_ms: i64, event_id: u64) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k[..8].copy_from_slice(&u64::try_from(until_ms.max(0)).unwrap_or(0).to_be_bytes());
+    k[8..].copy_from_slice(&event_id.to_be_bytes());
     k
+}
+
+/// The until of a `dedup-sweep` or legacy `dedup-expiry` key (0 for a short key).
+pub(super) fn sweep_key_until(k: &[u8]) -> i64 {
+    k.get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_be_bytes)
+        .map_or(0, |u| i64::try_from(u).unwrap_or(i64::MAX))
+}
+
+/// Appends one `dedup` key to a `dedup-sweep` value (u32 LE length · key: the message format
+/// bounds a dedup id only by its own u16 length, the API by
+/// [`futureq_core::publish::DEDUP_ID_LEN_MAX`]).
+pub(super) fn push_swept(list: &mut Vec<u8>, dedup_key: &[u8]) {
+    let n = u32::try_from(dedup_key.len()).unwrap_or(u32::MAX);
+    list.extend_from_slice(&n.to_le_bytes());
+    list.extend_from_slice(dedup_key);
+}
+
+/// The `dedup` keys of a `dedup-sweep` value (a truncated tail, which the store never
+/// writes, ends the list).
+pub(super) fn swept_keys(list: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = list;
+    std::iter::from_fn(move || {
+        let n = usize::try_from(u32::from_le_bytes(rest.get(..4)?.try_into().ok()?)).ok()?;
+        let k = rest.get(4..4usize.checked_add(n)?)?;
+        rest = rest.get(4 + n..).unwrap_or_default();
+        Some(k)
+    })
 }
 
 /// One topic's counts (a `topics` row).
@@ -199,5 +240,20 @@ mod tests {
             );
             assert_eq!(once_prefix("t.dlq", &key), formatted);
         }
+    }
+
+    /// A sweep list gives back the keys pushed, in order; a truncated tail ends it.
+    #[test]
+    fn a_sweep_list_reads_back_its_keys() {
+        let keys: Vec<Vec<u8>> = vec![vec![], b"x".to_vec(), vec![7; 8 + usize::from(u16::MAX)]];
+        let mut list = Vec::new();
+        for k in &keys {
+            push_swept(&mut list, k);
+        }
+        assert_eq!(swept_keys(&list).collect::<Vec<_>>(), keys);
+        list.truncate(list.len() - 1);
+        assert_eq!(swept_keys(&list).count(), 2);
+        assert_eq!(sweep_key_until(&sweep_key(42, 7)), 42);
+        assert_eq!(sweep_key_until(&sweep_key(-5, 7)), 0);
     }
 }

@@ -12,10 +12,10 @@ use futureq_core::{EventKey, StoredMessage, TopicHash};
 use redb::ReadableTable;
 
 use super::schema::{
-    dedup_expiry_key, dedup_key, dedup_value, expiry_key, index_entry, once_prefix,
-    parse_dedup_value, row_hash, TopicRow, DEDUP, DEDUP_CLOCK_SKEW_MAX_MS, DEDUP_EXPIRY,
-    DEDUP_SWEEP, DIGEST, EXPIRY, GROUPS, INDEXES, MESSAGES, META, ROW_DEDUP, ROW_DEDUP_EXPIRY,
-    ROW_EXPIRY, ROW_GROUP, ROW_INDEX, ROW_MESSAGE, ROW_TOPIC, TOPICS,
+    dedup_key, dedup_value, expiry_key, index_entry, once_prefix, parse_dedup_value, push_swept,
+    row_hash, sweep_key, sweep_key_until, swept_keys, TopicRow, DEDUP, DEDUP_CLOCK_SKEW_MAX_MS,
+    DEDUP_SWEEP, DEDUP_SWEEP_MIN, DIGEST, EXPIRY, GROUPS, INDEXES, MESSAGES, META, ROW_DEDUP,
+    ROW_DEDUP_SWEEP, ROW_EXPIRY, ROW_GROUP, ROW_INDEX, ROW_MESSAGE, ROW_TOPIC, TOPICS,
 };
 use crate::StoreError;
 
@@ -29,11 +29,14 @@ pub(super) struct Tables<'t> {
     pub(super) groups: redb::Table<'t, &'static [u8], ()>,
     pub(super) topics: redb::Table<'t, &'static [u8], &'static [u8]>,
     pub(super) dedup: redb::Table<'t, &'static [u8], &'static [u8]>,
-    pub(super) dedup_expiry: redb::Table<'t, &'static [u8], ()>,
+    pub(super) dedup_sweep: redb::Table<'t, &'static [u8], &'static [u8]>,
     pub(super) meta: redb::Table<'t, &'static str, u64>,
     /// Changes to `topics` not yet written: per topic, stored (+/-) and dead letters (+), and
     /// the name of a message added (written by [`Tables::finish`]).
     pub(super) topic_deltas: HashMap<TopicHash, (i64, u64, String)>,
+    /// The `dedup` rows the current store command remembered, listed by
+    /// [`Tables::list_remembered`].
+    pub(super) listed: SweepList,
     pub(super) digest: u64,
     /// The digest `meta` holds (as of `open`, or the last write).
     pub(super) kept: u64,
@@ -44,7 +47,27 @@ pub(super) struct Tables<'t> {
 pub(super) enum KeyTable {
     Index,
     Expiry,
-    DedupExpiry,
+}
+
+/// What [`Tables::deduplicate`] found for one message.
+pub(super) enum Deduplicated {
+    /// The message has no dedup id.
+    NoId,
+    /// Its id is remembered: the key of the message stored first.
+    Duplicate(EventKey),
+    /// Its id is now remembered (the message's enqueue time).
+    Remembered(i64),
+}
+
+/// The `dedup` keys one store command remembered, and the latest until among them (a
+/// `dedup-sweep` row once written).
+#[derive(Default)]
+pub(super) struct SweepList {
+    keys: Vec<u8>,
+    count: usize,
+    until_ms: i64,
+    /// The event id of the first message listed.
+    first_id: Option<u64>,
 }
 
 impl KeyTable {
@@ -53,7 +76,6 @@ impl KeyTable {
         match self {
             KeyTable::Index => ROW_INDEX,
             KeyTable::Expiry => ROW_EXPIRY,
-            KeyTable::DedupExpiry => ROW_DEDUP_EXPIRY,
         }
     }
 }
@@ -69,9 +91,10 @@ impl<'t> Tables<'t> {
             groups: txn.open_table(GROUPS)?,
             topics: txn.open_table(TOPICS)?,
             dedup: txn.open_table(DEDUP)?,
-            dedup_expiry: txn.open_table(DEDUP_EXPIRY)?,
+            dedup_sweep: txn.open_table(DEDUP_SWEEP)?,
             meta,
             topic_deltas: HashMap::new(),
+            listed: SweepList::default(),
             digest,
             kept: digest,
         })
@@ -175,7 +198,6 @@ impl<'t> Tables<'t> {
         match table {
             KeyTable::Index => &mut self.indexes,
             KeyTable::Expiry => &mut self.expiry,
-            KeyTable::DedupExpiry => &mut self.dedup_expiry,
         }
     }
 
@@ -207,7 +229,7 @@ impl<'t> Tables<'t> {
         let now_ms = d.now_ms.to_native();
         // Its once-rows are dedup rows: forgotten ones go here too (a store may dead-letter
         // without ever seeing a dedup id).
-        self.sweep_dedup(now_ms)?;
+        self.sweep_dedup(now_ms, DEDUP_SWEEP_MIN)?;
         let Some(m) = self
             .messages
             .get(old.0.as_slice())?
@@ -267,80 +289,142 @@ impl<'t> Tables<'t> {
         Ok(row.and_then(|(first, until)| (until > now_ms).then_some(first)))
     }
 
-    /// Writes (or replaces) a `dedup` row and its `dedup-expiry` row.
+    /// Writes (or replaces) a `dedup` row. It is not listed for the sweep: a row with an
+    /// until is listed by whoever remembers it first ([`Tables::deduplicate`], a snapshot's
+    /// install); a once-row (until `i64::MAX`) is never swept.
     pub(super) fn remember(
         &mut self,
         dk: &[u8],
         first: &EventKey,
         until_ms: i64,
     ) -> Result<(), StoreError> {
-        self.forget(dk)?;
         let v = dedup_value(first, until_ms);
-        self.dedup.insert(dk, v.as_slice())?;
+        if let Some(old) = self.dedup.insert(dk, v.as_slice())? {
+            self.digest ^= row_hash(ROW_DEDUP, dk, old.value());
+        }
         self.digest ^= row_hash(ROW_DEDUP, dk, &v);
-        self.put_row(KeyTable::DedupExpiry, &dedup_expiry_key(until_ms, dk))
+        Ok(())
     }
 
-    /// Removes a `dedup` row and its `dedup-expiry` row, if there.
+    /// Removes a `dedup` row, if there.
     pub(super) fn forget(&mut self, dk: &[u8]) -> Result<(), StoreError> {
-        let old = self.dedup.remove(dk)?.map(|v| v.value().to_vec());
-        if let Some(v) = old {
-            self.digest ^= row_hash(ROW_DEDUP, dk, &v);
-            if let Some((_, until)) = parse_dedup_value(&v) {
-                self.remove_row(KeyTable::DedupExpiry, &dedup_expiry_key(until, dk))?;
-            }
+        if let Some(old) = self.dedup.remove(dk)? {
+            self.digest ^= row_hash(ROW_DEDUP, dk, old.value());
         }
         Ok(())
     }
 
     /// For a message with a dedup id: the key of the message stored first under the same
     /// `(topic, dedup id)` while it is remembered at this message's enqueue time (then this
-    /// one is not stored); else remembers this one as the first (`None`). Removes a few rows
-    /// forgotten by then. `None` for a message without a dedup id.
+    /// one is not stored); else remembers this one as the first, listed for the sweep of
+    /// the current command.
+    ///
+    /// One B-tree descent for an id not remembered (the common case): the new row goes in
+    /// and the row it replaced, if its window is still open, is put back.
     pub(super) fn deduplicate(
         &mut self,
         key: &EventKey,
         message: &[u8],
-    ) -> Result<Option<EventKey>, StoreError> {
+    ) -> Result<Deduplicated, StoreError> {
         if message.first() != Some(&futureq_core::message::FORMAT_VERSION_EXTRAS) {
-            return Ok(None);
+            return Ok(Deduplicated::NoId);
         }
         let Ok((m, _)) = StoredMessage::decode_borrowed(message) else {
-            return Ok(None);
+            return Ok(Deduplicated::NoId);
         };
         if m.extras.dedup_id.is_empty() {
-            return Ok(None);
+            return Ok(Deduplicated::NoId);
         }
-        let now = m.enqueued_at_ms;
-        self.sweep_dedup(now)?;
         let dk = dedup_key(key.topic_hash(), &m.extras.dedup_id);
-        if let Some(first) = self.remembered(&dk, now)? {
-            return Ok(Some(first));
+        let until = m.extras.dedup_until_ms;
+        let v = dedup_value(key, until);
+        let old = self
+            .dedup
+            .insert(dk.as_slice(), v.as_slice())?
+            .map(|g| g.value().to_vec());
+        if let Some(old) = old {
+            match parse_dedup_value(&old) {
+                Some((first, old_until)) if old_until > m.enqueued_at_ms => {
+                    self.dedup.insert(dk.as_slice(), old.as_slice())?;
+                    return Ok(Deduplicated::Duplicate(first));
+                }
+                _ => self.digest ^= row_hash(ROW_DEDUP, &dk, &old),
+            }
         }
-        self.remember(&dk, key, m.extras.dedup_until_ms)?;
-        Ok(None)
+        self.digest ^= row_hash(ROW_DEDUP, &dk, &v);
+        let l = &mut self.listed;
+        push_swept(&mut l.keys, &dk);
+        l.count += 1;
+        l.until_ms = l.until_ms.max(until);
+        l.first_id.get_or_insert(key.event_id().0);
+        Ok(Deduplicated::Remembered(m.enqueued_at_ms))
     }
 
-    /// Removes up to [`DEDUP_SWEEP`] `dedup` rows whose window ended
-    /// [`DEDUP_CLOCK_SKEW_MAX_MS`] or more before `now_ms` (a clock reading one message
-    /// carries), oldest first.
-    pub(super) fn sweep_dedup(&mut self, now_ms: i64) -> Result<(), StoreError> {
-        let now_ms = now_ms.saturating_sub(DEDUP_CLOCK_SKEW_MAX_MS);
-        let mut gone = Vec::new();
-        for r in self.dedup_expiry.range::<&[u8]>(..)?.take(DEDUP_SWEEP) {
-            let (k, _) = r?;
-            let k = k.value();
-            let until = k
-                .get(..8)
-                .and_then(|b| b.try_into().ok())
-                .map_or(0, u64::from_be_bytes);
-            if i64::try_from(until).unwrap_or(i64::MAX) > now_ms {
-                break;
+    /// Writes the `dedup-sweep` row of the rows the current command remembered (if any), then
+    /// sweeps up to twice as many forgotten ones (at least [`DEDUP_SWEEP_MIN`]) at `now_ms`
+    /// (a clock the command carries). Per command, so every replica lists and sweeps alike.
+    pub(super) fn list_remembered(&mut self, now_ms: i64) -> Result<(), StoreError> {
+        let l = std::mem::take(&mut self.listed);
+        let Some(first_id) = l.first_id else {
+            return Ok(());
+        };
+        self.add_sweep_row(&sweep_key(l.until_ms, first_id), &l.keys)?;
+        self.sweep_dedup(now_ms, l.count.saturating_mul(2))
+    }
+
+    /// Adds a `dedup-sweep` row (appended to a row already under the same key, which the
+    /// apply never writes twice: one descent then).
+    pub(super) fn add_sweep_row(&mut self, key: &[u8], list: &[u8]) -> Result<(), StoreError> {
+        let old = self
+            .dedup_sweep
+            .insert(key, list)?
+            .map(|old| old.value().to_vec());
+        match old {
+            None => self.digest ^= row_hash(ROW_DEDUP_SWEEP, key, list),
+            Some(mut v) => {
+                self.digest ^= row_hash(ROW_DEDUP_SWEEP, key, &v);
+                v.extend_from_slice(list);
+                self.dedup_sweep.insert(key, v.as_slice())?;
+                self.digest ^= row_hash(ROW_DEDUP_SWEEP, key, &v);
             }
-            gone.push(k.get(8..).unwrap_or_default().to_vec());
         }
-        for dk in gone {
-            self.forget(&dk)?;
+        Ok(())
+    }
+
+    /// Removes the `dedup-sweep` lists whose until lies [`DEDUP_CLOCK_SKEW_MAX_MS`] or more
+    /// before `now_ms` (a clock reading one command carries), oldest first, whole lists,
+    /// until at least `max(at_least, DEDUP_SWEEP_MIN)` `dedup` rows were looked at, and the
+    /// rows they list whose window ended by then. A listed row remembered again since (a
+    /// later until) stays: its later list forgets it.
+    pub(super) fn sweep_dedup(&mut self, now_ms: i64, at_least: usize) -> Result<(), StoreError> {
+        let bound = now_ms.saturating_sub(DEDUP_CLOCK_SKEW_MAX_MS);
+        let want = at_least.max(DEDUP_SWEEP_MIN);
+        let mut looked = 0;
+        while looked < want {
+            let (k, list) = {
+                let Some(r) = self.dedup_sweep.first()? else {
+                    break;
+                };
+                let (k, v) = r;
+                if sweep_key_until(k.value()) > bound {
+                    break;
+                }
+                (k.value().to_vec(), v.value().to_vec())
+            };
+            self.dedup_sweep.remove(k.as_slice())?;
+            self.digest ^= row_hash(ROW_DEDUP_SWEEP, &k, &list);
+            for dk in swept_keys(&list) {
+                looked += 1;
+                let Some(old) = self.dedup.remove(dk)?.map(|g| g.value().to_vec()) else {
+                    continue;
+                };
+                match parse_dedup_value(&old) {
+                    Some((_, until)) if until > bound => {
+                        self.dedup.insert(dk, old.as_slice())?;
+                    }
+                    _ => self.digest ^= row_hash(ROW_DEDUP, dk, &old),
+                }
+            }
         }
         Ok(())
     }
