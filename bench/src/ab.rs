@@ -214,7 +214,22 @@ async fn measure(
                 let p = plan
                     .publish(batch, Ack::Quorum, 3_600_000)
                     .delayed(3_600_000, with_ids);
-                let (o, costs) = target.publish(&p).await?;
+                let (o, costs) = match target.publish(&p).await {
+                    Ok(measured) => measured,
+                    Err(e) => {
+                        // The brokers' logs say why; they stay with the data directories.
+                        match deployment {
+                            Deployment::One(b) => b.stop()?,
+                            Deployment::Three(c) => c.stop()?,
+                        }
+                        let kept = work.keep();
+                        return Err(e.context(format!(
+                            "{binary} ({}), QUORUM {batch}/request; the brokers' data directories and logs are kept in {}",
+                            bin.display(),
+                            kept.display()
+                        )));
+                    }
+                };
                 samples.push(Sample {
                     binary,
                     round,

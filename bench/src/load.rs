@@ -151,7 +151,7 @@ pub(crate) async fn publish_run(addr: &str, p: &PublishParams) -> anyhow::Result
             };
             for _ in 0..window {
                 sent_at.push_back(Instant::now());
-                tx.send(mk(next_id)).await?;
+                send_or_status(&tx, &mut acks, mk(next_id)).await?;
                 next_id += 1;
             }
             while let Some(a) = acks.message().await? {
@@ -181,13 +181,41 @@ pub(crate) async fn publish_run(addr: &str, p: &PublishParams) -> anyhow::Result
                     break;
                 }
                 sent_at.push_back(Instant::now());
-                tx.send(mk(next_id)).await?;
+                send_or_status(&tx, &mut acks, mk(next_id)).await?;
                 next_id += 1;
             }
             Ok::<_, anyhow::Error>((c, local))
         }));
     }
     crate::stats::collect(tasks, measure).await
+}
+
+/// Sends a batch on a publish stream; when the broker has ended the call (its request half is
+/// gone), the error is the status it ended it with, not "channel closed".
+async fn send_or_status(
+    tx: &tokio::sync::mpsc::Sender<PublishBatch>,
+    acks: &mut tonic::Streaming<PublishBatchAck>,
+    batch: PublishBatch,
+) -> anyhow::Result<()> {
+    if tx.send(batch).await.is_ok() {
+        return Ok(());
+    }
+    let ended = async {
+        loop {
+            match acks.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => bail!("the broker ended the publish stream without a status"),
+                Err(status) => {
+                    return Err(
+                        anyhow::Error::new(status).context("the broker ended the publish stream")
+                    )
+                }
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), ended)
+        .await
+        .unwrap_or_else(|_| bail!("the publish stream's request half closed; no status within 5 s"))
 }
 
 /// The sending half of one open-loop futureq publish stream.
