@@ -31,6 +31,15 @@ enum Deployment {
     Three(Cluster),
 }
 
+impl Deployment {
+    fn stop(self) -> anyhow::Result<()> {
+        match self {
+            Deployment::One(b) => b.stop(),
+            Deployment::Three(c) => c.stop(),
+        }
+    }
+}
+
 /// One measured series of one binary in one round.
 #[derive(Debug, Serialize)]
 struct Sample {
@@ -47,6 +56,9 @@ struct Sample {
     sleeps_per_msg: Option<f64>,
     /// Messages put in queues another executor serves, per acked message (every node).
     cross_core_per_msg: Option<f64>,
+    /// Leadership gained or lost on any node during the series, every attempt (a series
+    /// whose leader moved runs again on the new one): 0 with no fault (cluster only).
+    leader_changes: Option<u64>,
 }
 
 /// Median, smallest and largest of `v` (not empty).
@@ -112,6 +124,31 @@ fn table(samples: &[Sample], mode: &str) -> String {
     out
 }
 
+/// The series in which leadership moved with no fault injected (their numbers include a
+/// series run again on the new leader), if any.
+fn leadership_moves(samples: &[Sample]) -> Option<String> {
+    let moved: Vec<String> = samples
+        .iter()
+        .filter(|s| s.leader_changes.is_some_and(|c| c > 0))
+        .map(|s| {
+            let ids = if s.dedup { ", dedup ids" } else { "" };
+            format!(
+                "{} round {} QUORUM {}/request{ids} (+{})",
+                s.binary,
+                s.round,
+                s.batch,
+                s.leader_changes.unwrap_or_default()
+            )
+        })
+        .collect();
+    (!moved.is_empty()).then(|| {
+        format!(
+            "leadership moved with no fault injected in: {}",
+            moved.join("; ")
+        )
+    })
+}
+
 /// Runs `rounds` rounds of every series on both binaries, standalone or on a 3-node cluster;
 /// writes `out/ab.json` and prints the table.
 ///
@@ -156,6 +193,9 @@ pub(crate) async fn run(
         after.display()
     );
     println!("{}", table(&samples, mode));
+    if let Some(moved) = leadership_moves(&samples) {
+        println!("{moved}\n");
+    }
     println!("samples: {}", path.display());
     Ok(())
 }
@@ -214,17 +254,19 @@ async fn measure(
                 let p = plan
                     .publish(batch, Ack::Quorum, 3_600_000)
                     .delayed(3_600_000, with_ids);
+                let ids = if with_ids { ", dedup ids" } else { "" };
                 let (o, costs) = match target.publish(&p).await {
                     Ok(measured) => measured,
                     Err(e) => {
-                        // The brokers' logs say why; they stay with the data directories.
-                        match deployment {
-                            Deployment::One(b) => b.stop()?,
-                            Deployment::Three(c) => c.stop()?,
-                        }
+                        // The brokers' logs say why; they stay with the data directories
+                        // (kept whether or not the brokers stop cleanly).
+                        let stopped = deployment.stop();
                         let kept = work.keep();
+                        let stop = stopped.err().map_or_else(String::new, |s| {
+                            format!(" (stopping them failed too: {s:#})")
+                        });
                         return Err(e.context(format!(
-                            "{binary} ({}), QUORUM {batch}/request; the brokers' data directories and logs are kept in {}",
+                            "{binary} ({}), QUORUM {batch}/request{ids}; the brokers' data directories and logs are kept in {}{stop}",
                             bin.display(),
                             kept.display()
                         )));
@@ -240,12 +282,10 @@ async fn measure(
                     cpu_us_per_msg: costs.cpu_us,
                     sleeps_per_msg: costs.sleeps,
                     cross_core_per_msg: costs.cross_core,
+                    leader_changes: costs.leader_changes,
                 });
             }
-            match deployment {
-                Deployment::One(b) => b.stop()?,
-                Deployment::Three(c) => c.stop()?,
-            }
+            deployment.stop()?;
         }
     }
     Ok(())
@@ -269,6 +309,7 @@ mod tests {
             cpu_us_per_msg: Some(30.0),
             sleeps_per_msg: Some(2.0),
             cross_core_per_msg: Some(1.5),
+            leader_changes: Some(0),
         };
         let samples = [
             s("before", 1, 1, 100.0),
@@ -291,6 +332,13 @@ mod tests {
         assert!(
             t.contains("| QUORUM 100/request | 0 [0–0] | 50 [50–50] | — |"),
             "no ratio against a zero median: {t}"
+        );
+        assert_eq!(leadership_moves(&samples), None);
+        let mut moved = s("after", 3, 1, 10.0);
+        moved.leader_changes = Some(2);
+        assert_eq!(
+            leadership_moves(&[moved]).as_deref(),
+            Some("leadership moved with no fault injected in: after round 3 QUORUM 1/request (+2)")
         );
         // With dedup ids, the plain and the dedup series are rows of their own.
         let t = table(

@@ -263,14 +263,30 @@ impl Target<'_> {
     }
 
     /// Runs a publish `series` on the leader ([`Target::on_leader`]) and measures what it
-    /// cost the broker.
+    /// cost the broker: the CPU, sleeps and cross-core messages of the attempt that counted
+    /// (a series run again on a new leader starts afresh), the leadership moves of every
+    /// attempt.
     async fn measured<F: Future<Output = anyhow::Result<PublishOut>>>(
         &self,
         series: impl Fn(String) -> F,
     ) -> anyhow::Result<(PublishOut, Costs)> {
-        let before = self.usage().await;
-        let o = self.on_leader(series).await?;
-        let costs = before.costs(&self.usage().await, o.acked);
+        let first = self.usage().await;
+        let (o, before) = self
+            .on_leader(|addr| {
+                let run = series(addr);
+                async move {
+                    let before = self.usage().await;
+                    run.await.map(|o| (o, before))
+                }
+            })
+            .await?;
+        let after = self.usage().await;
+        let moves = Costs::moves(first.leadership, after.leadership);
+        let costs = Costs {
+            term_changes: moves.term_changes,
+            leader_changes: moves.leader_changes,
+            ..before.costs(&after, o.acked)
+        };
         Ok((o, costs))
     }
 

@@ -25,12 +25,13 @@
 //! `(topic, dedup id)` has no `dedup` row whose until lies after the message's enqueue time;
 //! otherwise the apply answers the first message's key. Rows past their until are removed by
 //! later store commands with dedup ids and by dead letters: a store command lists the rows it
-//! remembered in one `dedup-sweep` row (keyed by the latest until among them and its first
-//! message's event id); each then removes whole lists, oldest first, whose until lies
-//! `DEDUP_CLOCK_SKEW_MAX_MS` before its own clock, until it looked at twice the rows it listed
-//! (at least 8); a listed row remembered again since (a later until) stays for its later list.
-//! One list per command, not one index row per id: an id costs one B-tree insert when it is
-//! new (issue 29.4). Every decision reads only the entry and the applied state: replicas agree.
+//! remembered in one `dedup-sweep` row (keyed by the latest until among them and the event id
+//! of the first message it remembered); each then removes whole lists, oldest first, whose
+//! until lies `DEDUP_CLOCK_SKEW_MAX_MS` before its own clock, while there are such lists and
+//! until it looked at about twice the rows it listed (at least 8; the last list whole); a
+//! listed row remembered again since (a later until) stays for its later list. One list per
+//! command, not one index row per id: an id costs one B-tree insert when it is new (issue
+//! 29.4; a duplicate costs two, the row put back). Every decision reads only the entry and the applied state: replicas agree.
 //! A store of the earlier version (a `dedup-expiry` row per id) is listed once at open, one
 //! list per row; so replicas upgraded at different log indexes list the same rows differently
 //! (different digests) until the lists of the ids remembered before the upgrade are swept.

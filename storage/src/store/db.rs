@@ -14,13 +14,20 @@ use futureq_core::{EventKey, StoredMessage, TopicHash};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableHandle};
 
 use super::schema::{
-    parse_dedup_value, push_swept, row_hash, sweep_key, APPLIED_INDEX, APPLIED_TERM, DEDUP,
-    DEDUP_SWEEP, DIGEST, EXPIRY, GROUPS, INDEXES, LAST_ID, LEGACY_DEDUP_EXPIRY, MESSAGES, META,
-    RAFT_META, ROW_DEDUP, ROW_DEDUP_SWEEP, ROW_EXPIRY, ROW_GROUP, ROW_INDEX,
-    ROW_LEGACY_DEDUP_EXPIRY, ROW_MESSAGE, ROW_TOPIC, SYNC_MARK, TOPICS, TOPICS_COUNTED,
+    parse_dedup_value, row_hash, APPLIED_INDEX, APPLIED_TERM, DEDUP, DEDUP_SWEEP, DIGEST, EXPIRY,
+    GROUPS, INDEXES, LAST_ID, LEGACY_DEDUP_EXPIRY, MESSAGES, META, RAFT_META, ROW_DEDUP,
+    ROW_DEDUP_SWEEP, ROW_EXPIRY, ROW_GROUP, ROW_INDEX, ROW_LEGACY_DEDUP_EXPIRY, ROW_MESSAGE,
+    ROW_TOPIC, SYNC_MARK, TOPICS, TOPICS_COUNTED,
 };
 use super::tables::Tables;
 use crate::StoreError;
+
+/// Whether the database, as `txn` sees it, still holds the earlier version's sweep index.
+fn holds_legacy_sweep_index(txn: &redb::ReadTransaction) -> Result<bool, StoreError> {
+    Ok(txn
+        .list_tables()?
+        .any(|h| h.name() == LEGACY_DEDUP_EXPIRY.name()))
+}
 
 /// Where the store keeps its data.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,7 +141,7 @@ impl Store {
     /// id) to `dedup-sweep`, one list per row (the same lists on every replica with the same
     /// rows), and deletes the old table; a no-op when it is gone.
     pub(super) fn list_legacy_dedup_rows(&self) -> Result<(), StoreError> {
-        if !self.has_table(LEGACY_DEDUP_EXPIRY.name())? {
+        if !holds_legacy_sweep_index(&self.db.begin_read()?)? {
             return Ok(());
         }
         let txn = self.begin_write(true)?;
@@ -149,12 +156,9 @@ impl Store {
                 t.digest ^= row_hash(ROW_LEGACY_DEDUP_EXPIRY, k, &[]);
                 let dk = k.get(8..).unwrap_or_default();
                 let first = t.dedup.get(dk)?.and_then(|v| parse_dedup_value(v.value()));
-                // Once-rows (until i64::MAX) are never swept; a row gone needs no list.
-                if let Some((first, until)) = first.filter(|(_, u)| *u != i64::MAX) {
-                    let mut list = Vec::new();
-                    push_swept(&mut list, dk);
-                    t.add_sweep_row(&sweep_key(until, first.event_id().0), &list)?;
-                    moved += 1;
+                // A row gone needs no list.
+                if let Some((first, until)) = first {
+                    moved += u64::from(t.list_alone(dk, &first, until)?);
                 }
             }
             drop(legacy);
@@ -163,15 +167,6 @@ impl Store {
         }
         txn.delete_table(LEGACY_DEDUP_EXPIRY)?;
         self.commit_with_digest(txn, digest)
-    }
-
-    /// Whether the database holds a table of this name.
-    fn has_table(&self, name: &str) -> Result<bool, StoreError> {
-        Ok(self
-            .db
-            .begin_read()?
-            .list_tables()?
-            .any(|h| h.name() == name))
     }
 
     /// Fills `topics` from `messages` once, for a store written before the table existed
@@ -270,10 +265,7 @@ impl Store {
                 d ^= row_hash(tag, r?.0.value(), &[]);
             }
         }
-        let legacy = txn
-            .list_tables()?
-            .any(|h| h.name() == LEGACY_DEDUP_EXPIRY.name());
-        if legacy {
+        if holds_legacy_sweep_index(&txn)? {
             for r in txn.open_table(LEGACY_DEDUP_EXPIRY)?.range::<&[u8]>(..)? {
                 d ^= row_hash(ROW_LEGACY_DEDUP_EXPIRY, r?.0.value(), &[]);
             }
@@ -479,7 +471,7 @@ mod tests {
         txn.commit().unwrap();
         assert_eq!(s.digest(), s.computed_digest().unwrap());
         s.list_legacy_dedup_rows().unwrap();
-        assert!(!s.has_table(LEGACY_DEDUP_EXPIRY.name()).unwrap());
+        assert!(!holds_legacy_sweep_index(&s.db.begin_read().unwrap()).unwrap());
         assert_eq!(s.digest(), s.computed_digest().unwrap());
         let txn = s.db.begin_read().unwrap();
         let lists: Vec<i64> = txn
@@ -509,8 +501,15 @@ mod tests {
             .is_none());
         drop(txn);
         assert_eq!(s.digest(), s.computed_digest().unwrap());
-        let before = s.digest();
+        let before = (
+            s.digest(),
+            all_rows(&s.db.begin_read().unwrap().open_table(DEDUP_SWEEP).unwrap()),
+        );
         s.list_legacy_dedup_rows().unwrap();
-        assert_eq!(s.digest(), before, "listed once");
+        let after = (
+            s.digest(),
+            all_rows(&s.db.begin_read().unwrap().open_table(DEDUP_SWEEP).unwrap()),
+        );
+        assert_eq!(after, before, "listed once");
     }
 }

@@ -11,10 +11,7 @@ use futureq_core::{TopicHash, KEY_LEN};
 use redb::{Durability, ReadableDatabase};
 
 use super::db::Store;
-use super::schema::{
-    parse_dedup_value, push_swept, sweep_key, TopicRow, APPLIED_INDEX, APPLIED_TERM, LAST_ID,
-    RAFT_META,
-};
+use super::schema::{parse_dedup_value, TopicRow, APPLIED_INDEX, APPLIED_TERM, LAST_ID, RAFT_META};
 use super::tables::{KeyTable, Tables};
 use crate::snapshot::{
     SnapshotInfo, SnapshotReader, SNAPSHOT_MAGIC, TAG_DEDUP, TAG_DEDUP_SWEEP, TAG_EXPIRY,
@@ -182,10 +179,8 @@ fn install_dedup_row(
     let (first, until) = parse_dedup_value(value)
         .ok_or_else(|| StoreError::BadSnapshot("bad dedup row".to_owned()))?;
     t.remember(key, &first, until)?;
-    if !listed && until != i64::MAX {
-        let mut list = Vec::new();
-        push_swept(&mut list, key);
-        t.add_sweep_row(&sweep_key(until, first.event_id().0), &list)?;
+    if !listed {
+        t.list_alone(key, &first, until)?;
     }
     Ok(())
 }

@@ -27,9 +27,9 @@ pub(crate) const DEDUP_SWEEP: TableDefinition<&[u8], &[u8]> = TableDefinition::n
 /// read once at open into `dedup-sweep`, then deleted.
 pub(super) const LEGACY_DEDUP_EXPIRY: TableDefinition<&[u8], ()> =
     TableDefinition::new("dedup-expiry");
-/// Fewest `dedup` rows a sweep looks at, beyond twice those its command remembered. Whole
-/// lists go, so one sweep may look at one list more: at most one command's items
-/// (`GROUP_ITEMS_MAX` in the cluster's coalescer, 8,192) beyond its bound.
+/// Fewest `dedup` rows a sweep looks at (it aims at twice those its command remembered).
+/// Whole lists go, so one sweep may look at one list more than it aims at: at most one store
+/// command's items (a coalesced group of up to 8,192, or one larger client batch alone).
 pub(super) const DEDUP_SWEEP_MIN: usize = 8;
 /// How far a writer's clock may run ahead of another's (or step forward and back) without
 /// making a dedup id forgotten early: the check judges each message by its own enqueue

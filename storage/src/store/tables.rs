@@ -66,7 +66,7 @@ pub(super) struct SweepList {
     keys: Vec<u8>,
     count: usize,
     until_ms: i64,
-    /// The event id of the first message listed.
+    /// The event id of the first message remembered (and listed).
     first_id: Option<u64>,
 }
 
@@ -361,7 +361,7 @@ impl<'t> Tables<'t> {
     }
 
     /// Writes the `dedup-sweep` row of the rows the current command remembered (if any), then
-    /// sweeps up to twice as many forgotten ones (at least [`DEDUP_SWEEP_MIN`]) at `now_ms`
+    /// sweeps at `now_ms` (see [`Tables::sweep_dedup`]: about twice as many listed rows)
     /// (a clock the command carries). Per command, so every replica lists and sweeps alike.
     pub(super) fn list_remembered(&mut self, now_ms: i64) -> Result<(), StoreError> {
         let l = std::mem::take(&mut self.listed);
@@ -370,6 +370,24 @@ impl<'t> Tables<'t> {
         };
         self.add_sweep_row(&sweep_key(l.until_ms, first_id), &l.keys)?;
         self.sweep_dedup(now_ms, l.count.saturating_mul(2))
+    }
+
+    /// Lists one `dedup` row for the sweep on its own (a row of the earlier version, which
+    /// kept no lists); a once-row (until `i64::MAX`) is never swept, so never listed. True
+    /// when listed.
+    pub(super) fn list_alone(
+        &mut self,
+        dk: &[u8],
+        first: &EventKey,
+        until_ms: i64,
+    ) -> Result<bool, StoreError> {
+        if until_ms == i64::MAX {
+            return Ok(false);
+        }
+        let mut list = Vec::new();
+        push_swept(&mut list, dk);
+        self.add_sweep_row(&sweep_key(until_ms, first.event_id().0), &list)?;
+        Ok(true)
     }
 
     /// Adds a `dedup-sweep` row (appended to a row already under the same key, which the
