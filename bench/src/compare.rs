@@ -326,7 +326,7 @@ impl Target<'_> {
         loop {
             let leader = cluster.leader().await?.addr.clone();
             match series(leader.clone()).await {
-                Err(e) if retries < 2 && format!("{e:#}").contains("leader") => {
+                Err(e) if retries < 2 && leadership_moved(&e) => {
                     retries += 1;
                     eprintln!(
                         "leadership moved away from {leader} ({e:#}); running the series again"
@@ -336,6 +336,21 @@ impl Target<'_> {
             }
         }
     }
+}
+
+/// Whether a series failed because its node no longer leads: a batch refused as NOT_LEADER,
+/// or a stream the broker ended with that reason (told by type, not by the message's text).
+fn leadership_moved(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<crate::load::Refused>()
+            .is_some_and(|r| r.not_leader)
+            || c.downcast_ref::<tonic::Status>().is_some_and(|s| {
+                matches!(
+                    futureq_client::refusal::of_status(s),
+                    Some((futureq_client::Reason::NotLeader, _))
+                )
+            })
+    })
 }
 
 /// One compare run in progress: the plan, the rows so far, the progress display.
@@ -1194,6 +1209,40 @@ fn keep_logs(work: &Path, out: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A series is run again on a new leader only for a refusal that says NOT_LEADER, by
+    /// type: a batch's, or the status a stream ended with; never for words in a message.
+    #[test]
+    fn leadership_moves_are_told_by_type() {
+        let refused = |not_leader| crate::load::Refused {
+            batch_id: 7,
+            not_leader,
+            message: "this node is no longer the cluster leader".into(),
+        };
+        assert!(leadership_moved(
+            &anyhow::Error::new(refused(true)).context("series")
+        ));
+        assert!(!leadership_moved(&anyhow::Error::new(refused(false))));
+        use tonic_types::StatusExt as _;
+        let status = |reason: futureq_client::Reason| {
+            tonic::Status::with_error_details(
+                tonic::Code::FailedPrecondition,
+                "for people",
+                tonic_types::ErrorDetails::with_error_info(
+                    reason.name(),
+                    futureq_core::refusal::ERROR_DOMAIN,
+                    [],
+                ),
+            )
+        };
+        let ended = anyhow::Error::new(status(futureq_client::Reason::NotLeader))
+            .context("the broker ended the publish stream");
+        assert!(leadership_moved(&ended));
+        assert!(!leadership_moved(&anyhow::Error::new(status(
+            futureq_client::Reason::Overloaded
+        ))));
+        assert!(!leadership_moved(&anyhow::anyhow!("no leader within 10 s")));
+    }
 
     fn run(key: Key, rate: f64, latency_us: u64) -> Run {
         let mut h = crate::stats::hist();

@@ -88,7 +88,7 @@ pub(crate) async fn drain(addr: &str) -> anyhow::Result<()> {
         .into_inner();
     let a = acks.message().await?.context("publish stream ended")?;
     if !a.success {
-        bail!("drain batch rejected: {}", a.error_message);
+        return Err(Refused::of(&a).into());
     }
     Ok(())
 }
@@ -164,7 +164,7 @@ pub(crate) async fn publish_run(addr: &str, p: &PublishParams) -> anyhow::Result
                     }
                     tokio::time::sleep(after).await;
                 } else if !a.success {
-                    bail!("batch {} rejected: {}", a.batch_id, a.error_message);
+                    return Err(Refused::of(&a).into());
                 }
                 if a.success {
                     c.acked += batch as u64;
@@ -241,11 +241,39 @@ impl openloop::Acks for tonic::Streaming<PublishBatchAck> {
     async fn recv(&mut self) -> anyhow::Result<(u64, bool)> {
         let a = self.message().await?.context("publish stream ended")?;
         if !a.success && retry_after(&a).is_none() {
-            bail!("batch {} rejected: {}", a.batch_id, a.error_message);
+            return Err(Refused::of(&a).into());
         }
         Ok((a.batch_id, a.success))
     }
 }
+
+/// A batch the broker refused (not one shed with a retry hint): an error a caller can tell by
+/// type, not by its text.
+#[derive(Debug)]
+pub(crate) struct Refused {
+    pub(crate) batch_id: u64,
+    /// Refused because the node no longer leads (leadership moved).
+    pub(crate) not_leader: bool,
+    pub(crate) message: String,
+}
+
+impl Refused {
+    fn of(a: &PublishBatchAck) -> Refused {
+        Refused {
+            batch_id: a.batch_id,
+            not_leader: a.error_reason == futureq_bench::pb::ErrorReason::NotLeader as i32,
+            message: a.error_message.clone(),
+        }
+    }
+}
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "batch {} rejected: {}", self.batch_id, self.message)
+    }
+}
+
+impl std::error::Error for Refused {}
 
 /// A refused batch's retry hint when it was refused as OVERLOADED (nothing stored; send it
 /// again after the hint), else `None`.
@@ -363,7 +391,7 @@ pub(crate) async fn publish_all(
             continue;
         }
         if !a.success {
-            bail!("batch {} rejected: {}", a.batch_id, a.error_message);
+            return Err(Refused::of(&a).into());
         }
         sheds.remove(&a.batch_id);
         stored += 1;

@@ -66,9 +66,8 @@ const IDS_AHEAD_MAX: u64 = futureq_core::command::IDS_UNAPPLIED_MAX / 2;
 const REPLAY_PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// Most entries in one apply transaction; it stops taking entries once it holds
 /// [`APPLY_BYTES_MAX`] bytes (a larger entry, up to `ENTRY_BYTES_MAX`, goes alone). A writer
-/// that finds
-/// [`UNAPPLIED_BYTES_MAX`] unapplied waits for an apply to end, so an apply's length is how
-/// long such waits last: with 64 MiB the applier took all that was flushed, each apply grew
+/// that finds [`UNAPPLIED_BYTES_MAX`] unapplied waits for an apply to end, so an apply's
+/// length is how long such waits last: with 64 MiB the applier took all that was flushed, each apply grew
 /// behind the last (5, 11, 31, then 67 MB, 0.8 s) and a closed loop of 100 messages per request
 /// waited up to 1.36 s; with 2 MiB at most 143 ms, at the same throughput (docs/benchmarks.md,
 /// issue 29 fourth round).

@@ -58,10 +58,20 @@ pub fn spawn_owned<T: 'static>(fut: impl Future<Output = T> + 'static) -> Owned<
 /// (from its next turn), its handle dropped at once (see the module docs); it is not
 /// cancelled, it ends when `fut` does.
 pub fn spawn_detached(fut: impl Future<Output = ()> + 'static) {
-    let ex = glommio::executor();
+    schedule(fut, glommio::executor().current_task_queue());
+}
+
+/// Schedules `fut` in `queue` of the current executor, not run at once as `spawn_local`
+/// does, and drops its handle right then (see the module docs: the handle's drop then reads
+/// no reference count).
+///
+/// # Panics
+/// `queue` is not a task queue of the current executor (a caller's defect).
+fn schedule(fut: impl Future<Output = ()> + 'static, queue: glommio::TaskQueueHandle) {
     drop(
-        ex.spawn_local_into(fut, ex.current_task_queue())
-            .expect("the running task queue")
+        glommio::executor()
+            .spawn_local_into(fut, queue)
+            .expect("a task queue of this executor")
             .detach(),
     );
 }
@@ -87,14 +97,7 @@ pub fn spawn_owned_into<T: 'static>(
         };
         let _ = tx.send(out);
     };
-    // Scheduled, not run at once as `spawn_local` does (its handle's drop would then read the
-    // count; see the module docs).
-    drop(
-        glommio::executor()
-            .spawn_local_into(task, queue)
-            .expect("a task queue of this executor")
-            .detach(),
-    );
+    schedule(task, queue);
     Owned { rx }
 }
 
