@@ -12,7 +12,7 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::compare::{Plan, Target};
-use crate::load::Ack;
+use crate::load::{Ack, PublishParams};
 use crate::procs::{standalone, Broker, Cluster};
 
 /// The series measured: QUORUM publish at one message per request and at 100, and with
@@ -116,12 +116,21 @@ fn table(samples: &[Sample], mode: &str) -> String {
         } else {
             "—".to_owned()
         };
-        let ids = if dedup { ", dedup ids" } else { "" };
+        let ids = ids_label(dedup);
         out.push_str(&format!(
             "| QUORUM {batch}/request{ids} | {bm:.0} [{bl:.0}–{bh:.0}] | {am:.0} [{al:.0}–{ah:.0}] | {ratio} | {bp:.2} | {ap:.2} | {bc:.1} | {ac:.1} | {bs:.2} | {as_:.2} | {bx:.2} | {ax:.2} |\n"
         ));
     }
     out
+}
+
+/// How a series with dedup ids is named after its batch size.
+fn ids_label(dedup: bool) -> &'static str {
+    if dedup {
+        ", dedup ids"
+    } else {
+        ""
+    }
 }
 
 /// The series in which leadership moved with no fault injected (their numbers include a
@@ -131,7 +140,7 @@ fn leadership_moves(samples: &[Sample]) -> Option<String> {
         .iter()
         .filter(|s| s.leader_changes.is_some_and(|c| c > 0))
         .map(|s| {
-            let ids = if s.dedup { ", dedup ids" } else { "" };
+            let ids = ids_label(s.dedup);
             format!(
                 "{} round {} QUORUM {}/request{ids} (+{})",
                 s.binary,
@@ -249,12 +258,13 @@ async fn measure(
                     "ab round {round}/{rounds}: {binary} ({}), {} QUORUM {batch}/request{}",
                     bin.display(),
                     target.mode(),
-                    if with_ids { ", dedup ids" } else { "" }
+                    ids_label(with_ids)
                 );
-                let p = plan
-                    .publish(batch, Ack::Quorum, 3_600_000)
-                    .delayed(3_600_000, with_ids);
-                let ids = if with_ids { ", dedup ids" } else { "" };
+                let p = PublishParams {
+                    dedup: with_ids,
+                    ..plan.publish(batch, Ack::Quorum, 3_600_000)
+                };
+                let ids = ids_label(with_ids);
                 let (o, costs) = match target.publish(&p).await {
                     Ok(measured) => measured,
                     Err(e) => {

@@ -25,8 +25,9 @@
 //! `pending_msgs`, `fill_msgs_per_s` and `restart_ms` (pending), `cpu_us_per_msg` and
 //! `sleeps_per_msg` (futureq publish, closed and open loop: the server's CPU time and thread
 //! sleeps per acked message, all nodes of a cluster; the peers' CPU time), `term_changes`
-//! and `leader_changes` (futureq cluster publish, and pending with its fill: elections, and
-//! leadership gained or lost on any node, 0 without a fault), `refused_msgs` (publish: messages
+//! `leader_changes` and `lease_lapses` (futureq cluster publish, and pending with its fill:
+//! elections, leadership gained or lost on any node, 0 without a fault, and leases that
+//! lapsed in the same term while followers answered late), `refused_msgs` (publish: messages
 //! of the measured window refused as OVERLOADED, the load a system shed), `early` (lateness: messages
 //! delivered before their due time, not in the percentiles), `repetitions` (failover: the
 //! failovers timed; the percentiles are over them, µs), `node_rss_before_mb` (the largest
@@ -285,6 +286,7 @@ impl Target<'_> {
         let costs = Costs {
             term_changes: moves.term_changes,
             leader_changes: moves.leader_changes,
+            lease_lapses: moves.lease_lapses,
             ..before.costs(&after, o.acked)
         };
         Ok((o, costs))
@@ -526,7 +528,8 @@ impl Compare {
             .await?;
         // Leadership over the fill and the series.
         let whole = Costs::moves(leadership, cluster.leadership().await);
-        (costs.term_changes, costs.leader_changes) = (whole.term_changes, whole.leader_changes);
+        (costs.term_changes, costs.leader_changes, costs.lease_lapses) =
+            (whole.term_changes, whole.leader_changes, whole.lease_lapses);
         let node_peaks = peaks.stop();
         self.step("futureq cluster3: a fresh node joins and catches up".into());
         let t0 = Instant::now();
@@ -862,14 +865,30 @@ fn table(runs: &[Run]) -> String {
             r.cpu_us_per_msg.map_or("-".into(), |c| format!("{c:.1}")),
             r.sleeps_per_msg.map_or("-".into(), |c| format!("{c:.2}")),
             r.cross_core_per_msg.map_or("-".into(), |c| format!("{c:.2}")),
-            match (r.term_changes, r.leader_changes) {
-                (Some(t), Some(c)) if c > 2 * t => format!("{t} ({c} leader changes)"),
-                (Some(t), _) => t.to_string(),
-                _ => "-".into(),
-            },
+            elections_cell(r),
         ));
     }
     t
+}
+
+/// The table's elections cell: the term's growth, then what else moved (leader changes
+/// beyond the two of each election, leases that lapsed in the same term).
+fn elections_cell(r: &Run) -> String {
+    let Some(t) = r.term_changes else {
+        return "-".into();
+    };
+    let mut also = Vec::new();
+    if let Some(c) = r.leader_changes.filter(|&c| c > 2 * t) {
+        also.push(format!("{c} leader changes"));
+    }
+    if let Some(l) = r.lease_lapses.filter(|&l| l > 0) {
+        also.push(format!("{l} lease lapses"));
+    }
+    if also.is_empty() {
+        t.to_string()
+    } else {
+        format!("{t} ({})", also.join(", "))
+    }
 }
 
 /// The like-for-like pairs the ratios compare: a futureq run and a peer run, matched by
@@ -1275,10 +1294,17 @@ mod tests {
             e.contains("publish 1/request open loop 20000/s: term +2, leader changes +4"),
             "{e}"
         );
-        // A lease that ran out: no new term, the same leader again.
+        // A leader that stopped leading for want of a quorum and led again: no new term.
         let mut lease = series(Some(0), None);
         lease.leader_changes = Some(2);
-        assert!(elections(&[lease]).is_some());
+        assert!(elections(std::slice::from_ref(&lease)).is_some());
+        assert_eq!(elections_cell(&lease), "0 (2 leader changes)");
+        // A lease that lapsed in the same term is shown, and is no leader change.
+        let mut lapsed = series(Some(0), None);
+        lapsed.lease_lapses = Some(3);
+        assert!(elections(std::slice::from_ref(&lapsed)).is_none());
+        assert_eq!(elections_cell(&lapsed), "0 (3 lease lapses)");
+        assert_eq!(elections_cell(&series(Some(1), None)), "1");
         // The pending scenario (its fill) counts as well.
         let mut pending = series(Some(1), None);
         pending.scenario = "pending";

@@ -329,8 +329,11 @@ pub(crate) struct Leadership {
     /// The highest Raft term of the nodes.
     pub(crate) term: u64,
     /// Times nodes gained or lost leadership, summed (an election is two: one lost, one
-    /// gained; so is a leader whose lease ran out and that leads again in the same term).
+    /// gained).
     pub(crate) changes: u64,
+    /// Times a leader's lease lapsed while it went on leading the same term, summed
+    /// (`futureq_raft_lease_lapses_total`; 0 from a broker that does not export it).
+    pub(crate) lapses: u64,
 }
 
 /// Three futureq nodes on 127.0.0.1–3 (one executor each; the three nodes and the load
@@ -514,8 +517,8 @@ impl Cluster {
     }
 
     /// The highest Raft term the nodes report (`futureq_raft_term`: it grows at every
-    /// election) and their leadership changes (`futureq_raft_leader_changes_total`). `None`
-    /// when a node's metrics page cannot be read within 5 s.
+    /// election), their leadership changes (`futureq_raft_leader_changes_total`) and lease
+    /// lapses. `None` when a node's metrics page cannot be read within 5 s.
     pub(crate) async fn leadership(&self) -> Option<Leadership> {
         let mut l = Leadership::default();
         for n in &self.nodes {
@@ -527,6 +530,9 @@ impl Cluster {
             );
             l.term = l.term.max(term);
             l.changes += changes;
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            let lapses = series_sum(&page, "futureq_raft_lease_lapses_total").unwrap_or(0.0) as u64;
+            l.lapses += lapses;
         }
         Some(l)
     }

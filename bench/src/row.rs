@@ -26,9 +26,12 @@ pub(crate) struct Costs {
     /// How much the Raft term grew (elections) during the series: 0 unless a fault or an
     /// overload moved leadership (cluster only).
     pub(crate) term_changes: Option<u64>,
-    /// Leadership gained or lost on any node during the series (also a leader whose lease
-    /// ran out and that led again in the same term): 0 with no fault (cluster only).
+    /// Leadership gained or lost on any node during the series: 0 with no fault (cluster
+    /// only).
     pub(crate) leader_changes: Option<u64>,
+    /// Leases that lapsed while their leader went on leading the same term (followers that
+    /// answered late; deliveries were held meanwhile) (cluster only).
+    pub(crate) lease_lapses: Option<u64>,
 }
 
 impl Costs {
@@ -41,6 +44,7 @@ impl Costs {
         Costs {
             term_changes: both.map(|(b, a)| a.term.saturating_sub(b.term)),
             leader_changes: both.map(|(b, a)| a.changes.saturating_sub(b.changes)),
+            lease_lapses: both.map(|(b, a)| a.lapses.saturating_sub(b.lapses)),
             ..Costs::default()
         }
     }
@@ -86,9 +90,12 @@ pub(crate) struct Run {
     /// Cluster publish series: elections during the series (Raft term growth); no fault is
     /// injected, so anything above 0 is a defect.
     pub(crate) term_changes: Option<u64>,
-    /// Cluster publish and pending series: leadership gained or lost on any node (a lease
-    /// that ran out counts, with no new term); anything above 0 is a defect.
+    /// Cluster publish and pending series: leadership gained or lost on any node; anything
+    /// above 0 is a defect.
     pub(crate) leader_changes: Option<u64>,
+    /// Cluster publish and pending series: leases that lapsed in the same term (deliveries
+    /// held while the followers answered late; not a leader change).
+    pub(crate) lease_lapses: Option<u64>,
     /// Publish series: messages of the measured window refused as OVERLOADED (shed load,
     /// nothing stored, a retry hint given).
     pub(crate) refused_msgs: Option<u64>,
@@ -154,6 +161,7 @@ impl Run {
             cross_core_per_msg: None,
             term_changes: None,
             leader_changes: None,
+            lease_lapses: None,
             refused_msgs: None,
             node_rss_before_mb: None,
             node_rss_max_mb: None,
@@ -176,6 +184,7 @@ impl Run {
         self.cross_core_per_msg = c.cross_core;
         self.term_changes = c.term_changes;
         self.leader_changes = c.leader_changes;
+        self.lease_lapses = c.lease_lapses;
         self
     }
 

@@ -1519,6 +1519,89 @@ async fn a_publish_stream_ends_when_its_leader_is_deposed_mid_batch() {
     panic!("the leader's lease never outlasted the pause of its followers");
 }
 
+/// Issue 29 (a leader fenced itself during a disk stall): a follower answers no AppendEntries,
+/// not even a heartbeat, until the write before it is flushed (openraft), so followers whose
+/// log writes stall let the leader's lease lapse in the same term. That used to end every
+/// publish and consumer stream on the leader and count a leader change, with no fault but a
+/// slow disk. Within a bound, a same-term lapse now keeps the streams and the writes, holds
+/// deliveries until the lease is back (a deposed leader must not deliver), and is counted
+/// apart from leader changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_lapse_in_the_same_term_holds_deliveries_and_keeps_the_streams() {
+    let _serial = SERIAL.lock().await;
+    let c = Cluster::start(3, "").await;
+    let (leader, mut p, followers) = c.warm_leader("warm").await;
+    c.wait_topology(leader, 3).await;
+    let node = &c.nodes[leader];
+    let mut s = Subscriber::open(node.channel().await, "held", "", 10).await;
+    let term = node.metric("futureq_raft_term").await;
+    let changes = node.metric("futureq_raft_leader_changes_total").await;
+    let lapses = node.metric("futureq_raft_lease_lapses_total").await;
+    // Committed and on every follower's log before the stall: due in the middle of it.
+    let ack = p
+        .publish(batch(1, 0, vec![msg("held", "held", 1500, 0)]))
+        .await;
+    assert!(ack.success, "{ack:?}");
+    let published = common::now_ms();
+    let index = node.metric("futureq_raft_applied_index").await;
+    for &f in &followers {
+        c.wait_applied(f, index, Duration::from_secs(10)).await;
+    }
+    // Each follower's next event-log write takes a second: from then on neither answers the
+    // leader, and its lease (500 ms) lapses ~250 ms before "held" falls due.
+    for &f in &followers {
+        let event = c.nodes[f].dir.path().join("raft").join("event");
+        std::fs::write(event.join("inject-disk-fault"), "slow 1000").unwrap();
+    }
+    // Read as it comes (the time it is read is the time it came).
+    let reader = tokio::spawn(async move {
+        let m = s.next(Duration::from_secs(10)).await;
+        (m, common::now_ms(), s)
+    });
+    let stall_at = published + 750;
+    tokio::time::sleep(Duration::from_millis(
+        u64::try_from(stall_at - common::now_ms()).unwrap_or(0),
+    ))
+    .await;
+    let ack = p
+        .publish(batch(2, 0, vec![msg("after", "stalled", 0, 0)]))
+        .await;
+    assert!(
+        ack.success,
+        "the stall's batch: {ack:?}\n{}",
+        node.log_tail(30)
+    );
+    let (m, came, mut s) = reader.await.unwrap();
+    let m = m.expect("the held message is delivered once the lease is back");
+    assert_eq!(m.payload, b"held");
+    let late_ms = came - (m.enqueued_at_unix_ms + m.delay_ms);
+    assert!(
+        late_ms >= 100,
+        "delivered {late_ms} ms after it fell due: during the lapse, not after it\n{}",
+        node.log_tail(10)
+    );
+    s.ack(&m.delivery_tag, true);
+    assert!(
+        node.metric("futureq_raft_lease_lapses_total").await > lapses,
+        "no lapse was seen: the stall did not hold the followers back\n{}",
+        node.log_tail(30)
+    );
+    assert_eq!(node.metric("futureq_raft_term").await, term);
+    assert_eq!(
+        node.metric("futureq_raft_leader_changes_total").await,
+        changes,
+        "{}",
+        node.log_tail(30)
+    );
+    // The same streams go on.
+    let ack = p
+        .publish(batch(3, 0, vec![msg("held", "next", 0, 0)]))
+        .await;
+    assert!(ack.success, "{ack:?}");
+    let m = s.next(Duration::from_secs(5)).await.expect("delivered");
+    assert_eq!(m.payload, b"next");
+}
+
 /// Issue 26.1: the tags a deposed leader handed out for a NO_ACK batch that was never
 /// committed (its entry is cut by the new leader) never name another message: the new leader
 /// reserves the ids above the committed mark before it assigns any. It used to go on at the

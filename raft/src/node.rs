@@ -67,9 +67,19 @@ pub struct Leadership {
     pub term: u64,
     /// The leader this node knows of.
     pub leader: Option<u64>,
-    /// This node leads, and a quorum acknowledged it within the election timeout
-    /// (the CheckQuorum equivalent: a leader cut off from its quorum stops serving).
+    /// This node leads `term` and a quorum acknowledged it within the shortest and the
+    /// longest election timeout together (25 rtt: not before then can followers that stopped
+    /// hearing from it have elected another, openraft's votes waiting out the longest): it
+    /// takes clients and writes (a write commits only with a quorum). A leader cut off from
+    /// its quorum stops serving, the CheckQuorum equivalent.
     pub leading: bool,
+    /// `leading`, and a quorum acknowledged it within one election timeout (the lease): it
+    /// may deliver. Before a follower's election timer can run out no other node leads; past
+    /// it one may, and a deposed leader must not hand out what the new one will deliver.
+    /// `leading` without the lease is a lapse in the same term: the followers answer late
+    /// (openraft answers even a heartbeat only once the write before it is flushed, so a
+    /// stalled disk on the followers silences them), or this node is cut off.
+    pub lease: bool,
     /// Members of the event shard.
     pub members: Vec<Member>,
     /// Last applied log index (0 = none).
@@ -131,6 +141,8 @@ pub struct Node {
     network: PeerNetwork,
     stop: Shutdown,
     election_timeout: Duration,
+    /// How long a leader serves with no quorum heard (see [`Leadership::leading`]).
+    serve_quiet_max: Duration,
     proposals: Rc<glommio::sync::Semaphore>,
     event_sm: EventStateMachine,
 }
@@ -150,6 +162,8 @@ impl Node {
         let (event_log, meta_log) = open_logs(cfg, &store, &tracker).await?;
         let (event_cfg, meta_cfg) = group_configs(cfg)?;
         let election_timeout = Duration::from_millis(event_cfg.election_timeout_min);
+        let serve_quiet_max =
+            Duration::from_millis(event_cfg.election_timeout_min + event_cfg.election_timeout_max);
         // A restarted peer must hear from the leader well within its election timeout
         // (10 rtt): retry links to a down peer at least every 2 rtt.
         let network = PeerNetwork::new(EVENT_GROUP, RPC_TIMEOUT)
@@ -192,6 +206,7 @@ impl Node {
             network,
             stop: Shutdown::new(),
             election_timeout,
+            serve_quiet_max,
             proposals: Rc::new(glommio::sync::Semaphore::new(PROPOSALS_MAX)),
             event_sm,
         };
@@ -421,12 +436,14 @@ impl Node {
     pub fn leadership(&self) -> Leadership {
         let m = self.event.metrics();
         let m = m.borrow_watched();
-        let quorum_fresh = m.last_quorum_acked.as_ref().is_some_and(|t| {
+        let quiet = m.last_quorum_acked.as_ref().map(|t| {
             use openraft_rt::Instant as _;
-            t.elapsed() < self.election_timeout
+            t.elapsed()
         });
         let membership = m.membership_config.membership();
         let voters: BTreeSet<u64> = membership.voter_ids().collect();
+        let leads = m.state == ServerState::Leader && m.current_leader == Some(self.id);
+        let within = |bound: Duration| voters.len() <= 1 || quiet.is_some_and(|q| q < bound);
         let members = membership
             .nodes()
             .map(|(id, n)| Member {
@@ -450,9 +467,8 @@ impl Node {
         Leadership {
             term: m.current_term,
             leader: m.current_leader,
-            leading: m.state == ServerState::Leader
-                && m.current_leader == Some(self.id)
-                && (quorum_fresh || voters.len() <= 1),
+            leading: leads && within(self.serve_quiet_max),
+            lease: leads && within(self.election_timeout),
             members,
             applied: m.last_applied.as_ref().map_or(0, |l| l.index),
             last_log: m.last_log_index.unwrap_or(0),

@@ -26,15 +26,21 @@
 //! otherwise the apply answers the first message's key. Rows past their until are removed by
 //! later store commands with dedup ids and by dead letters: a store command lists the rows it
 //! remembered in one `dedup-sweep` row (keyed by the latest until among them and the event id
-//! of the first message it remembered); each then removes whole lists, oldest first, whose
-//! until lies `DEDUP_CLOCK_SKEW_MAX_MS` before its own clock, while there are such lists and
-//! until it looked at about twice the rows it listed (at least 8; the last list whole); a
-//! listed row remembered again since (a later until) stays for its later list. One list per
-//! command, not one index row per id: an id costs one B-tree insert when it is new (issue
-//! 29.4; a duplicate costs two, the row put back). Every decision reads only the entry and the applied state: replicas agree.
+//! of the first message it remembered); each then forgets the rows of lists, oldest first,
+//! whose until lies `DEDUP_CLOCK_SKEW_MAX_MS` before its own clock: exactly twice the rows it
+//! listed (at least 8), or fewer when no more are due; a list cut there keeps its rest, so one
+//! command's work is bounded whatever the lists' sizes. A listed row remembered again since (a
+//! later until) stays for its later list. One list per command, not one index row per id: an
+//! id costs one B-tree insert when it is new (issue 29.4; a duplicate costs two, the row put
+//! back). Every decision reads only the entry and the applied state: replicas agree. A list
+//! that is not whole fails the apply (`CorruptMeta`) and a snapshot that holds one.
 //! A store of the earlier version (a `dedup-expiry` row per id) is listed once at open, one
 //! list per row; so replicas upgraded at different log indexes list the same rows differently
-//! (different digests) until the lists of the ids remembered before the upgrade are swept.
+//! until the lists of the ids remembered before the upgrade are swept: different digests, and
+//! they may forget such an id at different commands. Only a message whose enqueue time lies
+//! over `DEDUP_CLOCK_SKEW_MAX_MS` behind the clock that swept its id's row can then be stored
+//! on one replica and deduplicated on another; upgrade the nodes in one go (or with no
+//! publishes from clocks a minute behind) to rule that out.
 //!
 //! `topics` holds per topic the exact number of rows in `messages` (kept by every write that
 //! adds or removes one, in the same transaction) and the dead letters moved out of it since

@@ -841,6 +841,42 @@ fn the_sweep_forgets_by_lists_and_keeps_an_id_remembered_again() {
     assert_eq!(dst.computed_digest().unwrap(), s.digest());
 }
 
+/// One command's sweep is bounded whatever the lists' sizes: a list of 1,000 ids (one large
+/// batch) is forgotten 8 rows per one-id publish, the rest of it kept under its key, not all
+/// behind the first small command past its window (review of issue 29.4: an apply that was to
+/// stay short did a whole list's deletes).
+#[test]
+fn one_commands_sweep_is_bounded_whatever_the_lists_sizes() {
+    use futureq_storage::store::DEDUP_CLOCK_SKEW_MAX_MS as SKEW;
+    let s = memory();
+    publish(
+        &s,
+        (0..1000)
+            .map(|i| deduped(&format!("big-{i}"), 1000))
+            .collect(),
+    );
+    assert_eq!(s.dedup_rows().unwrap(), 1000);
+    for n in 1..=3u64 {
+        assert_eq!(
+            publish_deduped(&s, &format!("small-{n}"), 11_000 + SKEW),
+            None
+        );
+        assert_eq!(s.dedup_rows().unwrap(), 1000 + n - 8 * n, "after {n}");
+        assert_eq!(s.digest(), s.computed_digest().unwrap());
+    }
+    let dst = replica(&s);
+    assert_eq!(dst.digest(), s.digest());
+    // A batch as large as the list sweeps the rest of it: 2 rows looked at per id.
+    publish(
+        &s,
+        (0..500)
+            .map(|i| deduped(&format!("next-{i}"), 12_000 + SKEW))
+            .collect(),
+    );
+    assert_eq!(s.dedup_rows().unwrap(), 3 + 500);
+    assert_eq!(s.digest(), s.computed_digest().unwrap());
+}
+
 /// The sweep lists are per command: the same entries applied in one transaction or in one
 /// each (the journal's replay groups up to 64 MiB; a follower groups what was committed)
 /// leave the same rows and digest.

@@ -237,6 +237,7 @@ pub async fn serve(
     watcher.await;
     core.cluster.update(|v| {
         v.leading = false;
+        v.lease = false;
         v.lost.trigger();
     });
     node.shutdown().await;

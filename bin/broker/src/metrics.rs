@@ -191,6 +191,8 @@ pub struct RaftMetrics {
     pub last_log_index: AtomicU64,
     pub purged_index: AtomicU64,
     pub leader_changes: AtomicU64,
+    /// Times this node's lease lapsed while it went on leading the same term.
+    pub lease_lapses: AtomicU64,
     pub refused_entries: AtomicU64,
     /// Times the Raft core's reactor ran late by `cluster::STALL_REPORT` or more.
     pub reactor_stalls: AtomicU64,
@@ -208,6 +210,7 @@ impl Default for RaftMetrics {
             last_log_index: AtomicU64::new(0),
             purged_index: AtomicU64::new(0),
             leader_changes: AtomicU64::new(0),
+            lease_lapses: AtomicU64::new(0),
             refused_entries: AtomicU64::new(0),
             reactor_stalls: AtomicU64::new(0),
             entry_batches: histogram(SIZES),
@@ -253,6 +256,7 @@ impl Collector for RaftMetrics {
         }
         let counters = [
             ("futureq_raft_leader_changes", "Times this node gained or lost event-shard leadership.", &self.leader_changes),
+            ("futureq_raft_lease_lapses", "Times the leader heard no quorum for an election timeout and held deliveries while it went on leading the same term (followers answering late: a stalled disk; or cut off).", &self.lease_lapses),
             ("futureq_raft_refused_entries", "Committed event-shard entries the state machine refused (undecodable, or event ids from an earlier term); nothing of them was applied.", &self.refused_entries),
             ("futureq_raft_reactor_stalls", "Times the Raft core's reactor did not run for 100 ms or more (heartbeats late; the log says how much of it was on CPU).", &self.reactor_stalls),
         ];

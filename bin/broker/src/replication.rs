@@ -377,16 +377,24 @@ pub struct View {
     pub alive: Option<BTreeSet<u64>>,
     /// Fires when the leadership that `leading` describes ends (standalone: never).
     pub lost: Shutdown,
+    /// `leading` and the lease held: deliveries may go out (standalone: always). A lapse in
+    /// the same term keeps `leading` and holds deliveries (see
+    /// `futureq_raft::node::Leadership::lease`).
+    pub lease: bool,
+    /// Fires when the lease is back after the lapse during which this view was made.
+    pub lease_back: Shutdown,
 }
 
 /// The handle every core holds; `writes` is the write core's request queue
 /// ([`WRITES_QUEUE_MAX`] deep).
 ///
-/// Reads are cheap: [`Replication::leading`] is one atomic load, [`Replication::view`] an
-/// `Arc` clone under a read lock (the view is replaced, never changed in place).
+/// Reads are cheap: [`Replication::leading`] and [`Replication::lease`] are one atomic load,
+/// [`Replication::view`] an `Arc` clone under a read lock (the view is replaced, never
+/// changed in place).
 pub struct Replication {
     writes: Mailbox<WriteReq>,
     leading: AtomicBool,
+    lease: AtomicBool,
     view: RwLock<Arc<View>>,
 }
 
@@ -418,6 +426,8 @@ impl Replication {
             info: Some(info),
             alive: None,
             lost: Shutdown::new(),
+            lease: true,
+            lease_back: Shutdown::new(),
         };
         Self::new(view, writes)
     }
@@ -432,6 +442,7 @@ impl Replication {
         let r = Replication {
             writes,
             leading: AtomicBool::new(view.leading),
+            lease: AtomicBool::new(view.lease),
             view: RwLock::new(Arc::new(view)),
         };
         Arc::new(r)
@@ -460,6 +471,13 @@ impl Replication {
         self.leading.load(Ordering::Acquire)
     }
 
+    /// Whether this node leads and holds its lease: deliveries may go out (standalone:
+    /// always).
+    #[must_use]
+    pub fn lease(&self) -> bool {
+        self.lease.load(Ordering::Acquire)
+    }
+
     /// The current view.
     #[must_use]
     pub fn view(&self) -> Arc<View> {
@@ -486,6 +504,7 @@ impl Replication {
         let mut v = View::clone(&g);
         f(&mut v);
         self.leading.store(v.leading, Ordering::Release);
+        self.lease.store(v.lease, Ordering::Release);
         *g = Arc::new(v);
     }
 }

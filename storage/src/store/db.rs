@@ -389,6 +389,18 @@ mod tests {
         }
     }
 
+    /// A message of `topic` enqueued at `enq_ms` whose dedup id `dedup_id` is remembered for
+    /// 10 s.
+    fn deduped(topic: &str, id: u64, dedup_id: &str, enq_ms: i64) -> StoreItem {
+        let mut it = item(topic, id);
+        let mut m = StoredMessage::decode(&Bytes::from(it.message.clone())).unwrap();
+        m.enqueued_at_ms = enq_ms;
+        m.extras.dedup_id = dedup_id.into();
+        m.extras.dedup_until_ms = enq_ms + 10_000;
+        it.message = m.encode().to_vec();
+        it
+    }
+
     /// Every row of a key-value table.
     fn all_rows(t: &impl ReadableTable<&'static [u8], &'static [u8]>) -> Vec<(Vec<u8>, Vec<u8>)> {
         t.range::<&[u8]>(..)
@@ -442,12 +454,9 @@ mod tests {
     fn a_store_with_the_earlier_sweep_index_is_listed_once() {
         use super::super::schema::{dedup_key, sweep_key_until, DEDUP_CLOCK_SKEW_MAX_MS};
         let s = Store::open(&StoreMode::Memory).unwrap();
-        let mut it = item("a", 1);
-        let mut m = StoredMessage::decode(&Bytes::from(it.message.clone())).unwrap();
-        m.extras.dedup_id = "x".into();
-        m.extras.dedup_until_ms = 11_000;
-        it.message = m.encode().to_vec();
-        let cmd = encode_store(&StoreBatch { items: vec![it] });
+        let cmd = encode_store(&StoreBatch {
+            items: vec![deduped("a", 1, "x", 1000)],
+        });
         s.apply_entries(&[(1, 1, &cmd)], &[], true).unwrap();
         let dk = dedup_key(futureq_core::topic_hash("a"), "x");
         // Back to the earlier version's state: its row in `dedup-expiry`, no lists.
@@ -484,12 +493,7 @@ mod tests {
         assert_eq!(lists, vec![11_000]);
         drop(txn);
         // A later command past the window and the allowance forgets it.
-        let mut later = item("a", 2);
-        let mut m = StoredMessage::decode(&Bytes::from(later.message.clone())).unwrap();
-        m.enqueued_at_ms = 11_000 + DEDUP_CLOCK_SKEW_MAX_MS;
-        m.extras.dedup_id = "y".into();
-        m.extras.dedup_until_ms = m.enqueued_at_ms + 10_000;
-        later.message = m.encode().to_vec();
+        let later = deduped("a", 2, "y", 11_000 + DEDUP_CLOCK_SKEW_MAX_MS);
         let cmd = encode_store(&StoreBatch { items: vec![later] });
         s.apply_entries(&[(2, 1, &cmd)], &[], true).unwrap();
         let txn = s.db.begin_read().unwrap();
@@ -511,5 +515,42 @@ mod tests {
             all_rows(&s.db.begin_read().unwrap().open_table(DEDUP_SWEEP).unwrap()),
         );
         assert_eq!(after, before, "listed once");
+    }
+
+    /// A sweep list that is not whole (corrupt bytes) fails the apply that meets it, by type,
+    /// instead of being dropped with the rows it names left behind; nothing of that apply is
+    /// kept.
+    #[test]
+    fn a_corrupt_sweep_list_fails_the_apply_that_meets_it() {
+        use super::super::schema::DEDUP_CLOCK_SKEW_MAX_MS;
+        let s = Store::open(&StoreMode::Memory).unwrap();
+        let first = encode_store(&StoreBatch {
+            items: vec![deduped("a", 1, "x", 1000)],
+        });
+        s.apply_entries(&[(1, 1, &first)], &[], true).unwrap();
+        let txn = s.begin_write(true).unwrap();
+        {
+            let mut t = Tables::open(&txn).unwrap();
+            let (k, v) = all_rows(&t.dedup_sweep).remove(0);
+            t.dedup_sweep
+                .insert(k.as_slice(), &v[..v.len() - 1])
+                .unwrap();
+        }
+        txn.commit().unwrap();
+        let later = encode_store(&StoreBatch {
+            items: vec![deduped("a", 2, "y", 11_000 + DEDUP_CLOCK_SKEW_MAX_MS)],
+        });
+        let e = s.apply_entries(&[(2, 1, &later)], &[], true).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                StoreError::CorruptMeta {
+                    key: "dedup-sweep",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(s.applied().unwrap(), Some((1, 1)), "nothing of it kept");
     }
 }

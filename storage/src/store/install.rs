@@ -11,7 +11,9 @@ use futureq_core::{TopicHash, KEY_LEN};
 use redb::{Durability, ReadableDatabase};
 
 use super::db::Store;
-use super::schema::{parse_dedup_value, TopicRow, APPLIED_INDEX, APPLIED_TERM, LAST_ID, RAFT_META};
+use super::schema::{
+    parse_dedup_value, swept_keys, TopicRow, APPLIED_INDEX, APPLIED_TERM, LAST_ID, RAFT_META,
+};
 use super::tables::{KeyTable, Tables};
 use crate::snapshot::{
     SnapshotInfo, SnapshotReader, SNAPSHOT_MAGIC, TAG_DEDUP, TAG_DEDUP_SWEEP, TAG_EXPIRY,
@@ -66,7 +68,6 @@ impl Store {
         r: &mut impl std::io::Read,
         expect: Option<(u64, u64)>,
     ) -> Result<(), StoreError> {
-        let bad = |m: &str| StoreError::BadSnapshot(m.to_owned());
         let (applied, last) = read_header(r)?;
         if applied != expect {
             return Err(StoreError::BadSnapshot(format!(
@@ -119,6 +120,7 @@ impl Store {
                         t.topic_delta(h, &row.name).1 += row.dead_lettered;
                     }
                     TAG_DEDUP_SWEEP if key.len() == 16 => {
+                        swept_keys(&value).ok_or_else(|| bad("a dedup-sweep list not whole"))?;
                         t.add_sweep_row(&key, &value)?;
                         listed = true;
                     }
@@ -153,7 +155,6 @@ impl Store {
 
 /// A snapshot's header: its applied log id and last-id.
 fn read_header(r: &mut impl std::io::Read) -> Result<(Option<(u64, u64)>, u64), StoreError> {
-    let bad = |m: &str| StoreError::BadSnapshot(m.to_owned());
     let mut magic = [0u8; 8];
     r.read_exact(&mut magic)
         .map_err(|_| bad("truncated header"))?;
@@ -206,4 +207,9 @@ fn read_chunk(r: &mut impl std::io::Read, max: usize) -> Option<Vec<u8>> {
     let mut v = Vec::new();
     std::io::Read::read_to_end(&mut std::io::Read::take(&mut *r, n as u64), &mut v).ok()?;
     (v.len() == n).then_some(v)
+}
+
+/// A snapshot stream refused for `why`.
+fn bad(why: &str) -> StoreError {
+    StoreError::BadSnapshot(why.to_owned())
 }

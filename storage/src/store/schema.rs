@@ -132,16 +132,17 @@ pub(super) fn push_swept(list: &mut Vec<u8>, dedup_key: &[u8]) {
     list.extend_from_slice(dedup_key);
 }
 
-/// The `dedup` keys of a `dedup-sweep` value (a truncated tail, which the store never
-/// writes, ends the list).
-pub(super) fn swept_keys(list: &[u8]) -> impl Iterator<Item = &[u8]> {
+/// The `dedup` keys of a `dedup-sweep` value; `None` when it is not a whole, non-empty list
+/// (the store writes none such: corrupt bytes).
+pub(super) fn swept_keys(list: &[u8]) -> Option<Vec<&[u8]>> {
+    let mut keys = Vec::new();
     let mut rest = list;
-    std::iter::from_fn(move || {
+    while !rest.is_empty() {
         let n = usize::try_from(u32::from_le_bytes(rest.get(..4)?.try_into().ok()?)).ok()?;
-        let k = rest.get(4..4usize.checked_add(n)?)?;
-        rest = rest.get(4 + n..).unwrap_or_default();
-        Some(k)
-    })
+        keys.push(rest.get(4..4usize.checked_add(n)?)?);
+        rest = &rest[4 + n..];
+    }
+    (!keys.is_empty()).then_some(keys)
 }
 
 /// One topic's counts (a `topics` row).
@@ -242,7 +243,8 @@ mod tests {
         }
     }
 
-    /// A sweep list gives back the keys pushed, in order; a truncated tail ends it.
+    /// A sweep list gives back the keys pushed, in order; a truncated one or an empty one is
+    /// not a list.
     #[test]
     fn a_sweep_list_reads_back_its_keys() {
         let keys: Vec<Vec<u8>> = vec![vec![], b"x".to_vec(), vec![7; 8 + usize::from(u16::MAX)]];
@@ -250,9 +252,14 @@ mod tests {
         for k in &keys {
             push_swept(&mut list, k);
         }
-        assert_eq!(swept_keys(&list).collect::<Vec<_>>(), keys);
+        assert_eq!(
+            swept_keys(&list),
+            Some(keys.iter().map(Vec::as_slice).collect())
+        );
         list.truncate(list.len() - 1);
-        assert_eq!(swept_keys(&list).count(), 2);
+        assert_eq!(swept_keys(&list), None);
+        assert_eq!(swept_keys(&[]), None);
+        assert_eq!(swept_keys(&[1, 0, 0]), None);
         assert_eq!(sweep_key_until(&sweep_key(42, 7)), 42);
         assert_eq!(sweep_key_until(&sweep_key(-5, 7)), 0);
     }

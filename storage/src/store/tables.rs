@@ -409,11 +409,16 @@ impl<'t> Tables<'t> {
         Ok(())
     }
 
-    /// Removes the `dedup-sweep` lists whose until lies [`DEDUP_CLOCK_SKEW_MAX_MS`] or more
-    /// before `now_ms` (a clock reading one command carries), oldest first, whole lists,
-    /// until at least `max(at_least, DEDUP_SWEEP_MIN)` `dedup` rows were looked at, and the
-    /// rows they list whose window ended by then. A listed row remembered again since (a
-    /// later until) stays: its later list forgets it.
+    /// Forgets, oldest list first, the `dedup` rows listed in `dedup-sweep` lists whose until
+    /// lies [`DEDUP_CLOCK_SKEW_MAX_MS`] or more before `now_ms` (a clock reading one command
+    /// carries) and whose window ended by then: exactly `max(at_least, DEDUP_SWEEP_MIN)`
+    /// listed rows are looked at, or fewer when no more are due. A list cut there keeps the
+    /// rest of its keys under its key, so one call's work is bounded whatever the lists' sizes.
+    /// A listed row remembered again since (a later until) stays: its later list forgets it.
+    ///
+    /// # Errors
+    /// [`StoreError::CorruptMeta`] for a list that is not whole (nothing of the call is kept:
+    /// the caller's transaction fails).
     pub(super) fn sweep_dedup(&mut self, now_ms: i64, at_least: usize) -> Result<(), StoreError> {
         let bound = now_ms.saturating_sub(DEDUP_CLOCK_SKEW_MAX_MS);
         let want = at_least.max(DEDUP_SWEEP_MIN);
@@ -431,7 +436,19 @@ impl<'t> Tables<'t> {
             };
             self.dedup_sweep.remove(k.as_slice())?;
             self.digest ^= row_hash(ROW_DEDUP_SWEEP, &k, &list);
-            for dk in swept_keys(&list) {
+            let keys = swept_keys(&list).ok_or_else(|| StoreError::CorruptMeta {
+                key: "dedup-sweep",
+                reason: format!("a list of {} bytes that is not whole", list.len()),
+            })?;
+            let take = keys.len().min(want - looked);
+            if take < keys.len() {
+                let mut rest = Vec::new();
+                for dk in &keys[take..] {
+                    push_swept(&mut rest, dk);
+                }
+                self.add_sweep_row(&k, &rest)?;
+            }
+            for &dk in &keys[..take] {
                 looked += 1;
                 let Some(old) = self.dedup.remove(dk)?.map(|g| g.value().to_vec()) else {
                     continue;

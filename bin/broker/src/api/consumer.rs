@@ -286,14 +286,7 @@ impl Stream<'_> {
                 }
                 Event::Frame(Err(s)) => Some(s),
                 Event::Stop => Some(self.stopped()),
-                Event::Lost => Some(
-                    Refusal::new(
-                        Reason::NotLeader,
-                        "this node is no longer the cluster leader; reconnect to the leader",
-                    )
-                    .with_leader(&ctx.repl.leader_addr())
-                    .into(),
-                ),
+                Event::Lost => Some(self.lost_leadership()),
                 Event::Gone => Some(Status::refused(
                     Reason::Cancelled,
                     "client cancelled the stream",
@@ -350,8 +343,10 @@ impl Stream<'_> {
         .await
     }
 
-    /// Sends `first` and whatever else is already queued, in one write.
+    /// Sends `first` and whatever else is already queued, in one write, once the lease is
+    /// held.
     async fn deliver(&self, first: Delivery, out: &mut Outbound) -> Result<(), Status> {
+        self.lease_held().await?;
         let mut batch = vec![first];
         while batch.len() < SEND_BATCH_MAX {
             match self.consumer.deliveries.try_recv() {
@@ -433,6 +428,45 @@ impl Stream<'_> {
     }
 
     /// How the stream ends when its delivery queue closed or the broker stops.
+    /// Returns once this node holds its lease: at once, or after a lapse in the same term
+    /// (deliveries held: a deposed leader must not hand out what the new one will deliver).
+    /// Bounded: a leader that hears no quorum stops leading, and then this ends with
+    /// NOT_LEADER; the broker's stop ends it too.
+    async fn lease_held(&self) -> Result<(), Status> {
+        while !self.ctx.repl.lease() {
+            let view = self.ctx.repl.view();
+            if view.lease {
+                break;
+            }
+            let back = view.lease_back.clone();
+            drop(view);
+            let lost = async {
+                self.lost.wait().await;
+                Err(self.lost_leadership())
+            };
+            let stop = async {
+                self.ctx.shutdown.wait().await;
+                Err(self.stopped())
+            };
+            let back = async {
+                back.wait().await;
+                Ok(())
+            };
+            future::or(back, future::or(lost, stop)).await?;
+        }
+        Ok(())
+    }
+
+    /// The status a stream ends with when this node's leadership ends.
+    fn lost_leadership(&self) -> Status {
+        Refusal::new(
+            Reason::NotLeader,
+            "this node is no longer the cluster leader; reconnect to the leader",
+        )
+        .with_leader(&self.ctx.repl.leader_addr())
+        .into()
+    }
+
     fn stopped(&self) -> Status {
         if self.consumer.group_deleted.load(Ordering::Acquire) {
             return Status::refused(

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futureq_core::command::{Answer, StoreItem};
-use futureq_core::metadata::{MetaCommand, ShardTopology};
+use futureq_core::metadata::{MetaCommand, MetaState, ShardTopology};
 use futureq_core::AckLevel;
 use futureq_net::Shutdown;
 use futureq_raft::node::{Ack, Forward, Leadership, Node, Proposal, WriteError};
@@ -127,6 +127,7 @@ impl Core {
             glommio::spawn_local(async move { core.confirm().await }).detach();
         }
         let leading = self.ids.borrow().ready(l.leading, l.term);
+        let lease = leading && l.lease;
         let meta = self.node.meta_sm.state();
         let leader_addr = l
             .leader
@@ -168,7 +169,19 @@ impl Core {
             } else if !v.leading && leading {
                 tracing::info!(target: "raft", term = l.term, "leading the event shard");
             }
+            if v.lease && !lease && leading {
+                m.raft.lease_lapses.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(target: "raft", term = l.term, "no quorum heard for an election timeout: deliveries held, clients kept (the followers answer late, or this node is cut off)");
+            } else if !v.lease && lease && v.leading {
+                tracing::info!(target: "raft", term = l.term, "a quorum is heard again: deliveries go on");
+            }
+            if v.lease && !lease {
+                v.lease_back = Shutdown::new();
+            } else if !v.lease && lease {
+                v.lease_back.trigger();
+            }
             v.leading = leading;
+            v.lease = lease;
             v.leader_id = l.leader;
             v.leader_addr = leader_addr;
             v.term = l.term;
@@ -176,37 +189,44 @@ impl Core {
             v.alive = if leading { l.alive.clone() } else { None };
         });
         if leading && !self.publishing_topology.get() {
-            let members = l.members.clone();
-            let stored = meta.shards.get(&self.cfg.shard_id);
-            let current = stored.is_some_and(|t| {
-                t.leader_id == self.node.id && t.term == l.term && t.members == members
-            });
-            if !current {
-                let epoch = stored.map_or(0, |t| t.epoch + 1).max(l.term << 32);
-                let topo = ShardTopology {
-                    shard_id: self.cfg.shard_id,
-                    leader_id: self.node.id,
-                    term: l.term,
-                    epoch,
-                    members,
-                };
-                self.publishing_topology.set(true);
-                let core = Rc::clone(self);
-                glommio::spawn_local(async move {
-                    let cmd = MetaCommand::UpdateTopology(topo).encode();
-                    if let Err(e) = core
-                        .node
-                        .meta_request(Forward::Write(cmd), Instant::now() + META_DEADLINE)
-                        .await
-                    {
-                        tracing::debug!(target: "raft", error = %e, "topology update not committed; will retry");
-                        glommio::timer::sleep(Duration::from_millis(200)).await;
-                    }
-                    core.publishing_topology.set(false);
-                })
-                .detach();
-            }
+            self.publish_topology(&l, &meta);
         }
+    }
+
+    /// Commits this node's leadership of the shard (term, members) to the metadata group
+    /// when the stored topology says otherwise; one update at a time.
+    fn publish_topology(self: &Rc<Self>, l: &Leadership, meta: &MetaState) {
+        let members = l.members.clone();
+        let stored = meta.shards.get(&self.cfg.shard_id);
+        let current = stored.is_some_and(|t| {
+            t.leader_id == self.node.id && t.term == l.term && t.members == members
+        });
+        if current {
+            return;
+        }
+        let epoch = stored.map_or(0, |t| t.epoch + 1).max(l.term << 32);
+        let topo = ShardTopology {
+            shard_id: self.cfg.shard_id,
+            leader_id: self.node.id,
+            term: l.term,
+            epoch,
+            members,
+        };
+        self.publishing_topology.set(true);
+        let core = Rc::clone(self);
+        glommio::spawn_local(async move {
+            let cmd = MetaCommand::UpdateTopology(topo).encode();
+            if let Err(e) = core
+                .node
+                .meta_request(Forward::Write(cmd), Instant::now() + META_DEADLINE)
+                .await
+            {
+                tracing::debug!(target: "raft", error = %e, "topology update not committed; will retry");
+                glommio::timer::sleep(Duration::from_millis(200)).await;
+            }
+            core.publishing_topology.set(false);
+        })
+        .detach();
     }
 
     /// Confirms a fresh leadership: waits until everything up to this term's first entry is
