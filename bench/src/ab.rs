@@ -59,6 +59,8 @@ struct Sample {
     /// Leadership gained or lost on any node during the series, every attempt (a series
     /// whose leader moved runs again on the new one): 0 with no fault (cluster only).
     leader_changes: Option<u64>,
+    /// Leases that lapsed in the same term during the series, every attempt (cluster only).
+    lease_lapses: Option<u64>,
 }
 
 /// Median, smallest and largest of `v` (not empty).
@@ -136,9 +138,30 @@ fn ids_label(dedup: bool) -> &'static str {
 /// The series in which leadership moved with no fault injected (their numbers include a
 /// series run again on the new leader), if any.
 fn leadership_moves(samples: &[Sample]) -> Option<String> {
+    series_where(samples, "leadership moved with no fault injected in", |s| {
+        s.leader_changes
+    })
+}
+
+/// The series in which a leader's lease lapsed in the same term (deliveries held while the
+/// followers answered late), if any.
+fn lease_lapses(samples: &[Sample]) -> Option<String> {
+    series_where(
+        samples,
+        "leases lapsed in the same term (deliveries held) in",
+        |s| s.lease_lapses,
+    )
+}
+
+/// `what`, then the series whose `count` is above 0 with it, if any.
+fn series_where(
+    samples: &[Sample],
+    what: &str,
+    count: impl Fn(&Sample) -> Option<u64>,
+) -> Option<String> {
     let moved: Vec<String> = samples
         .iter()
-        .filter(|s| s.leader_changes.is_some_and(|c| c > 0))
+        .filter(|s| count(s).is_some_and(|c| c > 0))
         .map(|s| {
             let ids = ids_label(s.dedup);
             format!(
@@ -146,16 +169,11 @@ fn leadership_moves(samples: &[Sample]) -> Option<String> {
                 s.binary,
                 s.round,
                 s.batch,
-                s.leader_changes.unwrap_or_default()
+                count(s).unwrap_or_default()
             )
         })
         .collect();
-    (!moved.is_empty()).then(|| {
-        format!(
-            "leadership moved with no fault injected in: {}",
-            moved.join("; ")
-        )
-    })
+    (!moved.is_empty()).then(|| format!("{what}: {}", moved.join("; ")))
 }
 
 /// Runs `rounds` rounds of every series on both binaries, standalone or on a 3-node cluster;
@@ -202,8 +220,11 @@ pub(crate) async fn run(
         after.display()
     );
     println!("{}", table(&samples, mode));
-    if let Some(moved) = leadership_moves(&samples) {
-        println!("{moved}\n");
+    for note in [leadership_moves(&samples), lease_lapses(&samples)]
+        .into_iter()
+        .flatten()
+    {
+        println!("{note}\n");
     }
     println!("samples: {}", path.display());
     Ok(())
@@ -293,6 +314,7 @@ async fn measure(
                     sleeps_per_msg: costs.sleeps,
                     cross_core_per_msg: costs.cross_core,
                     leader_changes: costs.leader_changes,
+                    lease_lapses: costs.lease_lapses,
                 });
             }
             deployment.stop()?;
@@ -320,6 +342,7 @@ mod tests {
             sleeps_per_msg: Some(2.0),
             cross_core_per_msg: Some(1.5),
             leader_changes: Some(0),
+            lease_lapses: Some(0),
         };
         let samples = [
             s("before", 1, 1, 100.0),
@@ -344,11 +367,18 @@ mod tests {
             "no ratio against a zero median: {t}"
         );
         assert_eq!(leadership_moves(&samples), None);
+        assert_eq!(lease_lapses(&samples), None);
         let mut moved = s("after", 3, 1, 10.0);
         moved.leader_changes = Some(2);
         assert_eq!(
-            leadership_moves(&[moved]).as_deref(),
+            leadership_moves(std::slice::from_ref(&moved)).as_deref(),
             Some("leadership moved with no fault injected in: after round 3 QUORUM 1/request (+2)")
+        );
+        assert_eq!(lease_lapses(std::slice::from_ref(&moved)), None);
+        moved.lease_lapses = Some(1);
+        assert_eq!(
+            lease_lapses(&[moved]).as_deref(),
+            Some("leases lapsed in the same term (deliveries held) in: after round 3 QUORUM 1/request (+1)")
         );
         // With dedup ids, the plain and the dedup series are rows of their own.
         let t = table(

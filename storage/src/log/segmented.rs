@@ -1060,18 +1060,25 @@ impl<I: LogIo> Log<I> {
     /// `upto` reaches the last entry (the log is then empty and the next append may start at
     /// any index).
     ///
+    /// The log forgets the segments under its write side, and removes their files after
+    /// releasing it, oldest first: a removal (a directory fsync, which may wait behind seconds
+    /// of the file system's dirty data) never holds back a flush. No other call touches those
+    /// files again: a segment is named by its first index, and nothing at or below a purged
+    /// index is appended again (Raft purges only what a snapshot covers). A crash before they
+    /// are gone leaves a log that starts earlier and opens.
+    ///
     /// # Errors
     /// I/O failure deleting a file.
     pub async fn purge(&self, LogIndex(upto): LogIndex) -> Result<(), LogError> {
-        let _io = self.exclusive().await;
-        let all = {
-            let st = self.st.borrow();
-            st.locs.keys().next_back().is_none_or(|last| *last <= upto) && st.pending.is_empty()
-        };
-        if all {
-            return self.empty().await;
-        }
-        let doomed: Vec<String> = {
+        let doomed = {
+            let _io = self.exclusive().await;
+            let all = {
+                let st = self.st.borrow();
+                st.locs.keys().next_back().is_none_or(|last| *last <= upto) && st.pending.is_empty()
+            };
+            if all {
+                return self.empty().await;
+            }
             let mut st = self.st.borrow_mut();
             let keep = st
                 .segments
@@ -1083,7 +1090,10 @@ impl<I: LogIo> Log<I> {
                 st.locs = st.locs.split_off(&keep_from);
                 st.cache_purge(keep_from);
             }
-            st.segments.drain(..keep).map(|s| s.name).collect()
+            st.segments
+                .drain(..keep)
+                .map(|s| s.name)
+                .collect::<Vec<_>>()
         };
         for name in doomed {
             self.io.remove(&name).await?;
