@@ -166,6 +166,13 @@ impl MetaCommand {
 }
 
 impl MetaState {
+    /// The client (gRPC) address `node` registered, if it did. There is no other address to
+    /// fall back on: its Raft address takes no client.
+    #[must_use]
+    pub fn client_addr(&self, node: u64) -> Option<&str> {
+        self.grpc_addrs.get(&node).map(String::as_str)
+    }
+
     /// Applies a command; returns whether the state changed.
     pub fn apply(&mut self, cmd: MetaCommand) -> bool {
         match cmd {
@@ -263,6 +270,18 @@ impl MetaState {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_node_is_reached_by_the_client_address_it_registered_or_none() {
+        let mut st = MetaState::default();
+        assert_eq!(st.client_addr(2), None);
+        st.apply(MetaCommand::RegisterNodeAddr(NodeAddr {
+            node_id: 2,
+            grpc_addr: "10.0.0.2:9000".into(),
+        }));
+        assert_eq!(st.client_addr(2), Some("10.0.0.2:9000"));
+        assert_eq!(st.client_addr(3), None);
+    }
 
     fn topo(epoch: u64, leader: u64) -> ShardTopology {
         ShardTopology {

@@ -129,17 +129,13 @@ impl Core {
         let leading = self.ids.borrow().ready(l.leading, l.term);
         let lease = leading && l.lease;
         let meta = self.node.meta_sm.state();
+        // Unknown ("") until the leader's client address is registered: clients and
+        // followers then look again, rather than dial its Raft address, which takes none.
         let leader_addr = l
             .leader
-            .and_then(|id| {
-                meta.grpc_addrs.get(&id).cloned().or_else(|| {
-                    l.members
-                        .iter()
-                        .find(|m| m.node_id == id)
-                        .map(|m| m.raft_addr.clone())
-                })
-            })
-            .unwrap_or_default();
+            .and_then(|id| meta.client_addr(id))
+            .unwrap_or_default()
+            .to_owned();
         let info = meta.cluster_view(self.cfg.shard_id);
         let m = &self.metrics;
         m.raft.term.store(l.term, Ordering::Relaxed);
