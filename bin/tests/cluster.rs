@@ -45,7 +45,8 @@ fn node_yaml(b: &Broker, id: usize, raft_addr: &str, membership: &str, extra: &s
     node_yaml_deletes(b, id, raft_addr, membership, extra, "100ms", tls_dir())
 }
 
-/// [`node_yaml`] with `delivery.deleteBatchInterval` set.
+/// [`node_yaml`] with `delivery.deleteBatchInterval` set. An `rtt:` line in `extra` replaces
+/// [`RTT_MS`].
 fn node_yaml_deletes(
     b: &Broker,
     id: usize,
@@ -68,8 +69,13 @@ fn node_yaml_deletes(
         }
         None => (String::new(), String::new()),
     };
+    let rtt = if extra.lines().any(|l| l.trim_start().starts_with("rtt:")) {
+        String::new()
+    } else {
+        format!("    rtt: {RTT_MS}ms\n")
+    };
     format!(
-        "cluster:\n  enabled: true\n  nodeId: {id}\n  secret: {SECRET}\n{cluster_tls}{membership}  raft:\n    listen: {raft_addr}\n    advertise: {raft_addr}\n    dataDir: {dir}\n    rtt: {RTT_MS}ms\n{extra}api:\n  grpc:\n    advertise: 127.0.0.1:{grpc}\n{api_tls}delivery:\n  deleteBatchInterval: {delete_interval}\npublish:\n  minAckLevel: noAck\n",
+        "cluster:\n  enabled: true\n  nodeId: {id}\n  secret: {SECRET}\n{cluster_tls}{membership}  raft:\n    listen: {raft_addr}\n    advertise: {raft_addr}\n    dataDir: {dir}\n{rtt}{extra}api:\n  grpc:\n    advertise: 127.0.0.1:{grpc}\n{api_tls}delivery:\n  deleteBatchInterval: {delete_interval}\npublish:\n  minAckLevel: noAck\n",
         dir = b.dir.path().join("raft").display(),
         grpc = b.grpc_port,
     )
@@ -1525,11 +1531,12 @@ async fn a_publish_stream_ends_when_its_leader_is_deposed_mid_batch() {
 /// publish and consumer stream on the leader and count a leader change, with no fault but a
 /// slow disk. Within a bound, a same-term lapse now keeps the streams and the writes, holds
 /// deliveries until the lease is back (a deposed leader must not deliver), and is counted
-/// apart from leader changes.
+/// apart from leader changes. At rtt 200 ms: the lease is 2 s, the bound 3 s, the stall
+/// 2.5 s; each step has 200–300 ms to spare.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_lapse_in_the_same_term_holds_deliveries_and_keeps_the_streams() {
     let _serial = SERIAL.lock().await;
-    let c = Cluster::start(3, "").await;
+    let c = Cluster::start(3, "    rtt: 200ms\n").await;
     let (leader, mut p, followers) = c.warm_leader("warm").await;
     c.wait_topology(leader, 3).await;
     let node = &c.nodes[leader];
@@ -1539,7 +1546,7 @@ async fn a_lease_lapse_in_the_same_term_holds_deliveries_and_keeps_the_streams()
     let lapses = node.metric("futureq_raft_lease_lapses_total").await;
     // Committed and on every follower's log before the stall: due in the middle of it.
     let ack = p
-        .publish(batch(1, 0, vec![msg("held", "held", 1500, 0)]))
+        .publish(batch(1, 0, vec![msg("held", "held", 3000, 0)]))
         .await;
     assert!(ack.success, "{ack:?}");
     let published = common::now_ms();
@@ -1547,11 +1554,11 @@ async fn a_lease_lapse_in_the_same_term_holds_deliveries_and_keeps_the_streams()
     for &f in &followers {
         c.wait_applied(f, index, Duration::from_secs(10)).await;
     }
-    // Each follower's next event-log write takes a second: from then on neither answers the
-    // leader, and its lease (500 ms) lapses ~250 ms before "held" falls due.
+    // Each follower's next event-log write takes 2.5 s: from then on neither answers the
+    // leader, whose lease (2 s) lapses 250–450 ms before "held" falls due.
     for &f in &followers {
         let event = c.nodes[f].dir.path().join("raft").join("event");
-        std::fs::write(event.join("inject-disk-fault"), "slow 1000").unwrap();
+        std::fs::write(event.join("inject-disk-fault"), "slow 2500").unwrap();
     }
     // Read as it comes (the time it is read is the time it came).
     let reader = tokio::spawn(async move {

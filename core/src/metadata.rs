@@ -204,22 +204,17 @@ impl MetaState {
     }
 
     /// What `GetClusterInfo` answers for `shard_id`: voters and learners with their client
-    /// addresses (falling back to the Raft address until a node registered one); `None`
-    /// before the shard's topology is known.
+    /// addresses ("" until a node registered one: its Raft address takes no client, and is
+    /// given apart); `None` before the shard's topology is known.
     #[must_use]
     pub fn cluster_view(&self, shard_id: u64) -> Option<ClusterView> {
         let t = self.shards.get(&shard_id)?;
-        let addr = |id: u64, raft: &str| {
-            self.grpc_addrs
-                .get(&id)
-                .cloned()
-                .unwrap_or_else(|| raft.to_owned())
-        };
+        let addr = |id: u64| self.client_addr(id).unwrap_or_default().to_owned();
         let leader_addr = t
             .members
             .iter()
             .find(|m| m.node_id == t.leader_id)
-            .map(|m| addr(m.node_id, &m.raft_addr))
+            .map(|m| addr(m.node_id))
             .unwrap_or_default();
         Some(ClusterView {
             leader_id: t.leader_id,
@@ -229,7 +224,7 @@ impl MetaState {
                 .iter()
                 .map(|m| NodeView {
                     node_id: m.node_id,
-                    address: addr(m.node_id, &m.raft_addr),
+                    address: addr(m.node_id),
                     raft_address: m.raft_addr.clone(),
                     is_leader: m.node_id == t.leader_id,
                     is_voter: m.voter,
@@ -310,7 +305,7 @@ mod tests {
     }
 
     #[test]
-    fn topology_only_moves_forward_and_views_use_client_addresses() {
+    fn topology_only_moves_forward_and_views_use_client_addresses_only() {
         let mut s = MetaState::default();
         assert!(
             s.cluster_view(1).is_none(),
@@ -344,7 +339,7 @@ mod tests {
             v.nodes[1],
             NodeView {
                 node_id: 2,
-                address: "127.0.0.2:50005".into(),
+                address: String::new(),
                 raft_address: "127.0.0.2:50005".into(),
                 is_leader: false,
                 is_voter: true

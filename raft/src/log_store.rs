@@ -365,10 +365,26 @@ impl<I: LogIo + 'static> RaftLogStorage<TypeConfig> for LogStore<I> {
         if self.shared.log.has_pending() {
             self.shared.log.flush().await.map_err(io_err)?;
         }
-        self.shared
+        let doomed = self
+            .shared
             .log
-            .purge(LogIndex(log_id.index))
+            .forget(LogIndex(log_id.index))
             .await
-            .map_err(io_err)
+            .map_err(io_err)?;
+        if !doomed.is_empty() {
+            // openraft awaits a purge in its core, where AppendEntries (heartbeats too) are
+            // answered: the files go in the background. Each removal is a directory fsync,
+            // which can wait behind seconds of the file system's dirty data (a follower that
+            // answered nothing meanwhile let its leader's lease lapse, issue 29). A crash
+            // before they are gone leaves segments the next open purges again.
+            let shared = Rc::clone(&self.shared);
+            glommio::spawn_local(async move {
+                if let Err(e) = shared.log.remove_files(&doomed).await {
+                    tracing::warn!(target: "raft.log", error = %e, "removing purged log segments failed; the next start removes them");
+                }
+            })
+            .detach();
+        }
+        Ok(())
     }
 }

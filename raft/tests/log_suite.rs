@@ -154,3 +154,46 @@ fn a_purge_cut_short_by_a_crash_is_finished_at_open() {
         assert!(crashed.file(&segment).is_none(), "the purge was finished");
     });
 }
+
+/// Issue 29 (a leader fenced itself during a disk stall): openraft awaits a purge in its core,
+/// where AppendEntries and heartbeats are answered, so a purge answers once the log forgot the
+/// segments, and their files (each a directory fsync, which can wait behind seconds of the
+/// file system's dirty data) are removed after. A follower answered nothing until its purge's
+/// removals were through.
+#[test]
+fn a_purge_does_not_wait_for_its_file_removals() {
+    GlommioRuntime::new(1).block_on(async {
+        let io = MemLogIo::new();
+        let mut log = log_store_on(io.clone()).await.unwrap();
+        log.blocking_append((0..=2000).map(blank)).await.unwrap();
+        let segments = || {
+            let io = io.clone();
+            async move {
+                use futureq_storage::log::io::LogIo as _;
+                let names = io.list().await.unwrap();
+                names.iter().filter(|n| n.ends_with(".log")).count()
+            }
+        };
+        let before = segments().await;
+        assert!(before > 2, "{before} segments");
+        io.hold_removals(true);
+        log.purge(log_id(1500)).await.unwrap();
+        assert!(
+            io.removals_waiting() > 0,
+            "the purge returned after its removals"
+        );
+        assert_eq!(segments().await, before);
+        let state = log.get_log_state().await.unwrap();
+        assert_eq!(state.last_purged_log_id, Some(log_id(1500)));
+        io.hold_removals(false);
+        for _ in 0..100 {
+            if segments().await < before {
+                break;
+            }
+            GlommioRuntime::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert!(segments().await < before, "the purged segments are removed");
+        let read = log.try_get_log_entries(1501..1503).await.unwrap();
+        assert_eq!(read.len(), 2);
+    });
+}

@@ -237,7 +237,7 @@ pub async fn serve(
     watcher.await;
     core.cluster.update(|v| {
         v.leading = false;
-        v.lease = false;
+        v.set_lease(false);
         v.lost.trigger();
     });
     node.shutdown().await;

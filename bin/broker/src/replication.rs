@@ -381,8 +381,23 @@ pub struct View {
     /// the same term keeps `leading` and holds deliveries (see
     /// `futureq_raft::node::Leadership::lease`).
     pub lease: bool,
-    /// Fires when the lease is back after the lapse during which this view was made.
+    /// Fires when the lease is back after the lapse during which this view was made; never
+    /// fired while `lease` is false (see [`View::set_lease`]).
     pub lease_back: Shutdown,
+}
+
+impl View {
+    /// Sets `lease`. `lease_back` is a new signal when the lease goes, fired when it is back:
+    /// a stream that waits for the lease never finds the signal of an earlier lapse fired
+    /// while the lease is still out (it would go round without waiting).
+    pub(crate) fn set_lease(&mut self, lease: bool) {
+        if self.lease && !lease {
+            self.lease_back = Shutdown::new();
+        } else if !self.lease && lease {
+            self.lease_back.trigger();
+        }
+        self.lease = lease;
+    }
 }
 
 /// The handle every core holds; `writes` is the write core's request queue
@@ -506,5 +521,31 @@ impl Replication {
         self.leading.store(v.leading, Ordering::Release);
         self.lease.store(v.lease, Ordering::Release);
         *g = Arc::new(v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Review of issue 29: the broker's stop took the lease away without a new signal, so a
+    /// consumer stream waiting for the lease found the last lapse's one fired and went round
+    /// without waiting (a spinning executor).
+    #[test]
+    fn the_lease_back_signal_is_never_fired_while_the_lease_is_out() {
+        let mut v = View::default();
+        v.set_lease(true);
+        v.set_lease(false);
+        let first = v.lease_back.clone();
+        assert!(!first.is_triggered());
+        v.set_lease(true);
+        assert!(first.is_triggered(), "fired when the lease is back");
+        v.set_lease(false);
+        assert!(!v.lease_back.is_triggered(), "a new one for the next lapse");
+        let waiting = v.lease_back.clone();
+        v.set_lease(false);
+        assert!(!waiting.is_triggered());
+        v.set_lease(true);
+        assert!(waiting.is_triggered());
     }
 }

@@ -81,7 +81,14 @@ struct MemInner {
     writes_started: usize,
     writes_in_flight: usize,
     most_writes_in_flight: usize,
+    /// Removals wait while set ([`MemLogIo::hold_removals`]).
+    removals_held: bool,
+    removals_waiting: usize,
 }
+
+/// Turns of the executor a held removal waits at most: a test that would wait for ever
+/// fails its checks instead.
+const REMOVAL_HELD_MAX: u32 = 10_000;
 
 /// In-memory files that remember what was synced: [`MemLogIo::crash`] keeps only that.
 #[derive(Clone, Default)]
@@ -156,6 +163,18 @@ impl MemLogIo {
     /// each four issued sooner (out of order), as concurrent writes to a disk may.
     pub fn delay_writes(&self) {
         self.0.borrow_mut().delayed_writes = true;
+    }
+
+    /// While `held`, removals wait (a directory fsync behind seconds of the file system's
+    /// dirty data), each at most a bounded number of executor turns.
+    pub fn hold_removals(&self, held: bool) {
+        self.0.borrow_mut().removals_held = held;
+    }
+
+    /// Removals waiting now ([`MemLogIo::hold_removals`]).
+    #[must_use]
+    pub fn removals_waiting(&self) -> usize {
+        self.0.borrow().removals_waiting
     }
 
     /// The most writes that were in flight at once.
@@ -255,7 +274,15 @@ impl LogIo for MemLogIo {
     }
 
     async fn remove(&self, name: &str) -> io::Result<()> {
+        self.0.borrow_mut().removals_waiting += 1;
+        for _ in 0..REMOVAL_HELD_MAX {
+            if !self.0.borrow().removals_held {
+                break;
+            }
+            yield_once().await;
+        }
         let mut inner = self.0.borrow_mut();
+        inner.removals_waiting -= 1;
         inner.events.push(format!("remove {name}"));
         inner
             .files

@@ -1058,18 +1058,29 @@ impl<I: LogIo> Log<I> {
 
     /// Drops whole segments whose entries are all `<= upto`; the last segment goes too when
     /// `upto` reaches the last entry (the log is then empty and the next append may start at
-    /// any index).
-    ///
-    /// The log forgets the segments under its write side, and removes their files after
-    /// releasing it, oldest first: a removal (a directory fsync, which may wait behind seconds
-    /// of the file system's dirty data) never holds back a flush. No other call touches those
-    /// files again: a segment is named by its first index, and nothing at or below a purged
-    /// index is appended again (Raft purges only what a snapshot covers). A crash before they
-    /// are gone leaves a log that starts earlier and opens.
+    /// any index): [`Log::forget`], then [`Log::remove_files`].
     ///
     /// # Errors
     /// I/O failure deleting a file.
-    pub async fn purge(&self, LogIndex(upto): LogIndex) -> Result<(), LogError> {
+    pub async fn purge(&self, upto: LogIndex) -> Result<(), LogError> {
+        let doomed = self.forget(upto).await?;
+        self.remove_files(&doomed).await
+    }
+
+    /// The first half of [`Log::purge`]: the log forgets the whole segments whose entries are
+    /// all `<= upto`, under its write side, and returns their files, oldest first, for
+    /// [`Log::remove_files`]. A removal (a directory fsync, which may wait behind seconds of
+    /// the file system's dirty data) then holds back no flush, nor the caller if it removes
+    /// them in the background. No other call touches those files again: a segment is named by
+    /// its first index, and nothing at or below a purged index is appended again (Raft purges
+    /// only what a snapshot covers). A crash before they are gone leaves a log that starts
+    /// earlier and opens. When `upto` reaches the last entry the log is emptied here, every
+    /// file removed under the write side (an emptied log takes any next index), and nothing
+    /// is returned.
+    ///
+    /// # Errors
+    /// Emptying the log failed.
+    pub async fn forget(&self, LogIndex(upto): LogIndex) -> Result<Vec<String>, LogError> {
         let doomed = {
             let _io = self.exclusive().await;
             let all = {
@@ -1077,7 +1088,7 @@ impl<I: LogIo> Log<I> {
                 st.locs.keys().next_back().is_none_or(|last| *last <= upto) && st.pending.is_empty()
             };
             if all {
-                return self.empty().await;
+                return self.empty().await.map(|()| Vec::new());
             }
             let mut st = self.st.borrow_mut();
             let keep = st
@@ -1095,8 +1106,17 @@ impl<I: LogIo> Log<I> {
                 .map(|s| s.name)
                 .collect::<Vec<_>>()
         };
-        for name in doomed {
-            self.io.remove(&name).await?;
+        Ok(doomed)
+    }
+
+    /// Removes the files [`Log::forget`] returned, in order (oldest first: a crash in between
+    /// leaves segments that follow each other).
+    ///
+    /// # Errors
+    /// I/O failure deleting a file (the rest stay; the next open purges them again).
+    pub async fn remove_files(&self, names: &[String]) -> Result<(), LogError> {
+        for name in names {
+            self.io.remove(name).await?;
         }
         Ok(())
     }

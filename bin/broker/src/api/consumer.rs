@@ -427,13 +427,18 @@ impl Stream<'_> {
         }
     }
 
-    /// How the stream ends when its delivery queue closed or the broker stops.
     /// Returns once this node holds its lease: at once, or after a lapse in the same term
     /// (deliveries held: a deposed leader must not hand out what the new one will deliver).
     /// Bounded: a leader that hears no quorum stops leading, and then this ends with
     /// NOT_LEADER; the broker's stop ends it too.
     async fn lease_held(&self) -> Result<(), Status> {
         while !self.ctx.repl.lease() {
+            if self.lost.is_triggered() {
+                return Err(self.lost_leadership());
+            }
+            if self.ctx.shutdown.is_triggered() {
+                return Err(self.stopped());
+            }
             let view = self.ctx.repl.view();
             if view.lease {
                 break;
@@ -467,6 +472,7 @@ impl Stream<'_> {
         .into()
     }
 
+    /// How the stream ends when its delivery queue closed or the broker stops.
     fn stopped(&self) -> Status {
         if self.consumer.group_deleted.load(Ordering::Acquire) {
             return Status::refused(

@@ -171,13 +171,8 @@ impl Core {
             } else if !v.lease && lease && v.leading {
                 tracing::info!(target: "raft", term = l.term, "a quorum is heard again: deliveries go on");
             }
-            if v.lease && !lease {
-                v.lease_back = Shutdown::new();
-            } else if !v.lease && lease {
-                v.lease_back.trigger();
-            }
+            v.set_lease(lease);
             v.leading = leading;
-            v.lease = lease;
             v.leader_id = l.leader;
             v.leader_addr = leader_addr;
             v.term = l.term;
@@ -194,6 +189,11 @@ impl Core {
     fn publish_topology(self: &Rc<Self>, l: &Leadership, meta: &MetaState) {
         let members = l.members.clone();
         let stored = meta.shards.get(&self.cfg.shard_id);
+        if stored.is_some_and(|t| t.term > l.term) {
+            // A later term's leader published it: this node's leadership is over (it has not
+            // heard yet); its higher epoch must not overwrite that.
+            return;
+        }
         let current = stored.is_some_and(|t| {
             t.leader_id == self.node.id && t.term == l.term && t.members == members
         });
