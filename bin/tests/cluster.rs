@@ -1531,12 +1531,12 @@ async fn a_publish_stream_ends_when_its_leader_is_deposed_mid_batch() {
 /// publish and consumer stream on the leader and count a leader change, with no fault but a
 /// slow disk. Within a bound, a same-term lapse now keeps the streams and the writes, holds
 /// deliveries until the lease is back (a deposed leader must not deliver), and is counted
-/// apart from leader changes. At rtt 200 ms: the lease is 2 s, the bound 3 s, the stall
-/// 2.5 s; each step has 200–300 ms to spare.
+/// apart from leader changes. At rtt 300 ms: the lease is 3 s, the bound 3.9 s (13 rtt), the
+/// stall 3.4 s; each step has 200 ms or more to spare.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_lapse_in_the_same_term_holds_deliveries_and_keeps_the_streams() {
     let _serial = SERIAL.lock().await;
-    let c = Cluster::start(3, "    rtt: 200ms\n").await;
+    let c = Cluster::start(3, "    rtt: 300ms\n").await;
     let (leader, mut p, followers) = c.warm_leader("warm").await;
     c.wait_topology(leader, 3).await;
     let node = &c.nodes[leader];
@@ -1546,7 +1546,7 @@ async fn a_lease_lapse_in_the_same_term_holds_deliveries_and_keeps_the_streams()
     let lapses = node.metric("futureq_raft_lease_lapses_total").await;
     // Committed and on every follower's log before the stall: due in the middle of it.
     let ack = p
-        .publish(batch(1, 0, vec![msg("held", "held", 3000, 0)]))
+        .publish(batch(1, 0, vec![msg("held", "held", 4200, 0)]))
         .await;
     assert!(ack.success, "{ack:?}");
     let published = common::now_ms();
@@ -1554,18 +1554,18 @@ async fn a_lease_lapse_in_the_same_term_holds_deliveries_and_keeps_the_streams()
     for &f in &followers {
         c.wait_applied(f, index, Duration::from_secs(10)).await;
     }
-    // Each follower's next event-log write takes 2.5 s: from then on neither answers the
-    // leader, whose lease (2 s) lapses 250–450 ms before "held" falls due.
+    // Each follower's next event-log write takes 3.4 s: from then on neither answers the
+    // leader, whose lease (3 s) lapses 200–500 ms before "held" falls due.
     for &f in &followers {
         let event = c.nodes[f].dir.path().join("raft").join("event");
-        std::fs::write(event.join("inject-disk-fault"), "slow 2500").unwrap();
+        std::fs::write(event.join("inject-disk-fault"), "slow 3400").unwrap();
     }
     // Read as it comes (the time it is read is the time it came).
     let reader = tokio::spawn(async move {
         let m = s.next(Duration::from_secs(10)).await;
         (m, common::now_ms(), s)
     });
-    let stall_at = published + 750;
+    let stall_at = published + 1000;
     tokio::time::sleep(Duration::from_millis(
         u64::try_from(stall_at - common::now_ms()).unwrap_or(0),
     ))

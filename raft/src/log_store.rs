@@ -45,6 +45,9 @@ struct Shared<I: LogIo> {
     vote_value: RefCell<Option<Vote>>,
     purged_file: VoteFile<I>,
     purged: RefCell<Option<RaftLogId>>,
+    /// One purge's file removals at a time: each may hold a blocking thread for seconds (a
+    /// directory fsync), and the broker's few are also the log's and the store's.
+    removing: glommio::sync::Semaphore,
     /// Dropped with the last handle: stops the flusher.
     _stop: futures::channel::oneshot::Sender<()>,
 }
@@ -73,11 +76,9 @@ impl<I: LogIo + 'static> LogStore<I> {
         cfg: LogConfig,
         on_persisted: futureq_storage::log::segmented::PersistHook,
     ) -> io::Result<Self> {
-        let log = Log::open(make_io(), cfg, on_persisted)
-            .await
-            .map_err(io_err)?;
-        let (vote, saved) = VoteFile::open(make_io(), VOTE_FILE).await.map_err(io_err)?;
-        let vote_value = RefCell::new(saved.map(|b| decode_vote(&b)).transpose().map_err(io_err)?);
+        // The purge marker first: segments a purge left behind (their files go in the
+        // background) are dropped before the log's scan, which would take a gap after them
+        // for lost entries.
         let (purged_file, purged) = VoteFile::open(make_io(), PURGED_FILE)
             .await
             .map_err(io_err)?;
@@ -85,6 +86,16 @@ impl<I: LogIo + 'static> LogStore<I> {
             Some(b) => decode_log_id(&b).map_err(io_err)?,
             None => None,
         };
+        let log = Log::open_purged(
+            make_io(),
+            cfg,
+            on_persisted,
+            purged.map(|p| LogIndex(p.index)),
+        )
+        .await
+        .map_err(io_err)?;
+        let (vote, saved) = VoteFile::open(make_io(), VOTE_FILE).await.map_err(io_err)?;
+        let vote_value = RefCell::new(saved.map(|b| decode_vote(&b)).transpose().map_err(io_err)?);
         if let Some(p) = purged {
             // A purge a crash cut short (the marker is saved first) is finished: the log
             // never reports a last entry below what it purged.
@@ -97,6 +108,7 @@ impl<I: LogIo + 'static> LogStore<I> {
             vote_value,
             purged_file,
             purged: RefCell::new(purged),
+            removing: glommio::sync::Semaphore::new(1),
             _stop: stop,
         });
         let weak = Rc::downgrade(&shared);
@@ -376,9 +388,13 @@ impl<I: LogIo + 'static> RaftLogStorage<TypeConfig> for LogStore<I> {
             // answered: the files go in the background. Each removal is a directory fsync,
             // which can wait behind seconds of the file system's dirty data (a follower that
             // answered nothing meanwhile let its leader's lease lapse, issue 29). A crash
-            // before they are gone leaves segments the next open purges again.
+            // before they are gone leaves segments the next open drops
+            // (`Log::open_purged`).
             let shared = Rc::clone(&self.shared);
             glommio::spawn_local(async move {
+                let Ok(_one) = shared.removing.acquire_permit(1).await else {
+                    return;
+                };
                 if let Err(e) = shared.log.remove_files(&doomed).await {
                     tracing::warn!(target: "raft.log", error = %e, "removing purged log segments failed; the next start removes them");
                 }

@@ -67,11 +67,12 @@ pub struct Leadership {
     pub term: u64,
     /// The leader this node knows of.
     pub leader: Option<u64>,
-    /// This node leads `term` and a quorum acknowledged, within the longest election timeout
-    /// (15 rtt), an RPC it sent: it takes clients and writes (a write commits only with a
-    /// quorum). That quorum's members grant no vote until the longest election timeout after
-    /// they received it (openraft's leader lease), so no other node can lead before this one
-    /// stops. A leader cut off from its quorum stops serving, the CheckQuorum equivalent.
+    /// This node leads `term` and a quorum acknowledged an RPC it sent within the longest
+    /// election timeout less two heartbeats (13 rtt): it takes clients and writes (a write
+    /// commits only with a quorum). That quorum's members grant no vote until the longest
+    /// election timeout after they received it (openraft's leader lease), so no other node
+    /// can lead before this one stops (the two heartbeats cover the delay until other cores
+    /// see it). A leader cut off from its quorum stops serving, the CheckQuorum equivalent.
     pub leading: bool,
     /// `leading`, and a quorum acknowledged it within one election timeout (the lease): it
     /// may deliver. Before a follower's election timer can run out no other node leads; past
@@ -141,8 +142,8 @@ pub struct Node {
     network: PeerNetwork,
     stop: Shutdown,
     election_timeout: Duration,
-    /// How long a leader serves with no quorum heard: the longest election timeout (see
-    /// [`Leadership::leading`]).
+    /// How long a leader serves with no quorum heard: the longest election timeout less two
+    /// heartbeats (see [`Leadership::leading`]).
     serve_quiet_max: Duration,
     proposals: Rc<glommio::sync::Semaphore>,
     event_sm: EventStateMachine,
@@ -163,7 +164,13 @@ impl Node {
         let (event_log, meta_log) = open_logs(cfg, &store, &tracker).await?;
         let (event_cfg, meta_cfg) = group_configs(cfg)?;
         let election_timeout = Duration::from_millis(event_cfg.election_timeout_min);
-        let serve_quiet_max = Duration::from_millis(event_cfg.election_timeout_max);
+        // Two heartbeats short of it: other cores read `leading` as the Raft core last
+        // published it (every 20 ms at most, later if its reactor stalls).
+        let serve_quiet_max = Duration::from_millis(
+            event_cfg
+                .election_timeout_max
+                .saturating_sub(2 * event_cfg.heartbeat_interval),
+        );
         // A restarted peer must hear from the leader well within its election timeout
         // (10 rtt): retry links to a down peer at least every 2 rtt.
         let network = PeerNetwork::new(EVENT_GROUP, RPC_TIMEOUT)

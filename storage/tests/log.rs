@@ -872,6 +872,42 @@ fn a_flush_does_not_wait_for_a_purges_file_removals() {
     assert_eq!(log.bounds().map(|b| b.1), Some(LogIndex(301)));
 }
 
+/// Review of issue 29: a purge's files are removed after the log forgot them, in the
+/// background, so a crash (or a failed removal) can leave an older purged segment with a later
+/// one gone: a gap the scan took for lost entries (refused, or cut as a torn tail with every
+/// entry after it). Opened with the purge's record, such segments are dropped first.
+#[test]
+fn segments_a_purge_left_behind_below_a_gap_are_dropped_at_open() {
+    let io = MemLogIo::new();
+    let log = open(&io).unwrap();
+    fill(&log, 1..=300);
+    let names = segments(&io);
+    assert!(names.len() >= 4, "{names:?}");
+    let first_of = |n: &str| n.trim_end_matches(".log").parse::<u64>().unwrap();
+    let upto = first_of(&names[3]) - 1;
+    let doomed = block_on(log.forget(LogIndex(upto))).unwrap();
+    assert_eq!(doomed, names[..3].to_vec());
+    // The second one's removal went through, the first one's not.
+    block_on(io.remove(&names[1])).unwrap();
+    drop(log);
+    let plain = open(&io.crash());
+    assert!(
+        !plain.is_ok_and(|l| l.bounds() == Some((LogIndex(1), LogIndex(300)))),
+        "the gap is taken for lost entries"
+    );
+    let crashed = io.crash();
+    let log = block_on(Log::open_purged(
+        crashed.clone(),
+        CFG,
+        Box::new(|_| {}),
+        Some(LogIndex(upto)),
+    ))
+    .unwrap();
+    assert_eq!(segments(&crashed), names[3..].to_vec());
+    assert_eq!(log.bounds(), Some((LogIndex(upto + 1), LogIndex(300))));
+    check_all(&log, upto + 1..=300);
+}
+
 /// After the entry at index 0 was cut: the new leader's entries 0 and 1 are appended,
 /// flushed, read back, and found again by a reopen of `io`.
 fn append_the_leaders_entries<I: LogIo>(log: &Log<I>, io: &MemLogIo) {

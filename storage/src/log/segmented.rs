@@ -291,7 +291,24 @@ impl<I: LogIo> Log<I> {
     /// # Errors
     /// I/O failure or [`LogError::Corrupt`].
     pub async fn open(io: I, cfg: LogConfig, on_persisted: PersistHook) -> Result<Self, LogError> {
-        Self::open_with(io, cfg, Some(on_persisted)).await
+        Self::open_with(io, cfg, Some(on_persisted), None).await
+    }
+
+    /// [`Log::open`] of a log purged up to `purged` (its owner's durable record): first, the
+    /// files of segments wholly at or below it (the next segment starts at or below
+    /// `purged + 1`) are removed. Purges remove their files after the log forgot them, in
+    /// the background (see [`Log::forget`]), so a crash or a failed removal can leave any of
+    /// them behind, also with a later one gone: a gap the scan would take for lost entries.
+    ///
+    /// # Errors
+    /// As [`Log::open`].
+    pub async fn open_purged(
+        io: I,
+        cfg: LogConfig,
+        on_persisted: PersistHook,
+        purged: Option<LogIndex>,
+    ) -> Result<Self, LogError> {
+        Self::open_with(io, cfg, Some(on_persisted), purged.map(|LogIndex(p)| p)).await
     }
 
     /// [`Log::open`] without a persist hook.
@@ -299,13 +316,14 @@ impl<I: LogIo> Log<I> {
     /// # Errors
     /// As [`Log::open`].
     pub async fn open_unhooked(io: I, cfg: LogConfig) -> Result<Self, LogError> {
-        Self::open_with(io, cfg, None).await
+        Self::open_with(io, cfg, None, None).await
     }
 
     async fn open_with(
         io: I,
         cfg: LogConfig,
         on_persisted: Option<PersistHook>,
+        purged: Option<u64>,
     ) -> Result<Self, LogError> {
         assert!(
             cfg.segment_bytes.is_multiple_of(BLOCK) && cfg.segment_bytes >= 2 * BLOCK,
@@ -317,7 +335,17 @@ impl<I: LogIo> Log<I> {
                 Some((seq, v)) => (seq, decode_mark(&v)),
                 None => (0, None),
             };
-        let names = segment_names(&io).await?;
+        let mut names = segment_names(&io).await?;
+        if let Some(p) = purged {
+            let gone = names
+                .windows(2)
+                .take_while(|w| w[1].0 <= p.saturating_add(1))
+                .count();
+            for (_, name) in names.drain(..gone) {
+                tracing::info!(target: "storage.recovery", segment = %name, purged = p, "removing a segment a purge left behind");
+                io.remove(&name).await?;
+            }
+        }
         let mut st = State::default();
         let mut expected: Option<u64> = None;
         // Entries up to `mark` were fsynced: damage there is corruption, not a torn write.
@@ -1073,10 +1101,10 @@ impl<I: LogIo> Log<I> {
     /// the file system's dirty data) then holds back no flush, nor the caller if it removes
     /// them in the background. No other call touches those files again: a segment is named by
     /// its first index, and nothing at or below a purged index is appended again (Raft purges
-    /// only what a snapshot covers). A crash before they are gone leaves a log that starts
-    /// earlier and opens. When `upto` reaches the last entry the log is emptied here, every
-    /// file removed under the write side (an emptied log takes any next index), and nothing
-    /// is returned.
+    /// only what a snapshot covers). A crash or a failed removal can leave some of them
+    /// behind, also with a later one gone: [`Log::open_purged`] drops them. When `upto`
+    /// reaches the last entry the log is emptied here, every file removed under the write
+    /// side (an emptied log takes any next index), and nothing is returned.
     ///
     /// # Errors
     /// Emptying the log failed.
@@ -1109,11 +1137,10 @@ impl<I: LogIo> Log<I> {
         Ok(doomed)
     }
 
-    /// Removes the files [`Log::forget`] returned, in order (oldest first: a crash in between
-    /// leaves segments that follow each other).
+    /// Removes the files [`Log::forget`] returned, oldest first.
     ///
     /// # Errors
-    /// I/O failure deleting a file (the rest stay; the next open purges them again).
+    /// I/O failure deleting a file (the rest stay; [`Log::open_purged`] drops them).
     pub async fn remove_files(&self, names: &[String]) -> Result<(), LogError> {
         for name in names {
             self.io.remove(name).await?;
