@@ -329,22 +329,10 @@ impl<I: LogIo> Log<I> {
             cfg.segment_bytes.is_multiple_of(BLOCK) && cfg.segment_bytes >= 2 * BLOCK,
             "segment size"
         );
-        io.open(MARK_FILE, 2 * BLOCK).await?;
-        let (mut mark_seq, mut mark) =
-            match newest_slot(&io.read_at(MARK_FILE, 0, 2 * BLOCK as usize).await?) {
-                Some((seq, v)) => (seq, decode_mark(&v)),
-                None => (0, None),
-            };
+        let (mut mark_seq, mut mark) = read_mark(&io).await?;
         let mut names = segment_names(&io).await?;
         if let Some(p) = purged {
-            let gone = names
-                .windows(2)
-                .take_while(|w| w[1].0 <= p.saturating_add(1))
-                .count();
-            for (_, name) in names.drain(..gone) {
-                tracing::info!(target: "storage.recovery", segment = %name, purged = p, "removing a segment a purge left behind");
-                io.remove(&name).await?;
-            }
+            drop_purged(&io, &mut names, p).await?;
         }
         let mut st = State::default();
         let mut expected: Option<u64> = None;
@@ -1266,6 +1254,35 @@ async fn segment_names<I: LogIo>(io: &I) -> Result<Vec<(u64, String)>, LogError>
         .collect();
     names.sort();
     Ok(names)
+}
+
+/// The durable mark's file (created if missing): its newest slot's sequence number and mark.
+async fn read_mark<I: LogIo>(io: &I) -> Result<(u64, Option<u64>), LogError> {
+    io.open(MARK_FILE, 2 * BLOCK).await?;
+    Ok(
+        match newest_slot(&io.read_at(MARK_FILE, 0, 2 * BLOCK as usize).await?) {
+            Some((seq, v)) => (seq, decode_mark(&v)),
+            None => (0, None),
+        },
+    )
+}
+
+/// Removes the files of the segments (`names`, in order) wholly at or below `purged` (the
+/// next one starts at or below `purged + 1`), and their names.
+async fn drop_purged<I: LogIo>(
+    io: &I,
+    names: &mut Vec<(u64, String)>,
+    purged: u64,
+) -> Result<(), LogError> {
+    let gone = names
+        .windows(2)
+        .take_while(|w| w[1].0 <= purged.saturating_add(1))
+        .count();
+    for (_, name) in names.drain(..gone) {
+        tracing::info!(target: "storage.recovery", segment = %name, purged, "removing a segment a purge left behind");
+        io.remove(&name).await?;
+    }
+    Ok(())
 }
 
 /// Removes empty trailing segments (a crash right after a roll): they carry nothing, and a
