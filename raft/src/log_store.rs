@@ -89,7 +89,7 @@ impl<I: LogIo + 'static> LogStore<I> {
         let log = Log::open_purged(
             make_io(),
             cfg,
-            on_persisted,
+            Some(on_persisted),
             purged.map(|p| LogIndex(p.index)),
         )
         .await

@@ -238,9 +238,11 @@ impl<I: LogIo + 'static> Journal<I> {
         store: Store,
         on_applied: OnApplied,
     ) -> Result<Self, OpenError> {
-        let log = Log::open_unhooked(io, cfg.log).await?;
+        // What the store applied durably (a crash loses its non-durable commits) is purged
+        // from the log: segments a failed removal left below a gap are dropped first.
         let s = store.clone();
         let applied = blocking(move || s.applied()).await?.map_or(0, |(i, _)| i);
+        let log = Log::open_purged(io, cfg.log, None, Some(LogIndex(applied))).await?;
         let mut replayed = 0u64;
         let started = std::time::Instant::now();
         let mut logged = started;
@@ -855,7 +857,8 @@ impl<I: LogIo + 'static> Journal<I> {
 
     async fn purge(&self, upto: u64) {
         if let Err(e) = purge_behind(&self.0.log, upto).await {
-            // The entries stay in the log and are skipped by the next start's replay.
+            // The entries stay in the log and are skipped by the next start's replay (a
+            // segment left behind below one that went is dropped by its open).
             tracing::warn!(target: "storage", error = %e, upto, "purging the journal failed");
         }
     }

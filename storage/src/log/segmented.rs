@@ -294,21 +294,22 @@ impl<I: LogIo> Log<I> {
         Self::open_with(io, cfg, Some(on_persisted), None).await
     }
 
-    /// [`Log::open`] of a log purged up to `purged` (its owner's durable record): first, the
-    /// files of segments wholly at or below it (the next segment starts at or below
-    /// `purged + 1`) are removed. Purges remove their files after the log forgot them, in
-    /// the background (see [`Log::forget`]), so a crash or a failed removal can leave any of
-    /// them behind, also with a later one gone: a gap the scan would take for lost entries.
+    /// [`Log::open`] (with a persist hook or none) of a log purged up to `purged` (its
+    /// owner's durable record): first, the files of segments wholly at or below it (the next
+    /// segment starts at or below `purged + 1`; never the last one) are removed. Purges
+    /// remove their files after the log forgot them (see [`Log::forget`]), so a crash or a
+    /// failed removal can leave some of them behind, also with a later one gone: a gap the
+    /// scan would take for lost entries.
     ///
     /// # Errors
     /// As [`Log::open`].
     pub async fn open_purged(
         io: I,
         cfg: LogConfig,
-        on_persisted: PersistHook,
+        on_persisted: Option<PersistHook>,
         purged: Option<LogIndex>,
     ) -> Result<Self, LogError> {
-        Self::open_with(io, cfg, Some(on_persisted), purged.map(|LogIndex(p)| p)).await
+        Self::open_with(io, cfg, on_persisted, purged.map(|LogIndex(p)| p)).await
     }
 
     /// [`Log::open`] without a persist hook.
