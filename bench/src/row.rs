@@ -90,8 +90,9 @@ pub(crate) struct Run {
     /// Cluster publish series: elections during the series (Raft term growth); no fault is
     /// injected, so anything above 0 is a defect.
     pub(crate) term_changes: Option<u64>,
-    /// Cluster publish and pending series: leadership gained or lost on any node; anything
-    /// above 0 is a defect.
+    /// Cluster publish and pending series: leadership gained or lost on any node (also a
+    /// leader that heard no quorum for 13 rtt and led again in the same term); anything above
+    /// 0 is a defect.
     pub(crate) leader_changes: Option<u64>,
     /// Cluster publish and pending series: leases that lapsed in the same term (deliveries
     /// held while the followers answered late; not a leader change).

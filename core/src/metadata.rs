@@ -177,10 +177,12 @@ impl MetaState {
     pub fn apply(&mut self, cmd: MetaCommand) -> bool {
         match cmd {
             MetaCommand::UpdateTopology(mut t) => {
+                // A leader of an earlier term that has not heard of the later one proposes
+                // the stored epoch + 1: its term, not only the epoch, must move forward.
                 if self
                     .shards
                     .get(&t.shard_id)
-                    .is_some_and(|old| old.epoch >= t.epoch)
+                    .is_some_and(|old| old.epoch >= t.epoch || old.term > t.term)
                 {
                     return false;
                 }
@@ -265,6 +267,20 @@ impl MetaState {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A leader of an earlier term that has not heard of the later one proposes the stored
+    /// epoch + 1; it used to replace the later term's topology.
+    #[test]
+    fn a_topology_of_an_earlier_term_never_replaces_a_later_one() {
+        let mut s = MetaState::default();
+        let mut later = topo(5 << 32, 2);
+        later.term = 5;
+        assert!(s.apply(MetaCommand::UpdateTopology(later)));
+        let mut stale = topo((5 << 32) + 1, 1);
+        stale.term = 4;
+        assert!(!s.apply(MetaCommand::UpdateTopology(stale)));
+        assert_eq!(s.cluster_view(1).unwrap().leader_id, 2);
+    }
 
     #[test]
     fn a_node_is_reached_by_the_client_address_it_registered_or_none() {

@@ -25,8 +25,8 @@
 //! `(topic, dedup id)` has no `dedup` row whose until lies after the message's enqueue time;
 //! otherwise the apply answers the first message's key. Rows past their until are removed by
 //! later store commands with dedup ids and by dead letters: a store command lists the rows it
-//! remembered in one `dedup-sweep` row (keyed by the latest until among them and the event id
-//! of the first message it remembered); each then forgets the rows of lists, oldest first,
+//! remembered in `dedup-sweep` rows of at most 64 keys (each keyed by the latest until among
+//! the command's rows and the event id of the first message it lists); each then forgets the rows of lists, oldest first,
 //! whose until lies `DEDUP_CLOCK_SKEW_MAX_MS` before its own clock: exactly twice the rows it
 //! listed (at least 8), or fewer when no more are due; a list cut there keeps its rest, so one
 //! command's work is bounded whatever the lists' sizes. A listed row remembered again since (a

@@ -312,14 +312,6 @@ impl<I: LogIo> Log<I> {
         Self::open_with(io, cfg, on_persisted, purged.map(|LogIndex(p)| p)).await
     }
 
-    /// [`Log::open`] without a persist hook.
-    ///
-    /// # Errors
-    /// As [`Log::open`].
-    pub async fn open_unhooked(io: I, cfg: LogConfig) -> Result<Self, LogError> {
-        Self::open_with(io, cfg, None, None).await
-    }
-
     async fn open_with(
         io: I,
         cfg: LogConfig,

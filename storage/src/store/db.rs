@@ -553,4 +553,27 @@ mod tests {
         );
         assert_eq!(s.applied().unwrap(), Some((1, 1)), "nothing of it kept");
     }
+
+    /// A command's list is written in rows of at most 64 keys: a sweep that cuts one rewrites
+    /// at most that many (a row of a whole 8,192-id command was rewritten by every small
+    /// command after it, review of issue 29).
+    #[test]
+    fn a_commands_sweep_list_is_written_in_short_rows() {
+        use super::super::schema::swept_keys;
+        let s = Store::open(&StoreMode::Memory).unwrap();
+        let items = (0..1000)
+            .map(|i| deduped("a", i + 1, &format!("id-{i}"), 1000))
+            .collect();
+        let cmd = encode_store(&StoreBatch { items });
+        s.apply_entries(&[(1, 1, &cmd)], &[], true).unwrap();
+        let rows = all_rows(&s.db.begin_read().unwrap().open_table(DEDUP_SWEEP).unwrap());
+        let sizes: Vec<usize> = rows
+            .iter()
+            .map(|(_, v)| swept_keys(v).unwrap().len())
+            .collect();
+        assert_eq!(sizes.len(), 16, "{sizes:?}");
+        assert!(sizes.iter().all(|&n| n <= 64), "{sizes:?}");
+        assert_eq!(sizes.iter().sum::<usize>(), 1000);
+        assert_eq!(s.digest(), s.computed_digest().unwrap());
+    }
 }

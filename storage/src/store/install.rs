@@ -177,8 +177,7 @@ fn install_dedup_row(
     value: &[u8],
     listed: bool,
 ) -> Result<(), StoreError> {
-    let (first, until) = parse_dedup_value(value)
-        .ok_or_else(|| StoreError::BadSnapshot("bad dedup row".to_owned()))?;
+    let (first, until) = parse_dedup_value(value).ok_or_else(|| bad("bad dedup row"))?;
     t.remember(key, &first, until)?;
     if !listed {
         t.list_alone(key, &first, until)?;

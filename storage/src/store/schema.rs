@@ -27,9 +27,8 @@ pub(crate) const DEDUP_SWEEP: TableDefinition<&[u8], &[u8]> = TableDefinition::n
 /// read once at open into `dedup-sweep`, then deleted.
 pub(super) const LEGACY_DEDUP_EXPIRY: TableDefinition<&[u8], ()> =
     TableDefinition::new("dedup-expiry");
-/// Fewest `dedup` rows a sweep looks at (it aims at twice those its command remembered).
-/// Whole lists go, so one sweep may look at one list more than it aims at: at most one store
-/// command's items (a coalesced group of up to 8,192, or one larger client batch alone).
+/// Fewest `dedup` rows a sweep looks at (it looks at twice those its command remembered; a
+/// list cut there keeps its rest).
 pub(super) const DEDUP_SWEEP_MIN: usize = 8;
 /// How far a writer's clock may run ahead of another's (or step forward and back) without
 /// making a dedup id forgotten early: the check judges each message by its own enqueue

@@ -59,16 +59,21 @@ pub(super) enum Deduplicated {
     Remembered(i64),
 }
 
-/// The `dedup` keys one store command remembered, and the latest until among them (a
-/// `dedup-sweep` row once written).
+/// The `dedup` keys one store command remembered, in chunks of at most
+/// [`SWEEP_LIST_KEYS_MAX`] (each the first listed message's event id and its keys; a
+/// `dedup-sweep` row each once written), and the latest until among them.
 #[derive(Default)]
 pub(super) struct SweepList {
-    keys: Vec<u8>,
+    chunks: Vec<(u64, Vec<u8>)>,
+    /// Keys in the last chunk.
+    last_len: usize,
     count: usize,
     until_ms: i64,
-    /// The event id of the first message remembered (and listed).
-    first_id: Option<u64>,
 }
+
+/// Most keys in one `dedup-sweep` row: a sweep that cuts a list rewrites its rest, so a row
+/// is kept short (one rewrite costs at most this many keys whatever the command's size).
+const SWEEP_LIST_KEYS_MAX: usize = 64;
 
 impl KeyTable {
     /// Its rows' tag in the digest.
@@ -353,22 +358,30 @@ impl<'t> Tables<'t> {
         }
         self.digest ^= row_hash(ROW_DEDUP, &dk, &v);
         let l = &mut self.listed;
-        push_swept(&mut l.keys, &dk);
+        if l.chunks.is_empty() || l.last_len == SWEEP_LIST_KEYS_MAX {
+            l.chunks.push((key.event_id().0, Vec::new()));
+            l.last_len = 0;
+        }
+        if let Some((_, keys)) = l.chunks.last_mut() {
+            push_swept(keys, &dk);
+        }
+        l.last_len += 1;
         l.count += 1;
         l.until_ms = l.until_ms.max(until);
-        l.first_id.get_or_insert(key.event_id().0);
         Ok(Deduplicated::Remembered(m.enqueued_at_ms))
     }
 
-    /// Writes the `dedup-sweep` row of the rows the current command remembered (if any), then
+    /// Writes the `dedup-sweep` rows of the rows the current command remembered (if any), then
     /// sweeps at `now_ms` (see [`Tables::sweep_dedup`]: about twice as many listed rows)
     /// (a clock the command carries). Per command, so every replica lists and sweeps alike.
     pub(super) fn list_remembered(&mut self, now_ms: i64) -> Result<(), StoreError> {
         let l = std::mem::take(&mut self.listed);
-        let Some(first_id) = l.first_id else {
+        if l.chunks.is_empty() {
             return Ok(());
-        };
-        self.add_sweep_row(&sweep_key(l.until_ms, first_id), &l.keys)?;
+        }
+        for (first_id, keys) in &l.chunks {
+            self.add_sweep_row(&sweep_key(l.until_ms, *first_id), keys)?;
+        }
         self.sweep_dedup(now_ms, l.count.saturating_mul(2))
     }
 

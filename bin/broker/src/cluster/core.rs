@@ -191,7 +191,7 @@ impl Core {
         let stored = meta.shards.get(&self.cfg.shard_id);
         if stored.is_some_and(|t| t.term > l.term) {
             // A later term's leader published it: this node's leadership is over (it has not
-            // heard yet); its higher epoch must not overwrite that.
+            // heard yet). The apply refuses an earlier term's topology; none is proposed.
             return;
         }
         let current = stored.is_some_and(|t| {
