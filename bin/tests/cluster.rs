@@ -1613,6 +1613,70 @@ async fn a_lease_lapse_in_the_same_term_holds_deliveries_and_keeps_the_streams()
     assert_eq!(m.payload, b"next");
 }
 
+/// Issue 29 (left by the sixth round): the other cores trusted the lease and leadership flags
+/// the Raft core republishes on each tick, with no deadline of their own. While the Raft
+/// core's reactor was blocked, a consumer stream on another core went on delivering past the
+/// lease, while the followers elected a leader that delivers the same messages. The flags now
+/// end at their own deadline (the quorum's acknowledgement plus the bound), which every core
+/// reads with its own clock. At rtt 20 ms the lease ends 200 ms after the last heartbeat; the
+/// Raft core is blocked for 3 s, the messages fall due about 900 ms into it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_raft_core_stops_deliveries_on_the_other_cores_at_the_leases_deadline() {
+    let _serial = SERIAL.lock().await;
+    let c = Cluster::start(3, "").await;
+    let (leader, mut p, followers) = c.warm_leader("warm").await;
+    c.wait_topology(leader, 3).await;
+    let node = &c.nodes[leader];
+    // A consumer stream on core 0, the dispatcher's (the Raft core is core 1): connections
+    // are opened until one lands there (the listeners share the port); the others close.
+    let on_core = |core: u8| format!("futureq_consumer_streams{{core=\"{core}\"}}");
+    let mut s = None;
+    for _ in 0..32 {
+        let before = node.metric(&on_core(0)).await;
+        let sub = Subscriber::open(node.channel().await, "stalled", "", 100).await;
+        eventually("the stream is counted", || async {
+            node.metric(&on_core(0)).await + node.metric(&on_core(1)).await >= 1.0
+        })
+        .await;
+        if node.metric(&on_core(0)).await > before {
+            s = Some(sub);
+            break;
+        }
+        drop(sub);
+        eventually("the closed stream is no longer counted", || async {
+            node.metric(&on_core(1)).await == 0.0
+        })
+        .await;
+    }
+    let mut s = s.expect("no connection of 32 landed on core 0");
+    let due: Vec<_> = (0..20)
+        .map(|i| msg("stalled", &format!("m{i}"), 1000, 0))
+        .collect();
+    let ack = p.publish(batch(1, 0, due)).await;
+    assert!(ack.success, "{ack:?}");
+    let index = node.metric("futureq_raft_applied_index").await;
+    for &f in &followers {
+        c.wait_applied(f, index, Duration::from_secs(10)).await;
+    }
+    // The leader's next event-log write holds the Raft core's thread for 3 s.
+    let event = node.dir.path().join("raft").join("event");
+    std::fs::write(event.join("inject-disk-fault"), "block 3000").unwrap();
+    let blocked = Instant::now();
+    p.send(batch(2, 0, vec![msg("trigger", "t", 0, 0)]));
+    let window = Duration::from_millis(2600);
+    let got = tokio::time::timeout(window, s.rx.message()).await;
+    if let Ok(Ok(Some(m))) = got {
+        panic!(
+            "delivered {} ms into the Raft core's block, past the lease: {m:?}",
+            blocked.elapsed().as_millis()
+        );
+    }
+    // Every message is delivered once, by the new leader.
+    let next = c.leader_except(Some(leader), Duration::from_secs(10)).await;
+    let got = delivered(&c.nodes[next], "stalled", 100).await;
+    assert_eq!(got.len(), 20, "{got:?}");
+}
+
 /// Issue 26.1: the tags a deposed leader handed out for a NO_ACK batch that was never
 /// committed (its entry is cut by the new leader) never name another message: the new leader
 /// reserves the ids above the committed mark before it assigns any. It used to go on at the

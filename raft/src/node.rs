@@ -81,6 +81,12 @@ pub struct Leadership {
     /// (openraft answers even a heartbeat only once the write before it is flushed, so a
     /// stalled disk on the followers silences them), or this node is cut off.
     pub lease: bool,
+    /// While `leading`: when it ends unless a quorum acknowledges a later RPC (`None`: one
+    /// voter, no quorum to hear). Other threads compare it with their own clock, so a Raft
+    /// core that stops running cannot stretch its leadership by not looking again.
+    pub leading_until: Option<Instant>,
+    /// While `lease`: when it ends, as `leading_until`.
+    pub lease_until: Option<Instant>,
     /// Members of the event shard.
     pub members: Vec<Member>,
     /// Last applied log index (0 = none).
@@ -451,6 +457,12 @@ impl Node {
         let voters: BTreeSet<u64> = membership.voter_ids().collect();
         let leads = m.state == ServerState::Leader && m.current_leader == Some(self.id);
         let within = |bound: Duration| voters.len() <= 1 || quiet.is_some_and(|q| q < bound);
+        let now = Instant::now();
+        let until = |bound: Duration| {
+            (voters.len() > 1)
+                .then(|| quiet.map(|q| now + bound.saturating_sub(q)))
+                .flatten()
+        };
         let members = membership
             .nodes()
             .map(|(id, n)| Member {
@@ -476,6 +488,8 @@ impl Node {
             leader: m.current_leader,
             leading: leads && within(self.serve_quiet_max),
             lease: leads && within(self.election_timeout),
+            leading_until: until(self.serve_quiet_max),
+            lease_until: until(self.election_timeout),
             members,
             applied: m.last_applied.as_ref().map_or(0, |l| l.index),
             last_log: m.last_log_index.unwrap_or(0),

@@ -17,6 +17,12 @@ pub fn set_current_core(core: usize) {
     CORE.with(|c| c.set(Some(core)));
 }
 
+/// The current thread's executor (`None`: a thread of no executor).
+#[must_use]
+pub fn current_core() -> Option<usize> {
+    CORE.with(Cell::get)
+}
+
 /// The sending half of a queue that executor `home` serves.
 ///
 /// Invariant: `crossed` counts the messages this queue took from a thread other than
@@ -53,7 +59,7 @@ impl<T> Mailbox<T> {
     }
 
     fn count(&self) {
-        if CORE.with(Cell::get) != Some(self.home) {
+        if current_core() != Some(self.home) {
             self.crossed.fetch_add(1, Ordering::Relaxed);
         }
     }

@@ -422,6 +422,8 @@ pub struct Metrics {
     pub publish_latency_seconds: [Histogram; 3],
     pub auth_refusals: LabeledCounter,
     pub active_consumers: Gauge,
+    /// Consumer streams open, by the executor serving them (`core`).
+    pub consumer_streams: Family<Labels, Gauge>,
     pub consumer_acks: LabeledCounter,
     pub messages_in_flight: Gauge,
     /// Messages stored per topic (the state machine's exact counts, refreshed periodically).
@@ -528,6 +530,7 @@ impl Metrics {
             publish_latency_seconds,
             auth_refusals,
             active_consumers: reg(&mut r, "futureq_active_consumers", "Connected consumers"),
+            consumer_streams: reg(&mut r, "futureq_consumer_streams", "Consumer streams open, by the executor serving them (core, an index in runtime.cores): how the listeners spread consumers"),
             consumer_acks: LabeledCounter::register(
                 &mut r,
                 ("futureq_consumer_ack", "ACK (success=true) and NACK frames"),

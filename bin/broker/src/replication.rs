@@ -4,8 +4,8 @@
 //! one-node cluster that always leads: the services and the dispatcher take one path.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Instant;
 
 use futureq_core::command::StoreItem;
@@ -364,6 +364,10 @@ fn leader_text(addr: &str) -> String {
 pub struct View {
     /// This node leads the event shard and may take clients (standalone: always).
     pub leading: bool,
+    /// While `leading`: when it ends unless the Raft core hears a quorum again (`None`: no
+    /// bound: standalone, or a single voter). [`Replication::leading`] reads it with the
+    /// caller's clock: a Raft core that stops running cannot stretch it.
+    pub leading_until: Option<Instant>,
     /// The leader this node knows of.
     pub leader_id: Option<u64>,
     /// The leader's client address ("" if unknown).
@@ -381,6 +385,8 @@ pub struct View {
     /// the same term keeps `leading` and holds deliveries (see
     /// `futureq_raft::node::Leadership::lease`).
     pub lease: bool,
+    /// While `lease`: when it ends, as `leading_until` ([`Replication::lease`]).
+    pub lease_until: Option<Instant>,
     /// Fires when the lease is back after the lapse during which this view was made; never
     /// fired while `lease` is false (see [`View::set_lease`]).
     pub lease_back: Shutdown,
@@ -400,16 +406,62 @@ impl View {
     }
 }
 
+/// Until when a flag holds, as any thread may read it with its own clock: 0 never,
+/// `u64::MAX` always, else nanoseconds since [`Until::base`] (an instant before it counts
+/// as 1: already past).
+struct Until(AtomicU64);
+
+impl Until {
+    const NEVER: u64 = 0;
+    const ALWAYS: u64 = u64::MAX;
+
+    fn new(holds: bool, until: Option<Instant>) -> Until {
+        Until(AtomicU64::new(Self::encode(holds, until)))
+    }
+
+    /// The instant every `Until` counts from (the first use).
+    fn base() -> Instant {
+        static BASE: OnceLock<Instant> = OnceLock::new();
+        *BASE.get_or_init(Instant::now)
+    }
+
+    fn nanos(t: Instant) -> u64 {
+        let since = t.saturating_duration_since(Self::base()).as_nanos();
+        u64::try_from(since).unwrap_or(Self::ALWAYS - 1).max(1)
+    }
+
+    fn encode(holds: bool, until: Option<Instant>) -> u64 {
+        match (holds, until) {
+            (false, _) => Self::NEVER,
+            (true, None) => Self::ALWAYS,
+            (true, Some(t)) => Self::nanos(t),
+        }
+    }
+
+    fn store(&self, holds: bool, until: Option<Instant>) {
+        self.0.store(Self::encode(holds, until), Ordering::Release);
+    }
+
+    /// Whether the flag holds now.
+    fn holds(&self) -> bool {
+        match self.0.load(Ordering::Acquire) {
+            Self::NEVER => false,
+            Self::ALWAYS => true,
+            until => Self::nanos(Instant::now()) < until,
+        }
+    }
+}
+
 /// The handle every core holds; `writes` is the write core's request queue
 /// ([`WRITES_QUEUE_MAX`] deep).
 ///
-/// Reads are cheap: [`Replication::leading`] and [`Replication::lease`] are one atomic load,
-/// [`Replication::view`] an `Arc` clone under a read lock (the view is replaced, never
-/// changed in place).
+/// Reads are cheap: [`Replication::leading`] and [`Replication::lease`] are one atomic load
+/// and a clock read, [`Replication::view`] an `Arc` clone under a read lock (the view is
+/// replaced, never changed in place).
 pub struct Replication {
     writes: Mailbox<WriteReq>,
-    leading: AtomicBool,
-    lease: AtomicBool,
+    leading: Until,
+    lease: Until,
     view: RwLock<Arc<View>>,
 }
 
@@ -435,6 +487,7 @@ impl Replication {
         };
         let view = View {
             leading: true,
+            leading_until: None,
             leader_id: Some(node_id),
             leader_addr: grpc_advertise.to_owned(),
             term: 0,
@@ -442,6 +495,7 @@ impl Replication {
             alive: None,
             lost: Shutdown::new(),
             lease: true,
+            lease_until: None,
             lease_back: Shutdown::new(),
         };
         Self::new(view, writes)
@@ -456,8 +510,8 @@ impl Replication {
     fn new(view: View, writes: Mailbox<WriteReq>) -> Arc<Replication> {
         let r = Replication {
             writes,
-            leading: AtomicBool::new(view.leading),
-            lease: AtomicBool::new(view.lease),
+            leading: Until::new(view.leading, view.leading_until),
+            lease: Until::new(view.lease, view.lease_until),
             view: RwLock::new(Arc::new(view)),
         };
         Arc::new(r)
@@ -480,17 +534,18 @@ impl Replication {
         request(&self.writes, make).await
     }
 
-    /// Whether this node leads (standalone: always).
+    /// Whether this node leads (standalone: always): the view says so and its
+    /// `leading_until` is still ahead.
     #[must_use]
     pub fn leading(&self) -> bool {
-        self.leading.load(Ordering::Acquire)
+        self.leading.holds()
     }
 
     /// Whether this node leads and holds its lease: deliveries may go out (standalone:
-    /// always).
+    /// always). As [`Replication::leading`], with `lease_until`.
     #[must_use]
     pub fn lease(&self) -> bool {
-        self.lease.load(Ordering::Acquire)
+        self.lease.holds()
     }
 
     /// The current view.
@@ -518,15 +573,44 @@ impl Replication {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut v = View::clone(&g);
         f(&mut v);
-        self.leading.store(v.leading, Ordering::Release);
-        self.lease.store(v.lease, Ordering::Release);
+        self.leading.store(v.leading, v.leading_until);
+        self.lease.store(v.lease, v.lease_until);
         *g = Arc::new(v);
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+
+    /// Issue 29: the flags held until the Raft core looked again, however late that was.
+    #[test]
+    fn leading_and_the_lease_end_at_their_deadline_with_no_update() {
+        let (writes, _rx) = Mailbox::bounded(1, 0, Arc::default());
+        let r = Replication::clustered(writes);
+        assert!(!r.leading() && !r.lease());
+        let now = Instant::now();
+        r.update(|v| {
+            v.leading = true;
+            v.leading_until = Some(now + Duration::from_millis(300));
+            v.set_lease(true);
+            v.lease_until = Some(now + Duration::from_millis(100));
+        });
+        assert!(r.leading() && r.lease());
+        std::thread::sleep(Duration::from_millis(150));
+        assert!(
+            r.leading() && !r.lease(),
+            "the lease ended, leading not yet"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!r.leading() && !r.lease());
+        r.update(|v| v.leading_until = None);
+        assert!(r.leading(), "one voter: no bound");
+        r.update(|v| v.leading = false);
+        assert!(!r.leading());
+    }
 
     /// Review of issue 29: the broker's stop took the lease away without a new signal, so a
     /// consumer stream waiting for the lease found the last lapse's one fired and went round

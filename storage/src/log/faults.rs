@@ -1,13 +1,15 @@
 //! Disk faults injected under the log, in a running process (the nemesis run's disk class).
 //!
 //! [`FaultyIo`] wraps any [`LogIo`]. Writing a fault's name into its trigger file (`fsync`,
-//! `enospc`, `prealloc`, `torn` or `slow <ms>`) arms that fault once, for the log's segment
+//! `enospc`, `prealloc`, `torn`, `slow <ms>` or `block <ms>`) arms that fault once, for the log's segment
 //! files (`*.log`; not the durable mark or the vote files): the next `sync` fails (over files
 //! whose writes are durable, the next write: its `O_DSYNC` flush fails), the next write fails
 //! with ENOSPC, the next segment's creation (its preallocation) fails with ENOSPC,
 //! the next write persists only its later blocks (an O_DIRECT multi-block write torn by a
 //! power loss) and the process then dies at once (the crash hook), or the next write takes
-//! `<ms>` longer (a stalled disk; only where a timer was given, [`FaultyIo::with_sleep`]).
+//! `<ms>` longer (a stalled disk; only where a timer was given, [`FaultyIo::with_sleep`]), or
+//! the next write holds its thread for `<ms>` first (a blocking call on a reactor: every task
+//! of that executor stalls).
 //! The broker uses it only when built with the `fault-injection` feature.
 
 use std::future::Future;
@@ -34,11 +36,16 @@ pub enum DiskFault {
     TornWrite,
     /// The next write completes this much later (a stalled disk).
     SlowWrite(Duration),
+    /// The next write first holds its thread this long (a blocking call on a reactor, as a
+    /// page fault or a buffered file operation would: every task of that executor stalls).
+    BlockingWrite(Duration),
 }
 
 impl DiskFault {
     /// A [`DiskFault::SlowWrite`] of any length, in a list of the faults an operation takes.
     const SLOW: DiskFault = DiskFault::SlowWrite(Duration::ZERO);
+    /// A [`DiskFault::BlockingWrite`] of any length.
+    const BLOCKING: DiskFault = DiskFault::BlockingWrite(Duration::ZERO);
 
     /// The trigger file's word for it.
     #[must_use]
@@ -49,14 +56,17 @@ impl DiskFault {
             DiskFault::NoSpaceToPreallocate => "prealloc",
             DiskFault::TornWrite => "torn",
             DiskFault::SlowWrite(_) => "slow",
+            DiskFault::BlockingWrite(_) => "block",
         }
     }
 
     fn parse(s: &str) -> Option<DiskFault> {
-        if let Some(ms) = s.trim().strip_prefix("slow ") {
-            return Some(DiskFault::SlowWrite(Duration::from_millis(
-                ms.trim().parse().ok()?,
-            )));
+        let ms = |rest: &str| rest.trim().parse().ok().map(Duration::from_millis);
+        if let Some(rest) = s.trim().strip_prefix("slow ") {
+            return ms(rest).map(DiskFault::SlowWrite);
+        }
+        if let Some(rest) = s.trim().strip_prefix("block ") {
+            return ms(rest).map(DiskFault::BlockingWrite);
         }
         [
             DiskFault::FailSync,
@@ -166,7 +176,11 @@ impl<I: LogIo> LogIo for FaultyIo<I> {
     }
 
     async fn write_at(&self, name: &str, offset: u64, mut data: Vec<u8>) -> io::Result<()> {
-        let mut faults = vec![DiskFault::NoSpace, DiskFault::TornWrite];
+        let mut faults = vec![
+            DiskFault::NoSpace,
+            DiskFault::TornWrite,
+            DiskFault::BLOCKING,
+        ];
         if self.inner.durable_writes() {
             faults.push(DiskFault::FailSync);
         }
@@ -179,6 +193,10 @@ impl<I: LogIo> LogIo for FaultyIo<I> {
                 if let Some(sleep) = self.sleep {
                     sleep(d).await;
                 }
+                self.inner.write_at(name, offset, data).await
+            }
+            Some(DiskFault::BlockingWrite(d)) => {
+                std::thread::sleep(d);
                 self.inner.write_at(name, offset, data).await
             }
             Some(DiskFault::NoSpace) => Err(io::Error::from_raw_os_error(28)),
@@ -302,6 +320,21 @@ mod tests {
         );
         assert_eq!(mem.file("f.log").unwrap()[..b], vec![4; b][..], "written");
         assert_eq!(DiskFault::parse("slow x"), None);
+    }
+
+    #[test]
+    fn a_blocking_write_holds_its_thread_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = usize::try_from(BLOCK).unwrap();
+        let (mem, io) = armed(&dir, "block 150\n");
+        let t = std::time::Instant::now();
+        block_on(io.write_at("f.log", 0, vec![5; b])).unwrap();
+        assert!(t.elapsed() >= Duration::from_millis(150), "held");
+        let t = std::time::Instant::now();
+        block_on(io.write_at("f.log", 0, vec![6; b])).unwrap();
+        assert!(t.elapsed() < Duration::from_millis(150), "one shot");
+        assert_eq!(mem.file("f.log").unwrap()[..b], vec![6; b][..], "written");
+        assert_eq!(DiskFault::parse("block x"), None);
     }
 
     #[test]

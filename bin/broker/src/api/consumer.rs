@@ -2,6 +2,7 @@
 //! messages are pushed as they come from the dispatcher.
 
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use bytes::Bytes;
 use futureq_core::hub::{ConsumerId, Delivery, Subscription};
@@ -25,6 +26,10 @@ const SEND_BATCH_MAX: usize = 64;
 /// with 64 tags of 24 bytes each it holds at most ~100 MiB of them.
 const ACKS_PER_COMMAND_MAX: u64 = 64;
 
+/// How often a stream waiting for its lease looks again while the Raft core has not yet
+/// seen that the lease ran out (see `Stream::lease_held`).
+const LEASE_RECHECK: Duration = Duration::from_millis(5);
+
 /// Largest `max_in_flight` a consumer may ask for.
 pub const MAX_IN_FLIGHT_MAX: u32 = 65_536;
 
@@ -32,11 +37,28 @@ pub const MAX_IN_FLIGHT_MAX: u32 = 65_536;
 struct Registration<'a> {
     ctx: &'a Ctx,
     id: ConsumerId,
+    /// The `core` label of `futureq_consumer_streams`.
+    core: Vec<(&'static str, String)>,
+}
+
+impl<'a> Registration<'a> {
+    fn new(ctx: &'a Ctx, id: ConsumerId) -> Self {
+        let core = crate::mailbox::current_core().map_or_else(String::new, |c| c.to_string());
+        let core = vec![("core", core)];
+        ctx.metrics.active_consumers.inc();
+        ctx.metrics.consumer_streams.get_or_create(&core).inc();
+        Registration { ctx, id, core }
+    }
 }
 
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
         self.ctx.metrics.active_consumers.dec();
+        self.ctx
+            .metrics
+            .consumer_streams
+            .get_or_create(&self.core)
+            .dec();
         let cmd = HubCmd::Unregister(self.id);
         if let Err(flume::TrySendError::Full(cmd)) = self.ctx.hub.try_send(cmd) {
             let hub = self.ctx.hub.clone();
@@ -116,11 +138,7 @@ pub async fn subscribe(
         Ok(c) => c,
         Err(s) => return s,
     };
-    ctx.metrics.active_consumers.inc();
-    let _registration = Registration {
-        ctx,
-        id: consumer.id,
-    };
+    let _registration = Registration::new(ctx, consumer.id);
     tracing::debug!(target: "consumer", consumer = consumer.id.0, topic = %init.topic, group = %init.group_id, "consumer connected");
     // Open the response now so the client knows it is subscribed.
     if let Err(s) = out.start() {
@@ -430,7 +448,9 @@ impl Stream<'_> {
     /// Returns once this node holds its lease: at once, or after a lapse in the same term
     /// (deliveries held: a deposed leader must not hand out what the new one will deliver).
     /// Bounded: a leader that hears no quorum stops leading, and then this ends with
-    /// NOT_LEADER; the broker's stop ends it too.
+    /// NOT_LEADER; the broker's stop ends it too. A lease past its deadline that the Raft core
+    /// has not yet seen ended (it did not run since) is looked at again every
+    /// [`LEASE_RECHECK`]: that core's next look ends the lapse or the leadership.
     async fn lease_held(&self) -> Result<(), Status> {
         while !self.ctx.repl.lease() {
             if self.lost.is_triggered() {
@@ -440,10 +460,9 @@ impl Stream<'_> {
                 return Err(self.stopped());
             }
             let view = self.ctx.repl.view();
-            if view.lease {
-                break;
-            }
-            let back = view.lease_back.clone();
+            // Fired when the lease is back, unless the view still holds it (then it is
+            // the last lapse's signal, fired already).
+            let back = (!view.lease).then(|| view.lease_back.clone());
             drop(view);
             let lost = async {
                 self.lost.wait().await;
@@ -454,7 +473,10 @@ impl Stream<'_> {
                 Err(self.stopped())
             };
             let back = async {
-                back.wait().await;
+                match back {
+                    Some(back) => back.wait().await,
+                    None => glommio::timer::sleep(LEASE_RECHECK).await,
+                }
                 Ok(())
             };
             future::or(back, future::or(lost, stop)).await?;

@@ -172,7 +172,9 @@ impl Core {
                 tracing::info!(target: "raft", term = l.term, "a quorum is heard again: deliveries go on");
             }
             v.set_lease(lease);
+            v.lease_until = l.lease_until;
             v.leading = leading;
+            v.leading_until = l.leading_until;
             v.leader_id = l.leader;
             v.leader_addr = leader_addr;
             v.term = l.term;
