@@ -1618,8 +1618,9 @@ async fn a_lease_lapse_in_the_same_term_holds_deliveries_and_keeps_the_streams()
 /// core's reactor was blocked, a consumer stream on another core went on delivering past the
 /// lease, while the followers elected a leader that delivers the same messages. The flags now
 /// end at their own deadline (the quorum's acknowledgement plus the bound), which every core
-/// reads with its own clock. At rtt 20 ms the lease ends 200 ms after the last heartbeat; the
-/// Raft core is blocked for 3 s, the messages fall due about 900 ms into it.
+/// reads with its own clock. At the harness's rtt (50 ms) the lease ends 500 ms after the last
+/// acknowledged heartbeat and the leadership 650 ms after; the Raft core is blocked for 3 s
+/// and the messages fall due at least 800 ms into it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocked_raft_core_stops_deliveries_on_the_other_cores_at_the_leases_deadline() {
     let _serial = SERIAL.lock().await;
@@ -1649,8 +1650,9 @@ async fn a_blocked_raft_core_stops_deliveries_on_the_other_cores_at_the_leases_d
         .await;
     }
     let mut s = s.expect("no connection of 32 landed on core 0");
+    let published = Instant::now();
     let due: Vec<_> = (0..20)
-        .map(|i| msg("stalled", &format!("m{i}"), 1000, 0))
+        .map(|i| msg("stalled", &format!("m{i}"), 2000, 0))
         .collect();
     let ack = p.publish(batch(1, 0, due)).await;
     assert!(ack.success, "{ack:?}");
@@ -1662,6 +1664,17 @@ async fn a_blocked_raft_core_stops_deliveries_on_the_other_cores_at_the_leases_d
     let event = node.dir.path().join("raft").join("event");
     std::fs::write(event.join("inject-disk-fault"), "block 3000").unwrap();
     let blocked = Instant::now();
+    assert!(
+        blocked - published < Duration::from_millis(1200),
+        "the host took {:?} to commit one batch: the messages would fall due before the lease ends",
+        blocked - published
+    );
+    assert!(
+        tokio::time::timeout(Duration::ZERO, s.rx.message())
+            .await
+            .is_err(),
+        "a delivery before the block"
+    );
     p.send(batch(2, 0, vec![msg("trigger", "t", 0, 0)]));
     let window = Duration::from_millis(2600);
     let got = tokio::time::timeout(window, s.rx.message()).await;

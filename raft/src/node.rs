@@ -71,8 +71,9 @@ pub struct Leadership {
     /// election timeout less two heartbeats (13 rtt): it takes clients and writes (a write
     /// commits only with a quorum). That quorum's members grant no vote until the longest
     /// election timeout after they received it (openraft's leader lease), so no other node
-    /// can lead before this one stops (the two heartbeats cover the delay until other cores
-    /// see it). A leader cut off from its quorum stops serving, the CheckQuorum equivalent.
+    /// can lead before this one stops (the two heartbeats cover clock reads and scheduling;
+    /// other cores read `leading_until`, not this flag). A leader cut off from its quorum
+    /// stops serving, the CheckQuorum equivalent.
     pub leading: bool,
     /// `leading`, and a quorum acknowledged it within one election timeout (the lease): it
     /// may deliver. Before a follower's election timer can run out no other node leads; past
@@ -170,8 +171,8 @@ impl Node {
         let (event_log, meta_log) = open_logs(cfg, &store, &tracker).await?;
         let (event_cfg, meta_cfg) = group_configs(cfg)?;
         let election_timeout = Duration::from_millis(event_cfg.election_timeout_min);
-        // Two heartbeats short of it: other cores read `leading` as the Raft core last
-        // published it (every 20 ms at most, later if its reactor stalls).
+        // Two heartbeats short of it: a margin for clock reads and scheduling (other cores
+        // compare `leading_until` with their own clocks).
         let serve_quiet_max = Duration::from_millis(
             event_cfg
                 .election_timeout_max
@@ -449,6 +450,9 @@ impl Node {
     pub fn leadership(&self) -> Leadership {
         let m = self.event.metrics();
         let m = m.borrow_watched();
+        // Read before `quiet`, so that `now - quiet` is no later than the quorum's ack: the
+        // deadlines below err early, never late.
+        let now = Instant::now();
         let quiet = m.last_quorum_acked.as_ref().map(|t| {
             use openraft_rt::Instant as _;
             t.elapsed()
@@ -457,9 +461,8 @@ impl Node {
         let voters: BTreeSet<u64> = membership.voter_ids().collect();
         let leads = m.state == ServerState::Leader && m.current_leader == Some(self.id);
         let within = |bound: Duration| voters.len() <= 1 || quiet.is_some_and(|q| q < bound);
-        let now = Instant::now();
         let until = |bound: Duration| {
-            (voters.len() > 1)
+            (leads && voters.len() > 1)
                 .then(|| quiet.map(|q| now + bound.saturating_sub(q)))
                 .flatten()
         };

@@ -559,10 +559,16 @@ impl Replication {
         )
     }
 
-    /// The leader's client address ("" if unknown).
+    /// The leader's client address ("" if unknown, or if the view still names this node
+    /// but its leadership ran out: the Raft core has not looked since, and a client sent
+    /// here again would only be refused again).
     #[must_use]
     pub fn leader_addr(&self) -> String {
-        self.view().leader_addr.clone()
+        let v = self.view();
+        if v.leading && !self.leading() {
+            return String::new();
+        }
+        v.leader_addr.clone()
     }
 
     /// Replaces the view (the Raft core only).
@@ -594,18 +600,22 @@ mod tests {
         let now = Instant::now();
         r.update(|v| {
             v.leading = true;
-            v.leading_until = Some(now + Duration::from_millis(300));
+            v.leading_until = Some(now + Duration::from_secs(2));
+            v.leader_addr = "me:1".into();
             v.set_lease(true);
             v.lease_until = Some(now + Duration::from_millis(100));
         });
         assert!(r.leading() && r.lease());
+        assert_eq!(r.leader_addr(), "me:1");
         std::thread::sleep(Duration::from_millis(150));
         assert!(
             r.leading() && !r.lease(),
             "the lease ended, leading not yet"
         );
-        std::thread::sleep(Duration::from_millis(200));
+        r.update(|v| v.leading_until = Some(now + Duration::from_millis(200)));
+        std::thread::sleep(Duration::from_millis(100));
         assert!(!r.leading() && !r.lease());
+        assert_eq!(r.leader_addr(), "", "not named the leader once it ran out");
         r.update(|v| v.leading_until = None);
         assert!(r.leading(), "one voter: no bound");
         r.update(|v| v.leading = false);

@@ -1,12 +1,12 @@
 //! Disk faults injected under the log, in a running process (the nemesis run's disk class).
 //!
 //! [`FaultyIo`] wraps any [`LogIo`]. Writing a fault's name into its trigger file (`fsync`,
-//! `enospc`, `prealloc`, `torn`, `slow <ms>` or `block <ms>`) arms that fault once, for the log's segment
-//! files (`*.log`; not the durable mark or the vote files): the next `sync` fails (over files
-//! whose writes are durable, the next write: its `O_DSYNC` flush fails), the next write fails
-//! with ENOSPC, the next segment's creation (its preallocation) fails with ENOSPC,
+//! `enospc`, `prealloc`, `torn`, `slow <ms>` or `block <ms>`) arms that fault once, for the
+//! log's segment files (`*.log`; not the durable mark or the vote files): the next `sync` fails
+//! (over files whose writes are durable, the next write: its `O_DSYNC` flush fails), the next
+//! write fails with ENOSPC, the next segment's creation (its preallocation) fails with ENOSPC,
 //! the next write persists only its later blocks (an O_DIRECT multi-block write torn by a
-//! power loss) and the process then dies at once (the crash hook), or the next write takes
+//! power loss) and the process then dies at once (the crash hook), the next write takes
 //! `<ms>` longer (a stalled disk; only where a timer was given, [`FaultyIo::with_sleep`]), or
 //! the next write holds its thread for `<ms>` first (a blocking call on a reactor: every task
 //! of that executor stalls).

@@ -37,28 +37,29 @@ pub const MAX_IN_FLIGHT_MAX: u32 = 65_536;
 struct Registration<'a> {
     ctx: &'a Ctx,
     id: ConsumerId,
-    /// The `core` label of `futureq_consumer_streams`.
-    core: Vec<(&'static str, String)>,
+    /// This stream's executor's series of `futureq_consumer_streams`.
+    on_core: prometheus_client::metrics::gauge::Gauge,
 }
 
 impl<'a> Registration<'a> {
     fn new(ctx: &'a Ctx, id: ConsumerId) -> Self {
+        // Streams run on executors only (each marks its thread).
         let core = crate::mailbox::current_core().map_or_else(String::new, |c| c.to_string());
-        let core = vec![("core", core)];
+        let on_core = ctx
+            .metrics
+            .consumer_streams
+            .get_or_create(&vec![("core", core)])
+            .clone();
         ctx.metrics.active_consumers.inc();
-        ctx.metrics.consumer_streams.get_or_create(&core).inc();
-        Registration { ctx, id, core }
+        on_core.inc();
+        Registration { ctx, id, on_core }
     }
 }
 
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
         self.ctx.metrics.active_consumers.dec();
-        self.ctx
-            .metrics
-            .consumer_streams
-            .get_or_create(&self.core)
-            .dec();
+        self.on_core.dec();
         let cmd = HubCmd::Unregister(self.id);
         if let Err(flume::TrySendError::Full(cmd)) = self.ctx.hub.try_send(cmd) {
             let hub = self.ctx.hub.clone();
@@ -129,8 +130,8 @@ pub async fn subscribe(
     // Only the leader delivers; the stream ends when its leadership does (standalone:
     // never).
     let view = ctx.repl.view();
-    if !view.leading {
-        return Refusal::not_leader(&view.leader_addr).into();
+    if !view.leading || !ctx.repl.leading() {
+        return Refusal::not_leader(&ctx.repl.leader_addr()).into();
     }
     let lost = view.lost.clone();
     drop(view);

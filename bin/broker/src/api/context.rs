@@ -207,7 +207,7 @@ pub(super) async fn unary_request<M: prost::Message + Default>(
 
 /// NOT_LEADER naming the leader this node knows of.
 pub(super) fn not_leader(ctx: &Ctx) -> Status {
-    Refusal::not_leader(&ctx.repl.view().leader_addr).into()
+    Refusal::not_leader(&ctx.repl.leader_addr()).into()
 }
 
 /// The refusal of a write (`what`) the write path did not carry out, with its outcome.
@@ -216,7 +216,7 @@ pub(crate) fn write_refusal(ctx: &Ctx, what: &str, e: &WriteError) -> Refusal {
         "publish.proposalTimeout ({:?})",
         ctx.settings.proposal_timeout
     );
-    e.refusal(what, &ctx.repl.view().leader_addr, &timeout)
+    e.refusal(what, &ctx.repl.leader_addr(), &timeout)
 }
 
 /// Reads the store on its admin thread (one such read at a time on the node, on no
