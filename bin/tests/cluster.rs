@@ -1684,6 +1684,24 @@ async fn a_blocked_raft_core_stops_deliveries_on_the_other_cores_at_the_leases_d
             blocked.elapsed().as_millis()
         );
     }
+    // Once the block ends the stream ends NOT_LEADER, never naming the old leader itself
+    // (Raft there still names it until it hears the new term).
+    let end = match tokio::time::timeout(Duration::from_secs(10), s.rx.message()).await {
+        Ok(Err(status)) => status,
+        other => panic!("the old leader's stream did not end: {other:?}"),
+    };
+    assert_eq!(
+        futureq_client::refusal::of_status(&end).map(|r| r.0),
+        Some(Reason::NotLeader),
+        "{end:?}"
+    );
+    let named = end
+        .metadata()
+        .get("futureq-leader-address")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    assert_ne!(named, format!("127.0.0.1:{}", node.grpc_port), "{end:?}");
     // Every message is delivered once, by the new leader.
     let next = c.leader_except(Some(leader), Duration::from_secs(10)).await;
     let got = delivered(&c.nodes[next], "stalled", 100).await;

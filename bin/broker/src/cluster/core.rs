@@ -128,11 +128,14 @@ impl Core {
         }
         let leading = self.ids.borrow().ready(l.leading, l.term);
         let lease = leading && l.lease;
+        // Raft still names this node while its leadership ran out (no quorum heard within
+        // the bound; after a pause, until it hears the new term): no leader is known then.
+        // Naming itself would send clients back to a node that refuses them.
+        let leader = l.leader.filter(|id| *id != self.node.id || l.leading);
         let meta = self.node.meta_sm.state();
         // Unknown ("") until the leader's client address is registered: clients and
         // followers then look again, rather than dial its Raft address, which takes none.
-        let leader_addr = l
-            .leader
+        let leader_addr = leader
             .and_then(|id| meta.client_addr(id))
             .unwrap_or_default()
             .to_owned();
@@ -152,8 +155,8 @@ impl Core {
             if v.leading != leading {
                 m.raft.leader_changes.fetch_add(1, Ordering::Relaxed);
             }
-            if !leading && v.leader_id != l.leader {
-                match l.leader {
+            if !leading && v.leader_id != leader {
+                match leader {
                     Some(id) => tracing::info!(target: "raft", term = l.term, leader = id, address = %leader_addr, "event-shard leader changed"),
                     None => tracing::info!(target: "raft", term = l.term, "event-shard leader unknown (an election is on)"),
                 }
@@ -175,7 +178,7 @@ impl Core {
             v.lease_until = l.lease_until;
             v.leading = leading;
             v.leading_until = l.leading_until;
-            v.leader_id = l.leader;
+            v.leader_id = leader;
             v.leader_addr = leader_addr;
             v.term = l.term;
             v.info = info;
