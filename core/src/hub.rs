@@ -59,9 +59,10 @@
 //!   parked records are bounded by [`PARKED_MAX`] in all (beyond it entries stay in memory and
 //!   the entry cap holds the topic back: no loss).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
+use self::deadlines::Deadlines;
 use crate::deleter::DeleteQueue;
 pub(crate) use crate::fast::{FastMap, FastSet};
 use crate::key::{bucket_of, bucket_start_ms, topic_hash, EventKey, TopicHash};
@@ -431,7 +432,7 @@ pub struct Hub<S> {
     topics: FastMap<TopicHash, Topic>,
     consumers: FastMap<ConsumerId, Consumer<S>>,
     entries: FastMap<EventKey, Entry>,
-    timeouts: BTreeSet<(i64, EventKey, ConsumerId)>,
+    timeouts: Deadlines<(EventKey, ConsumerId)>,
     deletes: DeleteQueue,
     next_consumer: u64,
     counters: HubCounters,
@@ -464,7 +465,7 @@ impl<S: Sink> Hub<S> {
             topics: FastMap::default(),
             consumers: FastMap::default(),
             entries: FastMap::default(),
-            timeouts: BTreeSet::new(),
+            timeouts: Deadlines::default(),
             deletes: DeleteQueue::default(),
             next_consumer: 1,
             counters: HubCounters::default(),
@@ -577,6 +578,7 @@ impl<S: Sink> Hub<S> {
 
 mod acks;
 mod consumers;
+mod deadlines;
 mod deliver;
 mod scan;
 

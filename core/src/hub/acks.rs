@@ -43,7 +43,7 @@ impl<S: Sink> Hub<S> {
                 deadline_ms,
             } = r.state
             {
-                self.timeouts.remove(&(deadline_ms, key, consumer));
+                self.timeouts.remove(deadline_ms, (key, consumer));
                 if let Some(c) = self.consumers.get_mut(&consumer) {
                     c.in_flight.remove(&key);
                 }
@@ -125,7 +125,7 @@ impl<S: Sink> Hub<S> {
             return AckOutcome::Ignored;
         };
         if let RState::Pending { deadline_ms, .. } = r.state {
-            self.timeouts.remove(&(deadline_ms, key, id));
+            self.timeouts.remove(deadline_ms, (key, id));
         }
         // An ACK is only recorded when its delete can be queued; otherwise redeliver.
         let outcome = if success && self.deletes.len() < crate::deleter::DELETE_PENDING_MAX {
@@ -283,11 +283,7 @@ impl<S: Sink> Hub<S> {
 
     /// Moves deliveries whose ACK deadline passed back to waiting.
     pub fn expire_in_flight(&mut self, now_ms: i64) {
-        while let Some(&(deadline, key, consumer)) = self.timeouts.first() {
-            if deadline > now_ms {
-                break;
-            }
-            self.timeouts.pop_first();
+        for (deadline, (key, consumer)) in self.timeouts.take_due(now_ms) {
             if let Some(c) = self.consumers.get_mut(&consumer) {
                 c.in_flight.remove(&key);
             }

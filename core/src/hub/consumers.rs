@@ -106,7 +106,7 @@ impl<S: Sink> Hub<S> {
                 } = r.state
                 {
                     if consumer == id {
-                        self.timeouts.remove(&(deadline_ms, key, id));
+                        self.timeouts.remove(deadline_ms, (key, id));
                         if gone.is_some() {
                             r.state = RState::Dropped;
                         } else {

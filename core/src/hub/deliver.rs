@@ -74,7 +74,7 @@ impl<S: Sink> Hub<S> {
             c.in_flight.len() <= c.max_in_flight as usize,
             "a consumer holds at most max_in_flight deliveries"
         );
-        self.timeouts.insert((deadline_ms, key, cid));
+        self.timeouts.insert(deadline_ms, (key, cid));
         self.counters.dispatched += 1;
         if r.attempts > 1 {
             self.counters.redelivered += 1;

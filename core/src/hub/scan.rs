@@ -321,7 +321,7 @@ impl<S: Sink> Hub<S> {
     /// an in-flight deadline. `None` = nothing until an event arrives.
     #[must_use]
     pub fn next_wakeup(&self, now_ms: i64) -> Option<i64> {
-        let mut at = self.timeouts.first().map(|(d, _, _)| *d);
+        let mut at = self.timeouts.first();
         let mut merge = |v: i64| at = Some(at.map_or(v, |a| a.min(v)));
         for t in self.topics.values() {
             if self.waiting_deliverable(t) {

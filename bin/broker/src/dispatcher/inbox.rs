@@ -24,6 +24,9 @@ pub const HUB_QUEUE_MAX: usize = 65_536;
 /// says whether that was because its group was deleted.
 pub struct ConsumerSink {
     tx: flume::Sender<Delivery>,
+    /// The queue's bound, read once: flume's `capacity()` takes the queue's lock, and the hub
+    /// asks for room before every delivery.
+    capacity: usize,
     group_deleted: Arc<AtomicBool>,
 }
 
@@ -34,6 +37,7 @@ impl ConsumerSink {
     pub fn new(tx: flume::Sender<Delivery>) -> (ConsumerSink, Arc<AtomicBool>) {
         let flag = Arc::new(AtomicBool::new(false));
         let sink = ConsumerSink {
+            capacity: tx.capacity().unwrap_or(usize::MAX),
             tx,
             group_deleted: Arc::clone(&flag),
         };
@@ -56,9 +60,7 @@ impl Sink for ConsumerSink {
         if self.tx.is_disconnected() {
             return 0;
         }
-        self.tx
-            .capacity()
-            .map_or(usize::MAX, |c| c.saturating_sub(self.tx.len()))
+        self.capacity.saturating_sub(self.tx.len())
     }
 }
 
