@@ -1,8 +1,9 @@
 //! The hub alone (no I/O): a burst of N messages due at one instant, delivered to one
-//! consumer and acked in frames of 64, as the dispatcher drives it. Prints the CPU time per
-//! message of each round and their median.
+//! consumer (universal, or a group's member) and acked in frames of 64, as the dispatcher
+//! drives it. Prints the CPU time per message of each round and their median.
 //!
-//! `cargo run --release -p futureq-core --example hub_bench [-- N ROUNDS]` (100000, 7)
+//! `cargo run --release -p futureq-core --example hub_bench [-- N ROUNDS GROUP]` (100000, 7,
+//! "": a universal consumer)
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -40,7 +41,7 @@ fn scan(store: &BTreeMap<EventKey, Arc<StoredMessage>>, r: &ScanRequest) -> Scan
     }
 }
 
-fn round(n: u64) -> f64 {
+fn round(n: u64, group: &str) -> f64 {
     let cfg = HubConfig {
         in_flight_timeout_ms: 30_000,
         bucket_ms: 1000,
@@ -52,7 +53,7 @@ fn round(n: u64) -> f64 {
     let q = Queue::default();
     let sub = Subscription {
         topic: "burst".into(),
-        group: String::new(),
+        group: group.to_owned(),
         max_in_flight: 65_536,
     };
     let id = hub.register(&sub, q.clone(), 0);
@@ -102,7 +103,8 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let n: u64 = args.next().and_then(|a| a.parse().ok()).unwrap_or(100_000);
     let rounds: usize = args.next().and_then(|a| a.parse().ok()).unwrap_or(7);
-    let mut per: Vec<f64> = (0..rounds).map(|_| round(n)).collect();
+    let group = args.next().unwrap_or_default();
+    let mut per: Vec<f64> = (0..rounds).map(|_| round(n, &group)).collect();
     println!("ns per message (deliver + ack), each round: {per:.0?}");
     per.sort_by(f64::total_cmp);
     println!("median {:.0} ns per message", per[per.len() / 2]);
