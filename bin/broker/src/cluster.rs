@@ -238,6 +238,9 @@ pub async fn serve(
     core.cluster.update(|v| {
         v.leading = false;
         v.set_lease(false);
+        // Streams ended by the stop name no leader: not this stopping node.
+        v.leader_id = None;
+        v.leader_addr.clear();
         v.lost.trigger();
     });
     node.shutdown().await;

@@ -565,10 +565,26 @@ impl Replication {
     #[must_use]
     pub fn leader_addr(&self) -> String {
         let v = self.view();
-        if v.leading && !self.leading() {
+        if self.ran_out(&v) {
             return String::new();
         }
         v.leader_addr.clone()
+    }
+
+    /// The leader's node id, as [`Replication::leader_addr`] names it (`None` if unknown or
+    /// if this node's leadership ran out).
+    #[must_use]
+    pub fn leader_id(&self) -> Option<u64> {
+        let v = self.view();
+        if self.ran_out(&v) {
+            return None;
+        }
+        v.leader_id
+    }
+
+    /// `v` says this node leads, but its leadership's deadline passed.
+    fn ran_out(&self, v: &View) -> bool {
+        v.leading && !self.leading()
     }
 
     /// Replaces the view (the Raft core only).
@@ -600,14 +616,15 @@ mod tests {
         let now = Instant::now();
         r.update(|v| {
             v.leading = true;
-            v.leading_until = Some(now + Duration::from_secs(2));
+            v.leading_until = Some(now + Duration::from_secs(5));
+            v.leader_id = Some(1);
             v.leader_addr = "me:1".into();
             v.set_lease(true);
-            v.lease_until = Some(now + Duration::from_millis(100));
+            v.lease_until = Some(now + Duration::from_millis(600));
         });
         assert!(r.leading() && r.lease());
-        assert_eq!(r.leader_addr(), "me:1");
-        std::thread::sleep(Duration::from_millis(150));
+        assert_eq!((r.leader_addr().as_str(), r.leader_id()), ("me:1", Some(1)));
+        std::thread::sleep(Duration::from_millis(700));
         assert!(
             r.leading() && !r.lease(),
             "the lease ended, leading not yet"
@@ -615,7 +632,11 @@ mod tests {
         r.update(|v| v.leading_until = Some(now + Duration::from_millis(200)));
         std::thread::sleep(Duration::from_millis(100));
         assert!(!r.leading() && !r.lease());
-        assert_eq!(r.leader_addr(), "", "not named the leader once it ran out");
+        assert_eq!(
+            (r.leader_addr().as_str(), r.leader_id()),
+            ("", None),
+            "not named the leader once it ran out"
+        );
         r.update(|v| v.leading_until = None);
         assert!(r.leading(), "one voter: no bound");
         r.update(|v| v.leading = false);

@@ -75,10 +75,11 @@ pub async fn get_cluster_info(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> 
         // The leader as Raft knows it now: the topology in the metadata group names the
         // leader that last published it, which lags (or stays stale while the metadata
         // group has no leader).
-        let leader = view.leader_id.unwrap_or(0);
+        // Not this node once its leadership ran out (the Raft core has not looked since).
+        let leader = ctx.repl.leader_id().unwrap_or(0);
         pb::ClusterInfoResponse {
             leader_node_id: leader,
-            leader_address: view.leader_addr.clone(),
+            leader_address: ctx.repl.leader_addr(),
             term: view.term,
             nodes: info
                 .nodes
@@ -136,7 +137,7 @@ pub async fn health_check(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Stat
 
 /// SERVING once the write path is open and a leader is known, until shutdown.
 fn serving_status(ctx: &Ctx) -> ServingStatus {
-    let leader_known = ctx.repl.view().leader_id.is_some();
+    let leader_known = ctx.repl.leader_id().is_some();
     if ctx.shutdown.is_triggered() || !leader_known || !ctx.writes_open.is_triggered() {
         ServingStatus::NotServing
     } else {

@@ -519,7 +519,7 @@ pub async fn publish_stream(
         // is refused naming the leader).
         lost: {
             let view = ctx.repl.view();
-            (view.leading && ctx.repl.leading()).then(|| view.lost.clone())
+            view.leading.then(|| view.lost.clone())
         },
     };
     // Response headers go out at once: clients such as tonic wait for them before sending.

@@ -158,7 +158,7 @@ impl Core {
             if !leading && v.leader_id != leader {
                 match leader {
                     Some(id) => tracing::info!(target: "raft", term = l.term, leader = id, address = %leader_addr, "event-shard leader changed"),
-                    None => tracing::info!(target: "raft", term = l.term, "event-shard leader unknown (an election is on)"),
+                    None => tracing::info!(target: "raft", term = l.term, "event-shard leader unknown (an election is on, or this node's leadership ran out)"),
                 }
             }
             if v.leading && !leading {
