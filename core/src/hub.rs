@@ -261,7 +261,8 @@ impl DeadLetter {
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum RecipientId {
-    Group(String),
+    /// A consumer group, by name (shared: every entry of the topic names it).
+    Group(Arc<str>),
     Universal(ConsumerId),
 }
 
@@ -299,7 +300,7 @@ struct Group {
 
 #[derive(Debug)]
 struct Topic {
-    groups: BTreeMap<String, Group>,
+    groups: BTreeMap<Arc<str>, Group>,
     universal: Vec<ConsumerId>,
     /// Next key a scan examines (inclusive).
     resume: EventKey,
@@ -361,7 +362,7 @@ impl Topic {
     fn recipients(&self) -> impl Iterator<Item = RecipientId> + '_ {
         self.groups
             .keys()
-            .map(|g| RecipientId::Group(g.clone()))
+            .map(|g| RecipientId::Group(Arc::clone(g)))
             .chain(self.universal.iter().map(|u| RecipientId::Universal(*u)))
     }
 }
@@ -385,7 +386,7 @@ fn attempt_limit(cfg: &HubConfig, m: &StoredMessage) -> u32 {
 /// Counts a stored message `r` is done with, if `r` is one of the groups `gs`.
 fn count_done(gs: &mut BTreeMap<String, GroupActivity>, r: &RecipientId) {
     if let RecipientId::Group(name) = r {
-        if let Some(g) = gs.get_mut(name) {
+        if let Some(g) = gs.get_mut(&**name) {
             g.done += 1;
         }
     }
@@ -501,8 +502,9 @@ impl<S: Sink> Hub<S> {
             .entry(h)
             .or_insert_with(|| Topic::new(h, now_ms));
         for g in groups {
-            if !t.groups.contains_key(&g) {
-                Self::join_entries(&mut self.entries, t, h, &RecipientId::Group(g.clone()));
+            if !t.groups.contains_key(g.as_str()) {
+                let g: Arc<str> = g.into();
+                Self::join_entries(&mut self.entries, t, h, &RecipientId::Group(Arc::clone(&g)));
                 t.groups.insert(g, Group::default());
             }
         }

@@ -22,13 +22,14 @@ impl<S: Sink> Hub<S> {
             Self::join_entries(&mut self.entries, t, h, &rid);
             t.fell_behind(rid, start);
         } else {
-            let rid = RecipientId::Group(sub.group.clone());
-            let known = t.groups.contains_key(&sub.group);
+            let name: Arc<str> = sub.group.as_str().into();
+            let rid = RecipientId::Group(Arc::clone(&name));
+            let known = t.groups.contains_key(&name);
             if !known {
                 // New to the topic: it joins the entries in memory (as waiting).
                 Self::join_entries(&mut self.entries, t, h, &rid);
             }
-            let g = t.groups.entry(sub.group.clone()).or_default();
+            let g = t.groups.entry(name).or_default();
             g.members.push(id);
             if g.members.len() == 1 {
                 // The group was away (or is new): its waiting deliveries in memory can go out
@@ -86,11 +87,11 @@ impl<S: Sink> Hub<S> {
             was_behind = t.lag.remove(&RecipientId::Universal(id)).is_some();
             Some(RecipientId::Universal(id))
         } else {
-            if let Some(g) = t.groups.get_mut(&c.group) {
+            if let Some(g) = t.groups.get_mut(c.group.as_str()) {
                 g.members.retain(|m| *m != id);
                 if g.members.is_empty() {
                     // It catches up from the topic's start when a member comes back.
-                    t.lag.remove(&RecipientId::Group(c.group.clone()));
+                    t.lag.remove(&RecipientId::Group(c.group.as_str().into()));
                 }
             }
             None
@@ -200,7 +201,7 @@ impl<S: Sink> Hub<S> {
         if t.groups.remove(group).is_none() {
             return sinks;
         }
-        let rid = RecipientId::Group(group.to_owned());
+        let rid = RecipientId::Group(group.into());
         t.lag.remove(&rid);
         let mut unacked = Vec::new();
         for (k, acked) in &mut t.parked {
@@ -266,7 +267,7 @@ impl<S: Sink> Hub<S> {
                     .map(|c| c.in_flight.len() as u64)
                     .sum();
                 gs.insert(
-                    name.clone(),
+                    name.to_string(),
                     GroupActivity {
                         consumers: u32::try_from(g.members.len()).unwrap_or(u32::MAX),
                         in_flight,
