@@ -240,8 +240,14 @@ impl<I: LogIo + 'static> Journal<I> {
     ) -> Result<Self, OpenError> {
         // What the store applied durably (a crash loses its non-durable commits) is purged
         // from the log: segments a failed removal left below a gap are dropped first.
+        // Synced first, so that what it says it applied is on disk, not only in redb's cache.
         let s = store.clone();
-        let applied = blocking(move || s.applied()).await?.map_or(0, |(i, _)| i);
+        let applied = blocking(move || {
+            s.sync()?;
+            s.applied()
+        })
+        .await?
+        .map_or(0, |(i, _)| i);
         let log = Log::open_purged(io, cfg.log, None, Some(LogIndex(applied))).await?;
         let mut replayed = 0u64;
         let started = std::time::Instant::now();

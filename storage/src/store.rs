@@ -26,12 +26,13 @@
 //! otherwise the apply answers the first message's key. Rows past their until are removed by
 //! later store commands with dedup ids and by dead letters: a store command lists the rows it
 //! remembered in `dedup-sweep` rows of at most 64 keys (each keyed by the latest until among
-//! the command's rows and the event id of the first message it lists); each then forgets the rows of lists, oldest first,
-//! whose until lies `DEDUP_CLOCK_SKEW_MAX_MS` before its own clock: exactly twice the rows it
-//! listed (at least 8), or fewer when no more are due; a list cut there keeps its rest, so one
-//! command's work is bounded whatever the lists' sizes. A listed row remembered again since (a
-//! later until) stays for its later list. One list per command, not one index row per id: an
-//! id costs one B-tree insert when it is new (issue 29.4; a duplicate costs two, the row put
+//! the command's rows and the event id of the first message it lists); each then forgets the
+//! rows of lists, oldest first, whose until lies `DEDUP_CLOCK_SKEW_MAX_MS` before its own
+//! clock: exactly twice the rows it listed (at least 8), or fewer when no more are due; a list
+//! cut there keeps its rest, so one command's work is bounded whatever the lists' sizes. A
+//! listed row remembered again since (a later until) stays for its later list. One list row
+//! per 64 ids of a command, not one index row per id: an id costs one B-tree insert when it
+//! is new (issue 29.4; a duplicate costs two, the row put
 //! back). Every decision reads only the entry and the applied state: replicas agree. A list
 //! that is not whole fails the apply (`CorruptMeta`) and a snapshot that holds one.
 //! A store of the earlier version (a `dedup-expiry` row per id) is listed once at open, one

@@ -564,27 +564,19 @@ impl Replication {
     /// here again would only be refused again).
     #[must_use]
     pub fn leader_addr(&self) -> String {
-        let v = self.view();
-        if self.ran_out(&v) {
-            return String::new();
-        }
-        v.leader_addr.clone()
+        self.leader().1
     }
 
-    /// The leader's node id, as [`Replication::leader_addr`] names it (`None` if unknown or
-    /// if this node's leadership ran out).
+    /// The leader's node id and client address from one view, as
+    /// [`Replication::leader_addr`] names it (`None` and "" if unknown, or if this node's
+    /// leadership ran out).
     #[must_use]
-    pub fn leader_id(&self) -> Option<u64> {
+    pub fn leader(&self) -> (Option<u64>, String) {
         let v = self.view();
-        if self.ran_out(&v) {
-            return None;
+        if v.leading && !self.leading() {
+            return (None, String::new());
         }
-        v.leader_id
-    }
-
-    /// `v` says this node leads, but its leadership's deadline passed.
-    fn ran_out(&self, v: &View) -> bool {
-        v.leading && !self.leading()
+        (v.leader_id, v.leader_addr.clone())
     }
 
     /// Replaces the view (the Raft core only).
@@ -623,7 +615,7 @@ mod tests {
             v.lease_until = Some(now + Duration::from_millis(600));
         });
         assert!(r.leading() && r.lease());
-        assert_eq!((r.leader_addr().as_str(), r.leader_id()), ("me:1", Some(1)));
+        assert_eq!(r.leader(), (Some(1), "me:1".to_owned()));
         std::thread::sleep(Duration::from_millis(700));
         assert!(
             r.leading() && !r.lease(),
@@ -633,8 +625,8 @@ mod tests {
         std::thread::sleep(Duration::from_millis(100));
         assert!(!r.leading() && !r.lease());
         assert_eq!(
-            (r.leader_addr().as_str(), r.leader_id()),
-            ("", None),
+            r.leader(),
+            (None, String::new()),
             "not named the leader once it ran out"
         );
         r.update(|v| v.leading_until = None);

@@ -7,9 +7,10 @@ use crate::fast::FastSet;
 
 /// The deliveries in flight by ACK deadline (`T`: the hub's key and consumer): what a
 /// `BTreeSet<(deadline, key, consumer)>` held, in the same order (see
-/// [`Deadlines::take_due`]), for an integer-keyed B-tree and a hash per insert and remove. Every delivery inserts one and every ACK removes one; as a set
-/// of triples each did a B-tree walk comparing 24-byte keys, ~9 % of the dispatcher's core in
-/// a 100k burst (issue 29).
+/// [`Deadlines::take_due`]), for an integer-keyed B-tree and a hash per insert and remove.
+/// Every delivery inserts one and every ACK removes one; as a set of triples each did a
+/// B-tree walk comparing 24-byte keys, ~9 % of the dispatcher's core in a 100k burst
+/// (issue 29).
 ///
 /// Invariant: no instant holds an empty set.
 #[derive(Debug)]

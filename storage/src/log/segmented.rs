@@ -1273,7 +1273,10 @@ async fn drop_purged<I: LogIo>(
         .count();
     for (_, name) in names.drain(..gone) {
         tracing::info!(target: "storage.recovery", segment = %name, purged, "removing a segment a purge left behind");
-        io.remove(&name).await?;
+        match io.remove(&name).await {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
     }
     Ok(())
 }

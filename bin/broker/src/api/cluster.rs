@@ -76,10 +76,11 @@ pub async fn get_cluster_info(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> 
         // leader that last published it, which lags (or stays stale while the metadata
         // group has no leader).
         // Not this node once its leadership ran out (the Raft core has not looked since).
-        let leader = ctx.repl.leader_id().unwrap_or(0);
+        let (leader, leader_address) = ctx.repl.leader();
+        let leader = leader.unwrap_or(0);
         pb::ClusterInfoResponse {
             leader_node_id: leader,
-            leader_address: ctx.repl.leader_addr(),
+            leader_address,
             term: view.term,
             nodes: info
                 .nodes
@@ -137,7 +138,7 @@ pub async fn health_check(ctx: &Ctx, mut call: Call, out: &mut Outbound) -> Stat
 
 /// SERVING once the write path is open and a leader is known, until shutdown.
 fn serving_status(ctx: &Ctx) -> ServingStatus {
-    let leader_known = ctx.repl.leader_id().is_some();
+    let leader_known = ctx.repl.leader().0.is_some();
     if ctx.shutdown.is_triggered() || !leader_known || !ctx.writes_open.is_triggered() {
         ServingStatus::NotServing
     } else {

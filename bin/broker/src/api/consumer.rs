@@ -130,7 +130,7 @@ pub async fn subscribe(
     // Only the leader delivers; the stream ends when its leadership does (standalone:
     // never).
     let view = ctx.repl.view();
-    if !view.leading || !ctx.repl.leading() {
+    if !ctx.repl.leading() {
         return Refusal::not_leader(&ctx.repl.leader_addr()).into();
     }
     let lost = view.lost.clone();
@@ -448,13 +448,16 @@ impl Stream<'_> {
 
     /// Returns once this node holds its lease: at once, or after a lapse in the same term
     /// (deliveries held: a deposed leader must not hand out what the new one will deliver).
-    /// Bounded: a leader that hears no quorum stops leading, and then this ends with
-    /// NOT_LEADER; the broker's stop ends it too. A lease past its deadline that the Raft core
+    /// Bounded: a leader that hears no quorum stops leading by its deadline (13 rtt), and then
+    /// this ends with NOT_LEADER, even while the Raft core does not run; the broker's stop
+    /// ends it too. A lease past its deadline that the Raft core
     /// has not yet seen ended (it did not run since) is looked at again every
     /// [`LEASE_RECHECK`]: that core's next look ends the lapse or the leadership.
     async fn lease_held(&self) -> Result<(), Status> {
         while !self.ctx.repl.lease() {
-            if self.lost.is_triggered() {
+            // Past its own deadline the leadership is over, whether or not the Raft core
+            // (perhaps wedged) has said so.
+            if self.lost.is_triggered() || !self.ctx.repl.leading() {
                 return Err(self.lost_leadership());
             }
             if self.ctx.shutdown.is_triggered() {
